@@ -1,0 +1,24 @@
+# Two commands on a fresh machine: `make demo` (the main job) and `make test` (the suite).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+QWEN_TTS := qwen-tts==0.1.1
+
+.PHONY: install demo test bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[test,ref]'
+	$(PY) -m pip install -q --no-deps $(QWEN_TTS)
+	touch $@
+
+demo: install
+	$(VENV)/bin/rvqspec demo
+
+test: install
+	$(PY) -m pytest -q -n 2
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,155 @@
+"""Official Qwen3-TTS checkpoint layout <-> our MultiCodeDecoder, and atomic safetensors IO.
+
+Only the predictor's tensors (and the talker's c0 table) are read, tensor by tensor, so loading the
+predictor of a full 0.6B/1.7B checkpoint never materialises the talker.
+"""
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from rvqspec.config import PredictorConfig, load_config, upstream_config_dict
+from rvqspec.errors import RvqspecError
+
+PREDICTOR = "talker.code_predictor."
+TALKER_C0_TABLE = "talker.model.codec_embedding.weight"
+
+
+def official_layout(c: PredictorConfig) -> dict[str, tuple[str, list[tuple[str, tuple[int, ...]]]]]:
+    """native key -> (how to combine, [(official key, expected shape), ...])."""
+    H, Ht, hd = c.hidden_size, c.talker_hidden_size, c.head_dim
+    layout: dict[str, tuple[str, list[tuple[str, tuple[int, ...]]]]] = {}
+    for i in range(c.num_hidden_layers):
+        src = f"{PREDICTOR}model.layers.{i}."
+        dst = f"layers.{i}."
+        layout[dst + "attn.wqkv.weight"] = ("cat", [
+            (src + "self_attn.q_proj.weight", (c.num_attention_heads * hd, H)),
+            (src + "self_attn.k_proj.weight", (c.num_key_value_heads * hd, H)),
+            (src + "self_attn.v_proj.weight", (c.num_key_value_heads * hd, H))])
+        layout[dst + "attn.wo.weight"] = ("cat", [(src + "self_attn.o_proj.weight", (H, c.num_attention_heads * hd))])
+        layout[dst + "attn.q_norm.weight"] = ("cat", [(src + "self_attn.q_norm.weight", (hd,))])
+        layout[dst + "attn.k_norm.weight"] = ("cat", [(src + "self_attn.k_norm.weight", (hd,))])
+        layout[dst + "attn_norm.weight"] = ("cat", [(src + "input_layernorm.weight", (H,))])
+        layout[dst + "mlp_norm.weight"] = ("cat", [(src + "post_attention_layernorm.weight", (H,))])
+        layout[dst + "mlp.w_gate_up.weight"] = ("cat", [(src + "mlp.gate_proj.weight", (c.intermediate_size, H)),
+                                                        (src + "mlp.up_proj.weight", (c.intermediate_size, H))])
+        layout[dst + "mlp.w_down.weight"] = ("cat", [(src + "mlp.down_proj.weight", (H, c.intermediate_size))])
+    layout["norm.weight"] = ("cat", [(PREDICTOR + "model.norm.weight", (H,))])
+    layout["code_embed.weight"] = ("cat", [(TALKER_C0_TABLE, (c.talker_vocab_size, Ht))] + [
+        (f"{PREDICTOR}model.codec_embedding.{t}.weight", (c.vocab_size, Ht)) for t in range(c.num_residual_codes)])
+    layout["heads"] = ("stack", [(f"{PREDICTOR}lm_head.{t}.weight", (c.vocab_size, H))
+                                 for t in range(c.num_residual_codes)])
+    if Ht != H:
+        layout["project.weight"] = ("cat", [(PREDICTOR + "small_to_mtp_projection.weight", (H, Ht))])
+        layout["project.bias"] = ("cat", [(PREDICTOR + "small_to_mtp_projection.bias", (H,))])
+    return layout
+
+
+def tensor_files(folder: Path) -> dict[str, Path]:
+    """Map every tensor name to the safetensors file that holds it (single file or sharded)."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {name: folder / file for name, file in weight_map.items()}
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise RvqspecError(f"no *.safetensors in {folder}: pass the checkpoint folder (config.json + model*.safetensors)")
+    names: dict[str, Path] = {}
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            names.update({name: file for name in f.keys()})
+    return names
+
+
+def read_tensors(folder: Path, wanted: dict[str, tuple[int, ...]], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Read just the `wanted` tensors, checking their shapes; errors name every missing tensor."""
+    files = tensor_files(folder)
+    missing = [name for name in wanted if name not in files]
+    if missing:
+        shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+        raise RvqspecError(f"checkpoint {folder} lacks {len(missing)} tensor(s) the code predictor needs: {shown}")
+    out: dict[str, torch.Tensor] = {}
+    by_file: dict[Path, list[str]] = {}
+    for name in wanted:
+        by_file.setdefault(files[name], []).append(name)
+    for file, names in by_file.items():
+        if not file.is_file():
+            raise RvqspecError(f"{file} is listed in the index but missing: re-download the checkpoint")
+        with safe_open(file, framework="pt") as f:
+            for name in names:
+                shape = tuple(f.get_slice(name).get_shape())
+                if shape != wanted[name]:
+                    raise RvqspecError(f"shape mismatch for {name}: checkpoint has {shape}, config.json implies "
+                                       f"{wanted[name]} (config.json and weights come from different models?)")
+                out[name] = f.get_tensor(name).to(dtype)
+    return out
+
+
+def load_predictor(folder: str | Path, dtype: torch.dtype, device: torch.device):
+    from rvqspec.model import MultiCodeDecoder
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise RvqspecError(f"checkpoint folder {folder} does not exist")
+    config = load_config(folder)
+    layout = official_layout(config)
+    wanted = {name: shape for _, parts in layout.values() for name, shape in parts}
+    tensors = read_tensors(folder, wanted, dtype)
+    state = {}
+    for native, (how, parts) in layout.items():
+        pieces = [tensors.pop(name) for name, _ in parts]
+        state[native] = torch.stack(pieces) if how == "stack" else torch.cat(pieces)
+    with torch.device("meta"):
+        model = MultiCodeDecoder(config)
+    model.load_state_dict({k: v.to(device) for k, v in state.items()}, assign=True)
+    with torch.device(device):
+        model.make_buffers()
+    return model.eval().requires_grad_(False)
+
+
+def official_state_dict(model) -> dict[str, torch.Tensor]:
+    """The model's tensors under official key names (the inverse of `load_predictor`)."""
+    state = model.state_dict()
+    out = {}
+    for native, (how, parts) in official_layout(model.config).items():
+        tensor = state[native]
+        pieces = tensor.unbind(0) if how == "stack" else tensor.split([shape[0] for _, shape in parts])
+        out.update({name: piece.contiguous() for (name, _), piece in zip(parts, pieces)})
+    return out
+
+
+def atomic_write(path: str | Path, write) -> None:
+    """Call write(tmp_path), then rename over `path`: a crash never leaves a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+    atomic_write(path, lambda tmp: save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata))
+
+
+def save_json(path: str | Path, obj) -> None:
+    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(obj, indent=2) + "\n"))
+
+
+def save_predictor(model, folder: str | Path, talker_config: dict | None = None,
+                   extra_tensors: dict[str, torch.Tensor] | None = None) -> None:
+    """config.json (upstream nested layout) + model.safetensors (official keys, plus `extra_tensors`)."""
+    folder = Path(folder)
+    tensors = official_state_dict(model)
+    tensors.update(extra_tensors or {})
+    save_tensors(folder / "model.safetensors", tensors)
+    save_json(folder / "config.json", upstream_config_dict(model.config, talker_config))

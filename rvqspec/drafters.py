@@ -1,0 +1,199 @@
+"""Drafters: from the hidden state h_i that produced c_i, logits for c_{i+1}..c_{i+K}.
+
+- ReusedHeads: the frozen head of codebook i+j reads h_i as is (no parameters).
+- Offsets: the frozen head of codebook i+j reads h_i + b_j (K x hidden parameters; the paper's method).
+- MedusaHeads: a fresh ResBlock + vocabulary head per (position, depth) (the paper's ablation).
+
+The verifier never reads a drafter, so no drafter can change what is generated, only how fast.
+"""
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from torch import Tensor, nn
+
+from rvqspec.checkpoint import save_tensors
+from rvqspec.errors import RvqspecError
+
+DEFAULT_DEPTH = 3
+
+
+def model_identity(model) -> dict:
+    """What a trained drafter must match: the predictor's sizes."""
+    c = model.config
+    return {"hidden_size": c.hidden_size, "vocab_size": c.vocab_size, "num_code_groups": c.num_code_groups,
+            "num_hidden_layers": c.num_hidden_layers, "talker_hidden_size": c.talker_hidden_size}
+
+
+def model_fingerprint(model) -> str:
+    """A short hash of the first head, to tell two checkpoints of the same size apart."""
+    head = model.heads[0].detach().float().cpu().contiguous()
+    return hashlib.sha256(head.numpy().tobytes()).hexdigest()[:16]
+
+
+class Drafter(nn.Module):
+    kind = "drafter"
+
+    def __init__(self, depth: int, identity: dict | None):
+        super().__init__()
+        if depth < 1:
+            raise RvqspecError(f"drafter depth must be >= 1, got {depth}")
+        self.depth = depth
+        self.identity = identity  # None: fits any model (ReusedHeads)
+        self.fingerprint: str | None = None
+
+    def check_model(self, model) -> None:
+        if self.identity is not None and self.identity != model_identity(model):
+            raise RvqspecError(f"this {self.kind} drafter was trained for a code predictor with {self.identity}, "
+                               f"not {model_identity(model)}: train one for this model with `rvqspec train-offsets`")
+
+    def transform(self, hidden: Tensor, position: Tensor | int, j: int) -> Tensor:
+        """The input of the frozen head of codebook position+j (ReusedHeads: unchanged)."""
+        return hidden
+
+    def head(self, model, hidden: Tensor, position: Tensor | int, j: int) -> Tensor:
+        """Logits for c_{position+j} from hidden [..., H] at `position`."""
+        return model.head_logits(self.transform(hidden, position, j), position + j)
+
+    def logits(self, model, hidden: Tensor, position: int, depth: int | None = None) -> Tensor:
+        """Draft logits [depth, V] for c_{position+1}.. from h_position [H]; rows past the last code are 0."""
+        depth = depth or self.depth
+        last = model.config.num_residual_codes
+        rows = [self.head(model, hidden, position, j) for j in range(1, min(depth, last - position) + 1)]
+        rows += [hidden.new_zeros(model.config.vocab_size)] * (depth - len(rows))
+        return torch.stack(rows)
+
+    def teacher_forced_logits(self, model, hidden: Tensor, j: int) -> Tensor:
+        """Logits [B, P, V] for c_{i+j} from h_i [B, G, H], for i = 1..G-1-j (all positions at once)."""
+        last = model.config.num_residual_codes
+        positions = torch.arange(1, last + 1 - j, device=hidden.device)
+        h = self.transform(hidden[:, 1:last + 1 - j], positions, j)
+        return self.batched_head(model, h, positions, j)
+
+    def batched_head(self, model, h: Tensor, positions: Tensor, j: int) -> Tensor:
+        first = int(positions[0]) + j  # codebooks first..first+P-1 use heads[first-1 : first-1+P]
+        return torch.einsum("bph,pvh->bpv", h, model.heads[first - 1:first - 1 + h.shape[1]])
+
+    def save(self, path: str | Path, extra_meta: dict | None = None) -> None:
+        meta = {"kind": self.kind, "depth": str(self.depth), "model": json.dumps(self.identity),
+                "fingerprint": self.fingerprint or "", **(extra_meta or {})}
+        save_tensors(path, {k: v.detach() for k, v in self.state_dict().items()}, meta)
+
+    @classmethod
+    def load(cls, path: str | Path, model=None):
+        """Load a drafter file; with `model`, refuse one trained for a different model."""
+        path = Path(path)
+        if not path.is_file():
+            raise RvqspecError(f"drafter file {path} does not exist")
+        try:
+            with safe_open(path, framework="pt") as f:
+                meta = f.metadata() or {}
+                tensors = {k: f.get_tensor(k) for k in f.keys()}
+        except Exception as e:  # safetensors raises its own error types for corrupt files
+            raise RvqspecError(f"{path} is not a safetensors drafter file ({e})") from None
+        kinds = {k.kind: k for k in (Offsets, MedusaHeads)}
+        if meta.get("kind") not in kinds or (cls is not Drafter and kinds[meta["kind"]] is not cls):
+            raise RvqspecError(f"{path} holds a {meta.get('kind', 'unknown')!r} drafter, not {cls.kind!r}")
+        drafter = kinds[meta["kind"]].from_tensors(tensors, int(meta["depth"]), json.loads(meta["model"]))
+        drafter.fingerprint = meta.get("fingerprint") or None
+        if model is not None:
+            drafter.check_model(model)
+        return drafter
+
+
+class ReusedHeads(Drafter):
+    """The neighbouring frozen heads read h_i unchanged: no parameters."""
+
+    kind = "reused"
+
+    def __init__(self, model=None, depth: int = DEFAULT_DEPTH):
+        super().__init__(depth, None)
+
+
+class Offsets(Drafter):
+    """h_i + b_j through the frozen head of codebook i+j; b_j shared by all positions i."""
+
+    kind = "offsets"
+
+    def __init__(self, hidden_size: int, depth: int = DEFAULT_DEPTH, identity: dict | None = None):
+        super().__init__(depth, identity)
+        self.offsets = nn.Parameter(torch.zeros(depth, hidden_size))
+
+    @classmethod
+    def for_model(cls, model, depth: int = DEFAULT_DEPTH) -> "Offsets":
+        drafter = cls(model.config.hidden_size, depth, model_identity(model)).to(model.device, model.dtype)
+        drafter.fingerprint = model_fingerprint(model)
+        return drafter
+
+    @classmethod
+    def from_tensors(cls, tensors: dict, depth: int, identity: dict) -> "Offsets":
+        drafter = cls(tensors["offsets"].shape[1], depth, identity)
+        drafter.load_state_dict(tensors)
+        return drafter
+
+    def transform(self, hidden: Tensor, position: Tensor | int, j: int) -> Tensor:
+        return hidden + self.offsets[j - 1].to(hidden.dtype)
+
+
+class MedusaHeads(Drafter):
+    """One ResBlock (h + silu(W h + b)) and one vocabulary head per (position i, depth j).
+
+    Initialised like Medusa: the ResBlock at zero (identity) and each vocabulary head as a copy of
+    the frozen head it stands in for, so an untrained MedusaHeads drafts exactly like ReusedHeads.
+    """
+
+    kind = "medusa"
+
+    def __init__(self, positions: int, hidden_size: int, vocab_size: int, depth: int = DEFAULT_DEPTH,
+                 identity: dict | None = None):
+        super().__init__(depth, identity)
+        self.res_weight = nn.Parameter(torch.zeros(positions, depth, hidden_size, hidden_size))
+        self.res_bias = nn.Parameter(torch.zeros(positions, depth, hidden_size))
+        self.vocab = nn.Parameter(torch.zeros(positions, depth, vocab_size, hidden_size))
+
+    @classmethod
+    def for_model(cls, model, depth: int = DEFAULT_DEPTH) -> "MedusaHeads":
+        c = model.config
+        drafter = cls(c.num_residual_codes, c.hidden_size, c.vocab_size, depth, model_identity(model))
+        drafter = drafter.to(model.device, model.dtype)
+        with torch.no_grad():
+            for i in range(1, c.num_residual_codes + 1):
+                for j in range(1, depth + 1):
+                    drafter.vocab[i - 1, j - 1] = model.heads[min(i + j, c.num_residual_codes) - 1]
+        drafter.fingerprint = model_fingerprint(model)
+        return drafter
+
+    @classmethod
+    def from_tensors(cls, tensors: dict, depth: int, identity: dict) -> "MedusaHeads":
+        positions, _, vocab, hidden = tensors["vocab"].shape
+        drafter = cls(positions, hidden, vocab, depth, identity)
+        drafter.load_state_dict(tensors)
+        return drafter
+
+    def resblock(self, hidden: Tensor, position: Tensor | int, j: int) -> Tensor:
+        w, b = self.res_weight[position - 1, j - 1], self.res_bias[position - 1, j - 1]
+        if hidden.dim() == 1:
+            return hidden + F.silu(w @ hidden + b)
+        return hidden + F.silu(torch.einsum("bph,pgh->bpg", hidden, w) + b)
+
+    def head(self, model, hidden: Tensor, position: int, j: int) -> Tensor:
+        return self.vocab[position - 1, j - 1] @ self.resblock(hidden, position, j)
+
+    def batched_head(self, model, h: Tensor, positions: Tensor, j: int) -> Tensor:
+        return torch.einsum("bph,pvh->bpv", self.resblock(h, positions, j), self.vocab[positions - 1, j - 1])
+
+    def transform(self, hidden: Tensor, position: Tensor | int, j: int) -> Tensor:
+        return hidden  # the ResBlock is applied in head/batched_head, next to its own vocabulary head
+
+
+def make_drafter(kind: str, model, depth: int = DEFAULT_DEPTH) -> Drafter:
+    """A fresh (untrained) drafter of `kind` for `model`."""
+    makers = {"reused": lambda: ReusedHeads(model, depth), "offsets": lambda: Offsets.for_model(model, depth),
+              "medusa": lambda: MedusaHeads.for_model(model, depth)}
+    if kind not in makers:
+        raise RvqspecError(f"unknown drafter {kind!r}: use one of {', '.join(makers)}")
+    return makers[kind]()

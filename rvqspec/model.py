@@ -1,0 +1,253 @@
+"""The MultiCodeDecoder (upstream `talker.code_predictor`) in plain PyTorch, with a static KV cache.
+
+Layout differs from upstream only where it makes the speculative call cheaper; `checkpoint.py` maps
+the official keys onto it:
+- q/k/v projections are fused into one matrix (`wqkv`), gate/up into one (`w_gate_up`);
+- the talker's c0 table and the 15 codec tables are stacked into one embedding (`code_embed`), so a
+  tree whose nodes sit at different codebooks is embedded in one lookup (`table_offset[table] + code`);
+- the 15 heads are one [15, V, H] tensor (`heads`).
+
+Table t (0..15) embeds code c_t: table 0 is the talker's c0 table, table t>=1 upstream's
+`codec_embedding[t-1]`. The token at position p carries c_{p-1} (table p-1) and predicts codebook p
+with `heads[p-1]`; position 0 carries the talker's hidden state.
+"""
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rvqspec.config import PredictorConfig
+from rvqspec.errors import RvqspecError
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64}
+
+
+def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    raise RvqspecError(f"unknown dtype {dtype!r}: use one of float32, bfloat16, float16 (or float64 for tests)")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        # As upstream: normalise in float32, cast back, then scale.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """Plain 1-D RoPE with a precomputed float32 table, indexed by per-token position ids."""
+
+    def __init__(self, head_dim: int, theta: float, max_positions: int):
+        super().__init__()
+        self.head_dim, self.theta, self.max_positions = head_dim, theta, max_positions
+        self.register_buffer("cos", torch.empty(max_positions, head_dim), persistent=False)
+        self.register_buffer("sin", torch.empty(max_positions, head_dim), persistent=False)
+        self.reset_buffers()
+
+    def reset_buffers(self) -> None:
+        exponent = torch.arange(0, self.head_dim, 2, dtype=torch.int64).float() / self.head_dim
+        inv_freq = 1.0 / (self.theta ** exponent)
+        freqs = torch.outer(torch.arange(self.max_positions).float(), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos = emb.cos().to(self.cos.device)
+        self.sin = emb.sin().to(self.sin.device)
+
+    def forward(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
+
+
+def init_weights(module: nn.Module) -> None:
+    """Upstream's random init (std 0.02), used for random-weight models in tests and benchmarks."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class KVCache(nn.Module):
+    """Keys and values of every layer in one buffer [layers, 2, 1, kv_heads, slots, head_dim]."""
+
+    def __init__(self, layers: int, kv_heads: int, slots: int, head_dim: int, dtype: torch.dtype, device):
+        super().__init__()
+        self.register_buffer("kv", torch.zeros(layers, 2, 1, kv_heads, slots, head_dim, dtype=dtype, device=device),
+                             persistent=False)
+
+    @property
+    def slots(self) -> int:
+        return self.kv.shape[4]
+
+    def write(self, layer: int, slots: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        self.kv[layer, 0].index_copy_(2, slots, k)
+        self.kv[layer, 1].index_copy_(2, slots, v)
+        return self.kv[layer, 0], self.kv[layer, 1]
+
+    def move(self, src: Tensor, dst: Tensor) -> None:
+        """Copy the entries at slots `src` to slots `dst` in every layer (KV compaction)."""
+        self.kv.index_copy_(4, dst, self.kv.index_select(4, src))
+
+
+class Attention(nn.Module):
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.wqkv = nn.Linear(hidden, (heads + 2 * kv_heads) * head_dim, bias=False)
+        self.wo = nn.Linear(heads * head_dim, hidden, bias=False)
+        self.q_norm = RMSNorm(head_dim, eps)
+        self.k_norm = RMSNorm(head_dim, eps)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
+                cache: KVCache | None, layer: int, slots: Tensor | None) -> Tensor:
+        batch, length, _ = x.shape
+        q, k, v = self.wqkv(x).split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
+                                      self.kv_heads * self.head_dim], dim=-1)
+        q = self.q_norm(q.view(batch, length, self.heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(k.view(batch, length, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = v.view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        if cache is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=mask is None, attn_mask=mask, enable_gqa=True)
+        else:
+            k, v = cache.write(layer, slots, k, v)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        return self.wo(y.transpose(1, 2).reshape(batch, length, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.w_gate_up = nn.Linear(hidden, 2 * intermediate, bias=False)
+        self.w_down = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.w_gate_up(x).chunk(2, dim=-1)
+        return self.w_down(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    """A Qwen3 decoder layer: pre-norm attention with q/k norms, pre-norm SwiGLU MLP."""
+
+    def __init__(self, hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int, eps: float):
+        super().__init__()
+        self.attn_norm = RMSNorm(hidden, eps)
+        self.attn = Attention(hidden, heads, kv_heads, head_dim, eps)
+        self.mlp_norm = RMSNorm(hidden, eps)
+        self.mlp = MLP(hidden, intermediate)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
+                cache: KVCache | None, layer: int, slots: Tensor | None) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask, cache, layer, slots)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class MultiCodeDecoder(nn.Module):
+    def __init__(self, config: PredictorConfig):
+        super().__init__()
+        self.config = c = config
+        tables = c.num_code_groups  # c0 (talker table) + one codec table per residual code
+        self.code_embed = nn.Embedding(c.talker_vocab_size + (tables - 1) * c.vocab_size, c.talker_hidden_size)
+        self.project = (nn.Linear(c.talker_hidden_size, c.hidden_size, bias=True)
+                        if c.talker_hidden_size != c.hidden_size else nn.Identity())
+        self.layers = nn.ModuleList(
+            Block(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                  c.rms_norm_eps) for _ in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.heads = nn.Parameter(torch.empty(c.num_residual_codes, c.vocab_size, c.hidden_size))
+        self.make_buffers()
+        self.cache: KVCache | None = None
+        self.apply(init_weights)
+        nn.init.normal_(self.heads, std=0.02)
+
+    def make_buffers(self) -> None:
+        """(Re)build the derived, non-checkpoint buffers on the current default device."""
+        c = self.config
+        # Positions in a frame stay below num_code_groups; tree nodes past the frame end are masked
+        # but still need a table row, hence the slack.
+        self.rope = RotaryEmbedding(c.head_dim, c.rope_theta, c.num_code_groups + 64)
+        offsets = [0] + [c.talker_vocab_size + t * c.vocab_size for t in range(c.num_code_groups - 1)]
+        self.register_buffer("table_offset", torch.tensor(offsets), persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.norm.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.norm.weight.device
+
+    def setup_cache(self, slots: int) -> KVCache:
+        """Allocate (or reuse) a static cache with `slots` entries per layer."""
+        c = self.config
+        if self.cache is None or self.cache.slots != slots or self.cache.kv.dtype != self.dtype \
+                or self.cache.kv.device != self.device:
+            self.cache = KVCache(c.num_hidden_layers, c.num_key_value_heads, slots, c.head_dim, self.dtype,
+                                 self.device)
+        return self.cache
+
+    def embed_codes(self, codes: Tensor, tables: Tensor) -> Tensor:
+        """Input embeddings (projected) of `codes` looked up in `tables` (same shape)."""
+        return self.project(self.code_embed(self.table_offset[tables] + codes))
+
+    def embed_talker_hidden(self, talker_hidden: Tensor) -> Tensor:
+        return self.project(talker_hidden.to(self.dtype))
+
+    def forward(self, x: Tensor, positions: Tensor, mask: Tensor | None = None, slots: Tensor | None = None) -> Tensor:
+        """Final-norm hidden states [B, T, hidden] of input embeddings `x` [B, T, hidden].
+
+        With `slots` (cache set up): K/V are written to the cache at `slots` and each query attends to
+        the whole cache under the boolean `mask` [T, slots] (True = attend): this is how one call
+        verifies a whole tree. Without: plain causal attention over the T tokens (training).
+        """
+        cos, sin = self.rope(positions, x.dtype)
+        cache = self.cache if slots is not None else None
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, mask, cache, i, slots)
+        return self.norm(x)
+
+    def head_logits(self, hidden: Tensor, codebook: int) -> Tensor:
+        """Logits of codebook `codebook` (1..15) from hidden states [..., hidden]."""
+        return hidden @ self.heads[codebook - 1].T
+
+    def teacher_forced_hidden(self, talker_hidden: Tensor, codes: Tensor) -> Tensor:
+        """Hidden states [B, G, hidden] of all G positions of frames with known codes [B, G]."""
+        batch, groups = codes.shape
+        tables = torch.arange(groups - 1, device=codes.device).expand(batch, -1)
+        x = torch.cat([self.embed_talker_hidden(talker_hidden).unsqueeze(1),
+                       self.embed_codes(codes[:, :-1], tables)], dim=1)
+        return self.forward(x, torch.arange(groups, device=codes.device))
+
+    def teacher_forced_logits(self, talker_hidden: Tensor, codes: Tensor) -> Tensor:
+        """Logits [B, G-1, V] for c1..c_{G-1}, like upstream `forward_finetune`."""
+        hidden = self.teacher_forced_hidden(talker_hidden, codes)[:, 1:]
+        return torch.einsum("bgh,gvh->bgv", hidden, self.heads)
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, dtype: torch.dtype | str = torch.float32,
+                        device: str | torch.device = "cpu") -> "MultiCodeDecoder":
+        """Load an official Qwen3-TTS checkpoint folder (or the stand-in), reading only the predictor's tensors."""
+        from rvqspec.checkpoint import load_predictor
+
+        return load_predictor(folder, resolve_dtype(dtype), torch.device(device))
+
+    def save_pretrained(self, folder: str | Path, talker_config: dict | None = None) -> None:
+        """Write config.json + model.safetensors in the official key layout (atomically)."""
+        from rvqspec.checkpoint import save_predictor
+
+        save_predictor(self, folder, talker_config)

@@ -1,0 +1,54 @@
+"""The deployed sampler: Hugging Face order (temperature, top-k, top-p, then a draw), or greedy."""
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rvqspec.errors import RvqspecError
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """Qwen3-TTS subtalker defaults: do_sample, temperature 0.9, top_k 50, top_p 1.0."""
+
+    do_sample: bool = True
+    temperature: float = 0.9
+    top_k: int = 50
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.do_sample and not self.temperature > 0:
+            raise RvqspecError(f"temperature must be > 0 when sampling, got {self.temperature} "
+                               "(use do_sample=False for greedy decoding)")
+        if self.top_k is None or self.top_k < 0 or int(self.top_k) != self.top_k:
+            raise RvqspecError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise RvqspecError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    def process(self, logits: Tensor) -> Tensor:
+        """Warped float32 logits [..., V]: removed tokens are -inf. Same arithmetic as HF's warpers."""
+        scores = logits.float()
+        if self.temperature != 1.0:
+            scores = scores / self.temperature
+        if self.top_k:
+            kth = torch.topk(scores, min(self.top_k, scores.shape[-1]), dim=-1).values[..., -1:]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        if self.top_p < 1.0:
+            sorted_scores, order = torch.sort(scores, dim=-1, descending=False)
+            remove = sorted_scores.softmax(-1).cumsum(-1) <= 1 - self.top_p
+            remove[..., -1:] = False  # keep at least the most likely token
+            scores = scores.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
+        return scores
+
+    def probs(self, logits: Tensor) -> Tensor:
+        """The target distribution p~ [..., V] a draw comes from (one-hot at the argmax when greedy)."""
+        if not self.do_sample:
+            return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+        return self.process(logits).softmax(-1)
+
+    def sample(self, logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """One draw per row of `logits` [N, V] -> LongTensor [N]."""
+        if not self.do_sample:
+            return logits.float().argmax(-1)
+        return torch.multinomial(self.process(logits).softmax(-1), 1, generator=generator).squeeze(-1)

@@ -1,0 +1,143 @@
+"""Sparse draft trees: rank paths (Medusa style), their buffers, greedy growth from acceptance stats.
+
+A path `(r1, r2, ...)` is the node that takes the rank-r1 draft at depth 1, then rank r2 at depth 2
+under it, and so on. Index 0 of every buffer is the root (the last emitted code); nodes 1..N follow
+in breadth-first order, so the nodes of one depth are contiguous.
+
+JSON format (`Tree.save`/`Tree.load`):
+    {"format": "rvqspec-tree/1", "paths": [[0], [1], [0, 0]], "meta": {...}}
+`meta` is free-form (calibration writes the budget and the predicted tokens/round there).
+"""
+
+import heapq
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from rvqspec.errors import RvqspecError
+
+FORMAT = "rvqspec-tree/1"
+
+
+@dataclass
+class Tree:
+    paths: list[tuple[int, ...]]
+    meta: dict = field(default_factory=dict)
+    parent: Tensor = field(init=False)  # [q] index of each node's parent (the root points at itself)
+    depth: Tensor = field(init=False)  # [q] 0 for the root
+    rank: Tensor = field(init=False)  # [q] rank of each node's draft (0 for the root)
+    ancestors: Tensor = field(init=False)  # [q, q] True where column is an ancestor of row, or row itself
+    depth_slices: list[tuple[int, int]] = field(init=False)  # node index range of each depth 0..max_depth
+
+    def __post_init__(self) -> None:
+        self.paths = validate_paths(self.paths)
+        index = {(): 0} | {path: i + 1 for i, path in enumerate(self.paths)}
+        nodes = [()] + self.paths
+        self.parent = torch.tensor([index[p[:-1]] if p else 0 for p in nodes])
+        self.depth = torch.tensor([len(p) for p in nodes])
+        self.rank = torch.tensor([p[-1] if p else 0 for p in nodes])
+        self.ancestors = torch.tensor([[q == p[:len(q)] for q in nodes] for p in nodes])
+        depths = self.depth.tolist()
+        self.depth_slices = [(depths.index(d), len(depths) - depths[::-1].index(d)) for d in range(self.max_depth + 1)]
+
+    @property
+    def size(self) -> int:
+        """N, the number of draft nodes (the verify call's query is N + 1 long)."""
+        return len(self.paths)
+
+    @property
+    def max_depth(self) -> int:
+        return max((len(p) for p in self.paths), default=0)
+
+    @property
+    def top_m(self) -> int:
+        """How many ranked candidates per depth the drafter must provide."""
+        return max((r for p in self.paths for r in p), default=-1) + 1
+
+    def check_fits(self, depth: int) -> None:
+        if self.max_depth > depth:
+            raise RvqspecError(f"tree is {self.max_depth} deep but the drafter drafts only {depth} codes ahead: "
+                               f"use a tree of depth <= {depth} or a deeper drafter")
+
+    @classmethod
+    def from_paths(cls, paths, meta: dict | None = None) -> "Tree":
+        return cls([tuple(p) for p in paths], dict(meta or {}))
+
+    @classmethod
+    def chain(cls, depth: int) -> "Tree":
+        """The single path of rank-0 drafts (classic speculative decoding)."""
+        return cls.from_paths([(0,) * d for d in range(1, depth + 1)])
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Tree":
+        path = Path(path)
+        if not path.is_file():
+            raise RvqspecError(f"tree file {path} does not exist")
+        try:
+            obj = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise RvqspecError(f"tree file {path} is not valid JSON: {e}") from None
+        if not isinstance(obj, dict) or obj.get("format") != FORMAT or not isinstance(obj.get("paths"), list):
+            raise RvqspecError(f"{path} is not an rvqspec tree: expected {{\"format\": \"{FORMAT}\", \"paths\": [...]}}")
+        return cls.from_paths(obj["paths"], obj.get("meta"))
+
+    def save(self, path: str | Path) -> None:
+        from rvqspec.checkpoint import save_json
+
+        save_json(path, {"format": FORMAT, "paths": [list(p) for p in self.paths], "meta": self.meta})
+
+
+def validate_paths(paths: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """Check the paths form a tree and return them in breadth-first order."""
+    seen = set()
+    for path in paths:
+        if not path or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in path):
+            raise RvqspecError(f"invalid tree path {path!r}: a path is a non-empty sequence of ranks >= 0")
+        if path in seen:
+            raise RvqspecError(f"tree path {path!r} appears twice: every node must be listed once")
+        seen.add(path)
+    for path in paths:
+        if len(path) > 1 and path[:-1] not in seen:
+            raise RvqspecError(f"tree path {path!r} has no parent {path[:-1]!r}: every prefix of a path must be in the tree")
+    return sorted(paths, key=lambda p: (len(p), p))
+
+
+def grow_tree(acceptance: Tensor, budget: int, max_depth: int | None = None) -> Tree:
+    """Greedy sparse tree (DESIGN section 3) from acceptance[d][r] = P(rank r wins at depth d+1).
+
+    A node's value is the product of acceptance along its path, i.e. the probability that it is
+    accepted; at each step the best candidate (first child or next sibling of a node already in the
+    tree) is added. Expected tokens/round = 1 + sum of values.
+    """
+    depth_cap, top_m = acceptance.shape
+    depth_cap = min(depth_cap, max_depth or depth_cap)
+    a = acceptance.tolist()
+    value = {(): 1.0}
+    frontier: list[tuple[float, tuple[int, ...]]] = []
+
+    def offer(path: tuple[int, ...]) -> None:
+        if len(path) <= depth_cap and path[-1] < top_m:
+            heapq.heappush(frontier, (-value[path[:-1]] * a[len(path) - 1][path[-1]], path))
+
+    offer((0,))
+    while len(value) <= budget and frontier:
+        negative, path = heapq.heappop(frontier)
+        value[path] = -negative
+        offer(path + (0,))
+        offer(path[:-1] + (path[-1] + 1,))
+    paths = [p for p in value if p]
+    expected = 1.0 + sum(value[p] for p in paths)
+    return Tree.from_paths(paths, {"budget": budget, "predicted_tokens_per_round": expected})
+
+
+# A prior acceptance profile for the default trees, until `rvqspec calibrate` measures the real one:
+# rank r at depth d wins with probability 0.55 * 0.45**r * 0.9**d (drafts get worse with rank and depth).
+PRIOR_ACCEPTANCE = torch.tensor([[0.55 * 0.45 ** r * 0.9 ** d for r in range(16)] for d in range(3)])
+
+
+def default_tree(budget: int) -> Tree:
+    """A sparse tree of `budget` nodes grown from the prior; budget 3 and below give chains/fans."""
+    return grow_tree(PRIOR_ACCEPTANCE, budget)
