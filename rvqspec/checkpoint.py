@@ -91,17 +91,21 @@ def read_tensors(folder: Path, wanted: dict[str, tuple[int, ...]], dtype: torch.
 
 
 def load_predictor(folder: str | Path, dtype: torch.dtype, device: torch.device):
-    from rvqspec.model import MultiCodeDecoder
-
     folder = Path(folder)
     if not folder.is_dir():
         raise RvqspecError(f"checkpoint folder {folder} does not exist")
     config = load_config(folder)
     layout = official_layout(config)
     wanted = {name: shape for _, parts in layout.values() for name, shape in parts}
-    tensors = read_tensors(folder, wanted, dtype)
+    return predictor_from_official(config, read_tensors(folder, wanted, dtype), device)
+
+
+def predictor_from_official(config: PredictorConfig, tensors: dict[str, torch.Tensor], device: torch.device):
+    """A MultiCodeDecoder (eval, frozen) from tensors under official key names (taken out of `tensors`)."""
+    from rvqspec.model import MultiCodeDecoder
+
     state = {}
-    for native, (how, parts) in layout.items():
+    for native, (how, parts) in official_layout(config).items():
         pieces = [tensors.pop(name) for name, _ in parts]
         state[native] = torch.stack(pieces) if how == "stack" else torch.cat(pieces)
     with torch.device("meta"):
