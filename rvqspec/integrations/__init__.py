@@ -1,0 +1,1 @@
+"""Integrations with existing TTS packages (import the submodule you need; each pulls in its package)."""

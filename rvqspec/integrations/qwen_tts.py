@@ -1,0 +1,298 @@
+"""Drop-in acceleration for the upstream `qwen-tts` package (tested against qwen-tts 0.1.1).
+
+    from rvqspec.integrations.qwen_tts import accelerate
+    handle = accelerate(tts)  # tts: qwen_tts.Qwen3TTSModel; add drafter=..., tree=... to decode speculatively
+    wavs, sr = tts.generate_custom_voice(text=..., speaker=..., language=...)  # the same call as before
+    print(handle.stats)       # frames, predictor calls per frame, tokens per step
+    handle.undo()
+
+How it hooks in: for every frame, upstream's talker (`Qwen3TTSTalkerForConditionalGeneration.forward`) calls
+`talker.code_predictor.generate(inputs_embeds=cat(past_hidden, codec_embedding(c0)), max_new_tokens=15,
+do_sample=, top_k=, top_p=, temperature=, ...)` and reads only `.sequences` [B, 15]. `accelerate` replaces
+that one method, on that instance, with `rvqspec.decode_frame` over a MultiCodeDecoder that holds a copy of
+the predictor's weights. Every generate entry point (custom voice, voice design, voice clone) goes through
+it and nothing else changes: the codes are drawn from upstream's distribution (greedy: the same codes).
+
+For `rvqspec corpus from-audio`, the module also rebuilds the talker's hidden state per frame of known codes
+(teacher forcing) from the prompt that upstream's own entry points build.
+"""
+
+import contextlib
+import importlib
+import importlib.machinery
+import sys
+import types
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rvqspec.checkpoint import official_layout, predictor_from_official
+from rvqspec.config import config_from_upstream
+from rvqspec.decode import FrameResult, decode_frame
+from rvqspec.errors import RvqspecError
+from rvqspec.model import MultiCodeDecoder
+from rvqspec.sampling import Sampler
+from rvqspec.tree import Tree, default_tree
+
+# Only qwen_tts's 25 Hz tokenizer imports these, when the package is imported: torchaudio has no build that
+# loads beside torch 2.13, and sox wraps a system binary. The 12 Hz models never call them.
+UNLOADABLE_MODULES = ("torchaudio", "torchaudio.compliance", "torchaudio.compliance.kaldi", "sox")
+HANDLE = "_rvqspec_acceleration"  # attribute of an accelerated talker that holds its Acceleration
+DEFAULT_TREE_NODES = 16
+# Arguments upstream's talker passes that ask for outputs it never reads; any other one goes to upstream.
+IGNORED_GENERATE_ARGS = {"output_hidden_states", "return_dict_in_generate"}
+
+
+def import_qwen_tts() -> types.ModuleType:
+    """`import qwen_tts`, with empty stand-ins for the modules above when they cannot be imported."""
+    for name in UNLOADABLE_MODULES:
+        if name in sys.modules:
+            continue
+        try:
+            importlib.import_module(name)
+        except Exception:  # absent, or present but broken against this torch (OSError from its library)
+            sys.modules.pop(name, None)
+            module = types.ModuleType(name)
+            module.__spec__ = importlib.machinery.ModuleSpec(name, None)  # transformers calls find_spec on it
+            sys.modules[name] = module
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # its 25 Hz tokenizer prints a flash-attn notice on import
+            return importlib.import_module("qwen_tts")
+    except ImportError as e:
+        raise RvqspecError(f"cannot import qwen_tts ({e}): install it with `pip install -e '.[ref]'` and "
+                           "`pip install --no-deps qwen-tts==0.1.1`") from None
+
+
+def find_talker(model) -> torch.nn.Module:
+    """The talker of a `Qwen3TTSModel`, of a `Qwen3TTSForConditionalGeneration`, or the talker itself."""
+    if hasattr(model, "code_predictor"):
+        return model
+    if hasattr(model, "talker"):
+        return model.talker
+    if hasattr(getattr(model, "model", None), "talker"):
+        return model.model.talker
+    raise RvqspecError(f"{type(model).__name__} is not a qwen-tts model: pass a qwen_tts.Qwen3TTSModel, its .model "
+                       "(Qwen3TTSForConditionalGeneration) or its .model.talker")
+
+
+def predictor_from_upstream(talker) -> MultiCodeDecoder:
+    """A MultiCodeDecoder with a copy of the talker's code predictor and c0 table, on their device and dtype."""
+    config = config_from_upstream({"talker_config": talker.config.to_dict()})
+    wanted = {name for _, parts in official_layout(config).values() for name, _ in parts}
+    tensors = {f"talker.{key}": value for key, value in talker.state_dict().items() if f"talker.{key}" in wanted}
+    return predictor_from_official(config, tensors, talker.code_predictor.lm_head[0].weight.device)
+
+
+@dataclass
+class Stats:
+    """Counters over the frames rvqspec decoded (cumulative until `reset`)."""
+
+    frames: int = 0
+    calls: int = 0  # predictor calls, prefills included
+    codes: int = 0
+
+    def add(self, result: FrameResult) -> None:
+        self.frames += 1
+        self.calls += result.calls
+        self.codes += len(result.codes)
+
+    def reset(self) -> None:
+        self.frames = self.calls = self.codes = 0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.codes / self.calls if self.calls else 0.0
+
+    @property
+    def calls_per_frame(self) -> float:
+        return self.calls / self.frames if self.frames else 0.0
+
+    def __str__(self) -> str:
+        return (f"{self.frames} frames, {self.calls_per_frame:.2f} predictor calls/frame, "
+                f"{self.tokens_per_step:.2f} tokens/step")
+
+
+class Acceleration:
+    """What `accelerate` returns: `stats` after a generate call, `undo()` to restore upstream's predictor."""
+
+    def __init__(self, talker, drafter, tree: Tree | None, generator: torch.Generator | None):
+        self.talker, self.drafter, self.tree, self.generator = talker, drafter, tree, generator
+        self.stats = Stats()
+        self.decoder = predictor_from_upstream(talker)
+        if drafter is not None:
+            drafter.check_model(self.decoder)
+            tree.check_fits(drafter.depth)
+        predictor = talker.code_predictor
+        self.replaced_instance_method = "generate" in vars(predictor)
+        self.upstream_generate = predictor.generate
+        predictor.generate = self.generate
+        setattr(talker, HANDLE, self)
+
+    def undo(self) -> None:
+        """Give the talker its own `code_predictor.generate` back."""
+        predictor = self.talker.code_predictor
+        if getattr(self.talker, HANDLE, None) is not self:
+            raise RvqspecError("this acceleration was already undone")
+        if self.replaced_instance_method:
+            predictor.generate = self.upstream_generate
+        else:
+            del predictor.generate
+        delattr(self.talker, HANDLE)
+
+    def current_decoder(self) -> MultiCodeDecoder:
+        """The decoder, rebuilt if the upstream model moved to another device or dtype since `accelerate`."""
+        weight = self.talker.code_predictor.lm_head[0].weight
+        if (self.decoder.device, self.decoder.dtype) != (weight.device, weight.dtype):
+            self.decoder = predictor_from_upstream(self.talker)
+        return self.decoder
+
+    def c0_codes(self, c0_embeds: Tensor) -> list[int] | None:
+        """Recover each row's c0 from its embedding: upstream passes `codec_embedding(c0)`, not c0. Two codes
+        with equal embeddings are interchangeable (c0 reaches the predictor only through its embedding)."""
+        table = self.talker.get_input_embeddings().weight
+        codes = []
+        for row in c0_embeds:
+            match = (table == row).all(-1).nonzero()
+            if not len(match):
+                return None
+            codes.append(int(match[0]))
+        return codes
+
+    def sampler(self, do_sample, top_k, top_p, temperature) -> Sampler:
+        """The caller's settings; those left None fall back to the predictor's generation_config, as in HF."""
+        config = self.talker.code_predictor.generation_config
+
+        def pick(value, name, neutral):
+            value = getattr(config, name, None) if value is None else value
+            return neutral if value is None else value
+
+        return Sampler(do_sample=bool(pick(do_sample, "do_sample", False)), top_k=int(pick(top_k, "top_k", 0)),
+                       top_p=float(pick(top_p, "top_p", 1.0)), temperature=float(pick(temperature, "temperature", 1.0)))
+
+    def generate(self, inputs_embeds: Tensor | None = None, max_new_tokens: int | None = None, do_sample=None,
+                 top_k=None, top_p=None, temperature=None, **kwargs):
+        """Stands in for `code_predictor.generate` in the per-frame call; any other call goes to upstream."""
+        groups = self.talker.code_predictor.config.num_code_groups
+        frame_call = (isinstance(inputs_embeds, Tensor) and inputs_embeds.dim() == 3 and inputs_embeds.shape[1] == 2
+                      and max_new_tokens == groups - 1 and not set(kwargs) - IGNORED_GENERATE_ARGS)
+        c0 = self.c0_codes(inputs_embeds[:, 1]) if frame_call else None
+        if c0 is None:
+            return self.upstream_generate(inputs_embeds=inputs_embeds, max_new_tokens=max_new_tokens,
+                                          do_sample=do_sample, top_k=top_k, top_p=top_p, temperature=temperature,
+                                          **kwargs)
+        from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+        sampler = self.sampler(do_sample, top_k, top_p, temperature)
+        decoder = self.current_decoder()
+        rows = []
+        for hidden, code in zip(inputs_embeds[:, 0], c0):
+            result = decode_frame(decoder, hidden, code, sampler, self.generator, self.drafter, self.tree)
+            self.stats.add(result)
+            rows.append(result.codes)
+        sequences = torch.stack(rows).to(inputs_embeds.device)
+        as_dict = kwargs.get("return_dict_in_generate")
+        if as_dict is None:
+            as_dict = self.talker.code_predictor.generation_config.return_dict_in_generate
+        return GenerateDecoderOnlyOutput(sequences=sequences) if as_dict else sequences
+
+
+def accelerate(model, drafter=None, tree: Tree | None = None,
+               generator: torch.Generator | None = None) -> Acceleration:
+    """Route the code predictor of a qwen-tts model through `rvqspec.decode_frame` until `undo()`.
+
+    `model`: a `qwen_tts.Qwen3TTSModel`, its `.model`, or its `.model.talker`. No drafter: plain AR (15
+    calls a frame); with a drafter (`rvqspec.Offsets.load(path)`, `rvqspec.ReusedHeads()`, ...): speculative
+    over `tree` (default: `default_tree(16)`). Sampling settings come from each generate call; draws use
+    `generator`, or torch's global RNG like upstream. Call it after moving or fine-tuning the model: it
+    copies the predictor's weights (a later device or dtype change is followed, an in-place edit is not).
+    """
+    talker = find_talker(model)
+    if getattr(talker, HANDLE, None) is not None:
+        raise RvqspecError("this model is already accelerated: call handle.undo() (or deaccelerate(model)) first")
+    if drafter is None and tree is not None:
+        raise RvqspecError("a tree was given without a drafter: pass drafter=rvqspec.ReusedHeads() or "
+                           "rvqspec.Offsets.load(path) to decode speculatively, or drop the tree for plain AR")
+    if drafter is not None and tree is None:
+        tree = default_tree(DEFAULT_TREE_NODES)
+    return Acceleration(talker, drafter, tree, generator)
+
+
+def deaccelerate(model) -> None:
+    """Undo `accelerate(model)`."""
+    handle = getattr(find_talker(model), HANDLE, None)
+    if handle is None:
+        raise RvqspecError("this model is not accelerated: nothing to undo")
+    handle.undo()
+
+
+def generate_speech(tts, text: str, language: str = "Auto", speaker: str | None = None,
+                    instruct: str | None = None, ref_audio=None, ref_text: str | None = None,
+                    **kwargs) -> tuple[list, int]:
+    """(wavs, sample_rate) from the generate entry point of the model's type: custom voice (`speaker`, optional
+    `instruct`), voice design (`instruct`), or voice clone (`ref_audio`; ICL with `ref_text`, else x-vector
+    only). `kwargs` (sampling settings, max_new_tokens, non_streaming_mode) go to the entry point."""
+    kind = tts.model.tts_model_type
+    if kind == "base" and ref_audio is None:
+        raise RvqspecError("this is a voice-clone (Base) model: it needs reference audio (--ref-audio), and its "
+                           "transcript (--ref-text) for in-context cloning")
+    entry_points = {
+        "custom_voice": lambda: tts.generate_custom_voice(text=text, speaker=speaker, language=language,
+                                                          instruct=instruct, **kwargs),
+        "voice_design": lambda: tts.generate_voice_design(text=text, instruct=instruct or "", language=language,
+                                                          **kwargs),
+        "base": lambda: tts.generate_voice_clone(text=text, language=language, ref_audio=ref_audio,
+                                                 ref_text=ref_text, x_vector_only_mode=ref_text is None, **kwargs)}
+    if kind not in entry_points:
+        raise RvqspecError(f"unknown qwen-tts model type {kind!r}: expected one of {', '.join(entry_points)}")
+    try:
+        return entry_points[kind]()
+    except (ValueError, NotImplementedError) as e:  # upstream's way of refusing a speaker, language or mode
+        raise RvqspecError(f"qwen-tts refused the request: {e}") from None
+
+
+class PromptCaptured(Exception):
+    """Raised from upstream's generate once the talker's inputs are built, so that nothing is generated."""
+
+
+def talker_prompt(tts, text: str, **speech_args) -> dict[str, Tensor]:
+    """The inputs upstream's `talker.generate` gets for `text` (a batch of one), as built by `generate_speech`
+    with the same arguments; the talker generates nothing."""
+    talker, captured = tts.model.talker, {}
+
+    def capture(**kwargs):
+        captured.update(kwargs)
+        raise PromptCaptured
+
+    talker.generate = capture
+    try:
+        generate_speech(tts, text, **speech_args)
+    except PromptCaptured:
+        pass
+    finally:
+        del talker.generate
+    return {name: captured[name] for name in ("inputs_embeds", "attention_mask", "trailing_text_hidden",
+                                             "tts_pad_embed")}
+
+
+@torch.inference_mode()
+def teacher_forced_hidden(talker, prompt: dict[str, Tensor], codes: Tensor) -> Tensor:
+    """The talker's hidden state that conditions the predictor for each frame of `codes` [T, G]: [T, hidden].
+
+    That is upstream's `past_hidden`: the final (normed) hidden state at the step that emitted the frame's
+    c0. One causal pass over the prompt and frames 0..T-2, each frame's input built as upstream's talker
+    builds it in `forward`: the sum of its G code embeddings plus the next text embedding (or tts_pad).
+    """
+    codes = codes.to(talker.device)
+    frames = codes[:-1]
+    tables = [talker.get_input_embeddings()] + list(talker.code_predictor.get_input_embeddings())
+    codec = torch.stack([table(frames[:, g]) for g, table in enumerate(tables)], dim=1).sum(1)
+    text = prompt["trailing_text_hidden"][0, :len(frames)]
+    text = torch.cat([text, prompt["tts_pad_embed"][0].expand(len(frames) - len(text), -1)])
+    inputs = torch.cat([prompt["inputs_embeds"], (codec + text)[None]], dim=1)
+    mask = torch.cat([prompt["attention_mask"], prompt["attention_mask"].new_ones(1, len(frames))], dim=1)
+    position_ids, _ = talker.get_rope_index(mask)
+    hidden = talker.model(inputs_embeds=inputs, attention_mask=mask, position_ids=position_ids,
+                          use_cache=False).last_hidden_state
+    start = prompt["inputs_embeds"].shape[1] - 1
+    return hidden[0, start:start + len(codes)]
