@@ -1,0 +1,291 @@
+"""rvqspec.integrations.qwen_tts and `rvqspec synth` / `corpus from-audio` on tiny random upstream models."""
+
+import re
+
+import numpy as np
+import pytest
+import soundfile
+import torch
+from scipy.stats import chi2_contingency
+
+from rvqspec import MultiCodeDecoder, Offsets, ReusedHeads, RvqspecError, default_tree
+from rvqspec.cli import main
+from rvqspec.corpus import Corpus
+from rvqspec.integrations.qwen_tts import (HANDLE, accelerate, deaccelerate, predictor_from_upstream, talker_prompt,
+                                           teacher_forced_hidden)
+from rvqspec.synth import corpus_from_audio, resolve_model, synthesize
+from tiny import random_offsets, tiny_config
+from upstream_models import frame_prompt, tiny_upstream_model, upstream_available
+
+if not upstream_available():
+    pytest.skip("qwen-tts reference not installed: run `make install`", allow_module_level=True)
+
+from upstream_tts import FRAME_SAMPLES, SAMPLE_RATE, text_ids, tiny_qwen3_tts, tiny_tts_model, write_wav  # noqa: E402
+
+GREEDY = dict(do_sample=False, subtalker_dosample=False)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models are dominated by per-op overhead, which extra threads only add to on a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tts():
+    return tiny_qwen3_tts(seed=0)
+
+
+def talker_codes(model, text: str = "hello there", frames: int = 8, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes [T, 16], talker hidden states [T, H]) from upstream's generate, batch of one."""
+    codes, hidden = model.generate(input_ids=[text_ids(text)], languages=["english"], speakers=["tiny"],
+                                   max_new_tokens=frames, **{"non_streaming_mode": True, **GREEDY, **kwargs})
+    return codes[0], hidden[0]
+
+
+def test_greedy_codes_are_upstream_codes_ar_and_speculative(tts):
+    reference, _ = talker_codes(tts.model)
+    assert len(reference) >= 3  # enough frames to mean something (the talker did not stop at once)
+    handle = accelerate(tts)
+    try:
+        codes, _ = talker_codes(tts.model)
+        assert torch.equal(codes, reference)
+        assert (handle.stats.frames, handle.stats.calls) == (len(reference), 15 * len(reference))
+    finally:
+        handle.undo()
+    handle = accelerate(tts.model, drafter=ReusedHeads(), tree=default_tree(8))
+    try:
+        codes, _ = talker_codes(tts.model)
+        assert torch.equal(codes, reference)
+        assert handle.stats.frames == len(reference) and handle.stats.codes == 15 * len(reference)
+    finally:
+        handle.undo()
+
+
+def test_waveform_of_each_entry_point_unchanged_when_greedy(tmp_path):
+    """Custom voice, voice design and voice clone (in-context, with reference codes) all pass through the hook."""
+    write_wav(tmp_path / "ref.wav", 0.5, seed=3)
+    calls = {"custom_voice": lambda tts: tts.generate_custom_voice(text="hi there", speaker="tiny", language="english",
+                                                                   max_new_tokens=5, **GREEDY),
+             "voice_design": lambda tts: tts.generate_voice_design(text="hi there", instruct="calm", language="english",
+                                                                   max_new_tokens=5, **GREEDY),
+             "base": lambda tts: tts.generate_voice_clone(text="hi there", language="english", max_new_tokens=5,
+                                                          ref_audio=str(tmp_path / "ref.wav"), ref_text="hello",
+                                                          **GREEDY)}
+    for kind, call in calls.items():
+        tts = tiny_qwen3_tts(seed=1, model_type=kind)
+        reference, sample_rate = call(tts)
+        handle = accelerate(tts, drafter=ReusedHeads(), tree=default_tree(4))
+        wavs, _ = call(tts)
+        assert sample_rate == SAMPLE_RATE and handle.stats.frames > 0, kind
+        np.testing.assert_array_equal(wavs[0], reference[0], err_msg=kind)
+
+
+def test_undo_restores_upstream_generate(tts):
+    predictor = tts.model.talker.code_predictor
+    reference, _ = talker_codes(tts.model)
+    handle = accelerate(tts.model.talker)
+    with pytest.raises(RvqspecError, match="already accelerated"):
+        accelerate(tts)
+    deaccelerate(tts)
+    assert "generate" not in vars(predictor) and not hasattr(tts.model.talker, HANDLE)
+    counted = handle.stats.frames
+    codes, _ = talker_codes(tts.model)
+    assert torch.equal(codes, reference) and handle.stats.frames == counted  # upstream ran, not rvqspec
+    with pytest.raises(RvqspecError, match="not accelerated"):
+        deaccelerate(tts)
+    with pytest.raises(RvqspecError, match="already undone"):
+        handle.undo()
+
+
+def test_calls_that_are_not_the_frame_call_go_to_upstream():
+    model = tiny_upstream_model(seed=2, vocab=8, head_scale=10.0)
+    predictor = model.talker.code_predictor
+    inputs = frame_prompt(model, torch.randn(2, 64), torch.tensor([1, 5]))
+    handle = accelerate(model)
+    try:
+        short = predictor.generate(inputs_embeds=inputs, max_new_tokens=3, do_sample=False)
+        assert handle.stats.frames == 0 and short.shape == (2, 3)  # upstream's own generate ran
+        foreign = inputs.clone()
+        foreign[:, 1] += 1e-3  # not a row of the talker's c0 table: the c0 cannot be recovered
+        predictor.generate(inputs_embeds=foreign, max_new_tokens=15, do_sample=False)
+        assert handle.stats.frames == 0
+    finally:
+        handle.undo()
+
+
+def test_decoder_follows_a_dtype_change_after_accelerate():
+    model = tiny_upstream_model(seed=5, vocab=8, head_scale=10.0)
+    predictor = model.talker.code_predictor
+    handle = accelerate(model)
+    model.double()
+    inputs = frame_prompt(model, torch.randn(3, 64, dtype=torch.float64), torch.tensor([0, 4, 7]))
+    try:
+        ours = predictor.generate(inputs_embeds=inputs, max_new_tokens=15, do_sample=False)
+        assert handle.decoder.dtype == torch.float64 and handle.stats.frames == 3
+    finally:
+        handle.undo()
+    assert torch.equal(ours, predictor.generate(inputs_embeds=inputs, max_new_tokens=15, do_sample=False))
+
+
+def sample_frames(model, hidden: torch.Tensor, c0: int, count: int, seed: int, **sampling) -> torch.Tensor:
+    """Codes [count, 15] from `count` frames with the same input, as upstream's talker asks for them."""
+    predictor = model.talker.code_predictor
+    torch.manual_seed(seed)
+    inputs = frame_prompt(model, hidden.expand(count, -1), torch.full((count,), c0))
+    out = predictor.generate(inputs_embeds=inputs, max_new_tokens=15, do_sample=True, output_hidden_states=True,
+                             return_dict_in_generate=True, **sampling)
+    return out.sequences
+
+
+def min_p_value(a: torch.Tensor, b: torch.Tensor, vocab: int) -> float:
+    """Smallest chi-square p-value, over the 15 codebooks, of 'a and b have the same code histogram'."""
+    p_values = []
+    for position in range(a.shape[1]):
+        table = np.stack([np.bincount(x[:, position].numpy(), minlength=vocab) for x in (a, b)])
+        p_values.append(chi2_contingency(table[:, table.sum(0) > 0])[1])
+    return min(p_values)
+
+
+def test_sampled_codes_match_upstream_in_distribution():
+    """Chi-square, per codebook, of upstream's sampled codes against rvqspec's (AR and speculative) under the
+    subtalker settings the caller passes. The test has the power to see a wrong sampler at this sample size:
+    at the same threshold it flags codes sampled with the temperature or the top-k ignored."""
+    vocab, count, alpha = 8, 300, 1e-3 / 15  # family-wise 1e-3 over the 15 codebooks
+    model = tiny_upstream_model(seed=3, vocab=vocab, head_scale=6.0)
+    hidden, c0 = torch.randn(1, 64, generator=torch.Generator().manual_seed(0)), 5
+    settings = dict(temperature=0.4, top_k=4, top_p=0.95)
+    upstream = sample_frames(model, hidden, c0, count, seed=10, **settings)
+    for seed, wrong in enumerate(({"temperature": 1.0}, {"top_k": 0})):
+        codes = sample_frames(model, hidden, c0, count, seed=20 + seed, **{**settings, **wrong})
+        assert min_p_value(upstream, codes, vocab) < alpha, wrong
+    for seed, drafter in enumerate((None, ReusedHeads())):
+        handle = accelerate(model, drafter=drafter, tree=default_tree(4) if drafter else None)
+        try:
+            ours = sample_frames(model, hidden, c0, count, seed=30 + seed, **settings)
+        finally:
+            handle.undo()
+        assert handle.stats.frames == count
+        assert min_p_value(upstream, ours, vocab) > alpha, drafter
+
+
+def test_generator_makes_draws_reproducible_without_touching_global_rng():
+    model = tiny_upstream_model(seed=4, vocab=8, head_scale=10.0)
+    hidden = torch.randn(1, 64)
+    runs = []
+    for _ in range(2):
+        handle = accelerate(model, generator=torch.Generator().manual_seed(7))
+        try:
+            torch.manual_seed(0)
+            seeded = torch.get_rng_state()
+            runs.append(sample_frames(model, hidden, 3, 20, seed=0, temperature=0.9, top_k=50))
+            assert torch.equal(torch.get_rng_state(), seeded)  # every draw came from the generator
+        finally:
+            handle.undo()
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_offsets_for_another_model_size_are_refused(tmp_path, tts):
+    other = MultiCodeDecoder(tiny_config(hidden=32, vocab=32))
+    Offsets.for_model(other).save(tmp_path / "offsets.safetensors")
+    drafter = Offsets.load(tmp_path / "offsets.safetensors")
+    with pytest.raises(RvqspecError, match="trained for a code predictor with .* train one for this model"):
+        accelerate(tts, drafter=drafter)
+    assert "generate" not in vars(tts.model.talker.code_predictor)  # nothing was hooked
+
+
+def test_trained_offsets_leave_greedy_codes_unchanged(tmp_path, tts):
+    reference, _ = talker_codes(tts.model)
+    random_offsets(predictor_from_upstream(tts.model.talker), seed=5).save(tmp_path / "offsets.safetensors")
+    handle = accelerate(tts, drafter=Offsets.load(tmp_path / "offsets.safetensors"), tree=default_tree(6))
+    try:
+        assert torch.equal(talker_codes(tts.model)[0], reference)
+    finally:
+        handle.undo()
+
+
+def test_text_to_waveform_with_tiny_speech_tokenizer(tmp_path, tts):
+    handle = accelerate(tts, drafter=ReusedHeads(), tree=default_tree(4))
+    try:
+        report = synthesize(tts, handle, "a short line", tmp_path / "out.wav", language="english", speaker="tiny",
+                            max_new_tokens=6)
+    finally:
+        handle.undo()
+    wav, sample_rate = soundfile.read(tmp_path / "out.wav")
+    assert sample_rate == SAMPLE_RATE and report["frames"] >= 1
+    assert len(wav) == report["frames"] * FRAME_SAMPLES and np.isfinite(wav).all() and np.abs(wav).max() > 0
+    assert report["calls_per_frame"] <= 15 and report["tokens_per_step"] >= 1
+
+
+@pytest.mark.parametrize("non_streaming_mode", [True, False])
+def test_teacher_forced_hidden_is_upstream_past_hidden(tts, non_streaming_mode):
+    """The hidden state recorded for a frame is the one upstream's talker fed the predictor for it (upstream's
+    generate returns them), text conditioning included: streaming mode feeds the text along the frames."""
+    text = "speech for the corpus"
+    codes, upstream_hidden = talker_codes(tts.model, text, frames=12, non_streaming_mode=non_streaming_mode,
+                                          do_sample=True, subtalker_dosample=True)
+    prompt = talker_prompt(tts, text, language="english", speaker="tiny", non_streaming_mode=non_streaming_mode)
+    hidden = teacher_forced_hidden(tts.model.talker, prompt, codes)
+    torch.testing.assert_close(hidden, upstream_hidden, atol=1e-5, rtol=1e-5)
+
+
+def test_corpus_from_audio(tmp_path, tts):
+    audio = tmp_path / "audio"
+    (audio / "sub").mkdir(parents=True)
+    for name, seconds in (("a", 0.4), ("sub/b", 0.3)):
+        write_wav(audio / f"{name}.wav", seconds, seed=len(name))
+        (audio / f"{name}.txt").write_text(f"words of {name}\n")
+    report = corpus_from_audio(tts, audio, tmp_path / "corpus", language="English", speaker="tiny")
+    corpus = Corpus(tmp_path / "corpus", validation_fraction=0.0)
+    entries = {entry["id"]: (codes, hidden) for entry, codes, hidden in corpus.utterances_of("train")}
+    assert set(entries) == {"a", "sub/b"} and report["frames"] == sum(len(c) for c, _ in entries.values())
+    codes, hidden = entries["sub/b"]
+    expected_codes = tts.model.speech_tokenizer.encode(str(audio / "sub/b.wav")).audio_codes[0]
+    assert torch.equal(codes, expected_codes) and len(codes) == 4  # 0.3 s at 12.5 frames/s, rounded up
+    prompt = talker_prompt(tts, "words of sub/b", language="English", speaker="tiny")
+    expected_hidden = teacher_forced_hidden(tts.model.talker, prompt, expected_codes)
+    torch.testing.assert_close(hidden.float(), expected_hidden, atol=2e-3, rtol=1e-3)  # stored as float16
+
+
+def test_corpus_from_audio_needs_transcripts(tmp_path, tts):
+    write_wav(tmp_path / "a.wav", 0.2, seed=0)
+    with pytest.raises(RvqspecError, match=r"1 of 1 audio files have no transcript .* a\.txt"):
+        corpus_from_audio(tts, tmp_path, tmp_path / "corpus")
+
+
+def test_resolve_model_finds_cached_snapshot_offline(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    repo = tmp_path / "models--Qwen--Qwen3-TTS-12Hz-0.6B-CustomVoice"
+    (repo / "snapshots" / "abc123").mkdir(parents=True)
+    (repo / "snapshots" / "abc123" / "config.json").write_text("{}")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    assert resolve_model("Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice") == repo / "snapshots" / "abc123"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["synth", "--model", "{tmp}/missing/folder", "--text", "hi", "--out", "{tmp}/o.wav"], "does not exist"),
+    (["synth", "--model", "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice", "--text", "hi", "--out", "{tmp}/o.wav"],
+     "not on disk .*huggingface-cli download Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"),
+    (["synth", "--model", "{tmp}", "--text", "hi", "--out", "{tmp}/o.wav", "--no-spec", "--tree", "t.json"],
+     "--no-spec decodes autoregressively"),
+    (["synth", "--model", "{tmp}", "--text", "hi", "--out", "{tmp}/o.wav", "--offsets", "{tmp}/none.safetensors"],
+     "drafter file .* does not exist"),
+    (["corpus", "from-audio", "--model", "{tmp}", "--audio", "{tmp}/none", "--out", "{tmp}/c"],
+     "audio folder .* does not exist"),
+])
+def test_cli_errors_are_one_line(tmp_path, monkeypatch, capsys, argv, message):
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    assert main([a.format(tmp=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("rvqspec ")
+    assert re.search(message, err), err
