@@ -1,0 +1,98 @@
+"""Text -> codes with the stand-in: the talker samples c0 frame by frame, the predictor fills c1..c15.
+
+The predictor's inner loop is `rvqspec.decode_frame`, plain AR (drafter None) or speculative (a drafter
+and a tree); everything else is identical, so the two modes differ only in predictor calls and time.
+The talker keeps a static KV cache: one prefill over [lang, bytes, bos], then one call per frame.
+"""
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from rvqspec.decode import decode_frame
+from rvqspec.errors import RvqspecError
+from rvqspec.sampling import Sampler
+from rvqspec.standin.talker import StandinTTS
+from rvqspec.tree import Tree
+
+FRAME_RATE = 12.5  # code frames per second (80 ms)
+
+
+@dataclass
+class Synthesis:
+    codes: Tensor  # [T, 16]
+    hidden: Tensor  # [T, H] the talker state that conditioned each frame's predictor
+    predictor_calls: int = 0
+    predictor_seconds: float = 0.0  # wall time inside decode_frame (the inner loop)
+    talker_seconds: float = 0.0
+    accepted: list[int] = field(default_factory=list)  # drafts accepted per speculative round
+
+    @property
+    def frames(self) -> int:
+        return len(self.codes)
+
+    @property
+    def calls_per_frame(self) -> float:
+        return self.predictor_calls / max(self.frames, 1)
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.frames * (self.codes.shape[1] - 1) / max(self.predictor_calls, 1)
+
+
+def max_frames_for(text: str) -> int:
+    """A generous cap (about 0.4 s per byte + 2 s) so a model that never emits eos still stops."""
+    return int(len(text.encode()) * 5 + 25)
+
+
+def sample_c0(tts: StandinTTS, hidden: Tensor, sampler: Sampler, generator, allow_eos: bool) -> int:
+    """Draw c0 from the talker head, restricted to the codes (and eos once allowed)."""
+    logits = tts.talker.codec_head(hidden).float()
+    allowed = torch.zeros_like(logits, dtype=torch.bool)
+    allowed[..., :tts.config.num_codes] = True
+    allowed[..., tts.config.codec_eos_token_id] = allow_eos
+    return int(sampler.sample(logits.masked_fill(~allowed, float("-inf")).view(1, -1), generator))
+
+
+@torch.inference_mode()
+def synthesize_codes(tts: StandinTTS, text: str, lang: str, sampler: Sampler = Sampler(),
+                     talker_sampler: Sampler = Sampler(), generator: torch.Generator | None = None,
+                     drafter=None, tree: Tree | None = None, max_frames: int | None = None) -> Synthesis:
+    """Codes [T, 16] for `text`; the predictor runs AR (drafter None) or speculative (drafter + tree)."""
+    talker = tts.talker
+    device = talker.norm.weight.device
+    prefix = tts.prefix_embed(text, lang).to(talker.norm.weight.dtype)
+    max_frames = max_frames or max_frames_for(text)
+    slots = len(prefix) + max_frames
+    if slots > talker.config.max_position_embeddings:
+        raise RvqspecError(f"text of {len(text.encode())} bytes is too long for the stand-in "
+                           f"(at most about {talker.config.max_position_embeddings // 6} bytes): split it")
+    talker.setup_cache(slots)
+    all_slots = torch.arange(slots, device=device)
+    masks = all_slots[None, :] <= all_slots[:, None]
+    start = time.perf_counter()
+    positions = all_slots[:len(prefix)]
+    hidden = talker(prefix[None], positions, masks[positions], positions)[0, -1]
+    frames, states = [], []
+    out = Synthesis(codes=torch.empty(0, 16, dtype=torch.long), hidden=torch.empty(0, talker.config.hidden_size))
+    for t in range(max_frames):
+        c0 = sample_c0(tts, hidden, talker_sampler, generator, allow_eos=t > 0)
+        if c0 == tts.config.codec_eos_token_id:
+            break
+        inner = time.perf_counter()
+        result = decode_frame(tts.predictor, hidden, c0, sampler, generator, drafter=drafter, tree=tree)
+        out.predictor_seconds += time.perf_counter() - inner
+        out.predictor_calls += result.calls
+        out.accepted += [r.accepted for r in result.rounds]
+        frame = torch.cat([torch.tensor([c0], device=device), result.codes])
+        frames.append(frame)
+        states.append(hidden)
+        if t + 1 < max_frames:
+            position = all_slots[len(prefix) + t:len(prefix) + t + 1]
+            hidden = talker(tts.frame_embed(frame)[None, None], position, masks[position], position)[0, -1]
+    out.talker_seconds = time.perf_counter() - start - out.predictor_seconds
+    if frames:
+        out.codes, out.hidden = torch.stack(frames).cpu(), torch.stack(states).float().cpu()
+    return out

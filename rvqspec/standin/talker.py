@@ -1,0 +1,247 @@
+"""The stand-in Qwen3-TTS: a small Qwen3-style talker plus the project's MultiCodeDecoder.
+
+Sequence of the talker (non-streaming: the whole text first, then the audio frames):
+
+    position  0      1 .. B        B+1    B+2 .. B+1+T
+    input     lang   text bytes    bos    frame 0 .. frame T-1
+    output                         c0(0)  c0(1) .. c0(T-1), eos
+
+The language and bos tokens are rows of the talker's codec table (upstream: `codec_language_id`,
+`codec_bos_id`), text bytes rows of `text_embedding`; a frame's input is the sum of the embeddings of
+its 16 codes, c0 through the talker's codec table and c1..c15 through the predictor's codec tables, as
+upstream. The talker's final hidden state at the position that emits c0(t) conditions the predictor
+for frame t (its position 0).
+
+One table, shared: the talker's c0 table and the 15 codec tables are the predictor's stacked
+`code_embed` (rows 0..talker_vocab-1 are the talker's table), so `StandinTTS` reads them from the
+predictor and the saved checkpoint holds each tensor once, under the official names.
+
+Deviations from upstream, all to keep the stand-in small: plain 1-D RoPE instead of M-RoPE (audio
+and text share one position axis, so M-RoPE's three sections would carry the same ids anyway);
+UTF-8 bytes instead of the Qwen text tokenizer, embedded at the talker width without
+`text_projection`; no speaker/instruct tokens.
+"""
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from rvqspec.checkpoint import PREDICTOR, official_layout, read_tensors, save_predictor
+from rvqspec.config import PredictorConfig
+from rvqspec.errors import RvqspecError
+from rvqspec.model import Block, KVCache, MultiCodeDecoder, RMSNorm, RotaryEmbedding, init_weights, resolve_dtype
+
+TALKER = "talker."
+
+
+@dataclass(frozen=True)
+class TalkerConfig:
+    hidden_size: int = 256
+    intermediate_size: int = 768
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 64
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 2048
+    text_vocab_size: int = 256  # UTF-8 bytes
+    num_codes: int = 512  # codebook size of c0 (the codec's first codebook)
+    languages: tuple[str, ...] = ("en", "de", "es", "ru")
+
+    # Special rows of the talker's codec table, after the codes (as upstream: codes, then specials).
+    @property
+    def codec_pad_id(self) -> int:
+        return self.num_codes
+
+    @property
+    def codec_bos_id(self) -> int:
+        return self.num_codes + 1
+
+    @property
+    def codec_eos_token_id(self) -> int:
+        return self.num_codes + 2
+
+    @property
+    def codec_language_id(self) -> dict[str, int]:
+        return {lang: self.num_codes + 3 + i for i, lang in enumerate(self.languages)}
+
+    @property
+    def vocab_size(self) -> int:
+        return self.num_codes + 3 + len(self.languages)
+
+    def upstream_fields(self) -> dict:
+        """The talker_config fields of config.json (upstream names where upstream has them)."""
+        fields = asdict(self)
+        fields.pop("num_codes")
+        fields["languages"] = list(self.languages)
+        fields.update(text_hidden_size=self.hidden_size, codec_pad_id=self.codec_pad_id,
+                      codec_bos_id=self.codec_bos_id, codec_eos_token_id=self.codec_eos_token_id,
+                      codec_language_id=self.codec_language_id, rope_scaling=None,
+                      position_encoding="1-D RoPE (stand-in; upstream uses M-RoPE)")
+        return fields
+
+    @classmethod
+    def from_upstream(cls, talker: dict) -> "TalkerConfig":
+        try:
+            languages = tuple(talker["languages"])
+            num_codes = talker["vocab_size"] - 3 - len(languages)
+            values = {k: talker[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                              "num_attention_heads", "num_key_value_heads", "head_dim",
+                                              "rms_norm_eps", "rope_theta", "max_position_embeddings",
+                                              "text_vocab_size")}
+        except KeyError as e:
+            raise RvqspecError(f"config.json talker_config lacks {e.args[0]!r}: this folder holds a code predictor "
+                               "but not a stand-in talker (rebuild it with `rvqspec standin build`)") from None
+        config = cls(num_codes=num_codes, languages=languages, **values)
+        if talker.get("codec_eos_token_id") != config.codec_eos_token_id:
+            raise RvqspecError("config.json talker_config has an unexpected special-token layout: "
+                               "rebuild the stand-in with `rvqspec standin build`")
+        return config
+
+
+def predictor_config_for(talker: TalkerConfig, **sizes) -> PredictorConfig:
+    """A predictor config that fits `talker` (16 groups of `talker.num_codes` codes); `sizes` set its width/depth."""
+    return PredictorConfig(vocab_size=talker.num_codes, num_code_groups=16, talker_hidden_size=talker.hidden_size,
+                           talker_vocab_size=talker.vocab_size, **sizes)
+
+
+class Talker(nn.Module):
+    """The talker's own weights: text table, decoder layers, final norm and the c0 head."""
+
+    def __init__(self, config: TalkerConfig):
+        super().__init__()
+        self.config = c = config
+        self.text_embed = nn.Embedding(c.text_vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(
+            Block(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                  c.rms_norm_eps) for _ in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.codec_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        self.make_buffers()
+        self.cache: KVCache | None = None
+        self.apply(init_weights)
+
+    def make_buffers(self) -> None:
+        c = self.config
+        self.rope = RotaryEmbedding(c.head_dim, c.rope_theta, c.max_position_embeddings)
+
+    def setup_cache(self, slots: int) -> KVCache:
+        c, weight = self.config, self.norm.weight
+        self.cache = KVCache(c.num_hidden_layers, c.num_key_value_heads, slots, c.head_dim, weight.dtype, weight.device)
+        return self.cache
+
+    def forward(self, x: Tensor, positions: Tensor, mask: Tensor | None = None, slots: Tensor | None = None) -> Tensor:
+        """Final-norm hidden states [B, T, H]; causal over x without `slots`, else through the cache."""
+        if int(positions.max()) >= self.config.max_position_embeddings:
+            raise RvqspecError(f"sequence of {int(positions.max()) + 1} positions exceeds the talker's "
+                               f"{self.config.max_position_embeddings}: use a shorter text")
+        cos, sin = self.rope(positions, x.dtype)
+        cache = self.cache if slots is not None else None
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, mask, cache, i, slots)
+        return self.norm(x)
+
+
+class StandinTTS(nn.Module):
+    """Talker + code predictor sharing the predictor's stacked code table."""
+
+    def __init__(self, talker: Talker, predictor: MultiCodeDecoder):
+        super().__init__()
+        if predictor.config.talker_hidden_size != talker.config.hidden_size \
+                or predictor.config.talker_vocab_size != talker.config.vocab_size \
+                or predictor.config.vocab_size != talker.config.num_codes:
+            raise RvqspecError("talker and code predictor sizes disagree (talker hidden/vocab vs the predictor's "
+                               "talker_hidden_size/talker_vocab_size/vocab_size): rebuild the stand-in")
+        self.talker, self.predictor = talker, predictor
+
+    @property
+    def config(self) -> TalkerConfig:
+        return self.talker.config
+
+    def codec_embed(self, ids: Tensor) -> Tensor:
+        """Rows of the talker's codec table (c0 codes and specials): table 0 of `code_embed`."""
+        return self.predictor.code_embed(ids)
+
+    def frame_embed(self, codes: Tensor) -> Tensor:
+        """Talker input of frames with codes [..., 16]: the sum of their 16 code embeddings (raw, unprojected)."""
+        return self.predictor.code_embed(self.predictor.table_offset + codes).sum(-2)
+
+    def language_id(self, lang: str) -> int:
+        ids = self.config.codec_language_id
+        if lang not in ids:
+            raise RvqspecError(f"language {lang!r} is not known to the stand-in: use one of {', '.join(ids)}")
+        return ids[lang]
+
+    def prefix_embed(self, text: str, lang: str) -> Tensor:
+        """[lang, UTF-8 bytes..., bos] embedded: [B+2, H]."""
+        data = text.strip().encode("utf-8")
+        if not data:
+            raise RvqspecError("empty text: pass a sentence to synthesize")
+        device = self.talker.norm.weight.device
+        special = torch.tensor([self.language_id(lang), self.config.codec_bos_id], device=device)
+        special = self.codec_embed(special)
+        text_bytes = self.talker.text_embed(torch.tensor(list(data), device=device))
+        return torch.cat([special[:1], text_bytes, special[1:]])
+
+
+# ---------------------------------------------------------------- checkpoint
+
+
+def talker_layout(c: TalkerConfig) -> dict[str, tuple[str, list[tuple[str, tuple[int, ...]]]]]:
+    """Talker native key -> official keys; the layers map like the predictor's, under `talker.model.`."""
+    as_predictor = PredictorConfig(
+        hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_hidden_layers=c.num_hidden_layers,
+        num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim,
+        talker_hidden_size=c.hidden_size)
+    layout = {native: (how, [(name.replace(PREDICTOR, TALKER), shape) for name, shape in parts])
+              for native, (how, parts) in official_layout(as_predictor).items()
+              if native.startswith("layers.") or native == "norm.weight"}
+    layout["text_embed.weight"] = ("cat", [(TALKER + "model.text_embedding.weight", (c.text_vocab_size, c.hidden_size))])
+    layout["codec_head.weight"] = ("cat", [(TALKER + "codec_head.weight", (c.vocab_size, c.hidden_size))])
+    return layout
+
+
+def talker_official_state_dict(talker: Talker) -> dict[str, Tensor]:
+    state = talker.state_dict()
+    out = {}
+    for native, (how, parts) in talker_layout(talker.config).items():
+        pieces = state[native].split([shape[0] for _, shape in parts])
+        out.update({name: piece.contiguous() for (name, _), piece in zip(parts, pieces)})
+    return out
+
+
+def save_standin(tts: StandinTTS, folder: str | Path, dtype: torch.dtype = torch.float16, extra: dict | None = None) -> None:
+    """config.json (upstream nested layout + talker fields) and model.safetensors (official keys) in `dtype`."""
+    cast = lambda module: {k: v.to(dtype) for k, v in module.state_dict().items()}  # noqa: E731
+    with torch.device("meta"):
+        predictor = MultiCodeDecoder(tts.predictor.config)
+        talker = Talker(tts.config)
+    predictor.load_state_dict(cast(tts.predictor), assign=True)
+    talker.load_state_dict(cast(tts.talker), assign=True)
+    fields = tts.config.upstream_fields() | {"stand_in": dict(extra or {}, torch_dtype=str(dtype).removeprefix("torch."))}
+    save_predictor(predictor, folder, fields, extra_tensors=talker_official_state_dict(talker))
+
+
+def load_standin(folder: str | Path, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu") -> StandinTTS:
+    """The talker and the predictor of a stand-in folder; the predictor loads through `from_pretrained`."""
+    folder, dtype, device = Path(folder), resolve_dtype(dtype), torch.device(device)
+    predictor = MultiCodeDecoder.from_pretrained(folder, dtype, device)
+    config = TalkerConfig.from_upstream(json.loads((folder / "config.json").read_text())["talker_config"])
+    layout = talker_layout(config)
+    tensors = read_tensors(folder, {name: shape for _, parts in layout.values() for name, shape in parts}, dtype)
+    state = {native: torch.cat([tensors[name] for name, _ in parts]).to(device) for native, (_, parts) in layout.items()}
+    with torch.device("meta"):
+        talker = Talker(config)
+    talker.load_state_dict(state, assign=True)
+    with torch.device(device):
+        talker.make_buffers()
+    return StandinTTS(talker.eval().requires_grad_(False), predictor)
+
+
+def new_standin(talker: TalkerConfig, predictor: PredictorConfig) -> StandinTTS:
+    return StandinTTS(Talker(talker), MultiCodeDecoder(predictor))
+
