@@ -13,14 +13,15 @@ from rvqspec.cli import main
 from rvqspec.corpus import Corpus
 from rvqspec.integrations.qwen_tts import (HANDLE, accelerate, deaccelerate, predictor_from_upstream, talker_prompt,
                                            teacher_forced_hidden)
-from rvqspec.synth import corpus_from_audio, resolve_model, synthesize
+from rvqspec.synth import corpus_from_audio, resolve_model
 from tiny import random_offsets, tiny_config
 from upstream_models import frame_prompt, tiny_upstream_model, upstream_available
 
 if not upstream_available():
     pytest.skip("qwen-tts reference not installed: run `make install`", allow_module_level=True)
 
-from upstream_tts import FRAME_SAMPLES, SAMPLE_RATE, text_ids, tiny_qwen3_tts, tiny_tts_model, write_wav  # noqa: E402
+from upstream_tts import (FRAME_SAMPLES, SAMPLE_RATE, save_checkpoint, text_ids, tiny_qwen3_tts,  # noqa: E402
+                          write_wav)
 
 GREEDY = dict(do_sample=False, subtalker_dosample=False)
 
@@ -207,17 +208,35 @@ def test_trained_offsets_leave_greedy_codes_unchanged(tmp_path, tts):
         handle.undo()
 
 
-def test_text_to_waveform_with_tiny_speech_tokenizer(tmp_path, tts):
-    handle = accelerate(tts, drafter=ReusedHeads(), tree=default_tree(4))
-    try:
-        report = synthesize(tts, handle, "a short line", tmp_path / "out.wav", language="english", speaker="tiny",
-                            max_new_tokens=6)
-    finally:
-        handle.undo()
-    wav, sample_rate = soundfile.read(tmp_path / "out.wav")
-    assert sample_rate == SAMPLE_RATE and report["frames"] >= 1
-    assert len(wav) == report["frames"] * FRAME_SAMPLES and np.isfinite(wav).all() and np.abs(wav).max() > 0
-    assert report["calls_per_frame"] <= 15 and report["tokens_per_step"] >= 1
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, tts):
+    """`tts` saved as a checkpoint folder, loaded back by the CLI through `Qwen3TTSModel.from_pretrained`."""
+    return save_checkpoint(tts, tmp_path_factory.mktemp("checkpoint"), {"max_new_tokens": 6})
+
+
+@pytest.mark.parametrize("flags, calls_per_frame", [([], None), (["--no-spec"], "15.00")])
+def test_synth_cli_text_to_waveform(checkpoint, tmp_path, monkeypatch, capsys, flags, calls_per_frame):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "out.wav"
+    assert main(["synth", "--model", str(checkpoint), "--text", "a short line", "--speaker", "tiny",
+                 "--language", "English", "--out", str(out), "--device", "cpu", *flags]) == 0
+    report = capsys.readouterr().out
+    frames = int(re.search(r"(\d+) frames", report)[1])
+    measured = re.search(r"(\d+\.\d+) calls/frame, (\d+\.\d+) tokens/step", report)
+    assert measured and float(measured[1]) * float(measured[2]) == pytest.approx(15, abs=0.1), report  # 2 decimals each
+    assert calls_per_frame in (None, measured[1])
+    wav, sample_rate = soundfile.read(out)
+    assert sample_rate == SAMPLE_RATE and frames >= 1 and len(wav) == frames * FRAME_SAMPLES
+    assert np.isfinite(wav).all() and np.abs(wav).max() > 0
+
+
+def test_synth_cli_refuses_offsets_of_another_model(checkpoint, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    Offsets.for_model(MultiCodeDecoder(tiny_config(hidden=32, vocab=32))).save(tmp_path / "offsets.safetensors")
+    assert main(["synth", "--model", str(checkpoint), "--text", "hi", "--speaker", "tiny", "--out",
+                 str(tmp_path / "out.wav"), "--device", "cpu", "--offsets", str(tmp_path / "offsets.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "trained for a code predictor" in err and not (tmp_path / "out.wav").exists()
 
 
 @pytest.mark.parametrize("non_streaming_mode", [True, False])
@@ -232,16 +251,19 @@ def test_teacher_forced_hidden_is_upstream_past_hidden(tts, non_streaming_mode):
     torch.testing.assert_close(hidden, upstream_hidden, atol=1e-5, rtol=1e-5)
 
 
-def test_corpus_from_audio(tmp_path, tts):
+def test_corpus_from_audio(checkpoint, tmp_path, monkeypatch, capsys, tts):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     audio = tmp_path / "audio"
     (audio / "sub").mkdir(parents=True)
     for name, seconds in (("a", 0.4), ("sub/b", 0.3)):
         write_wav(audio / f"{name}.wav", seconds, seed=len(name))
         (audio / f"{name}.txt").write_text(f"words of {name}\n")
-    report = corpus_from_audio(tts, audio, tmp_path / "corpus", language="English", speaker="tiny")
+    assert main(["corpus", "from-audio", "--model", str(checkpoint), "--audio", str(audio), "--out",
+                 str(tmp_path / "corpus"), "--language", "English", "--speaker", "tiny", "--device", "cpu"]) == 0
+    assert "2 utterances" in capsys.readouterr().out
     corpus = Corpus(tmp_path / "corpus", validation_fraction=0.0)
     entries = {entry["id"]: (codes, hidden) for entry, codes, hidden in corpus.utterances_of("train")}
-    assert set(entries) == {"a", "sub/b"} and report["frames"] == sum(len(c) for c, _ in entries.values())
+    assert set(entries) == {"a", "sub/b"}
     codes, hidden = entries["sub/b"]
     expected_codes = tts.model.speech_tokenizer.encode(str(audio / "sub/b.wav")).audio_codes[0]
     assert torch.equal(codes, expected_codes) and len(codes) == 4  # 0.3 s at 12.5 frames/s, rounded up

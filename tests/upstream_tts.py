@@ -1,5 +1,5 @@
 """A whole tiny qwen-tts system with random weights (no download): talker + predictor, 12 Hz speech tokenizer,
-a character-level text processor, wrapped in upstream's own `Qwen3TTSModel`.
+a character-level text tokenizer, wrapped in upstream's own `Qwen3TTSModel`, and saved as a checkpoint folder.
 
 Builds on `upstream_models.upstream_config_dict` and changes only what upstream's text-to-speech path needs
 on top of it: codec special tokens inside the talker vocabulary (upstream suppresses the top 1024 ids but
@@ -7,7 +7,8 @@ EOS, so the talker vocabulary is codebook + 1024 and the specials sit in that to
 model's special ids inside a small text vocabulary.
 """
 
-import re
+import json
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -83,32 +84,52 @@ def tiny_speech_tokenizer(seed: int = 0):
     return tokenizer
 
 
-class CharProcessor:
-    """Text processor for the tiny model: its special tokens, then one id per character (ids 5..60)."""
+def tiny_text_processor():
+    """Upstream's `Qwen3TTSProcessor` around a real `Qwen2TokenizerFast` with a tiny vocabulary: the chat
+    special tokens, then one token per letter or punctuation mark (text ids < TEXT_VOCAB)."""
+    import_qwen_tts()
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import Qwen2TokenizerFast
 
-    pattern = re.compile("|".join(re.escape(t) for t in TEXT_SPECIAL_TOKENS) + "|.", re.DOTALL)
+    from qwen_tts.core.models import Qwen3TTSProcessor
 
-    def ids(self, text: str) -> list[int]:
-        pieces = self.pattern.findall(text)
-        return [TEXT_SPECIAL_TOKENS.index(p) if p in TEXT_SPECIAL_TOKENS else 5 + ord(p) % (TTS_PAD - 5)
-                for p in pieces]
-
-    def __call__(self, text, return_tensors=None, padding=None):
-        texts = text if isinstance(text, list) else [text]
-        return {"input_ids": torch.tensor([self.ids(t) for t in texts])}
+    vocab = {token: i for i, token in enumerate([*TEXT_SPECIAL_TOKENS, *"abcdefghijklmnopqrstuvwxyz ,.'!?/", "[UNK]"])}
+    words = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")  # one token per character
+    tokenizer = Qwen2TokenizerFast(tokenizer_object=words, unk_token="[UNK]", eos_token="<|im_end|>",
+                                   pad_token="<|im_end|>")
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.add_tokens(["assistant", "user", "\n"])
+    return Qwen3TTSProcessor(tokenizer=tokenizer)
 
 
 def tiny_qwen3_tts(seed: int = 0, model_type: str = "custom_voice"):
-    """Upstream's user-facing `Qwen3TTSModel` around the tiny model, tokenizer and processor."""
+    """Upstream's user-facing `Qwen3TTSModel` around the tiny model, speech tokenizer and text processor."""
     qwen_tts = import_qwen_tts()
     model = tiny_tts_model(seed, model_type=model_type)
     model.load_speech_tokenizer(tiny_speech_tokenizer(seed))
-    return qwen_tts.Qwen3TTSModel(model, CharProcessor(), generate_defaults={})
+    return qwen_tts.Qwen3TTSModel(model, tiny_text_processor(), generate_defaults={})
 
 
 def text_ids(text: str) -> torch.Tensor:
     """Ids [1, L] of `text` in the chat layout upstream's entry points use."""
-    return CharProcessor()(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+    chat = f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n"
+    return tiny_text_processor()(text=chat, return_tensors="pt")["input_ids"]
+
+
+def save_checkpoint(tts, folder: Path, generate_defaults: dict) -> Path:
+    """Write `tts` as a checkpoint folder that `Qwen3TTSModel.from_pretrained` loads, laid out like the real
+    ones: config.json + weights, generation_config.json, text tokenizer files, speech_tokenizer/."""
+    tts.model.save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["speaker_encoder_config"].pop("model_type")  # upstream's save writes it, its config class rejects it
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "generation_config.json").write_text(json.dumps(generate_defaults))
+    tts.processor.save_pretrained(folder)
+    speech_tokenizer = tts.model.speech_tokenizer
+    speech_tokenizer.model.save_pretrained(folder / "speech_tokenizer")
+    speech_tokenizer.feature_extractor.save_pretrained(folder / "speech_tokenizer")
+    return folder
 
 
 def write_wav(path, seconds: float, seed: int) -> None:
