@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from rvqspec.config import PredictorConfig, load_config, upstream_config_dict
@@ -54,16 +54,28 @@ def tensor_files(folder: Path) -> dict[str, Path]:
     """Map every tensor name to the safetensors file that holds it (single file or sharded)."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return {name: folder / file for name, file in weight_map.items()}
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            return {name: folder / file for name, file in weight_map.items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise RvqspecError(f"{index} is not a safetensors index (a JSON object with a weight_map; "
+                               f"{type(e).__name__}: {e}): re-download the checkpoint") from None
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise RvqspecError(f"no *.safetensors in {folder}: pass the checkpoint folder (config.json + model*.safetensors)")
     names: dict[str, Path] = {}
     for file in files:
-        with safe_open(file, framework="pt") as f:
+        with open_safetensors(file) as f:
             names.update({name: file for name in f.keys()})
     return names
+
+
+def open_safetensors(file: Path):
+    """safe_open, with a corrupt or truncated file reported as an RvqspecError that names it."""
+    try:
+        return safe_open(file, framework="pt")
+    except SafetensorError as e:
+        raise RvqspecError(f"{file} is not a readable safetensors file ({e}): re-download or rebuild the checkpoint") from None
 
 
 def read_tensors(folder: Path, wanted: dict[str, tuple[int, ...]], dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -80,7 +92,7 @@ def read_tensors(folder: Path, wanted: dict[str, tuple[int, ...]], dtype: torch.
     for file, names in by_file.items():
         if not file.is_file():
             raise RvqspecError(f"{file} is listed in the index but missing: re-download the checkpoint")
-        with safe_open(file, framework="pt") as f:
+        with open_safetensors(file) as f:
             for name in names:
                 shape = tuple(f.get_slice(name).get_shape())
                 if shape != wanted[name]:
@@ -93,7 +105,9 @@ def read_tensors(folder: Path, wanted: dict[str, tuple[int, ...]], dtype: torch.
 def load_predictor(folder: str | Path, dtype: torch.dtype, device: torch.device):
     folder = Path(folder)
     if not folder.is_dir():
-        raise RvqspecError(f"checkpoint folder {folder} does not exist")
+        problem = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise RvqspecError(f"checkpoint folder {folder} {problem}: pass the folder that holds config.json and "
+                           "*.safetensors")
     config = load_config(folder)
     layout = official_layout(config)
     wanted = {name: shape for _, parts in layout.values() for name, shape in parts}

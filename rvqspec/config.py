@@ -57,7 +57,7 @@ PRESETS = {"0.6b": QWEN3_TTS_0_6B, "1.7b": QWEN3_TTS_1_7B}
 
 def config_from_upstream(upstream: dict) -> PredictorConfig:
     """Build from an upstream `config.json` dict (Qwen3TTSConfig: talker_config.code_predictor_config)."""
-    talker = upstream.get("talker_config")
+    talker = upstream.get("talker_config") if isinstance(upstream, dict) else None
     if not isinstance(talker, dict) or not isinstance(talker.get("code_predictor_config"), dict):
         raise RvqspecError(
             "config.json has no talker_config.code_predictor_config: this is not a Qwen3-TTS checkpoint "
@@ -70,7 +70,20 @@ def config_from_upstream(upstream: dict) -> PredictorConfig:
     values = {k: v for k, v in predictor.items() if k in known and v is not None}
     values["talker_hidden_size"] = talker.get("hidden_size", values.get("hidden_size", 1024))
     values["talker_vocab_size"] = talker.get("vocab_size", 3072)
+    check_types(values)
     return PredictorConfig(**values)
+
+
+def check_types(values: dict) -> None:
+    """JSON values of the wrong type would fail later with an obscure error: name the field instead."""
+    for f in fields(PredictorConfig):
+        if f.name not in values:
+            continue
+        value, want = values[f.name], type(f.default)
+        numeric = (int, float) if want is float else want  # JSON writes 1000000.0 as 1000000
+        if not isinstance(value, numeric) or (isinstance(value, bool) and want is not bool):
+            raise RvqspecError(f"config.json: {f.name} must be {want.__name__}, got {value!r}: fix or re-download "
+                               "config.json")
 
 
 def load_config(folder: str | Path) -> PredictorConfig:

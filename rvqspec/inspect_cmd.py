@@ -1,0 +1,44 @@
+"""`rvqspec inspect MODEL_DIR`: the code predictor a checkpoint folder holds, its config and parameter counts.
+
+Loading the predictor checks the whole folder (config, every tensor the predictor needs and its shape),
+so this is also the quick way to validate a checkpoint before a long job.
+"""
+
+import json
+
+from rvqspec.model import MultiCodeDecoder
+
+
+def parameter_counts(model: MultiCodeDecoder) -> dict[str, int]:
+    """Parameters by part, and how many of them one single-token call reads (`per_token_call`): the layers,
+    the final norm, the input projection, one head and one embedding row."""
+    c = model.config
+    layers = sum(p.numel() for p in model.layers.parameters()) + model.norm.weight.numel()
+    projection = sum(p.numel() for p in model.project.parameters())
+    head = c.vocab_size * c.hidden_size
+    return {"layers": layers, "projection": projection, "code_tables": model.code_embed.weight.numel(),
+            "heads": model.heads.numel(), "total": sum(p.numel() for p in model.parameters()),
+            "per_token_call": layers + projection + head + c.talker_hidden_size}
+
+
+def run(args) -> int:
+    model = MultiCodeDecoder.from_pretrained(args.model_dir, dtype=args.dtype)
+    report = {"folder": str(args.model_dir), "dtype": str(model.dtype).removeprefix("torch."),
+              "config": model.config.to_dict(), "parameters": parameter_counts(model)}
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    print(f"code predictor in {report['folder']} ({report['dtype']})")
+    for name, value in report["config"].items():
+        print(f"  {name:26s} {value}")
+    for name, value in report["parameters"].items():
+        print(f"  parameters.{name:15s} {value:,}")
+    return 0
+
+
+def add_cli(subparsers) -> None:
+    p = subparsers.add_parser("inspect", help="load a checkpoint's code predictor; print its config and sizes")
+    p.add_argument("model_dir", help="checkpoint folder (config.json + *.safetensors), official or stand-in")
+    p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=run)
