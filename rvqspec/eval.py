@@ -1,0 +1,533 @@
+"""`rvqspec eval`: the paper's Tables 2 and 3 on the stand-in, and a distribution check on real decoding.
+
+Everything is measured on free-running synthesis of the held-out test sentences (talker + predictor,
+the predictor's inner loop through `decode_frame`, deployed sampler for both):
+
+- Table 2: tokens/step (codes emitted / predictor calls, the prefill included) of each drafter at one
+  fixed tree (the shipped calibrated tree of --tree nodes) and the parameters each drafter adds.
+- Table 3: per language, tokens/step and Whisper WER of AR vs speculative (offsets) synthesis; the
+  audio goes through the stand-in's codec and vocoder, transcripts through `rvqspec.standin.quality`.
+- Distribution check: per codebook, the code histograms of AR and speculative synthesis over the test
+  set, compared with a chi-square test of the 2 x K contingency table (rare codes merged into one bin).
+  A free-running talker makes AR and speculative runs diverge, so only distributions are compared, and
+  frames of one utterance are not independent: the asymptotic chi-square p-value assumes they are, so
+  the verdict uses a permutation p-value of the same statistic that swaps the AR/speculative labels of
+  whole utterances (valid because the two runs of a sentence use independent random streams, so under
+  the null hypothesis they are exchangeable). Holm's step-down method combines the codebooks.
+
+Every figure is a mean over seeds with its spread (sample std, min, max). Outputs: eval.json and
+eval.md in --out (eval-quick.* with --quick), written atomically.
+"""
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from rvqspec.checkpoint import atomic_write, save_json
+from rvqspec.errors import RvqspecError
+
+DRAFTERS = ("reused", "offsets", "medusa")
+TABLE3_DRAFTER = "offsets"  # the paper's speculative decoder
+DEFAULT_NODES = 32  # the paper's operating point for Tables 2 and 3 (2.47 tokens/step at N = 32)
+MANIFEST = Path("data/standin/corpus/manifest.jsonl")
+MEDUSA_DIR = Path("data/standin/medusa")
+ALPHA = 0.05
+PERMUTATIONS = 1999
+MIN_BIN_COUNT = 10  # codes seen fewer times (AR + speculative) are merged into one bin
+
+# The paper's figures (Qwen3-TTS 0.6B, Fleurs), shown next to ours.
+PAPER_TABLE2 = {"reused": {"tokens_per_step": 1.70, "added_parameters": "0"},
+                "medusa": {"tokens_per_step": 2.60, "added_parameters": "~94M (~+16%)"},
+                "offsets": {"tokens_per_step": 2.47, "added_parameters": "3,072 (~+5e-4%)"}}
+# Per language: speculative tokens/step, AR WER %, speculative WER % (CER for ja and zh).
+PAPER_TABLE3 = {"en": (2.45, 4.25, 3.99), "de": (2.46, 6.4, 5.58), "es": (2.44, 7.28, 5.98),
+                "ru": (2.46, 9.55, 8.26), "ja": (2.46, 8.55, 7.71), "zh": (2.45, 7.43, 7.18)}
+
+
+def medusa_command(model: Path, out: Path = MEDUSA_DIR) -> str:
+    from rvqspec.standin.build import Settings
+
+    return (f"rvqspec train-offsets --drafter medusa --model {model} --corpus {Settings().code_corpus('train')} "
+            f"--out {out}")
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def first_per_lang(sentences: list[dict], per_lang: int | None) -> list[int]:
+    """Indices of the first `per_lang` sentences of each language (all with None)."""
+    seen: dict[str, int] = {}
+    picked = []
+    for i, s in enumerate(sentences):
+        seen[s["lang"]] = seen.get(s["lang"], 0) + 1
+        if per_lang is None or seen[s["lang"]] <= per_lang:
+            picked.append(i)
+    return picked
+
+
+def test_sentences(manifest: Path, langs: list[str], per_lang: int | None) -> list[dict]:
+    """The test split of the stand-in's corpus: the first `per_lang` sentences of each language."""
+    from rvqspec.standin.corpus import read_manifest
+
+    if not manifest.is_file():
+        raise RvqspecError(f"no corpus manifest at {manifest}: build the corpus with `rvqspec standin corpus` "
+                           "or pass --manifest")
+    rows = [r for r in read_manifest(manifest) if r["split"] == "test"]
+    picked = []
+    for lang in langs:
+        of_lang = [r for r in rows if r["lang"] == lang]
+        if not of_lang:
+            raise RvqspecError(f"the test split of {manifest} has no {lang!r} sentences: "
+                               f"use --langs with some of {', '.join(sorted({r['lang'] for r in rows}))}")
+        picked += of_lang[:per_lang]
+    return picked
+
+
+def load_tree(spec: str, trees_dir: Path):
+    """A tree file, or a budget N naming trees_dir/tree-N{N}.json."""
+    from rvqspec.tree import Tree
+
+    path = trees_dir / f"tree-N{spec}.json" if spec.isdigit() else Path(spec)
+    if not path.is_file():
+        raise RvqspecError(f"tree {path} does not exist: calibrate it with `rvqspec standin build --from calibrate` "
+                           "or pass --tree FILE")
+    return Tree.load(path)
+
+
+def load_drafters(names: list[str], model, model_dir: Path, offsets: Path, medusa: Path,
+                  train_medusa: bool) -> tuple[dict, dict]:
+    """The drafters to measure, and for each one that cannot be had, the command that makes it."""
+    from rvqspec.drafters import MedusaHeads, Offsets, ReusedHeads
+
+    drafters, missing = {}, {}
+    for name in names:
+        if name not in DRAFTERS:
+            raise RvqspecError(f"unknown drafter {name!r} in --drafters: use some of {', '.join(DRAFTERS)}")
+        if name == "reused":
+            drafters[name] = ReusedHeads(model)
+        elif name == "offsets":
+            if offsets.is_file():
+                drafters[name] = Offsets.load(offsets, model)
+            else:
+                missing[name] = "rvqspec standin build --from offsets --to calibrate"
+        elif medusa.is_file():
+            drafters[name] = MedusaHeads.load(medusa, model)
+        elif train_medusa:
+            drafters[name] = MedusaHeads.load(train_medusa_heads(model_dir, medusa.parent), model)
+        else:
+            missing[name] = medusa_command(model_dir, medusa.parent)
+    return drafters, missing
+
+
+def train_medusa_heads(model_dir: Path, out: Path) -> Path:
+    """Medusa heads for the stand-in (not shipped: 6M parameters), trained like the offsets, one epoch."""
+    from rvqspec.standin.build import Settings
+    from rvqspec.train import TrainSettings, drafter_file, train
+
+    corpus = Settings().code_corpus("train")
+    if not (corpus / "index.json").is_file():
+        raise RvqspecError(f"Medusa heads are not trained and the code corpus {corpus} is missing: build it with "
+                           f"`rvqspec standin build --to code-corpus`, then run `{medusa_command(model_dir, out)}`")
+    print(f"training Medusa heads: {medusa_command(model_dir, out)}", flush=True)
+    train(model_dir, corpus, out, TrainSettings(drafter="medusa"), epochs=1, resume=(out / "last.pt").is_file())
+    return drafter_file(out, "medusa")
+
+
+def parameter_count(module) -> int:
+    return sum(p.numel() for p in module.parameters()) if module is not None else 0
+
+
+# ---------------------------------------------------------------- synthesis
+
+
+@dataclass
+class Run:
+    """One free-running synthesis of one sentence."""
+
+    codes: Tensor  # [T, 16]
+    calls: int
+    predictor_seconds: float
+
+    @property
+    def frames(self) -> int:
+        return len(self.codes)
+
+
+def stream_seed(*parts) -> int:
+    """Independent random stream per (seed, mode, sentence): AR and speculative never share draws."""
+    return int(hashlib.sha256(":".join(map(str, parts)).encode()).hexdigest()[:15], 16)
+
+
+def synthesize_all(tts, sentences: list[dict], seed: int, mode: str, drafter, tree,
+                   max_frames: int | None = None) -> list[Run]:
+    from rvqspec.standin.synth import synthesize_codes
+
+    runs = []
+    for sentence in sentences:
+        generator = torch.Generator().manual_seed(stream_seed(seed, mode, sentence["id"]))
+        out = synthesize_codes(tts, sentence["text"], sentence["lang"], generator=generator, drafter=drafter,
+                               tree=tree if drafter is not None else None, max_frames=max_frames)
+        runs.append(Run(out.codes, out.predictor_calls, out.predictor_seconds))
+    return runs
+
+
+def tokens_per_step(runs: list[Run]) -> float:
+    codes = sum(r.frames * (r.codes.shape[1] - 1) for r in runs)
+    return codes / max(sum(r.calls for r in runs), 1)
+
+
+def spread(values: list[float | None]) -> dict | None:
+    """Mean, sample std, min and max over seeds (None when nothing was measured)."""
+    if not values or any(v is None for v in values):
+        return None
+    array = np.asarray(values, dtype=np.float64)
+    return {"mean": float(array.mean()), "std": float(array.std(ddof=1)) if len(array) > 1 else 0.0,
+            "min": float(array.min()), "max": float(array.max()), "per_seed": [float(v) for v in array]}
+
+
+# ---------------------------------------------------------------- quality
+
+
+class WhisperASR:
+    """Transcribes with the stand-in's Whisper helpers, one model per language, loaded once."""
+
+    def __init__(self):
+        self.models = {}
+
+    def __call__(self, wav: np.ndarray, lang: str) -> str:
+        from rvqspec.standin.quality import load_whisper, transcribe
+
+        if lang not in self.models:
+            self.models[lang] = load_whisper(lang)
+        return transcribe(self.models[lang], wav, lang)
+
+
+def codec_vocoder():
+    """codes [T, 16] -> 16 kHz waveform through the shipped codec (HiFi-GAN, or Griffin-Lim without it)."""
+    from rvqspec.standin.codec import MelRVQCodec
+
+    codec = MelRVQCodec.load()
+    return lambda codes: codec.decode(codes).numpy()
+
+
+def error_rates(runs: list[Run], sentences: list[dict], vocoder, asr) -> dict[str, float]:
+    """Per language: WER (fraction) of the transcripts of `runs` against the sentences' texts."""
+    from rvqspec.standin.quality import wer
+
+    hyps = [asr(vocoder(run.codes), s["lang"]) if run.frames else "" for run, s in zip(runs, sentences)]
+    langs = dict.fromkeys(s["lang"] for s in sentences)
+    return {lang: wer([s["text"] for s in sentences if s["lang"] == lang],
+                      [h for h, s in zip(hyps, sentences) if s["lang"] == lang]) for lang in langs}
+
+
+# ---------------------------------------------------------------- two-sample test
+
+
+def code_counts(runs: list[Run], codebook: int, vocab: int) -> np.ndarray:
+    """[utterances, vocab] histogram of one codebook's codes, per utterance."""
+    return np.stack([np.bincount(r.codes[:, codebook].numpy(), minlength=vocab)[:vocab] for r in runs])
+
+
+def merge_rare(pooled: np.ndarray, min_count: int = MIN_BIN_COUNT) -> np.ndarray:
+    """[V] bin index per code: codes seen >= min_count times keep a bin; the rest share one (folded into
+    the smallest kept bin when even together they are rarer than min_count). Codes never seen get -1."""
+    keep = np.flatnonzero(pooled >= min_count)
+    bins = np.full(len(pooled), -1)
+    bins[keep] = np.arange(len(keep))
+    rare = np.flatnonzero((pooled > 0) & (pooled < min_count))
+    if len(rare):
+        if pooled[rare].sum() >= min_count or not len(keep):
+            bins[rare] = len(keep)
+        else:
+            bins[rare] = bins[keep[np.argmin(pooled[keep])]]
+    return bins
+
+
+def chi_square_statistic(tables: np.ndarray) -> np.ndarray:
+    """Pearson's statistic of 2 x K tables [..., 2, K] (no continuity correction)."""
+    rows, cols = tables.sum(-1, keepdims=True), tables.sum(-2, keepdims=True)
+    expected = rows * cols / tables.sum((-2, -1), keepdims=True)
+    return ((tables - expected) ** 2 / np.where(expected > 0, expected, 1)).sum((-2, -1))
+
+
+def two_sample_test(a: np.ndarray, b: np.ndarray, permutations: int = PERMUTATIONS, seed: int = 0) -> dict:
+    """Do the codes in per-utterance histograms a, b [U, V] come from one distribution?
+
+    Chi-square on the pooled 2 x K table (rare codes merged) with its asymptotic p-value, and the
+    permutation p-value of the same statistic under random swaps of the a/b labels of paired utterances."""
+    from scipy.special import chdtrc  # chi-square survival function (lighter import than scipy.stats)
+
+    if a.shape != b.shape:
+        raise RvqspecError(f"two-sample test needs paired histograms of one shape, got {a.shape} and {b.shape}")
+    bins = merge_rare(a.sum(0) + b.sum(0))
+    k = int(bins.max()) + 1
+    if k < 2:
+        return {"chi2": 0.0, "dof": 0, "p_chi2": 1.0, "p_permutation": 1.0, "bins": k}
+    merge = np.zeros((a.shape[1], k))
+    merge[bins >= 0, bins[bins >= 0]] = 1
+    a, b = a @ merge, b @ merge  # [U, K]
+    observed = float(chi_square_statistic(np.stack([a.sum(0), b.sum(0)])))
+    swaps = np.random.default_rng(seed).integers(0, 2, (permutations, len(a))).astype(np.float64)
+    first = a.sum(0) + swaps @ (b - a)  # row "a" after swapping the chosen utterances
+    null = chi_square_statistic(np.stack([first, (a + b).sum(0) - first], axis=1))
+    return {"chi2": observed, "dof": k - 1, "p_chi2": float(chdtrc(k - 1, observed)),
+            "p_permutation": float((1 + np.sum(null >= observed - 1e-9)) / (1 + permutations)), "bins": k}
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (family-wise error control, any dependence)."""
+    p = np.asarray(pvalues, dtype=np.float64)
+    order = np.argsort(p)
+    adjusted = np.minimum(1.0, np.maximum.accumulate((len(p) - np.arange(len(p))) * p[order]))
+    out = np.empty_like(p)
+    out[order] = adjusted
+    return out.tolist()
+
+
+def distribution_check(ar: list[Run], spec: list[Run], vocab_sizes: list[int], alpha: float = ALPHA,
+                       permutations: int = PERMUTATIONS) -> dict:
+    """Per codebook, AR vs speculative code histograms (`two_sample_test`), Holm-combined verdict."""
+    rows = [{"codebook": g, **two_sample_test(code_counts(ar, g, v), code_counts(spec, g, v), permutations, seed=g)}
+            for g, v in enumerate(vocab_sizes)]
+    for row, adjusted in zip(rows, holm([r["p_permutation"] for r in rows])):
+        row["p_holm"] = adjusted
+    differing = [r["codebook"] for r in rows if r["p_holm"] < alpha]
+    verdict = (f"no codebook differs at family-wise level {alpha} (Holm over {len(rows)} codebooks, permutation "
+               "p-values): consistent with identical distributions" if not differing else
+               f"codebooks {differing} differ at family-wise level {alpha} (Holm, permutation p-values)")
+    return {"alpha": alpha, "permutations": permutations, "utterances": len(ar),
+            "frames": {"ar": sum(r.frames for r in ar), "spec": sum(r.frames for r in spec)},
+            "codebooks": rows, "min_p_holm": min(r["p_holm"] for r in rows), "differing": differing,
+            "verdict": verdict}
+
+
+# ---------------------------------------------------------------- the evaluation
+
+
+def evaluate(tts, sentences: list[dict], drafters: dict, tree, seeds: list[int], vocoder=None, asr=None,
+             missing: dict | None = None, wer_per_lang: int | None = None, max_frames: int | None = None,
+             progress: bool = True) -> dict:
+    """Synthesize every sentence AR and with every drafter, per seed; tables 2 and 3 and the distribution
+    check. `vocoder` (codes -> wav) and `asr` (wav, lang -> text) are needed for WER (None skips it), which
+    is scored on the first `wer_per_lang` sentences of each language (vocoder and Whisper are the slow part).
+    `max_frames` caps an utterance (default: synthesize_codes' cap from the text length)."""
+    modes = ["ar", *drafters]
+    runs: dict[str, dict[int, list[Run]]] = {mode: {} for mode in modes}
+    start = time.perf_counter()
+    for seed in seeds:
+        for mode in modes:
+            t0 = time.perf_counter()
+            runs[mode][seed] = synthesize_all(tts, sentences, seed, mode, drafters.get(mode), tree, max_frames)
+            if progress:
+                print(f"seed {seed} {mode}: {tokens_per_step(runs[mode][seed]):.3f} tokens/step, "
+                      f"{time.perf_counter() - t0:.0f} s", flush=True)
+    synthesis_seconds = time.perf_counter() - start
+    spec_mode = TABLE3_DRAFTER if TABLE3_DRAFTER in drafters else next(iter(drafters), None)
+    wers, scored = {}, first_per_lang(sentences, wer_per_lang)
+    if vocoder is not None and asr is not None and spec_mode is not None:
+        for mode in ("ar", spec_mode):
+            wers[mode] = {seed: error_rates([runs[mode][seed][i] for i in scored], [sentences[i] for i in scored],
+                                            vocoder, asr) for seed in seeds}
+            if progress:
+                print(f"WER {mode}: {wers[mode]}", flush=True)
+    vocab_sizes = [tts.config.num_codes] * tts.predictor.config.num_code_groups
+    backbone = parameter_count(tts)
+    report = {
+        "tree": {"nodes": tree.size, "depth": tree.max_depth, "meta": tree.meta},
+        "seeds": seeds, "sampler": "deployed (temperature 0.9, top-k 50, top-p 1.0) for talker and predictor",
+        "sentences": {lang: sum(s["lang"] == lang for s in sentences)
+                      for lang in dict.fromkeys(s["lang"] for s in sentences)},
+        "backbone_parameters": backbone,
+        "table2": [table2_row(name, drafters[name], runs[name], backbone) for name in drafters]
+                  + [{"drafter": name, "missing": command} for name, command in (missing or {}).items()],
+        "table3": table3(runs, sentences, seeds, spec_mode, wers, [sentences[i] for i in scored]),
+        "distribution": {mode: distribution_check(sum(runs["ar"].values(), []), sum(runs[mode].values(), []),
+                                                  vocab_sizes) for mode in drafters},
+        "seconds": {"synthesis": round(synthesis_seconds, 1), "total": round(time.perf_counter() - start, 1)},
+    }
+    return report
+
+
+def table2_row(name: str, drafter, runs: dict[int, list[Run]], backbone: int) -> dict:
+    added = parameter_count(drafter)
+    return {"drafter": name, "added_parameters": added, "added_percent": 100 * added / backbone,
+            "tokens_per_step": spread([tokens_per_step(r) for r in runs.values()]),
+            "calls_per_frame": spread([sum(x.calls for x in r) / max(sum(x.frames for x in r), 1)
+                                       for r in runs.values()]),
+            "frames": spread([sum(x.frames for x in r) for r in runs.values()])}
+
+
+def table3(runs: dict, sentences: list[dict], seeds: list[int], spec_mode: str | None, wers: dict,
+           scored: list[dict]) -> dict:
+    rows = []
+    for lang in dict.fromkeys(s["lang"] for s in sentences):
+        pick = [i for i, s in enumerate(sentences) if s["lang"] == lang]
+
+        def stats(mode: str) -> dict:
+            of_lang = {seed: [runs[mode][seed][i] for i in pick] for seed in seeds}
+            rates = wers.get(mode)
+            return {"tokens_per_step": spread([tokens_per_step(r) for r in of_lang.values()]),
+                    "wer": spread([rates[seed][lang] for seed in seeds]) if rates else None,
+                    "audio_minutes": spread([sum(x.frames for x in r) / 12.5 / 60 for r in of_lang.values()])}
+
+        rows.append({"lang": lang, "sentences": len(pick), "wer_sentences": sum(s["lang"] == lang for s in scored),
+                     "ar": stats("ar"),
+                     "spec": stats(spec_mode) if spec_mode else None})
+    return {"drafter": spec_mode, "metric": "WER", "rows": rows,
+            "asr": "Whisper tiny.en (en), Whisper base (others), faster-whisper int8, greedy"}
+
+
+# ---------------------------------------------------------------- Markdown
+
+
+def fmt(stat: dict | None, scale: float = 1.0, digits: int = 2) -> str:
+    """'mean ± std (min-max)' of a spread, or 'not measured'."""
+    if stat is None:
+        return "not measured"
+    mean, std, lo, hi = (stat[k] * scale for k in ("mean", "std", "min", "max"))
+    if len(stat["per_seed"]) == 1:
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ± {std:.{digits}f} ({lo:.{digits}f}-{hi:.{digits}f})"
+
+
+def table2_markdown(report: dict) -> str:
+    seeds = len(report["seeds"])
+    lines = [f"Tree of {report['tree']['nodes']} nodes (depth {report['tree']['depth']}), the same for every "
+             f"drafter; {sum(report['sentences'].values())} test sentences, {seeds} seed(s): mean ± std (min-max) "
+             "over seeds.", "",
+             "| drafter | tokens/step (ours) | calls/frame (ours) | added parameters (ours) | paper tokens/step | "
+             "paper added parameters |", "|---|---|---|---|---|---|"]
+    for row in report["table2"]:
+        paper = PAPER_TABLE2[row["drafter"]]
+        if "missing" in row:
+            lines.append(f"| {row['drafter']} | not yet measured: run `{row['missing']}` | | | "
+                         f"{paper['tokens_per_step']:.2f} | {paper['added_parameters']} |")
+            continue
+        lines.append(f"| {row['drafter']} | {fmt(row['tokens_per_step'])} | {fmt(row['calls_per_frame'])} | "
+                     f"{row['added_parameters']:,} (+{row['added_percent']:.3g}%) | {paper['tokens_per_step']:.2f} | "
+                     f"{paper['added_parameters']} |")
+    lines += ["", f"Added parameters are relative to the stand-in's {report['backbone_parameters']:,} "
+              "(talker + code predictor); the paper's to Qwen3-TTS 0.6B."]
+    return "\n".join(lines)
+
+
+def table3_markdown(report: dict) -> str:
+    t3 = report["table3"]
+    lines = [f"Speculative = {t3['drafter']} drafter, same tree as Table 2. WER in percent ({t3['asr']}), "
+             "mean ± std (min-max) over seeds. Paper: Qwen3-TTS 0.6B on Fleurs.", "",
+             "| lang | sentences (WER) | audio min (AR) | AR tokens/step | AR WER % | spec tokens/step | spec WER % | "
+             "paper spec tokens/step | paper AR WER % | paper spec WER % |", "|---" * 10 + "|"]
+    for row in t3["rows"]:
+        paper = PAPER_TABLE3.get(row["lang"])
+        paper_cells = " | ".join(f"{x}" for x in paper) if paper else "- | - | -"
+        spec = row["spec"] or {"tokens_per_step": None, "wer": None}
+        lines.append(f"| {row['lang']} | {row['sentences']} ({row['wer_sentences']}) | "
+                     f"{fmt(row['ar']['audio_minutes'], digits=1)} | "
+                     f"{fmt(row['ar']['tokens_per_step'])} | {fmt(row['ar']['wer'], 100, 1)} | "
+                     f"{fmt(spec['tokens_per_step'])} | {fmt(spec['wer'], 100, 1)} | {paper_cells} |")
+    if all(row["ar"]["wer"] is None for row in t3["rows"]):
+        lines += ["", "WER not measured: install the Whisper extra (`pip install -e '.[standin]'`) and rerun "
+                  "without --no-asr."]
+    return "\n".join(lines)
+
+
+def distribution_markdown(report: dict) -> str:
+    lines = []
+    for mode, check in report["distribution"].items():
+        lines += [f"AR vs {mode}: {check['utterances']} utterance pairs, {check['frames']['ar']} / "
+                  f"{check['frames']['spec']} frames. **Verdict: {check['verdict']}.**", "",
+                  "| codebook | bins | chi2 | dof | p (chi2, iid frames) | p (permutation) | p (Holm) |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| c{r['codebook']} | {r['bins']} | {r['chi2']:.1f} | {r['dof']} | {r['p_chi2']:.3g} | "
+                  f"{r['p_permutation']:.3g} | {r['p_holm']:.3g} |" for r in check["codebooks"]]
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+def report_markdown(report: dict) -> str:
+    return "\n".join([
+        "# rvqspec eval: stand-in Qwen3-TTS", "",
+        f"Model `{report.get('model', '?')}`; {report['sampler']}; seeds {report['seeds']}; "
+        f"test sentences per language {report['sentences']}. Synthesis took {report['seconds']['synthesis']:.0f} s, "
+        f"everything {report['seconds']['total']:.0f} s. Produced by `{report.get('command', 'rvqspec eval')}`.", "",
+        "## Table 2: drafters", "", table2_markdown(report), "",
+        "## Table 3: per language, AR vs speculative", "", table3_markdown(report), "",
+        "## Distribution check: AR vs speculative codes, per codebook", "",
+        "Chi-square test of the 2 x K table of code counts (codes seen fewer than "
+        f"{MIN_BIN_COUNT} times merged into one bin). Frames of one utterance are dependent, so the verdict "
+        "uses the permutation p-value (AR/speculative labels swapped per utterance pair) with Holm's correction.", "",
+        distribution_markdown(report), ""])
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def run(args) -> int:
+    from rvqspec.standin.build import OFFSETS_FILE, TREES_DIR
+    from rvqspec.standin.talker import load_standin
+
+    torch.set_num_threads(args.threads)
+    quick = args.quick
+    langs = [x for x in args.langs.split(",") if x]
+    per_lang = 3 if quick else args.sentences or None
+    wer_per_lang = 1 if quick else args.wer_sentences or None
+    seeds = list(range(1 if quick else args.seeds))
+    if not seeds:
+        raise RvqspecError("--seeds must be >= 1")
+    model_dir = Path(args.model)
+    if not (model_dir / "config.json").is_file():
+        raise RvqspecError(f"no stand-in model in {model_dir}: build it with `rvqspec standin build` or pass --model")
+    sentences = test_sentences(Path(args.manifest), langs, per_lang)
+    tree = load_tree(args.tree, Path(args.trees) if args.trees else TREES_DIR)
+    tts = load_standin(model_dir)
+    drafters, missing = load_drafters(args.drafters.split(","), tts.predictor, model_dir,
+                                      Path(args.offsets or OFFSETS_FILE), Path(args.medusa), train_medusa=not quick)
+    asr = None if args.no_asr else WhisperASR()
+    report = evaluate(tts, sentences, drafters, tree, seeds, codec_vocoder() if asr else None, asr, missing,
+                      wer_per_lang)
+    report["model"] = str(model_dir)
+    report["command"] = "rvqspec eval --quick" if quick else "rvqspec eval"
+    report["settings"] = {k: v for k, v in vars(args).items() if k not in ("run", "command", "json")}
+    name = "eval-quick" if quick else "eval"
+    out = Path(args.out)
+    save_json(out / f"{name}.json", report)
+    atomic_write(out / f"{name}.md", lambda tmp: Path(tmp).write_text(report_markdown(report)))
+    if args.json:
+        print(json.dumps({"table2": report["table2"], "table3": report["table3"]}))
+    else:
+        print(table2_markdown(report), table3_markdown(report), sep="\n\n")
+        print(f"\nwrote {out}/{name}.json and {name}.md")
+    return 0
+
+
+def add_cli(subparsers) -> None:
+    from rvqspec.standin.build import MODEL_DIR
+
+    p = subparsers.add_parser("eval", help="the paper's Tables 2-3 and a distribution check on the stand-in "
+                                           "(free-running synthesis of the test sentences)")
+    p.add_argument("--model", default=str(MODEL_DIR), help="stand-in model folder")
+    p.add_argument("--drafters", default=",".join(DRAFTERS), help="comma-separated: reused, offsets, medusa")
+    p.add_argument("--offsets", help="offsets file (default: the shipped one)")
+    p.add_argument("--medusa", default=str(MEDUSA_DIR / "medusa.safetensors"),
+                   help="Medusa heads file; trained with `rvqspec train-offsets --drafter medusa` when missing")
+    p.add_argument("--tree", default=str(DEFAULT_NODES), help="tree size N of a shipped tree, or a tree file")
+    p.add_argument("--trees", help="folder of the calibrated trees (default: the shipped ones)")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--sentences", type=int, default=20, help="test sentences per language (0: all)")
+    p.add_argument("--wer-sentences", type=int, default=10,
+                   help="of those, how many per language are vocoded and transcribed for WER (0: all)")
+    p.add_argument("--langs", default="en,de,es,ru")
+    p.add_argument("--manifest", default=str(MANIFEST), help="the stand-in corpus manifest (test split)")
+    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--quick", action="store_true",
+                   help="3 sentences per language (WER on 1), one seed, no Medusa training: about 3 minutes")
+    p.add_argument("--no-asr", action="store_true", help="skip vocoding and Whisper (no WER)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--json", action="store_true", help="print Tables 2 and 3 as one JSON object")
+    p.set_defaults(run=run)

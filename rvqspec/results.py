@@ -1,0 +1,144 @@
+"""`rvqspec results`: regenerate docs/RESULTS.md from the measured outputs, next to the paper's figures.
+
+JSON in, Markdown out; nothing is measured here and no figure is typed in by hand except the paper's.
+Inputs (a missing one leaves its section saying which command measures it):
+- benchmarks/results/eval.json          `rvqspec eval` (Tables 2 and 3, distribution check)
+- rvqspec/standin/assets/trees/report.json  `rvqspec calibrate` of the shipped stand-in (predicted vs measured)
+- benchmarks/results/bench.json         `rvqspec bench` (latency per N, speedup(N), chosen N,
+                                        acceptance-controlled real-size runs, the Figure-4 plot)
+"""
+
+import json
+import os
+from pathlib import Path
+
+from rvqspec.checkpoint import atomic_write
+from rvqspec.errors import RvqspecError
+
+RESULTS_DIR = Path("benchmarks/results")
+OUT = Path("docs/RESULTS.md")
+COMMAND = "rvqspec results"
+
+# Figure 4 and section 3.4 of the paper (Qwen3-TTS 0.6B, Apple Neural Engine, W8A16).
+PAPER_ACCEPTANCE = {16: 2.25, 32: 2.47, 64: 2.60}  # tokens/step of the offsets drafter at tree size N
+PAPER_DEVICES = [  # device, chosen N, speedup there, AR call ms, verify overhead at N = 32
+    ("iPhone 17 Pro Max", 32, 2.34, 2.05, 0.053),
+    ("MacBook M3 Pro", 32, 2.13, 2.2, 0.136),
+    ("iPhone 12", 16, 1.82, None, None),
+]
+
+
+def read_json(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise RvqspecError(f"{path} is not valid JSON ({e}): rerun the command that writes it") from None
+
+
+def not_measured(command: str) -> str:
+    return f"Not yet measured: run `{command}`."
+
+
+# ---------------------------------------------------------------- sections
+
+
+def eval_sections(report: dict | None) -> list[str]:
+    from rvqspec.eval import distribution_markdown, table2_markdown, table3_markdown
+
+    if report is None:
+        missing = not_measured("nice -n 10 rvqspec eval")
+        return ["## Table 2: drafters (tokens/step, added parameters)", "", missing, "",
+                "## Table 3: per language, AR vs speculative", "", missing, "",
+                "## Distribution check on real decoding", "", missing]
+    return ["## Table 2: drafters (tokens/step, added parameters)", "",
+            f"Stand-in model `{report.get('model', '?')}`, free-running synthesis of the held-out test sentences "
+            f"({report['sampler']}). From `{report.get('command', 'rvqspec eval')}`.", "", table2_markdown(report), "",
+            "## Table 3: per language, AR vs speculative", "", table3_markdown(report), "",
+            "## Distribution check on real decoding", "",
+            "Per codebook, the histograms of the codes of AR and speculative synthesis over the test set (not the "
+            "codes themselves: a free-running talker makes every run diverge). Chi-square test of the 2 x K table; "
+            "the verdict uses permutation p-values that swap the AR/speculative labels of whole utterances (frames "
+            "of one utterance are dependent), Holm-corrected over the codebooks. The paper reports WER parity only.",
+            "", distribution_markdown(report)]
+
+
+def calibration_section(report: dict | None, path: Path) -> list[str]:
+    lines = ["## Calibration: predicted vs measured tokens/step per tree budget", ""]
+    if report is None:
+        return lines + [not_measured("rvqspec standin build --from calibrate --to calibrate")]
+    lines += [f"Drafter `{report['drafter']['kind']}`, acceptance from {report['frames']} free-running frames, "
+              f"measured on {report['eval_frames']} held-out frames (`{path}`). Predicted: the expected calls per "
+              "frame from the per-position acceptance. Paper: the acceptance curve of Figure 4.", "",
+              "| N | depth | predicted tokens/step | measured tokens/step | measured calls/frame | paper tokens/step |",
+              "|---|---|---|---|---|---|"]
+    lines += [f"| {t['budget']} | {t['depth']} | {t['predicted_tokens_per_step']:.3f} | "
+              f"{t['measured_tokens_per_step']:.3f} | {t['measured_calls_per_frame']:.2f} | "
+              f"{PAPER_ACCEPTANCE.get(t['budget'], '-')} |" for t in report["trees"]]
+    top1 = report.get("target_top1")
+    if top1:
+        lines += ["", "Why the stand-in accepts fewer drafts: the mean top-1 probability of its target distribution "
+                  "per codebook c1..c15 is " + ", ".join(f"{p:.2f}" for p in top1) + "."]
+    return lines
+
+
+def bench_section(bench: dict | None, out: Path) -> list[str]:
+    lines = ["## Latency per call, speedup(N) and the chosen N (Figure 4)", ""]
+    paper = ["Paper (Figure 4, Apple Neural Engine): " + "; ".join(
+        f"{device}: {speedup}x at N = {n}" for device, n, speedup, _, _ in PAPER_DEVICES)
+        + "; acceptance " + ", ".join(f"{a:.2f} at N = {n}" for n, a in PAPER_ACCEPTANCE.items()) + " tokens/step."]
+    if bench is None:
+        return lines + paper + ["", not_measured("nice -n 10 rvqspec bench")]
+    return lines + paper + ["", "```json", json.dumps(bench, indent=1)[:4000], "```"]
+
+
+def results_markdown(eval_report: dict | None, calibration: dict | None, calibration_path: Path,
+                     bench: dict | None, out: Path) -> str:
+    return "\n".join([
+        "# Results", "",
+        f"Generated by `{COMMAND}` from the JSON written by `rvqspec eval`, `rvqspec bench` and `rvqspec calibrate` "
+        "(the stand-in's shipped calibration); do not edit by hand. Every figure is measured on this project's "
+        "2-core CPU machine unless marked as the paper's.", "",
+        "The paper's figures are for Qwen3-TTS 0.6B with trained weights (Fleurs, Apple devices). Ours are for the "
+        "stand-in (a small model trained here on CPU, far less confident than the real one, hence its lower "
+        "acceptance) and for the real 0.6B/1.7B architectures with random weights (latency), see DESIGN section 5.",
+        "", *eval_sections(eval_report), "", *calibration_section(calibration, calibration_path), "",
+        *bench_section(bench, out), ""])
+
+
+def regenerate(results_dir: Path = RESULTS_DIR, calibration_path: Path | None = None, out: Path = OUT) -> str:
+    from rvqspec.standin.build import TREES_DIR
+
+    calibration_path = calibration_path or TREES_DIR / "report.json"
+    text = results_markdown(read_json(results_dir / "eval.json"), read_json(calibration_path),
+                            relative(calibration_path), read_json(results_dir / "bench.json"), out)
+    atomic_write(out, lambda tmp: Path(tmp).write_text(text))
+    return text
+
+
+def relative(path: Path) -> Path:
+    """`path` relative to the working directory when it lies below it (readable, machine-independent)."""
+    try:
+        return Path(path).resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        return Path(path)
+
+
+def link(target: Path, markdown_file: Path) -> str:
+    """The relative link from `markdown_file` to `target`."""
+    return Path(os.path.relpath(Path(target).resolve(), Path(markdown_file).resolve().parent)).as_posix()
+
+
+def run(args) -> int:
+    regenerate(Path(args.results), Path(args.calibration) if args.calibration else None, Path(args.out))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def add_cli(subparsers) -> None:
+    p = subparsers.add_parser("results", help="regenerate docs/RESULTS.md from the eval, bench and calibration JSON")
+    p.add_argument("--results", default=str(RESULTS_DIR), help="folder holding eval.json and bench.json")
+    p.add_argument("--calibration", help="calibration report.json (default: the shipped stand-in's)")
+    p.add_argument("--out", default=str(OUT))
+    p.set_defaults(run=run)
