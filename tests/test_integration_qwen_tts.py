@@ -118,6 +118,21 @@ def test_calls_that_are_not_the_frame_call_go_to_upstream():
         handle.undo()
 
 
+def test_greedy_frames_match_when_talker_is_wider_than_predictor():
+    """The 1.7B layout: the talker is wider than the predictor, so inputs pass small_to_mtp_projection."""
+    model = tiny_upstream_model(seed=6, talker_hidden=96, predictor_hidden=64, vocab=16, head_scale=10.0)
+    predictor = model.talker.code_predictor
+    inputs = frame_prompt(model, torch.randn(4, 96), torch.tensor([0, 3, 9, 15]))
+    reference = predictor.generate(inputs_embeds=inputs, max_new_tokens=15, do_sample=False)
+    for drafter in (None, ReusedHeads()):
+        handle = accelerate(model, drafter=drafter, tree=default_tree(6) if drafter else None)
+        try:
+            assert torch.equal(predictor.generate(inputs_embeds=inputs, max_new_tokens=15, do_sample=False), reference)
+        finally:
+            handle.undo()
+        assert handle.stats.frames == 4
+
+
 def test_decoder_follows_a_dtype_change_after_accelerate():
     model = tiny_upstream_model(seed=5, vocab=8, head_scale=10.0)
     predictor = model.talker.code_predictor
