@@ -1,6 +1,6 @@
 """Upstream qwen-tts model classes built from small random configs (no download), for parity tests.
 
-Importable helper: tests and benchmarks call `tiny_upstream_model(...)` / `upstream_model(...)` to get
+Importable helper: tests and benchmarks call `tiny_upstream_model(...)` / `upstream_model_like(config)` to get
 upstream's own `Qwen3TTSForConditionalGeneration`, and `save_upstream(model, folder)` to write it as an
 official checkpoint folder. Upstream's `from_pretrained` cannot read back its own `save_pretrained`
 output (its speaker-encoder config rejects `model_type`), so compare against the in-memory model
@@ -74,6 +74,17 @@ def tiny_upstream_model(seed: int = 0, talker_hidden: int = 64, predictor_hidden
     for head in model.talker.code_predictor.lm_head:
         head.weight.mul_(head_scale)
     return model
+
+
+def upstream_model_like(config, seed: int = 0) -> torch.nn.Module:
+    """Upstream model (random weights, float32, eval) whose code predictor has the sizes of `config`, an
+    `rvqspec.PredictorConfig` such as `rvqspec.QWEN3_TTS_0_6B`; the talker around it has one layer."""
+    return tiny_upstream_model(
+        seed, talker_hidden=config.talker_hidden_size, predictor_hidden=config.hidden_size, vocab=config.vocab_size,
+        groups=config.num_code_groups, predictor_layers=config.num_hidden_layers,
+        predictor_heads=config.num_attention_heads, predictor_kv_heads=config.num_key_value_heads,
+        predictor_head_dim=config.head_dim, predictor_intermediate=config.intermediate_size,
+        talker_vocab=config.talker_vocab_size, rope_theta=config.rope_theta)
 
 
 def save_upstream(model: torch.nn.Module, folder: str | Path, shards: int | None = None) -> Path:
