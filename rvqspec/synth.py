@@ -31,8 +31,9 @@ def resolve_model(name: str) -> Path:
     if path.is_dir():
         return path
     if not REPO_ID.fullmatch(name):
-        raise RvqspecError(f"checkpoint folder {name} does not exist: pass a folder holding config.json, the weights "
-                           "and speech_tokenizer/, or a Hugging Face repo id such as Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice")
+        raise RvqspecError(f"checkpoint folder {name} does not exist: pass a folder holding config.json, the "
+                           "weights and speech_tokenizer/, or a Hugging Face repo id such as "
+                           "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice")
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
@@ -176,7 +177,8 @@ def run_from_audio(args) -> int:
 
 
 def add_model_args(p) -> None:
-    p.add_argument("--model", required=True, help="checkpoint folder, or a Hugging Face repo id already in the local cache")
+    p.add_argument("--model", required=True,
+                   help="checkpoint folder, or a Hugging Face repo id already in the local cache")
     p.add_argument("--language", default="Auto", help="language name as qwen-tts spells it (e.g. English), or Auto")
     p.add_argument("--speaker", help="CustomVoice models: one of the model's speakers")
     p.add_argument("--instruct", help="VoiceDesign models: the voice description (CustomVoice 1.7B: a style)")
