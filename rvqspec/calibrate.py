@@ -1,0 +1,233 @@
+"""`rvqspec calibrate`: acceptance statistics of a drafter, sparse trees grown from them, and a report.
+
+Acceptance (DESIGN section 3) is measured on free-running synthesis: talker states and c0 come from the
+corpus (train split), the predictor samples c1..c15 with the deployed sampler, consuming its own codes.
+One teacher-forced pass over the sampled frame then gives every h_i and every target distribution p~
+at once: for position i, depth j and rank r, the probability that p~ (given the sampled prefix up to
+c_{i+j-1}) puts on the drafter's rank-r candidate for c_{i+j} is the chance that this draft is accepted
+when its parent is. a[j][r] is its mean over frames and positions; one tree per budget is grown from it.
+
+Prediction: tokens/step of a frame = 15 / expected predictor calls. The expectation runs over the
+rounds of a frame (prefill, then one call per round) with the acceptance measured at each position k
+(a node's acceptance = the product along its path, as in the tree growth), nodes past c15 pruned and
+no bonus after c15: so it accounts for the prefill and the frame end, and assumes the acceptances of
+successive depths independent. Measured: the same ratio from decoding held-out (validation split)
+frames with `decode_frame` and the tree, under the same sampler.
+"""
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from rvqspec.checkpoint import atomic_write, save_json
+from rvqspec.corpus import Corpus, check_codes
+from rvqspec.decode import decode_frame
+from rvqspec.drafters import DEFAULT_DEPTH, Drafter, ReusedHeads
+from rvqspec.errors import RvqspecError
+from rvqspec.model import MultiCodeDecoder
+from rvqspec.sampling import Sampler
+from rvqspec.tree import Tree, grow_tree
+
+
+@torch.inference_mode()
+def sample_codes(model: MultiCodeDecoder, talker_hidden: Tensor, c0: Tensor, sampler: Sampler,
+                 generator: torch.Generator | None = None) -> Tensor:
+    """Free-running synthesis of B frames at once: codes [B, G] (c0, then c1..c15 sampled in order).
+
+    Each step reruns the causal pass over the prefix (no cache): O(G^2) tokens, but batched over frames,
+    which is far cheaper than decoding frame by frame. Same distribution as `decode_frame`."""
+    codes = c0.reshape(-1, 1).to(model.device)
+    for g in range(1, model.config.num_code_groups):
+        hidden = model.teacher_forced_hidden(talker_hidden, torch.cat([codes, codes[:, :1]], dim=1))[:, g]
+        codes = torch.cat([codes, sampler.sample(model.head_logits(hidden, g), generator)[:, None]], dim=1)
+    return codes
+
+
+@dataclass
+class Acceptance:
+    per_position: Tensor  # [G-2, K, m]: row i-1 = drafts from h_i; mean p~ of the rank-r candidate at depth j
+    top1: Tensor  # [G-1] mean top-1 probability of p~ for c1..c15
+    entropy: Tensor  # [G-1] mean entropy of p~ (nats)
+    frames: int
+
+    @property
+    def pooled(self) -> Tensor:
+        """a[j][r]: the mean over all positions i with i+j <= G-1."""
+        depth = self.per_position.shape[1]
+        valid = self.per_position.shape[0] - torch.arange(depth)  # G-1-j positions for depth j
+        return self.per_position.sum(0) / valid[:, None]
+
+
+@torch.inference_mode()
+def measure_acceptance(model: MultiCodeDecoder, drafter: Drafter, talker_hidden: Tensor, c0: Tensor,
+                       sampler: Sampler, top_m: int, generator: torch.Generator | None = None,
+                       batch_size: int = 256) -> Acceptance:
+    last, depth = model.config.num_residual_codes, drafter.depth
+    sums = torch.zeros(last - 1, depth, top_m, dtype=torch.float64)
+    top1 = torch.zeros(last, dtype=torch.float64)
+    entropy = torch.zeros(last, dtype=torch.float64)
+    for start in range(0, len(c0), batch_size):
+        hidden_in = talker_hidden[start:start + batch_size].to(model.device)
+        codes = sample_codes(model, hidden_in, c0[start:start + batch_size], sampler, generator)
+        h = model.teacher_forced_hidden(hidden_in, codes)
+        target = sampler.probs(torch.einsum("bgh,gvh->bgv", h[:, 1:], model.heads))  # p~ of c1..c15
+        top1 += target.max(-1).values.sum(0).double().cpu()
+        entropy += torch.special.entr(target).sum(-1).sum(0).double().cpu()
+        for j in range(1, depth + 1):
+            candidates = drafter.teacher_forced_logits(model, h, j).topk(top_m, dim=-1).indices  # i = 1..last-j
+            sums[:last - j, j - 1] += target[:, j:].gather(-1, candidates).sum(0).double().cpu()
+    frames = len(c0)
+    return Acceptance(sums / frames, top1 / frames, entropy / frames, frames)
+
+
+def predicted_calls(tree: Tree, per_position: Tensor) -> float:
+    """Expected predictor calls for one frame (prefill included) with `tree`, see the module docstring."""
+    last = per_position.shape[0] + 1
+    parent, depth, rank = tree.parent.tolist(), tree.depth.tolist(), tree.rank.tolist()
+    remaining_calls = [0.0] * (last + 1)  # [k]: expected calls to finish once c1..c_k are emitted
+    for k in range(last - 1, 0, -1):
+        left = last - k
+        value = [1.0]
+        for n in range(1, len(parent)):
+            d = depth[n]
+            value.append(value[parent[n]] * float(per_position[k - 1, d - 1, rank[n]]) if d <= left else 0.0)
+        reach = [sum(v for v, d in zip(value, depth) if d == level) for level in range(left + 2)]  # P(D >= level)
+        expected = 1.0
+        for accepted in range(left + 1):  # D accepted drafts, then a bonus unless c15 was reached
+            p = reach[accepted] - (reach[accepted + 1] if accepted < left else 0.0)
+            expected += p * remaining_calls[min(k + accepted + 1, last)]
+        remaining_calls[k] = expected
+    return 1.0 + remaining_calls[1]
+
+
+def measure_tree(model: MultiCodeDecoder, drafter: Drafter, tree: Tree, talker_hidden: Tensor, c0: Tensor,
+                 sampler: Sampler, generator: torch.Generator | None = None) -> dict:
+    """Tokens/step, calls/frame and tokens/round of actually decoding the frames with `tree`."""
+    calls = sum(decode_frame(model, h, c, sampler, generator, drafter, tree).calls for h, c in zip(talker_hidden, c0))
+    frames, codes = len(c0), len(c0) * model.config.num_residual_codes
+    return {"measured_tokens_per_step": codes / calls, "measured_calls_per_frame": calls / frames,
+            "measured_tokens_per_round": (codes - frames) / max(calls - frames, 1)}
+
+
+def load_drafter(spec: str, model: MultiCodeDecoder, depth: int) -> Drafter:
+    if spec == "reused":
+        return ReusedHeads(model, depth)
+    drafter = Drafter.load(spec, model)
+    return drafter.to(model.device, model.dtype)
+
+
+def parse_budgets(text: str) -> list[int]:
+    try:
+        budgets = sorted({int(b) for b in text.split(",") if b.strip()})
+    except ValueError:
+        budgets = []
+    if not budgets or budgets[0] < 1:
+        raise RvqspecError(f"--budgets must be a comma-separated list of tree sizes >= 1 (e.g. 4,8,16), got {text!r}")
+    return budgets
+
+
+def calibrate(model_path: str | Path, drafter_spec: str, corpus_path: str | Path, budgets: list[int],
+              out: str | Path, frames: int = 1000, eval_frames: int = 200, seed: int = 0, sampler: Sampler = Sampler(),
+              depth: int = DEFAULT_DEPTH, validation_fraction: float = 0.05, dtype: str = "float32",
+              device: str = "cpu") -> dict:
+    """Measure acceptance, grow and save one tree per budget, measure each; returns the report."""
+    out = Path(out)
+    model = MultiCodeDecoder.from_pretrained(model_path, dtype, device)
+    corpus = Corpus(corpus_path, validation_fraction)
+    corpus.check_model(model)
+    drafter = load_drafter(drafter_spec, model, depth)
+    generator = torch.Generator(model.device).manual_seed(seed)
+    codes, hidden = corpus.sample("train", frames, seed)
+    check_codes(codes, model)
+    top_m = min(max(budgets), model.config.vocab_size)
+    acceptance = measure_acceptance(model, drafter, hidden, codes[:, 0], sampler, top_m, generator)
+    eval_codes, eval_hidden = corpus.sample("validation", eval_frames, seed + 1)
+    check_codes(eval_codes, model)
+    report = {"model": str(model_path), "drafter": {"spec": drafter_spec, "kind": drafter.kind, "depth": drafter.depth},
+              "corpus": str(corpus_path), "sampler": asdict(sampler), "seed": seed,
+              "frames": acceptance.frames, "eval_frames": len(eval_codes),
+              "acceptance": acceptance.pooled.tolist(), "acceptance_per_position": acceptance.per_position.tolist(),
+              "target_top1": acceptance.top1.tolist(), "target_entropy_nats": acceptance.entropy.tolist(), "trees": []}
+    for budget in budgets:
+        tree = grow_tree(acceptance.pooled, budget)
+        row = {"budget": budget, "file": f"tree-N{budget}.json", "nodes": tree.size, "depth": tree.max_depth,
+               "predicted_tokens_per_round": tree.meta["predicted_tokens_per_round"],
+               "predicted_tokens_per_step": model.config.num_residual_codes / predicted_calls(tree, acceptance.per_position)}
+        row.update(measure_tree(model, drafter, tree, eval_hidden, eval_codes[:, 0], sampler, generator))
+        tree.meta.update({k: v for k, v in row.items() if k not in ("budget", "file")},
+                         drafter=drafter.kind, sampler=asdict(sampler))
+        tree.save(out / row["file"])
+        report["trees"].append(row)
+    save_json(out / "report.json", report)
+    atomic_write(out / "report.md", lambda tmp: Path(tmp).write_text(report_markdown(report)))
+    return report
+
+
+def report_markdown(report: dict) -> str:
+    acceptance = report["acceptance"]
+    ranks = min(8, len(acceptance[0]))
+    lines = [f"# Calibration of {report['drafter']['kind']} drafts ({report['drafter']['spec']})", "",
+             f"Model `{report['model']}`, corpus `{report['corpus']}`, sampler {report['sampler']}.",
+             f"Acceptance from {report['frames']} free-running frames (train split); tokens/step measured on "
+             f"{report['eval_frames']} held-out frames (validation split).", "",
+             "## a[j][r]: mean target probability of the rank-r draft at depth j", "",
+             "| depth | " + " | ".join(f"r={r}" for r in range(ranks)) + " | sum of all ranks |",
+             "|---|" + "---|" * (ranks + 1)]
+    lines += [f"| {j + 1} | " + " | ".join(f"{a:.3f}" for a in row[:ranks]) + f" | {sum(row):.3f} |"
+              for j, row in enumerate(acceptance)]
+    lines += ["", "## Trees", "",
+              "Predicted tokens/step: expectation over the rounds of a frame with per-position acceptance, prefill "
+              "and frame end included (independence of depths assumed). Tokens/round: codes per speculative round "
+              "(predicted: 1 + sum of node values, ignoring the frame end; measured: includes the truncated last rounds).",
+              "", "| N | depth | predicted tokens/round | measured tokens/round | predicted tokens/step | "
+              "measured tokens/step | measured calls/frame |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {t['budget']} | {t['depth']} | {t['predicted_tokens_per_round']:.3f} | "
+              f"{t['measured_tokens_per_round']:.3f} | {t['predicted_tokens_per_step']:.3f} | "
+              f"{t['measured_tokens_per_step']:.3f} | {t['measured_calls_per_frame']:.2f} |" for t in report["trees"]]
+    lines += ["", "## Target distribution per codebook (c1..c15)", "",
+              "| codebook | " + " | ".join(str(g + 1) for g in range(len(report["target_top1"]))) + " |",
+              "|---|" + "---|" * len(report["target_top1"]),
+              "| mean top-1 p~ | " + " | ".join(f"{p:.2f}" for p in report["target_top1"]) + " |",
+              "| mean entropy (nats) | " + " | ".join(f"{e:.2f}" for e in report["target_entropy_nats"]) + " |", ""]
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    sampler = Sampler(not args.greedy, args.temperature, args.top_k, args.top_p)
+    report = calibrate(args.model, args.drafter, args.corpus, parse_budgets(args.budgets), args.out, args.frames,
+                       args.eval_frames, args.seed, sampler, args.depth, args.validation_fraction, args.dtype,
+                       args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.json:
+        print(json.dumps({"trees": report["trees"], "acceptance": report["acceptance"]}))
+        return 0
+    for t in report["trees"]:
+        print(f"N={t['budget']:>3}: tokens/step predicted {t['predicted_tokens_per_step']:.3f}, measured "
+              f"{t['measured_tokens_per_step']:.3f} ({t['measured_calls_per_frame']:.2f} calls/frame)")
+    print(f"wrote {args.out}/report.md, report.json and tree-N*.json")
+    return 0
+
+
+def add_cli(subparsers) -> None:
+    p = subparsers.add_parser("calibrate", help="measure draft acceptance, grow sparse trees, report predicted "
+                                                "vs measured tokens/step")
+    p.add_argument("--model", required=True, help="checkpoint folder of the code predictor")
+    p.add_argument("--drafter", required=True, help="drafter file (offsets/medusa .safetensors) or 'reused'")
+    p.add_argument("--corpus", required=True, help="code corpus folder")
+    p.add_argument("--budgets", default="4,8,16,32,64", help="tree sizes N, comma-separated")
+    p.add_argument("--out", required=True, help="folder for tree-N*.json and report.{json,md}")
+    p.add_argument("--frames", type=int, default=1000, help="frames for the acceptance statistics")
+    p.add_argument("--eval-frames", type=int, default=200, help="held-out frames decoded per tree")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--depth", type=int, default=DEFAULT_DEPTH, help="K for 'reused' (files carry their own)")
+    p.add_argument("--temperature", type=float, default=0.9)
+    p.add_argument("--top-k", type=int, default=50)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--greedy", action="store_true", help="do_sample=False")
+    p.add_argument("--validation-fraction", type=float, default=0.05)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--json", action="store_true", help="print the per-tree figures as one JSON object")
+    p.set_defaults(run=run)

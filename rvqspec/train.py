@@ -1,0 +1,290 @@
+"""`rvqspec train-offsets`: train a drafter (offsets, or Medusa heads) against the frozen code predictor.
+
+DESIGN section 4: everything of the predictor is frozen; per batch of frames one teacher-forced pass
+over all G positions gives h_i, and for each depth j the drafter's logits for c_{i+j} (all valid i)
+are scored with cross entropy; the loss is the sum over j of the mean over positions and frames.
+Adam, lr 1e-3, 32 frames per batch by default. Each epoch: validation loss and top-1 draft accuracy
+per depth, beside the accuracy of the reused heads (zero offsets, the untrained drafter).
+
+Many processes: `torchrun --nproc-per-node R -m rvqspec.cli train-offsets ...` trains with
+DistributedDataParallel (nccl on GPUs, gloo on CPU). The global batch stays --batch-size frames, each
+rank computing the mean over its equal slice, and DDP averages the gradients: the same update as one
+process, whatever R. Files are written by rank 0 (the output folder must be shared by all ranks).
+
+Output folder: `last.pt` (drafter, optimizer, step, RNG state: `--resume` continues from it, with the
+same data order), `offsets.safetensors` or `medusa.safetensors` (the best epoch by validation loss, the
+file `rvqspec calibrate` and `decode_frame` use), `metrics.json`. All written atomically.
+"""
+
+import os
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from rvqspec.checkpoint import atomic_write, save_json
+from rvqspec.corpus import Corpus, check_codes
+from rvqspec.drafters import DEFAULT_DEPTH, Drafter, ReusedHeads, make_drafter, model_fingerprint
+from rvqspec.errors import RvqspecError
+from rvqspec.model import MultiCodeDecoder, resolve_dtype
+
+CHECKPOINT_FORMAT = "rvqspec-train/1"
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """What defines a run: a resumed run must have the same."""
+
+    drafter: str = "offsets"
+    depth: int = DEFAULT_DEPTH
+    batch_size: int = 32
+    lr: float = 1e-3
+    seed: int = 0
+    validation_fraction: float = 0.05
+
+
+class DraftLoss(nn.Module):
+    """Per depth j: summed cross entropy and top-1 hits of the drafts for c_{i+j}, every valid i.
+
+    The frozen model is held outside the module tree, so DDP sees only the drafter's parameters."""
+
+    def __init__(self, model: MultiCodeDecoder, drafter: Drafter):
+        super().__init__()
+        self.drafter = drafter
+        self.frozen = [model]
+
+    def forward(self, hidden: Tensor, codes: Tensor) -> tuple[Tensor, Tensor]:
+        model = self.frozen[0]
+        with torch.no_grad():
+            h = model.teacher_forced_hidden(hidden, codes)
+        losses, hits = [], []
+        for j in range(1, self.drafter.depth + 1):
+            logits = self.drafter.teacher_forced_logits(model, h, j)
+            target = codes[:, 1 + j:]  # c_{i+j} for i = 1..G-1-j
+            losses.append(F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="sum"))
+            hits.append((logits.argmax(-1) == target).sum())
+        return torch.stack(losses), torch.stack(hits)
+
+
+def positions_per_frame(model: MultiCodeDecoder, depth: int) -> Tensor:
+    """How many drafts each frame has at depth j = 1..depth: G-1-j."""
+    return model.config.num_residual_codes - torch.arange(1, depth + 1, dtype=torch.float64)
+
+
+def all_reduce_sum(tensor: Tensor, world_size: int) -> Tensor:
+    if world_size > 1:
+        dist.all_reduce(tensor)
+    return tensor
+
+
+@torch.no_grad()
+def evaluate(loss_fn: DraftLoss, corpus: Corpus, batch_size: int, rank: int = 0, world_size: int = 1) -> dict:
+    """Validation loss (sum over depths of the mean CE) and top-1 accuracy per depth, all ranks together."""
+    model, depth = loss_fn.frozen[0], loss_fn.drafter.depth
+    totals = torch.zeros(2 * depth + 1, dtype=torch.float64, device=model.device)  # CE sums, hits, frames
+    for codes, hidden in corpus.batches("validation", batch_size, rank=rank, world_size=world_size):
+        check_codes(codes, model)
+        losses, hits = loss_fn(hidden.to(model.device), codes.to(model.device))
+        totals += torch.cat([losses.double(), hits.double(), torch.tensor([len(codes)], device=model.device)])
+    totals = all_reduce_sum(totals, world_size).cpu()
+    positions = totals[-1] * positions_per_frame(model, depth)
+    return {"loss": float((totals[:depth] / positions).sum()), "accuracy": (totals[depth:-1] / positions).tolist(),
+            "frames": int(totals[-1])}
+
+
+def init_distributed(device: str | None) -> tuple[int, int, torch.device]:
+    """(rank, world size, device) from torchrun's environment; one process when WORLD_SIZE is unset."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    use_cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")
+    if world_size == 1:
+        return 0, 1, torch.device(device or ("cuda" if use_cuda else "cpu"))
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+    rank = dist.get_rank()
+    if use_cuda:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return rank, world_size, torch.device("cuda", local)
+    return rank, world_size, torch.device("cpu")
+
+
+def drafter_file(out: Path, kind: str) -> Path:
+    return out / f"{kind}.safetensors"
+
+
+def load_checkpoint(out: Path, settings: TrainSettings, identity: dict, resume: bool, force: bool) -> dict | None:
+    """The state to resume from, or None to start fresh; refuses to clobber an earlier run."""
+    last = out / "last.pt"
+    if not resume:
+        if last.exists() and not force:
+            raise RvqspecError(f"{out} already holds a training run: pass --resume to continue it, --force to start "
+                               "over, or another --out")
+        return None
+    if not last.is_file():
+        raise RvqspecError(f"nothing to resume: {last} does not exist (drop --resume to start a new run)")
+    state = torch.load(last, map_location="cpu", weights_only=True)
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise RvqspecError(f"{last} is not an rvqspec training checkpoint")
+    if state["settings"] != asdict(settings) or state["identity"] != identity:
+        raise RvqspecError(f"{last} was trained with {state['settings']} on {state['identity']}, not "
+                           f"{asdict(settings)} on {identity}: resume with the same settings, model and corpus")
+    return state
+
+
+def save_checkpoint(out: Path, state: dict) -> None:
+    atomic_write(out / "last.pt", lambda tmp: torch.save(state, tmp))
+
+
+def train(model_path: str | Path, corpus_path: str | Path, out: str | Path, settings: TrainSettings = TrainSettings(),
+          epochs: int = 1, max_steps: int | None = None, resume: bool = False, force: bool = False,
+          dtype: str = "float32", device: str | None = None, progress: bool = True) -> dict:
+    """Train a drafter; returns the metrics also written to `out`/metrics.json. See the module docstring."""
+    rank, world_size, device = init_distributed(device)
+    try:
+        return run_training(model_path, corpus_path, Path(out), settings, epochs, max_steps, resume, force, dtype,
+                            device, rank, world_size, progress)
+    finally:
+        if world_size > 1:
+            dist.destroy_process_group()
+
+
+def run_training(model_path, corpus_path, out: Path, settings: TrainSettings, epochs: int, max_steps: int | None,
+                 resume: bool, force: bool, dtype: str, device: torch.device, rank: int, world_size: int,
+                 progress: bool) -> dict:
+    batch_size = settings.batch_size
+    if resolve_dtype(dtype) not in (torch.float32, torch.float64):
+        raise RvqspecError(f"training needs --dtype float32 (or float64): Adam steps on {dtype} drafter weights "
+                           "would be lost to rounding")
+    if settings.drafter == "reused":
+        raise RvqspecError("the reused heads have no parameters to train: use --drafter offsets or medusa")
+    if batch_size < 1 or batch_size % world_size:
+        raise RvqspecError(f"--batch-size {batch_size} is the global batch: it must be a positive multiple of the "
+                           f"number of processes ({world_size})")
+    model = MultiCodeDecoder.from_pretrained(model_path, dtype, device)
+    corpus = Corpus(corpus_path, settings.validation_fraction)
+    corpus.check_model(model)
+    steps_per_epoch = corpus.num_batches("train", batch_size, drop_last=True)
+    if steps_per_epoch == 0:
+        raise RvqspecError(f"the train split of {corpus.path} has {corpus.num_frames('train')} frames, fewer than "
+                           f"one batch of {batch_size}: use a larger corpus or a smaller --batch-size")
+    if corpus.num_frames("validation") == 0:
+        raise RvqspecError(f"the validation split of {corpus.path} is empty: raise --validation-fraction")
+    torch.manual_seed(settings.seed)
+    drafter = make_drafter(settings.drafter, model, settings.depth)
+    optimizer = torch.optim.Adam(drafter.parameters(), lr=settings.lr)
+    identity = {"model": model_fingerprint(model), "train_frames": corpus.num_frames("train")}
+    state = load_checkpoint(out, settings, identity, resume, force)
+    if state is None:
+        baseline = evaluate(DraftLoss(model, ReusedHeads(model, settings.depth)), corpus, batch_size, rank, world_size)
+        state = {"format": CHECKPOINT_FORMAT, "settings": asdict(settings), "identity": identity,
+                 "step": 0, "epoch_loss_sum": 0.0, "best_val_loss": float("inf"),
+                 "metrics": {"model": str(model_path), "corpus": str(corpus_path), "settings": asdict(settings),
+                             "steps_per_epoch": steps_per_epoch, "baseline": {"drafter": "reused", **baseline},
+                             "epochs": []}}
+    else:
+        drafter.load_state_dict(state["drafter"])
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+    if world_size > 1:
+        dist.barrier()  # every rank has checked the output folder before rank 0 writes to it
+    loss_fn = DraftLoss(model, drafter)
+    step_fn = DistributedDataParallel(loss_fn, device_ids=[device.index] if device.type == "cuda" else None) \
+        if world_size > 1 else loss_fn
+    positions = positions_per_frame(model, settings.depth).to(device, model.dtype)
+    metrics = state["metrics"]
+    metrics["world_size"] = world_size
+
+    def checkpoint(step: int, epoch_loss_sum: float) -> None:
+        state.update(step=step, epoch_loss_sum=epoch_loss_sum, drafter=drafter.state_dict(),
+                     optimizer=optimizer.state_dict(), rng=torch.get_rng_state(), metrics=metrics)
+        if rank == 0:
+            save_checkpoint(out, state)
+            save_json(out / "metrics.json", metrics)
+
+    step = state["step"]
+    if max_steps is not None and step >= max_steps:
+        return metrics
+    for epoch in range(step // steps_per_epoch, epochs):
+        done = step - epoch * steps_per_epoch
+        # Sums of this rank's batch losses; summed over ranks / world_size when saved (each rank starts
+        # from the same saved value, hence the correction).
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        saved_sum = state["epoch_loss_sum"] if done else 0.0
+        batches = corpus.batches("train", batch_size, settings.seed, epoch, rank, world_size, skip=done, drop_last=True)
+        bar = tqdm(batches, total=steps_per_epoch, initial=done, desc=f"epoch {epoch + 1}/{epochs}",
+                   disable=not progress or rank != 0, file=sys.stderr)
+        for codes, hidden in bar:
+            check_codes(codes, model)
+            losses, _ = step_fn(hidden.to(device), codes.to(device))
+            loss = (losses / (len(codes) * positions)).sum()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            step += 1
+            loss_sum += loss.detach()
+            if step % 10 == 0:
+                bar.set_postfix(loss=f"{loss.item():.4f}")
+            if max_steps is not None and step >= max_steps and step % steps_per_epoch:
+                checkpoint(step, saved_sum + float(all_reduce_sum(loss_sum, world_size)) / world_size)
+                return metrics
+        epoch_loss = saved_sum + float(all_reduce_sum(loss_sum, world_size)) / world_size
+        validation = evaluate(loss_fn, corpus, batch_size, rank, world_size)
+        record = {"epoch": epoch + 1, "step": step, "train_loss": epoch_loss / steps_per_epoch,
+                  "val_loss": validation["loss"], "val_accuracy": validation["accuracy"]}
+        metrics["epochs"].append(record)
+        if validation["loss"] < state["best_val_loss"]:
+            state["best_val_loss"] = validation["loss"]
+            metrics["best"] = {"epoch": epoch + 1, "val_loss": validation["loss"],
+                               "file": drafter_file(out, settings.drafter).name}
+            if rank == 0:
+                drafter.save(drafter_file(out, settings.drafter),
+                             {"epoch": str(epoch + 1), "val_loss": f"{validation['loss']:.6f}"})
+        checkpoint(step, 0.0)
+        if progress and rank == 0:
+            accuracy = " ".join(f"{a:.3f}" for a in validation["accuracy"])
+            baseline = " ".join(f"{a:.3f}" for a in metrics["baseline"]["accuracy"])
+            tqdm.write(f"epoch {epoch + 1}: train loss {record['train_loss']:.4f}, val loss {validation['loss']:.4f}, "
+                       f"top-1 per depth {accuracy} (reused heads {baseline})", file=sys.stderr)
+        if max_steps is not None and step >= max_steps:
+            break
+    return metrics
+
+
+def run(args) -> int:
+    settings = TrainSettings(args.drafter, args.depth, args.batch_size, args.lr, args.seed, args.validation_fraction)
+    metrics = train(args.model, args.corpus, args.out, settings, args.epochs, args.max_steps, args.resume, args.force,
+                    args.dtype, args.device, progress=not args.quiet)
+    if int(os.environ.get("RANK", "0")) == 0 and metrics["epochs"]:
+        last = metrics["epochs"][-1]
+        print(f"epoch {last['epoch']}, step {last['step']}: val loss {last['val_loss']:.4f}, top-1 per depth "
+              f"{[round(a, 4) for a in last['val_accuracy']]} (reused heads "
+              f"{[round(a, 4) for a in metrics['baseline']['accuracy']]}); best: {args.out}/{metrics['best']['file']}")
+    return 0
+
+
+def add_cli(subparsers) -> None:
+    p = subparsers.add_parser("train-offsets", help="train offsets (or Medusa heads) on a code corpus; "
+                                                    "works under torchrun for several processes")
+    p.add_argument("--model", required=True, help="checkpoint folder of the code predictor (frozen)")
+    p.add_argument("--corpus", required=True, help="code corpus folder (rvqspec.corpus format)")
+    p.add_argument("--out", required=True, help="output folder for checkpoints and metrics")
+    p.add_argument("--drafter", choices=["offsets", "medusa"], default="offsets")
+    p.add_argument("--depth", type=int, default=DEFAULT_DEPTH, help="K, codes drafted ahead")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=32, help="global batch, in frames")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0, help="data order (and Medusa init)")
+    p.add_argument("--validation-fraction", type=float, default=0.05, help="share of utterances held out")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (resumable)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    p.add_argument("--force", action="store_true", help="start over even if --out holds a run")
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32", help="model and drafter dtype")
+    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or epoch lines")
+    p.set_defaults(run=run)

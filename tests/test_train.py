@@ -1,0 +1,113 @@
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rvqspec.cli import main
+from rvqspec.corpus import Corpus, CorpusWriter
+from rvqspec.drafters import Drafter, MedusaHeads, Offsets, ReusedHeads
+from rvqspec.errors import RvqspecError
+from rvqspec.model import MultiCodeDecoder
+from rvqspec.train import DraftLoss, TrainSettings, evaluate, train
+from synthetic import write_model_and_corpus
+
+FRACTION = 0.25
+# lr 3e-2 instead of the default 1e-3: the tiny runs here take tens of steps, not thousands.
+FAST = TrainSettings(batch_size=16, lr=3e-2, validation_fraction=FRACTION)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return write_model_and_corpus(tmp_path_factory.mktemp("synthetic"), utterances=60)
+
+
+def held_out_accuracy(model_dir, corpus_dir, drafter) -> list[float]:
+    model = MultiCodeDecoder.from_pretrained(model_dir)
+    return evaluate(DraftLoss(model, drafter), Corpus(corpus_dir, FRACTION), 64)["accuracy"]
+
+
+@pytest.mark.parametrize("kind, drafter_class", [("offsets", Offsets), ("medusa", MedusaHeads)])
+def test_trained_drafters_beat_reused_heads_on_held_out_frames(data, tmp_path, kind, drafter_class):
+    model_dir, corpus_dir = data
+    settings = TrainSettings(kind, 3, 16, 3e-2 if kind == "offsets" else 3e-3, 0, FRACTION)
+    metrics = train(model_dir, corpus_dir, tmp_path, settings, epochs=2, progress=False)
+    model = MultiCodeDecoder.from_pretrained(model_dir)
+    drafter = drafter_class.load(tmp_path / f"{kind}.safetensors", model)
+    trained = held_out_accuracy(model_dir, corpus_dir, drafter)
+    reused = held_out_accuracy(model_dir, corpus_dir, ReusedHeads(model))
+    assert metrics["baseline"]["accuracy"] == pytest.approx(reused)
+    assert metrics["best"]["val_loss"] == min(e["val_loss"] for e in metrics["epochs"]) < metrics["baseline"]["loss"]
+    assert all(t > r for t, r in zip(trained, reused)), (trained, reused)
+    assert sum(trained) / 3 > sum(reused) / 3 + 0.03, (trained, reused)
+    assert (tmp_path / "metrics.json").is_file() and (tmp_path / "last.pt").is_file()
+
+
+def drafter_state(out) -> dict:
+    return torch.load(out / "last.pt", weights_only=True)
+
+
+def test_resume_after_interruptions_matches_an_uninterrupted_run(data, tmp_path):
+    model_dir, corpus_dir = data
+    whole = train(model_dir, corpus_dir, tmp_path / "whole", FAST, epochs=2, progress=False)
+    steps = whole["steps_per_epoch"]
+    part = train(model_dir, corpus_dir, tmp_path / "part", FAST, epochs=2, max_steps=5, progress=False)
+    assert part["epochs"] == [] and drafter_state(tmp_path / "part")["step"] == 5
+    train(model_dir, corpus_dir, tmp_path / "part", FAST, epochs=2, max_steps=steps + 3, resume=True, progress=False)
+    assert drafter_state(tmp_path / "part")["step"] == steps + 3
+    resumed = train(model_dir, corpus_dir, tmp_path / "part", FAST, epochs=2, resume=True, progress=False)
+    a, b = drafter_state(tmp_path / "whole"), drafter_state(tmp_path / "part")
+    assert a["step"] == b["step"] == 2 * steps
+    assert torch.equal(a["drafter"]["offsets"], b["drafter"]["offsets"])
+    assert torch.equal(a["optimizer"]["state"][0]["exp_avg_sq"], b["optimizer"]["state"][0]["exp_avg_sq"])
+    assert torch.equal(load_file(tmp_path / "whole" / "offsets.safetensors")["offsets"],
+                       load_file(tmp_path / "part" / "offsets.safetensors")["offsets"])
+    for x, y in zip(whole["epochs"], resumed["epochs"], strict=True):
+        assert x["val_loss"] == y["val_loss"] and x["train_loss"] == pytest.approx(y["train_loss"], rel=1e-9)
+    # Resuming a finished run does nothing; training on for another epoch works.
+    assert train(model_dir, corpus_dir, tmp_path / "part", FAST, epochs=2, resume=True, progress=False) == resumed
+    longer = train(model_dir, corpus_dir, tmp_path / "part", FAST, epochs=3, resume=True, progress=False)
+    assert len(longer["epochs"]) == 3
+
+
+def test_output_folder_is_never_clobbered(data, tmp_path):
+    model_dir, corpus_dir = data
+    train(model_dir, corpus_dir, tmp_path, FAST, max_steps=2, progress=False)
+    with pytest.raises(RvqspecError, match="--resume"):
+        train(model_dir, corpus_dir, tmp_path, FAST, progress=False)
+    with pytest.raises(RvqspecError, match="same settings"):
+        train(model_dir, corpus_dir, tmp_path, TrainSettings(batch_size=8, validation_fraction=FRACTION),
+              resume=True, progress=False)
+    train(model_dir, corpus_dir, tmp_path, FAST, max_steps=1, force=True, progress=False)
+    assert drafter_state(tmp_path)["step"] == 1
+    with pytest.raises(RvqspecError, match="nothing to resume"):
+        train(model_dir, corpus_dir, tmp_path / "empty", FAST, resume=True, progress=False)
+
+
+def test_cli_trains_and_reports(data, tmp_path, capsys):
+    model_dir, corpus_dir = data
+    code = main(["train-offsets", "--model", str(model_dir), "--corpus", str(corpus_dir), "--out", str(tmp_path),
+                 "--validation-fraction", str(FRACTION), "--batch-size", "16", "--quiet"])
+    assert code == 0 and "top-1 per depth" in capsys.readouterr().out
+    assert isinstance(Drafter.load(tmp_path / "offsets.safetensors"), Offsets)
+
+
+def cli_error(capsys, *args) -> str:
+    assert main(["train-offsets", *map(str, args)]) == 2
+    return capsys.readouterr().err
+
+
+def test_cli_errors_name_the_problem(data, tmp_path, capsys):
+    model_dir, corpus_dir = data
+    assert "not a code corpus" in cli_error(capsys, "--model", model_dir, "--corpus", tmp_path / "none", "--out", tmp_path / "o")
+    with CorpusWriter(tmp_path / "wide", 7) as writer:  # talker hidden size 7: not this model's
+        writer.add("a", "en", torch.zeros(3, 16, dtype=torch.long), torch.zeros(3, 7))
+    assert "talker hidden size 7" in cli_error(capsys, "--model", model_dir, "--corpus", tmp_path / "wide",
+                                                "--out", tmp_path / "o")
+    with CorpusWriter(tmp_path / "big-codes", 48) as writer:  # right sizes, codes past the 16-code vocabulary
+        for i in range(10):
+            writer.add(f"u{i}", "en", torch.full((4, 16), 99), torch.zeros(4, 48))
+    assert "vocabularies" in cli_error(capsys, "--model", model_dir, "--corpus", tmp_path / "big-codes", "--out",
+                                       tmp_path / "o", "--validation-fraction", 0.5, "--batch-size", 8)
+    assert "multiple of" in cli_error(capsys, "--model", model_dir, "--corpus", corpus_dir, "--out", tmp_path / "o",
+                                      "--batch-size", 0)
+    assert "fewer than one batch" in cli_error(capsys, "--model", model_dir, "--corpus", corpus_dir, "--out",
+                                               tmp_path / "o", "--batch-size", 100_000)
