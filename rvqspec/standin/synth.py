@@ -42,9 +42,9 @@ class Synthesis:
         return self.frames * (self.codes.shape[1] - 1) / max(self.predictor_calls, 1)
 
 
-def max_frames_for(text: str) -> int:
-    """A generous cap (about 0.4 s per byte + 2 s) so a model that never emits eos still stops."""
-    return int(len(text.encode()) * 5 + 25)
+def max_frames_for(tts: StandinTTS, text: str, lang: str) -> int:
+    """A generous cap (3x the language's mean duration of the text, + 2 s) so a model that never emits eos stops."""
+    return int(3 * len(text.strip().encode()) / tts.config.frame_step(lang)) + 25
 
 
 def sample_c0(tts: StandinTTS, hidden: Tensor, sampler: Sampler, generator, allow_eos: bool) -> int:
@@ -64,17 +64,18 @@ def synthesize_codes(tts: StandinTTS, text: str, lang: str, sampler: Sampler = S
     talker = tts.talker
     device = talker.norm.weight.device
     prefix = tts.prefix_embed(text, lang).to(talker.norm.weight.dtype)
-    max_frames = max_frames or max_frames_for(text)
+    max_frames = max_frames or max_frames_for(tts, text, lang)
     slots = len(prefix) + max_frames
-    if slots > talker.config.max_position_embeddings:
-        raise RvqspecError(f"text of {len(text.encode())} bytes is too long for the stand-in "
-                           f"(at most about {talker.config.max_position_embeddings // 6} bytes): split it")
+    frame_positions = tts.frame_positions(torch.arange(max_frames, device=device), lang)
+    if int(frame_positions[-1]) >= talker.config.max_position_embeddings:
+        raise RvqspecError(f"text of {len(text.encode())} bytes is too long for the stand-in: split it into "
+                           "sentences")
     talker.setup_cache(slots)
     all_slots = torch.arange(slots, device=device)
     masks = all_slots[None, :] <= all_slots[:, None]
     start = time.perf_counter()
-    positions = all_slots[:len(prefix)]
-    hidden = talker(prefix[None], positions, masks[positions], positions)[0, -1]
+    prefix_slots = all_slots[:len(prefix)]
+    hidden = talker(prefix[None], tts.prefix_positions(len(prefix)), masks[prefix_slots], prefix_slots)[0, -1]
     frames, states = [], []
     out = Synthesis(codes=torch.empty(0, 16, dtype=torch.long), hidden=torch.empty(0, talker.config.hidden_size))
     for t in range(max_frames):
@@ -90,8 +91,8 @@ def synthesize_codes(tts: StandinTTS, text: str, lang: str, sampler: Sampler = S
         frames.append(frame)
         states.append(hidden)
         if t + 1 < max_frames:
-            position = all_slots[len(prefix) + t:len(prefix) + t + 1]
-            hidden = talker(tts.frame_embed(frame)[None, None], position, masks[position], position)[0, -1]
+            slot = all_slots[len(prefix) + t:len(prefix) + t + 1]
+            hidden = talker(tts.frame_embed(frame)[None, None], frame_positions[t:t + 1], masks[slot], slot)[0, -1]
     out.talker_seconds = time.perf_counter() - start - out.predictor_seconds
     if frames:
         out.codes, out.hidden = torch.stack(frames).cpu(), torch.stack(states).float().cpu()

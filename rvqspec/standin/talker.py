@@ -2,9 +2,10 @@
 
 Sequence of the talker (non-streaming: the whole text first, then the audio frames):
 
-    position  0      1 .. B        B+1    B+2 .. B+1+T
+    index     0      1 .. B        B+1    B+2 .. B+1+T
     input     lang   text bytes    bos    frame 0 .. frame T-1
     output                         c0(0)  c0(1) .. c0(T-1), eos
+    RoPE id   0      1 .. B        0      round((t + 1) * s), s = mean text bytes per frame of the language
 
 The language and bos tokens are rows of the talker's codec table (upstream: `codec_language_id`,
 `codec_bos_id`), text bytes rows of `text_embedding`; a frame's input is the sum of the embeddings of
@@ -16,10 +17,11 @@ One table, shared: the talker's c0 table and the 15 codec tables are the predict
 `code_embed` (rows 0..talker_vocab-1 are the talker's table), so `StandinTTS` reads them from the
 predictor and the saved checkpoint holds each tensor once, under the official names.
 
-Deviations from upstream, all to keep the stand-in small: plain 1-D RoPE instead of M-RoPE (audio
-and text share one position axis, so M-RoPE's three sections would carry the same ids anyway);
-UTF-8 bytes instead of the Qwen text tokenizer, embedded at the talker width without
-`text_projection`; no speaker/instruct tokens.
+Deviations from upstream, all to keep the stand-in small and trainable on a CPU in minutes: plain
+1-D RoPE instead of M-RoPE, with text-aligned ids for the audio frames (frame t sits near the bytes it
+likely speaks, a prior that lets a small talker learn its alignment from 3 hours of speech; upstream
+numbers the tokens in order); UTF-8 bytes instead of the Qwen text tokenizer, embedded at the talker
+width without `text_projection`; no speaker/instruct tokens.
 """
 
 import json
@@ -51,6 +53,7 @@ class TalkerConfig:
     text_vocab_size: int = 256  # UTF-8 bytes
     num_codes: int = 512  # codebook size of c0 (the codec's first codebook)
     languages: tuple[str, ...] = ("en", "de", "es", "ru")
+    bytes_per_frame: tuple[float, ...] = ()  # mean text bytes per 80 ms frame, per language (1.0 if absent)
 
     # Special rows of the talker's codec table, after the codes (as upstream: codes, then specials).
     @property
@@ -69,6 +72,10 @@ class TalkerConfig:
     def codec_language_id(self) -> dict[str, int]:
         return {lang: self.num_codes + 3 + i for i, lang in enumerate(self.languages)}
 
+    def frame_step(self, lang: str) -> float:
+        """How far (in text bytes) the RoPE position advances per audio frame, for `lang`."""
+        return dict(zip(self.languages, self.bytes_per_frame)).get(lang, 1.0)
+
     @property
     def vocab_size(self) -> int:
         return self.num_codes + 3 + len(self.languages)
@@ -78,6 +85,7 @@ class TalkerConfig:
         fields = asdict(self)
         fields.pop("num_codes")
         fields["languages"] = list(self.languages)
+        fields["bytes_per_frame"] = list(self.bytes_per_frame)
         fields.update(text_hidden_size=self.hidden_size, codec_pad_id=self.codec_pad_id,
                       codec_bos_id=self.codec_bos_id, codec_eos_token_id=self.codec_eos_token_id,
                       codec_language_id=self.codec_language_id, rope_scaling=None,
@@ -88,6 +96,7 @@ class TalkerConfig:
     def from_upstream(cls, talker: dict) -> "TalkerConfig":
         try:
             languages = tuple(talker["languages"])
+            bytes_per_frame = tuple(talker["bytes_per_frame"])
             num_codes = talker["vocab_size"] - 3 - len(languages)
             values = {k: talker[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                               "num_attention_heads", "num_key_value_heads", "head_dim",
@@ -96,7 +105,7 @@ class TalkerConfig:
         except KeyError as e:
             raise RvqspecError(f"config.json talker_config lacks {e.args[0]!r}: this folder holds a code predictor "
                                "but not a stand-in talker (rebuild it with `rvqspec standin build`)") from None
-        config = cls(num_codes=num_codes, languages=languages, **values)
+        config = cls(num_codes=num_codes, languages=languages, bytes_per_frame=bytes_per_frame, **values)
         if talker.get("codec_eos_token_id") != config.codec_eos_token_id:
             raise RvqspecError("config.json talker_config has an unexpected special-token layout: "
                                "rebuild the stand-in with `rvqspec standin build`")
@@ -135,11 +144,15 @@ class Talker(nn.Module):
         return self.cache
 
     def forward(self, x: Tensor, positions: Tensor, mask: Tensor | None = None, slots: Tensor | None = None) -> Tensor:
-        """Final-norm hidden states [B, T, H]; causal over x without `slots`, else through the cache."""
+        """Final-norm hidden states [B, T, H]; causal over x without `slots`, else through the cache.
+
+        `positions` ([T], or [B, T] for per-row positions) are RoPE ids, not the order of the tokens."""
         if int(positions.max()) >= self.config.max_position_embeddings:
-            raise RvqspecError(f"sequence of {int(positions.max()) + 1} positions exceeds the talker's "
+            raise RvqspecError(f"RoPE position {int(positions.max())} exceeds the talker's "
                                f"{self.config.max_position_embeddings}: use a shorter text")
         cos, sin = self.rope(positions, x.dtype)
+        if positions.dim() == 2:  # [B, T, D] -> [B, 1, T, D], broadcast over the heads
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         cache = self.cache if slots is not None else None
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, mask, cache, i, slots)
@@ -176,16 +189,34 @@ class StandinTTS(nn.Module):
             raise RvqspecError(f"language {lang!r} is not known to the stand-in: use one of {', '.join(ids)}")
         return ids[lang]
 
+    def prefix_positions(self, prefix_length: int) -> Tensor:
+        """RoPE ids of [lang, bytes..., bos]: lang 0, byte i at i+1, and bos at 0 (it stands for frame -1)."""
+        positions = torch.arange(prefix_length, device=self.talker.norm.weight.device)
+        positions[-1] = 0
+        return positions
+
+    def frame_positions(self, frames: Tensor, lang: str) -> Tensor:
+        """RoPE ids of audio frames `frames` (indices t): round((t + 1) * bytes per frame) of `lang`.
+
+        Text-aligned positions: frame t sits near the text bytes it is likely to speak, so that the small
+        talker finds its alignment through relative positions in minutes of CPU training (upstream counts
+        positions on, which a large model trained on much data can afford)."""
+        return ((frames + 1) * self.config.frame_step(lang)).round().long()
+
     def prefix_embed(self, text: str, lang: str) -> Tensor:
         """[lang, UTF-8 bytes..., bos] embedded: [B+2, H]."""
-        data = text.strip().encode("utf-8")
-        if not data:
+        return self.prefix_embeds([text], [lang])[0]
+
+    def prefix_embeds(self, texts: list[str], langs: list[str]) -> list[Tensor]:
+        """`prefix_embed` of many texts, with one lookup per table (cheaper backward in training)."""
+        data = [list(text.strip().encode("utf-8")) for text in texts]
+        if not all(data):
             raise RvqspecError("empty text: pass a sentence to synthesize")
         device = self.talker.norm.weight.device
-        special = torch.tensor([self.language_id(lang), self.config.codec_bos_id], device=device)
+        special = torch.tensor([[self.language_id(lang), self.config.codec_bos_id] for lang in langs], device=device)
         special = self.codec_embed(special)
-        text_bytes = self.talker.text_embed(torch.tensor(list(data), device=device))
-        return torch.cat([special[:1], text_bytes, special[1:]])
+        text_bytes = self.talker.text_embed(torch.tensor(sum(data, []), device=device)).split([len(d) for d in data])
+        return [torch.cat([s[:1], t, s[1:]]) for s, t in zip(special, text_bytes)]
 
 
 # ---------------------------------------------------------------- checkpoint

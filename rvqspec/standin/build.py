@@ -1,0 +1,352 @@
+"""`rvqspec standin ...`: build the stand-in Qwen3-TTS from nothing, and report its quality.
+
+`rvqspec standin build` runs these stages in order (each skipped when its output exists, unless named
+in --force; --from/--to pick a range). Work files go to --work (default data/standin, never shipped);
+what ships goes to rvqspec/standin/assets (<= 20 MB):
+
+ stage         output                                  what
+ corpus        work/corpus/manifest.jsonl + wavs       offline speech, 4 languages (rvqspec.standin.corpus)
+ codec         assets/codec.safetensors                mel-RVQ codec, 16 x 512 k-means (rvqspec.standin.codec)
+ encode        work/codes/                             every utterance's codes [T, 16]
+ talker        work/talker/                            phase 1: talker + shared code tables (train.train_talker)
+ code-corpus   work/code-corpus/{train,validation,test}  frozen talker's states + codes (rvqspec.corpus)
+ predictor     assets/model/                           phase 3: predictor on the code corpus; float16 weights
+ offsets       assets/offsets.safetensors              `rvqspec train-offsets` on the train code corpus
+ calibrate     assets/trees/                           `rvqspec calibrate`, budgets 4,8,16,32,64
+ quality       assets/report.json                      held-out confidence per codebook; Whisper WER/CER
+
+Timings of each stage are written to work/build.json and, with the figures, to assets/report.json.
+Measured on the 2-core development machine (shared with other jobs, one torch thread):
+see `assets/report.json` ("timings") for the figures of the shipped build.
+"""
+
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+from rvqspec.checkpoint import save_json, save_tensors
+from rvqspec.errors import RvqspecError
+from rvqspec.sampling import Sampler
+from rvqspec.standin.talker import TalkerConfig, load_standin, new_standin, predictor_config_for, save_standin
+
+ASSETS = Path(__file__).parent / "assets"
+MODEL_DIR = ASSETS / "model"
+OFFSETS_FILE = ASSETS / "offsets.safetensors"
+TREES_DIR = ASSETS / "trees"
+REPORT_FILE = ASSETS / "report.json"
+BUDGETS = [4, 8, 16, 32, 64]
+SPLITS = ("train", "validation", "test")
+SHIPPED_DTYPE = torch.float16
+ASSET_LIMIT_BYTES = 20 * 10**6
+
+TALKER = TalkerConfig(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=64)
+PREDICTOR_SIZES = dict(hidden_size=192, intermediate_size=576, num_hidden_layers=3, num_attention_heads=3,
+                       num_key_value_heads=1, head_dim=64)
+
+
+@dataclass
+class Settings:
+    work: Path = Path("data/standin")
+    hours: float = 3.4
+    talker_steps: int = 3000
+    talker_minutes: float = 30.0
+    predictor_steps: int = 3000
+    predictor_minutes: float = 25.0
+    offsets_epochs: int = 2
+    quality_limit: int | None = 40  # test sentences per language for WER (None: all)
+    seed: int = 0
+
+    @property
+    def manifest(self) -> Path:
+        return self.work / "corpus" / "manifest.jsonl"
+
+    @property
+    def codes_dir(self) -> Path:
+        return self.work / "codes"
+
+    @property
+    def talker_dir(self) -> Path:
+        return self.work / "talker"
+
+    def code_corpus(self, split: str) -> Path:
+        return self.work / "code-corpus" / split
+
+
+def codec_file() -> Path:
+    from rvqspec.standin.codec import ASSET
+
+    return ASSET
+
+
+# ---------------------------------------------------------------- stages
+
+
+def stage_corpus(s: Settings) -> dict:
+    from rvqspec.standin.corpus import build_corpus, read_manifest, summary
+
+    build_corpus(s.manifest.parent, s.hours)
+    rows = read_manifest(s.manifest)
+    print(summary(rows))
+    return {"hours": round(sum(r["duration"] for r in rows) / 3600, 3), "sentences": len(rows)}
+
+
+def stage_codec(s: Settings) -> dict:
+    from rvqspec.standin.codec import train_codec
+
+    train_codec(s.manifest, codec_file())
+    return {"bytes": codec_file().stat().st_size}
+
+
+def stage_encode(s: Settings) -> dict:
+    """Codes of every utterance: codes.safetensors (int16 [N, 16] + offsets) and utterances.json."""
+    from rvqspec.standin.audio import read_wav
+    from rvqspec.standin.codec import MelRVQCodec
+    from rvqspec.standin.corpus import read_manifest
+
+    codec = MelRVQCodec.load(codec_file())
+    rows = read_manifest(s.manifest)
+    codes = [codec.encode(read_wav(s.manifest.parent / r["wav"])) for r in rows]
+    lengths = torch.tensor([0] + [len(c) for c in codes])
+    save_tensors(s.codes_dir / "codes.safetensors", {"codes": torch.cat(codes).to(torch.int16),
+                                                     "offsets": lengths.cumsum(0)})
+    save_json(s.codes_dir / "utterances.json", [{k: r[k] for k in ("id", "lang", "split", "text")} for r in rows])
+    return {"utterances": len(rows), "frames": int(lengths.sum())}
+
+
+def load_utterances(s: Settings, split: str):
+    from safetensors.torch import load_file
+
+    from rvqspec.standin.train import Utterance
+
+    if not (s.codes_dir / "utterances.json").is_file():
+        raise RvqspecError(f"no encoded corpus in {s.codes_dir}: run `rvqspec standin build --from encode`")
+    rows = json.loads((s.codes_dir / "utterances.json").read_text())
+    data = load_file(s.codes_dir / "codes.safetensors")
+    offsets = data["offsets"].tolist()
+    return [Utterance(r["id"], r["lang"], r["text"], data["codes"][offsets[i]:offsets[i + 1]].long())
+            for i, r in enumerate(rows) if r["split"] == split]
+
+
+def bytes_per_frame(utts, languages: tuple[str, ...]) -> list[float]:
+    """Mean UTF-8 bytes of text per 80 ms frame of speech, per language (the talker's RoPE step)."""
+    rates = []
+    for lang in languages:
+        chosen = [u for u in utts if u.lang == lang]
+        if not chosen:
+            raise RvqspecError(f"no {lang} utterance in the train split: rebuild the corpus with all languages")
+        rates.append(round(sum(len(u.text.encode()) for u in chosen) / sum(len(u.codes) for u in chosen), 4))
+    return rates
+
+
+def stage_talker(s: Settings) -> dict:
+    from rvqspec.standin.train import train_talker
+
+    train_utts = load_utterances(s, "train")
+    config = replace(TALKER, bytes_per_frame=tuple(bytes_per_frame(train_utts, TALKER.languages)))
+    torch.manual_seed(s.seed)
+    tts = new_standin(config, predictor_config_for(config, **PREDICTOR_SIZES))
+    report = train_talker(tts, train_utts, load_utterances(s, "validation"), s.talker_steps,
+                          minutes=s.talker_minutes, seed=s.seed)
+    save_standin(tts, s.talker_dir, SHIPPED_DTYPE, extra={"phase": "talker"})
+    save_json(s.talker_dir / "train.json", report)
+    return report
+
+
+def stage_code_corpus(s: Settings) -> dict:
+    """The frozen (shipped-dtype) talker's teacher-forced state per frame, for every split."""
+    from rvqspec.corpus import CorpusWriter
+    from rvqspec.standin.train import teacher_forced_hidden
+
+    tts = load_standin(s.talker_dir)
+    frames = {}
+    for split in SPLITS:
+        utts = load_utterances(s, split)
+        meta = {"writer": "rvqspec standin build", "split": split, "talker": str(s.talker_dir)}
+        with CorpusWriter(s.code_corpus(split), TALKER.hidden_size, hidden_dtype=torch.float32, meta=meta,
+                          overwrite=True) as writer:
+            for utt in utts:
+                writer.add(utt.id, utt.lang, utt.codes, teacher_forced_hidden(tts, utt))
+        frames[split] = sum(len(u.codes) for u in utts)
+    return {"frames": frames}
+
+
+def stage_predictor(s: Settings) -> dict:
+    from rvqspec.corpus import Corpus
+    from rvqspec.standin.train import train_predictor
+
+    tts = load_standin(s.talker_dir)
+    report = train_predictor(tts.predictor, Corpus(s.code_corpus("train"), 0.0),
+                             Corpus(s.code_corpus("validation"), 0.0), s.predictor_steps,
+                             minutes=s.predictor_minutes, seed=s.seed)
+    talker_report = json.loads((s.talker_dir / "train.json").read_text())
+    save_standin(tts, MODEL_DIR, SHIPPED_DTYPE, extra={"codec": "codec.safetensors", "frame_rate": 12.5,
+                                                       "sample_rate": 16000, "training": {
+                                                           "talker": talker_report, "predictor": report}})
+    return report
+
+
+def stage_offsets(s: Settings) -> dict:
+    from rvqspec.train import TrainSettings, train
+
+    out = s.work / "offsets"
+    metrics = train(MODEL_DIR, s.code_corpus("train"), out, TrainSettings(seed=s.seed), epochs=s.offsets_epochs,
+                    force=True)
+    shutil.copyfile(out / metrics["best"]["file"], OFFSETS_FILE)
+    return {"best": metrics["best"], "baseline": metrics["baseline"], "epochs": metrics["epochs"]}
+
+
+def stage_calibrate(s: Settings) -> dict:
+    from rvqspec.calibrate import calibrate
+
+    report = calibrate(MODEL_DIR, str(OFFSETS_FILE), s.code_corpus("train"), BUDGETS, TREES_DIR, seed=s.seed)
+    return {"trees": report["trees"]}
+
+
+def stage_quality(s: Settings) -> dict:
+    from rvqspec.corpus import Corpus
+    from rvqspec.standin.train import predictor_confidence
+
+    tts = load_standin(MODEL_DIR)
+    figures = {split: predictor_confidence(tts, Corpus(s.code_corpus(split), 0.0), Sampler())
+               for split in ("validation", "test")}
+    figures["wer"] = intelligibility(s, tts)
+    return figures
+
+
+def intelligibility(s: Settings, tts) -> dict:
+    """Whisper WER/CER per language of test sentences synthesized by the stand-in (AR, deployed sampler),
+    beside the WER of the original recordings of the same sentences (the recogniser's own floor)."""
+    import jiwer
+
+    from rvqspec.standin.audio import read_wav
+    from rvqspec.standin.codec import MelRVQCodec
+    from rvqspec.standin.corpus import read_manifest
+    from rvqspec.standin.quality import load_whisper, normalize, transcribe, wer
+    from rvqspec.standin.synth import synthesize_codes
+
+    codec = MelRVQCodec.load(codec_file())
+    rows = [r for r in read_manifest(s.manifest) if r["split"] == "test"]
+    generator = torch.Generator().manual_seed(s.seed)
+    figures = {}
+    for lang in tts.config.languages:
+        chosen = [r for r in rows if r["lang"] == lang][:s.quality_limit]
+        whisper = load_whisper(lang)
+        texts = [r["text"] for r in chosen]
+        synthesized = [transcribe(whisper, codec.decode(synthesize_codes(tts, t, lang, generator=generator).codes)
+                                  .numpy(), lang) for t in texts]
+        original = [transcribe(whisper, read_wav(s.manifest.parent / r["wav"]), lang) for r in chosen]
+        references = [normalize(t) for t in texts]
+        figures[lang] = {"sentences": len(chosen), "wer": round(wer(texts, synthesized), 4),
+                         "cer": round(float(jiwer.cer(references, [normalize(h) for h in synthesized])), 4),
+                         "original_wer": round(wer(texts, original), 4),
+                         "examples": [{"text": t, "heard": h} for t, h in zip(texts[:3], synthesized)]}
+        print(f"{lang}: WER {figures[lang]['wer']:.3f} CER {figures[lang]['cer']:.3f} "
+              f"(original recordings: WER {figures[lang]['original_wer']:.3f})")
+    return figures
+
+
+STAGES = {"corpus": stage_corpus, "codec": stage_codec, "encode": stage_encode, "talker": stage_talker,
+          "code-corpus": stage_code_corpus, "predictor": stage_predictor, "offsets": stage_offsets,
+          "calibrate": stage_calibrate, "quality": stage_quality}
+
+
+def stage_done(s: Settings, stage: str) -> bool:
+    outputs = {"corpus": s.manifest, "codec": codec_file(), "encode": s.codes_dir / "utterances.json",
+               "talker": s.talker_dir / "train.json", "code-corpus": s.code_corpus("test") / "index.json",
+               "predictor": MODEL_DIR / "model.safetensors", "offsets": OFFSETS_FILE,
+               "calibrate": TREES_DIR / "report.json", "quality": REPORT_FILE}
+    return outputs[stage].exists()
+
+
+def asset_bytes() -> int:
+    return sum(f.stat().st_size for f in ASSETS.rglob("*") if f.is_file())
+
+
+def build(s: Settings, first: str = "corpus", last: str = "quality", force: tuple[str, ...] = ()) -> dict:
+    names = list(STAGES)
+    for name in (first, last, *force):
+        if name not in STAGES:
+            raise RvqspecError(f"unknown stage {name!r}: stages are {', '.join(names)}")
+    torch.set_num_threads(1)  # the machine is shared; every figure below is for one thread
+    log_path = s.work / "build.json"
+    log = json.loads(log_path.read_text()) if log_path.is_file() else {"stages": {}}
+    for name in names[names.index(first):names.index(last) + 1]:
+        if stage_done(s, name) and name not in force and name != last:
+            print(f"== {name}: done already (pass --force {name} to redo)")
+            continue
+        print(f"== {name}")
+        start = time.perf_counter()
+        result = STAGES[name](s)
+        log["stages"][name] = {"seconds": round(time.perf_counter() - start, 1), "result": result}
+        save_json(log_path, log)
+        print(f"== {name}: {log['stages'][name]['seconds']:.0f} s")
+    write_report(s, log)
+    return log
+
+
+def write_report(s: Settings, log: dict) -> None:
+    """assets/report.json: what the demo and the README quote (timings, sizes, confidence, WER)."""
+    stages = log["stages"]
+    report = {"settings": {k: str(v) for k, v in asdict(s).items()},
+              "timings_seconds": {name: stage["seconds"] for name, stage in stages.items()},
+              "corpus": stages.get("corpus", {}).get("result"), "quality": stages.get("quality", {}).get("result"),
+              "offsets": stages.get("offsets", {}).get("result"), "asset_bytes": None}
+    if MODEL_DIR.is_dir():
+        save_json(REPORT_FILE, report)
+        report["asset_bytes"] = asset_bytes()
+        save_json(REPORT_FILE, report)
+        if report["asset_bytes"] > ASSET_LIMIT_BYTES:
+            print(f"warning: {ASSETS} holds {report['asset_bytes'] / 1e6:.1f} MB, over the 20 MB budget")
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def run_build(args) -> int:
+    s = Settings(work=Path(args.work), hours=args.hours, talker_steps=args.talker_steps,
+                 talker_minutes=args.talker_minutes, predictor_steps=args.predictor_steps,
+                 predictor_minutes=args.predictor_minutes, offsets_epochs=args.offsets_epochs, seed=args.seed)
+    build(s, args.from_stage, args.to_stage, tuple(args.force))
+    return 0
+
+
+def run_corpus(args) -> int:
+    stage_corpus(Settings(work=Path(args.work), hours=args.hours))
+    return 0
+
+
+def run_quality(args) -> int:
+    s = Settings(work=Path(args.work), quality_limit=args.limit or None)
+    print(json.dumps(stage_quality(s), indent=1))
+    return 0
+
+
+def add_cli(subparsers) -> None:
+    p = subparsers.add_parser("standin", help="build the stand-in Qwen3-TTS (corpus, codec, model, offsets, trees)")
+    sub = p.add_subparsers(dest="standin_command", required=True)
+    b = sub.add_parser("build", help="run the whole pipeline from nothing (resumes: finished stages are skipped)")
+    b.add_argument("--work", default="data/standin", help="folder for the corpus and intermediate files")
+    b.add_argument("--hours", type=float, default=3.4, help="corpus size, shared equally by the languages")
+    b.add_argument("--from", dest="from_stage", default="corpus", help=f"first stage ({', '.join(STAGES)})")
+    b.add_argument("--to", dest="to_stage", default="quality", help="last stage")
+    b.add_argument("--force", action="append", default=[], metavar="STAGE", help="redo this stage even if done")
+    b.add_argument("--talker-steps", type=int, default=Settings.talker_steps)
+    b.add_argument("--talker-minutes", type=float, default=Settings.talker_minutes, help="wall-time cap")
+    b.add_argument("--predictor-steps", type=int, default=Settings.predictor_steps)
+    b.add_argument("--predictor-minutes", type=float, default=Settings.predictor_minutes, help="wall-time cap")
+    b.add_argument("--offsets-epochs", type=int, default=Settings.offsets_epochs)
+    b.add_argument("--seed", type=int, default=0)
+    b.set_defaults(run=run_build)
+    c = sub.add_parser("corpus", help="build only the speech corpus")
+    c.add_argument("--work", default="data/standin")
+    c.add_argument("--hours", type=float, default=3.4)
+    c.set_defaults(run=run_corpus)
+    q = sub.add_parser("quality", help="held-out confidence per codebook and Whisper WER/CER of the shipped model")
+    q.add_argument("--work", default="data/standin")
+    q.add_argument("--limit", type=int, default=40, help="test sentences per language for WER (0: all)")
+    q.set_defaults(run=run_quality)

@@ -1,0 +1,230 @@
+"""Training of the stand-in, in sequence, teacher forced: first the talker, then the predictor.
+
+1. Talker (`train_talker`): CE of the c0 head over [lang, bytes, bos, frames...] at the positions that
+   emit c0(0..T-1) and eos; trains the talker and the shared code tables (a frame's input is the sum of
+   its 16 code embeddings). Utterances are batched by length under a budget of talker positions.
+2. The talker is frozen (and rounded to the shipped dtype); its teacher-forced hidden state per frame is
+   written to a code corpus (`rvqspec.corpus`), the same data the drafters are trained on.
+3. Predictor (`train_predictor`): CE on c1..c15 from those (hidden, codes) frames, teacher forced like
+   upstream `forward_sub_talker_finetune`; shuffled frame batches. The code tables stay frozen: they
+   are the talker's input too, so changing them would invalidate step 2.
+
+Why in sequence rather than jointly: a predictor pass costs 16 positions per frame, a talker pass about
+two (bytes + frame), so a joint step is dominated by the predictor; alone, the talker gets several
+times more updates in the same CPU time, and it is the talker that must learn the text-to-speech
+alignment. Both phases use AdamW with warm-up and cosine decay over a fixed number of steps (a run is
+reproducible); `minutes` only caps the wall time.
+"""
+
+import math
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from rvqspec.corpus import Corpus
+from rvqspec.model import MultiCodeDecoder
+from rvqspec.sampling import Sampler
+from rvqspec.standin.talker import StandinTTS
+
+
+@dataclass
+class Utterance:
+    id: str
+    lang: str
+    text: str
+    codes: Tensor  # [T, 16] int64
+
+
+@dataclass
+class Batch:
+    inputs: Tensor  # [B, S, H] talker input embeddings (right-padded)
+    positions: Tensor  # [B, S] RoPE ids (text-aligned for the frames, see StandinTTS.frame_positions)
+    c0_targets: Tensor  # [B, S] c0/eos target per position, -100 where none
+    frame_rows: Tensor  # [N] batch row of each frame
+    frame_positions: Tensor  # [N] talker position whose hidden state emits the frame's c0
+    frame_codes: Tensor  # [N, 16]
+
+
+def make_batch(tts: StandinTTS, utts: list[Utterance]) -> Batch:
+    """Embed utterances into one right-padded talker batch (causal attention never sees the padding)."""
+    eos = tts.config.codec_eos_token_id
+    prefixes = tts.prefix_embeds([u.text for u in utts], [u.lang for u in utts])
+    frames = tts.frame_embed(torch.cat([u.codes for u in utts])).split([len(u.codes) for u in utts])
+    sequences, rope, targets, rows, positions = [], [], [], [], []
+    for row, (utt, prefix, frame_inputs) in enumerate(zip(utts, prefixes, frames)):
+        sequences.append(torch.cat([prefix, frame_inputs]))
+        rope.append(torch.cat([tts.prefix_positions(len(prefix)),
+                               tts.frame_positions(torch.arange(len(utt.codes)), utt.lang)]))
+        first = len(prefix) - 1  # the bos position emits c0(0)
+        target = torch.full((len(sequences[-1]),), -100, dtype=torch.long)
+        target[first:first + len(utt.codes)] = utt.codes[:, 0]
+        target[first + len(utt.codes)] = eos
+        targets.append(target)
+        rows.append(torch.full((len(utt.codes),), row))
+        positions.append(torch.arange(first, first + len(utt.codes)))
+    length = max(len(s) for s in sequences)
+    inputs = torch.stack([F.pad(s, (0, 0, 0, length - len(s))) for s in sequences])
+    c0_targets = torch.stack([F.pad(t, (0, length - len(t)), value=-100) for t in targets])
+    rope = torch.stack([F.pad(r, (0, length - len(r))) for r in rope])
+    return Batch(inputs, rope, c0_targets, torch.cat(rows), torch.cat(positions), torch.cat([u.codes for u in utts]))
+
+
+def talker_hidden(tts: StandinTTS, batch: Batch) -> Tensor:
+    return tts.talker(batch.inputs, batch.positions)
+
+
+def talker_loss(tts: StandinTTS, batch: Batch) -> Tensor:
+    logits = tts.talker.codec_head(talker_hidden(tts, batch))
+    return F.cross_entropy(logits.flatten(0, 1), batch.c0_targets.flatten())
+
+
+def predictor_loss(predictor: MultiCodeDecoder, hidden: Tensor, codes: Tensor) -> Tensor:
+    logits = predictor.teacher_forced_logits(hidden, codes)
+    return F.cross_entropy(logits.flatten(0, 1), codes[:, 1:].flatten())
+
+
+def length_batches(utts: list[Utterance], max_positions: int, rng: random.Random) -> list[list[Utterance]]:
+    """Shuffled batches of similar length whose padded size stays under `max_positions` talker positions."""
+    size = {id(u): len(u.codes) + len(u.text.encode()) + 3 for u in utts}
+    order = sorted(utts, key=lambda u: size[id(u)] + rng.random())
+    batches, current, longest = [], [], 0
+    for utt in order:
+        if current and max(longest, size[id(utt)]) * (len(current) + 1) > max_positions:
+            batches.append(current)
+            current, longest = [], 0
+        current.append(utt)
+        longest = max(longest, size[id(utt)])
+    if current:
+        batches.append(current)
+    rng.shuffle(batches)
+    return batches
+
+
+def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def make_optimizer(params: list[Tensor], lr: float) -> torch.optim.Optimizer:
+    """AdamW; no weight decay on gains (1-D)."""
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.01},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.98))
+
+
+def optimize(params: list[Tensor], batches, loss_fn, steps: int, lr: float, warmup: int, minutes: float | None,
+             evaluate, log, log_every: int) -> dict:
+    """The shared loop: `batches(epoch)` yields batches, `loss_fn(batch)` a loss, `evaluate()` a dict per epoch."""
+    optimizer = make_optimizer(params, lr)
+    start, step, epoch, history = time.perf_counter(), 0, 0, []
+    deadline = start + 60 * minutes if minutes else math.inf
+    while step < steps and time.perf_counter() < deadline:
+        for batch in batches(epoch):
+            if step >= steps or time.perf_counter() >= deadline:
+                break
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step, steps, lr, warmup)
+            loss = loss_fn(batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            step += 1
+            if step % log_every == 0:
+                log(f"step {step}/{steps} epoch {epoch} loss {loss.item():.4f} ({time.perf_counter() - start:.0f} s)")
+        epoch += 1
+        with torch.no_grad():
+            history.append({"epoch": epoch, "step": step, "validation_loss": round(evaluate(), 4)})
+        log(f"epoch {epoch}: {history[-1]}")
+    return {"steps": step, "epochs": epoch, "seconds": round(time.perf_counter() - start, 1), "history": history}
+
+
+def train_talker(tts: StandinTTS, train_utts: list[Utterance], val_utts: list[Utterance], steps: int,
+                 lr: float = 2e-3, max_positions: int = 2000, warmup: int = 100, minutes: float | None = None,
+                 seed: int = 0, log=print, log_every: int = 50) -> dict:
+    """Phase 1, in place: the talker and the shared code tables."""
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    tts.train()
+    params = list(tts.talker.parameters()) + [tts.predictor.code_embed.weight]
+
+    def evaluate() -> float:
+        tts.eval()
+        total = sum(float(talker_loss(tts, make_batch(tts, b))) * len(b)
+                    for b in length_batches(val_utts, 4 * max_positions, random.Random(0)))
+        tts.train()
+        return total / len(val_utts)
+
+    report = optimize(params, lambda epoch: length_batches(train_utts, max_positions, rng),
+                      lambda utts: talker_loss(tts, make_batch(tts, utts)), steps, lr, warmup, minutes, evaluate,
+                      log, log_every)
+    tts.eval()
+    return report
+
+
+def train_predictor(predictor: MultiCodeDecoder, train_corpus: Corpus, val_corpus: Corpus, steps: int,
+                    lr: float = 2e-3, batch_frames: int = 256, warmup: int = 100, minutes: float | None = None,
+                    seed: int = 0, log=print, log_every: int = 50) -> dict:
+    """Phase 3, in place: everything of the predictor but the code tables (shared with the talker).
+
+    The corpora must be read with validation_fraction=0 (every utterance in their "train" split)."""
+    torch.manual_seed(seed)
+    predictor.train().requires_grad_(True)
+    predictor.code_embed.weight.requires_grad_(False)
+    params = [p for p in predictor.parameters() if p.requires_grad]
+    dtype = predictor.dtype
+
+    def evaluate() -> float:
+        predictor.eval()
+        total = sum(float(predictor_loss(predictor, h.to(dtype), c)) * len(c)
+                    for c, h in val_corpus.batches("train", 4 * batch_frames))
+        predictor.train()
+        return total / val_corpus.num_frames("train")
+
+    report = optimize(params, lambda epoch: train_corpus.batches("train", batch_frames, seed, epoch, drop_last=True),
+                      lambda batch: predictor_loss(predictor, batch[1].to(dtype), batch[0]), steps, lr, warmup,
+                      minutes, evaluate, log, log_every)
+    predictor.eval().requires_grad_(False)
+    return report
+
+
+@torch.no_grad()
+def teacher_forced_hidden(tts: StandinTTS, utt: Utterance) -> Tensor:
+    """The talker's hidden state conditioning each frame of `utt` [T, H] (teacher forced)."""
+    batch = make_batch(tts, [utt])
+    return talker_hidden(tts, batch)[batch.frame_rows, batch.frame_positions]
+
+
+def target_confidence(probs: Tensor) -> tuple[Tensor, Tensor]:
+    """Top-1 probability and entropy (nats) of target distributions p~ [..., V]."""
+    return probs.max(-1).values, -(probs * probs.clamp_min(1e-30).log()).sum(-1)
+
+
+@torch.no_grad()
+def frame_confidence(predictor: MultiCodeDecoder, hidden: Tensor, codes: Tensor, sampler: Sampler) -> tuple[Tensor, Tensor]:
+    """Top-1 probability and entropy of the sampler's p~ for c1..c15 of each frame [N, 15] (teacher forced)."""
+    return target_confidence(sampler.probs(predictor.teacher_forced_logits(hidden.to(predictor.dtype), codes)))
+
+
+@torch.no_grad()
+def predictor_confidence(tts: StandinTTS, corpus: Corpus, sampler: Sampler, batch_frames: int = 1024) -> dict:
+    """Per codebook c1..c15, over every frame of `corpus` (read with validation_fraction=0): mean top-1
+    probability and entropy (nats) of the sampler's target distribution p~; the same for the talker's c0."""
+    stats = {"top1": [], "entropy": [], "c0_top1": [], "c0_entropy": []}
+    for codes, hidden in corpus.batches("train", batch_frames):
+        hidden = hidden.to(tts.predictor.dtype)
+        top1, entropy = frame_confidence(tts.predictor, hidden, codes, sampler)
+        c0_top1, c0_entropy = target_confidence(sampler.probs(tts.talker.codec_head(hidden)))
+        for name, value in zip(stats, (top1, entropy, c0_top1, c0_entropy)):
+            stats[name].append(value)
+    top1, entropy, c0_top1, c0_entropy = (torch.cat(stats[name]).mean(0) for name in stats)
+    return {"frames": corpus.num_frames("train"), "sampler": sampler.__dict__,
+            "top1": [round(float(x), 4) for x in top1], "entropy": [round(float(x), 3) for x in entropy],
+            "mean_top1": round(float(top1.mean()), 4), "mean_entropy": round(float(entropy.mean()), 3),
+            "c0_top1": round(float(c0_top1), 4), "c0_entropy": round(float(c0_entropy), 3)}
