@@ -5,9 +5,10 @@ Speculative round (DESIGN section 2), all in `speculative_round`:
     top-m codes for c_{k+1}..c_{k+K}; the tree picks N of them;
  2. one model call over [root = c_k, node_1..node_N] with the tree mask gives the verifier's
     distribution at every node;
- 3. sample-then-match: a draw x ~ p~(node) is taken at every node (independent draws, so exactly AR
-    sampling wherever the walk goes); walking from the root, a child is accepted when its token is the
-    draw at its parent; the draw at the deepest accepted node is the bonus code;
+ 3. sample-then-match: walking from the root, a fresh draw x ~ p~(node) is taken at the current node
+    (exactly AR sampling wherever the walk goes) and the child whose token is x is accepted; the draw at
+    the deepest accepted node is the bonus code. The walk runs on the device, one draw per depth, so
+    only the nodes on the path reach the heads and the sampler, and the host reads the result once;
  4. the K/V entries of the root and the accepted nodes are moved to consecutive slots.
 Because every emitted code is a draw from the verifier's p~ given the true prefix, the output has
 exactly the distribution of AR decoding (and greedy codes are identical).
@@ -49,8 +50,6 @@ class TreePlan:
 
     tree: Tree
     parent: Tensor  # [q]
-    depth: Tensor  # [q]
-    ancestors: Tensor  # [q, q]
     draft_index: Tensor  # [N] index into the drafter's flattened top-m table [depth, m]
     scratch: Tensor  # [q] cache slots of the tree
     positions: list[Tensor]  # per k: [q] position ids k+1+depth
@@ -74,7 +73,7 @@ def build_plan(tree: Tree, groups: int, device: torch.device) -> TreePlan:
     masks = [torch.cat([committed[k].expand(q, -1), tree.ancestors], dim=1) for k in range(groups)]
     ancestors = tree.ancestors.tolist()
     return TreePlan(
-        tree=tree, parent=tree.parent.to(device), depth=depth.to(device), ancestors=tree.ancestors.to(device),
+        tree=tree, parent=tree.parent.to(device),
         draft_index=((depth[1:] - 1) * max(tree.top_m, 1) + tree.rank[1:]).to(device),
         scratch=torch.arange(groups, groups + q, device=device),
         positions=[(k + 1 + depth).to(device) for k in range(groups)],
@@ -126,17 +125,20 @@ def decode_autoregressive(model, talker_hidden: Tensor, c0: Tensor, sampler: Sam
                           generator: torch.Generator | None) -> FrameResult:
     groups = model.config.num_code_groups
     hidden = prefill(model, talker_hidden, c0, groups)
-    code = sampler.sample(model.head_logits(hidden[None], 1), generator)
-    codes = [code]
+    codes = [sampler.sample(model.head_logits(hidden[None], 1), generator)]
     slots = torch.arange(groups, device=model.device)
     masks = slots[None, :] <= slots[:, None]
     for p in range(2, groups):
-        position = slots[p:p + 1]
-        x = model.embed_codes(code, position - 1)
-        hidden = model(x[None], position, masks[p:p + 1], position)[0]
-        code = sampler.sample(model.head_logits(hidden, p), generator)
-        codes.append(code)
+        codes.append(autoregressive_step(model, sampler, generator, codes[-1], p, slots, masks))
     return FrameResult(torch.cat(codes), calls=groups - 1)
+
+
+def autoregressive_step(model, sampler: Sampler, generator, code: Tensor, p: int, slots: Tensor,
+                        masks: Tensor) -> Tensor:
+    """One AR call: feed c_{p-1} (`code` [1]) at position p (slot p), return c_p [1]. masks[p]: slots <= p."""
+    position = slots[p:p + 1]
+    hidden = model(model.embed_codes(code, position - 1)[None], position, masks[p:p + 1], position)[0]
+    return sampler.sample(model.head_logits(hidden, p), generator)
 
 
 def decode_speculative(model, talker_hidden: Tensor, c0: Tensor, sampler: Sampler, generator, drafter,
@@ -162,29 +164,45 @@ def speculative_round(model, plan: TreePlan, sampler: Sampler, generator, drafte
     Returns the codes emitted (accepted drafts, then the bonus unless c15 was reached), the hidden
     state that produced the last of them, and the round's statistics.
     """
-    tree, last, groups = plan.tree, model.config.num_residual_codes, model.config.num_code_groups
+    tree, last = plan.tree, model.config.num_residual_codes
     # 1. Drafts from h_k: the top-m candidates per depth, picked by the tree's (depth, rank) nodes.
     top = drafter.logits(model, hidden_k, k, tree.max_depth).topk(max(tree.top_m, 1), dim=-1).indices
     tokens = torch.cat([root.view(1), top.reshape(-1)[plan.draft_index]])
-    # 2. Verify the whole tree in one call. A node at depth d predicts codebook k+1+d.
+    # 2. Verify the whole tree in one call.
     x = model.embed_codes(tokens, plan.tables[k])
     hidden = model(x[None], plan.positions[k], plan.masks[k], plan.scratch)[0]
-    logits = [model.head_logits(hidden[start:end], k + 1 + d)
-              for d, (start, end) in enumerate(tree.depth_slices) if k + 1 + d <= last]
-    draws = sampler.sample(torch.cat(logits), generator)  # one draw per node that predicts a code <= c15
-    # 3. Sample-then-match: a node is accepted when it and all its ancestors equal the draw at their parent.
-    drawn = torch.full_like(tokens, -1)
-    drawn[:len(draws)] = draws
-    match = (tokens == drawn[plan.parent]) & (plan.depth <= last - k)
-    match[0] = True
-    accepted = ~(plan.ancestors & ~match[None, :]).any(-1)
-    bonus_node = int((plan.depth * accepted).argmax())  # siblings differ, so accepted nodes form one chain
+    # 3. Sample-then-match, on the device: one read at the end gives the walk's length and last node.
+    node, draws, found = walk(model, plan, sampler, generator, k, tokens, hidden)
+    depth, bonus_node = torch.stack([found, node]).tolist()
     path = plan.paths[bonus_node]
-    depth = len(path) - 1
     ends_frame = k + depth == last  # c15 was an accepted draft: no bonus, c15 is never fed
-    emitted = tokens[path[1:]] if ends_frame else drawn[path]
+    emitted = draws[:depth + (not ends_frame)]  # accepted drafts equal the draws at their parents
     # 4. Keep the K/V of the root and the accepted nodes, at their positions' slots.
     if not ends_frame:
         model.cache.move(plan.scratch[path], torch.arange(k + 1, k + 2 + depth, device=tokens.device))
     stats = RoundStats(depth, [(d + 1, r) for d, r in enumerate(tree.paths[bonus_node - 1])] if depth else [])
     return emitted, hidden[bonus_node], stats
+
+
+def walk(model, plan: TreePlan, sampler: Sampler, generator, k: int, tokens: Tensor,
+         hidden: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Walk the tree from the root: draw at the current node (depth d predicts c_{k+1+d}), move to the child
+    holding the draw, stop when none does. Without host reads, so every depth is visited; once stopped,
+    the node stays put and the extra draws are ignored.
+
+    Returns the last node reached (0-d), the draws along the path ([depth + 1], fewer at the frame end)
+    and the number of accepted drafts (0-d).
+    """
+    tree, last = plan.tree, model.config.num_residual_codes
+    node = found = torch.zeros((), dtype=torch.long, device=tokens.device)
+    alive = torch.ones((), dtype=torch.bool, device=tokens.device)
+    draws = []
+    for d in range(min(tree.max_depth, last - k - 1) + 1):
+        draws.append(sampler.sample(model.head_logits(hidden[node][None], k + 1 + d), generator))
+        if d < tree.max_depth:  # children exist (and hold codes <= c_{k+1+d} <= c_last)
+            start, end = tree.depth_slices[d + 1]
+            match = (plan.parent[start:end] == node) & (tokens[start:end] == draws[-1]) & alive
+            alive = match.any()  # siblings differ: at most one child matches
+            node = torch.where(alive, start + match.long().argmax(), node)
+            found = found + alive
+    return node, torch.cat(draws), found

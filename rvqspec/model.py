@@ -68,6 +68,61 @@ class RotaryEmbedding(nn.Module):
         return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
 
 
+# CPU inference multiplies large weights through a prepacked oneDNN copy: for the 1..65-row calls of
+# decoding, PyTorch's default bf16 path re-lays out the weight on every call and MKL's fp32 GEMM is slow
+# for 2..65 rows (benchmarks/packed_linear.py, 6144x1024: bf16 1.4-2x faster at 1-65 rows, fp32 1.1-1.9x
+# at 5-65 rows but slower for 1 row, which stays on MKL's GEMV). oneDNN costs ~20 us per call, more than
+# small products take, hence the size floor.
+PACK_MIN_ELEMENTS = 1 << 20
+PACK_ROWS_HINT = 32  # oneDNN chooses the packed layout for this many rows
+MKLDNN_BF16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+class PackedWeight:
+    """A oneDNN-prepacked copy of a weight, rebuilt whenever the weight changes (new storage or in-place write)."""
+
+    def __init__(self) -> None:
+        self.source: Tensor | None = None  # holds the packed storage, so a new weight cannot reuse its address
+        self.version = -1
+        self.packed: Tensor | None = None
+
+    def get(self, weight: Tensor) -> Tensor:
+        source = self.source
+        if source is None or weight.data_ptr() != source.data_ptr() or weight.shape != source.shape \
+                or weight._version != self.version:
+            self.source, self.version = weight.detach(), weight._version
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.source, PACK_ROWS_HINT)
+        return self.packed
+
+    def __reduce__(self):  # copies and pickles start empty and pack on first use
+        return PackedWeight, ()
+
+
+def use_packed(x: Tensor, weight: Tensor) -> bool:
+    if x.device.type != "cpu" or torch.is_grad_enabled() or weight.numel() < PACK_MIN_ELEMENTS \
+            or not torch.backends.mkldnn.enabled or x.dtype != weight.dtype or torch.compiler.is_compiling():
+        return False
+    return (x.dtype == torch.bfloat16 and MKLDNN_BF16) or (x.dtype == torch.float32 and x.numel() > x.shape[-1])
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None, pack: PackedWeight) -> Tensor:
+    """F.linear, through the prepacked copy in `pack` where that is faster."""
+    if use_packed(x, weight):
+        return torch.ops.mkldnn._linear_pointwise(x, pack.get(weight), bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    """nn.Linear with the prepacked CPU inference path of `linear` (same parameters and state dict)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pack = PackedWeight()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias, self.pack)
+
+
 def init_weights(module: nn.Module) -> None:
     """Upstream's random init (std 0.02), used for random-weight models in tests and benchmarks."""
     if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -107,8 +162,8 @@ class Attention(nn.Module):
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
-        self.wqkv = nn.Linear(hidden, (heads + 2 * kv_heads) * head_dim, bias=False)
-        self.wo = nn.Linear(heads * head_dim, hidden, bias=False)
+        self.wqkv = Linear(hidden, (heads + 2 * kv_heads) * head_dim, bias=False)
+        self.wo = Linear(heads * head_dim, hidden, bias=False)
         self.q_norm = RMSNorm(head_dim, eps)
         self.k_norm = RMSNorm(head_dim, eps)
 
@@ -133,8 +188,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
-        self.w_gate_up = nn.Linear(hidden, 2 * intermediate, bias=False)
-        self.w_down = nn.Linear(intermediate, hidden, bias=False)
+        self.w_gate_up = Linear(hidden, 2 * intermediate, bias=False)
+        self.w_down = Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.w_gate_up(x).chunk(2, dim=-1)
@@ -163,13 +218,14 @@ class MultiCodeDecoder(nn.Module):
         self.config = c = config
         tables = c.num_code_groups  # c0 (talker table) + one codec table per residual code
         self.code_embed = nn.Embedding(c.talker_vocab_size + (tables - 1) * c.vocab_size, c.talker_hidden_size)
-        self.project = (nn.Linear(c.talker_hidden_size, c.hidden_size, bias=True)
+        self.project = (Linear(c.talker_hidden_size, c.hidden_size, bias=True)
                         if c.talker_hidden_size != c.hidden_size else nn.Identity())
         self.layers = nn.ModuleList(
             Block(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                   c.rms_norm_eps) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.heads = nn.Parameter(torch.empty(c.num_residual_codes, c.vocab_size, c.hidden_size))
+        self.head_packs = [PackedWeight() for _ in range(c.num_residual_codes)]
         self.make_buffers()
         self.cache: KVCache | None = None
         self.apply(init_weights)
@@ -217,13 +273,15 @@ class MultiCodeDecoder(nn.Module):
         """
         cos, sin = self.rope(positions, x.dtype)
         cache = self.cache if slots is not None else None
+        if mask is not None and mask.dtype == torch.bool:  # additive, once per call rather than inside every SDPA
+            mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, mask, cache, i, slots)
         return self.norm(x)
 
     def head_logits(self, hidden: Tensor, codebook: int) -> Tensor:
         """Logits of codebook `codebook` (1..15) from hidden states [..., hidden]."""
-        return hidden @ self.heads[codebook - 1].T
+        return linear(hidden, self.heads[codebook - 1], None, self.head_packs[codebook - 1])
 
     def teacher_forced_hidden(self, talker_hidden: Tensor, codes: Tensor) -> Tensor:
         """Hidden states [B, G, hidden] of all G positions of frames with known codes [B, G]."""
