@@ -519,8 +519,8 @@ def add_cli(subparsers) -> None:
     p.add_argument("--tree", default=str(DEFAULT_NODES), help="tree size N of a shipped tree, or a tree file")
     p.add_argument("--trees", help="folder of the calibrated trees (default: the shipped ones)")
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--sentences", type=int, default=20, help="test sentences per language (0: all)")
-    p.add_argument("--wer-sentences", type=int, default=10,
+    p.add_argument("--sentences", type=int, default=10, help="test sentences per language (0: all)")
+    p.add_argument("--wer-sentences", type=int, default=5,
                    help="of those, how many per language are vocoded and transcribed for WER (0: all)")
     p.add_argument("--langs", default="en,de,es,ru")
     p.add_argument("--manifest", default=str(MANIFEST), help="the stand-in corpus manifest (test split)")

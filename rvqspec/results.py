@@ -20,7 +20,6 @@ OUT = Path("docs/RESULTS.md")
 COMMAND = "rvqspec results"
 
 # Figure 4 and section 3.4 of the paper (Qwen3-TTS 0.6B, Apple Neural Engine, W8A16).
-PAPER_ACCEPTANCE = {16: 2.25, 32: 2.47, 64: 2.60}  # tokens/step of the offsets drafter at tree size N
 PAPER_DEVICES = [  # device, chosen N, speedup there, AR call ms, verify overhead at N = 32
     ("iPhone 17 Pro Max", 32, 2.34, 2.05, 0.053),
     ("MacBook M3 Pro", 32, 2.13, 2.2, 0.136),
@@ -45,12 +44,16 @@ def not_measured(command: str) -> str:
 
 
 def eval_sections(report: dict | None) -> list[str]:
-    from rvqspec.eval import distribution_markdown, table2_markdown, table3_markdown
+    from rvqspec.eval import PAPER_TABLE2, PAPER_TABLE3, distribution_markdown, table2_markdown, table3_markdown
 
     if report is None:
         missing = not_measured("nice -n 10 rvqspec eval")
-        return ["## Table 2: drafters (tokens/step, added parameters)", "", missing, "",
-                "## Table 3: per language, AR vs speculative", "", missing, "",
+        table2 = "Paper: " + "; ".join(f"{name} {row['tokens_per_step']:.2f} tokens/step, {row['added_parameters']} "
+                                       "added parameters" for name, row in PAPER_TABLE2.items()) + "."
+        table3 = "Paper (speculative tokens/step, AR WER %, speculative WER %): " + "; ".join(
+            f"{lang} {tps}, {ar}, {spec}" for lang, (tps, ar, spec) in PAPER_TABLE3.items()) + "."
+        return ["## Table 2: drafters (tokens/step, added parameters)", "", table2, "", missing, "",
+                "## Table 3: per language, AR vs speculative", "", table3, "", missing, "",
                 "## Distribution check on real decoding", "", missing]
     return ["## Table 2: drafters (tokens/step, added parameters)", "",
             f"Stand-in model `{report.get('model', '?')}`, free-running synthesis of the held-out test sentences "
@@ -65,9 +68,12 @@ def eval_sections(report: dict | None) -> list[str]:
 
 
 def calibration_section(report: dict | None, path: Path) -> list[str]:
+    from rvqspec.bench import PAPER_ACCEPTANCE
+
     lines = ["## Calibration: predicted vs measured tokens/step per tree budget", ""]
     if report is None:
-        return lines + [not_measured("rvqspec standin build --from calibrate --to calibrate")]
+        return lines + ["Paper (Figure 4): " + ", ".join(f"{a:.2f} at N = {n}" for n, a in PAPER_ACCEPTANCE.items())
+                        + " tokens/step.", "", not_measured("rvqspec standin build --from calibrate --to calibrate")]
     lines += [f"Drafter `{report['drafter']['kind']}`, acceptance from {report['frames']} free-running frames, "
               f"measured on {report['eval_frames']} held-out frames (`{path}`). Predicted: the expected calls per "
               "frame from the per-position acceptance. Paper: the acceptance curve of Figure 4.", "",
@@ -83,18 +89,78 @@ def calibration_section(report: dict | None, path: Path) -> list[str]:
     return lines
 
 
-def bench_section(bench: dict | None, out: Path) -> list[str]:
-    lines = ["## Latency per call, speedup(N) and the chosen N (Figure 4)", ""]
-    paper = ["Paper (Figure 4, Apple Neural Engine): " + "; ".join(
-        f"{device}: {speedup}x at N = {n}" for device, n, speedup, _, _ in PAPER_DEVICES)
-        + "; acceptance " + ", ".join(f"{a:.2f} at N = {n}" for n, a in PAPER_ACCEPTANCE.items()) + " tokens/step."]
+def int_keys(obj):
+    """JSON turns bench's int tree sizes into string keys; turn digit keys back into ints (recursively)."""
+    if isinstance(obj, dict):
+        return {int(k) if isinstance(k, str) and k.isdigit() else k: int_keys(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [int_keys(v) for v in obj]
+    return obj
+
+
+def paper_rows(sizes: list[int]) -> list[str]:
+    """The paper's per-device figures in the columns of `sizes` (only what section 3.4 states)."""
+    rows = []
+    for device, n, speedup, ar_ms, overhead in PAPER_DEVICES:
+        cells = {n: f"{f'{overhead:+.1%} -> ' if overhead is not None else ''}{speedup:.2f}x"}
+        if device == "iPhone 12":
+            cells[64] = "1.21x"
+        rows.append(f"| paper: {device} (ANE, W8A16) | {ar_ms if ar_ms else '-'} | "
+                    + " | ".join(cells.get(size, "") for size in sizes) + " |")
+    return rows
+
+
+def bench_section(bench: dict | None, bench_dir: Path, out: Path) -> list[str]:
+    from rvqspec.bench import PAPER_ACCEPTANCE, markdown, setting_name
+
+    lines = ["## Latency per call, speed-up vs tree size N, chosen N (Figure 4)", ""]
     if bench is None:
-        return lines + paper + ["", not_measured("nice -n 10 rvqspec bench")]
-    return lines + paper + ["", "```json", json.dumps(bench, indent=1)[:4000], "```"]
+        return lines + ["Paper (Apple Neural Engine): " + "; ".join(
+            f"{device}: {speedup:.2f}x at N = {n}" for device, n, speedup, _, _ in PAPER_DEVICES) + ".", "",
+            not_measured("nice -n 10 rvqspec bench --model rvqspec/standin/assets/model "
+                                     "--calibration rvqspec/standin/assets/trees")]
+    bench = int_keys(bench)
+    sizes, tokens = bench["plan"]["sizes"], bench["tokens_per_step_by_size"]
+    lines += ["Verify overhead t(N)/t(AR) - 1 and predicted speed-up tokens/step / (1 + overhead), ours per setting "
+              "(random-weight real architectures and the stand-in, this CPU) beside the paper's per device "
+              "(Apple Neural Engine). Tokens/step used for ours: " + bench["tokens_per_step_source"] + ".", "",
+              "| setting | AR call ms | " + " | ".join(f"N={n}" for n in sizes) + " |",
+              "|---|---|" + "---|" * len(sizes),
+              "| paper tokens/step | | " + " | ".join(str(PAPER_ACCEPTANCE.get(n, "")) for n in sizes) + " |",
+              "| our tokens/step | | " + " | ".join(f"{tokens[n]:.2f}" if n in tokens else "" for n in sizes) + " |",
+              *paper_rows(sizes)]
+    for s in bench["settings"]:
+        latency, speedup = s["latency"], s["predicted_speedup"]
+        lines.append(f"| ours: {setting_name(s)} | {latency['ar']['wall_ms']:.2f} | " + " | ".join(
+            f"{latency['spec'][n]['overhead']:+.0%}" + (f" -> {speedup[n]:.2f}x" if n in speedup else "")
+            for n in sizes) + " |")
+    lines += ["", "Chosen N and realized speed-ups, ours beside the paper's:", "",
+              "| | N | tokens/step | speed-up |", "|---|---|---|---|"]
+    lines += [f"| paper: {device} (chosen N) | {n} | {PAPER_ACCEPTANCE[n]} | {speedup:.2f}x (on device) |"
+              for device, n, speedup, _, _ in PAPER_DEVICES]
+    chosen, paper_run = bench.get("chosen"), bench.get("paper_acceptance")
+    if chosen:
+        lines.append(f"| ours: chosen for this CPU ({chosen['model']}, {chosen['dtype']}, {chosen['threads']} "
+                     f"thread(s)) | {chosen['tree_size']} | {chosen['tokens_per_step']:.2f} | "
+                     f"{chosen['predicted_speedup']:.2f}x (predicted) |")
+    if paper_run:
+        lines.append(f"| ours: {paper_run['model']}, best setting ({paper_run['dtype']}, {paper_run['threads']} "
+                     f"thread(s)) | {paper_run['tree_size']} | {paper_run['tokens_per_step']:.2f} | "
+                     f"{paper_run['speedup']:.2f}x realized ({paper_run['predicted_speedup']:.2f}x predicted) |")
+    for s in bench["settings"]:
+        if s.get("stand_in"):
+            r = s["stand_in"]
+            lines.append(f"| ours: stand-in ({setting_name(s)}) | {r['tree_size']} | {r['tokens_per_step']:.2f} | "
+                         f"{r['realized_speedup']:.2f}x realized (ceiling {r['ceiling']:.2f}x) |")
+    figure = bench_dir / "bench.png"
+    if figure.is_file():
+        lines += ["", f"![Figure 4 style: verify overhead and speed-up vs tree size]({link(figure, out)})"]
+    details = markdown(bench).split("\n", 2)[2]  # bench's own report, without its title
+    return lines + ["", "### Details from `rvqspec bench`", "", details.strip()]
 
 
 def results_markdown(eval_report: dict | None, calibration: dict | None, calibration_path: Path,
-                     bench: dict | None, out: Path) -> str:
+                     bench: dict | None, bench_dir: Path, out: Path) -> str:
     return "\n".join([
         "# Results", "",
         f"Generated by `{COMMAND}` from the JSON written by `rvqspec eval`, `rvqspec bench` and `rvqspec calibrate` "
@@ -104,7 +170,7 @@ def results_markdown(eval_report: dict | None, calibration: dict | None, calibra
         "stand-in (a small model trained here on CPU, far less confident than the real one, hence its lower "
         "acceptance) and for the real 0.6B/1.7B architectures with random weights (latency), see DESIGN section 5.",
         "", *eval_sections(eval_report), "", *calibration_section(calibration, calibration_path), "",
-        *bench_section(bench, out), ""])
+        *bench_section(bench, bench_dir, out), ""])
 
 
 def regenerate(results_dir: Path = RESULTS_DIR, calibration_path: Path | None = None, out: Path = OUT) -> str:
@@ -112,7 +178,7 @@ def regenerate(results_dir: Path = RESULTS_DIR, calibration_path: Path | None = 
 
     calibration_path = calibration_path or TREES_DIR / "report.json"
     text = results_markdown(read_json(results_dir / "eval.json"), read_json(calibration_path),
-                            relative(calibration_path), read_json(results_dir / "bench.json"), out)
+                            relative(calibration_path), read_json(results_dir / "bench.json"), results_dir, out)
     atomic_write(out, lambda tmp: Path(tmp).write_text(text))
     return text
 
