@@ -37,6 +37,7 @@ TABLE3_DRAFTER = "offsets"  # the paper's speculative decoder
 DEFAULT_NODES = 32  # the paper's operating point for Tables 2 and 3 (2.47 tokens/step at N = 32)
 MANIFEST = Path("data/standin/corpus/manifest.jsonl")
 MEDUSA_DIR = Path("data/standin/medusa")
+MEDUSA_STEPS = 1500  # batches of 32 frames: about a third of an epoch of the stand-in's train corpus
 ALPHA = 0.05
 PERMUTATIONS = 1999
 MIN_BIN_COUNT = 10  # codes seen fewer times (AR + speculative) are merged into one bin
@@ -101,9 +102,10 @@ def load_tree(spec: str, trees_dir: Path):
 
 
 def load_drafters(names: list[str], model, model_dir: Path, offsets: Path, medusa: Path,
-                  train_medusa: bool) -> tuple[dict, dict]:
-    """The drafters to measure, and for each one that cannot be had, the command that makes it."""
-    from rvqspec.drafters import MedusaHeads, Offsets, ReusedHeads
+                  corpus: Path | None) -> tuple[dict, dict]:
+    """The drafters to measure, and for each one that cannot be had, the command that makes it. Medusa heads
+    missing (or trained for an earlier build of the model) are trained on the code corpus `corpus` (None: not)."""
+    from rvqspec.drafters import MedusaHeads, Offsets, ReusedHeads, model_fingerprint
 
     drafters, missing = {}, {}
     for name in names:
@@ -116,27 +118,33 @@ def load_drafters(names: list[str], model, model_dir: Path, offsets: Path, medus
                 drafters[name] = Offsets.load(offsets, model)
             else:
                 missing[name] = "rvqspec standin build --from offsets --to calibrate"
-        elif medusa.is_file():
+        elif medusa.is_file() and MedusaHeads.load(medusa, model).fingerprint == model_fingerprint(model):
             drafters[name] = MedusaHeads.load(medusa, model)
-        elif train_medusa:
-            drafters[name] = MedusaHeads.load(train_medusa_heads(model_dir, medusa.parent), model)
+        elif corpus is not None:
+            drafters[name] = train_medusa_heads(model, model_dir, corpus, medusa)
         else:
             missing[name] = medusa_command(model_dir, medusa.parent)
     return drafters, missing
 
 
-def train_medusa_heads(model_dir: Path, out: Path) -> Path:
-    """Medusa heads for the stand-in (not shipped: 6M parameters), trained like the offsets, one epoch."""
-    from rvqspec.standin.build import Settings
-    from rvqspec.train import TrainSettings, drafter_file, train
+def train_medusa_heads(model, model_dir: Path, corpus: Path, out_file: Path):
+    """Medusa heads for the stand-in (not shipped: 6M parameters), trained like the offsets but for only
+    MEDUSA_STEPS batches (a full epoch takes ~9 minutes of CPU here); saved to `out_file`."""
+    from rvqspec.drafters import MedusaHeads
+    from rvqspec.train import TrainSettings, train
 
-    corpus = Settings().code_corpus("train")
+    work = out_file.parent
     if not (corpus / "index.json").is_file():
         raise RvqspecError(f"Medusa heads are not trained and the code corpus {corpus} is missing: build it with "
-                           f"`rvqspec standin build --to code-corpus`, then run `{medusa_command(model_dir, out)}`")
-    print(f"training Medusa heads: {medusa_command(model_dir, out)}", flush=True)
-    train(model_dir, corpus, out, TrainSettings(drafter="medusa"), epochs=1, resume=(out / "last.pt").is_file())
-    return drafter_file(out, "medusa")
+                           f"`rvqspec standin build --to code-corpus`, then run `{medusa_command(model_dir, work)}`")
+    print(f"training Medusa heads for {MEDUSA_STEPS} steps: {medusa_command(model_dir, work)} "
+          f"--max-steps {MEDUSA_STEPS}", flush=True)
+    train(model_dir, corpus, work, TrainSettings(drafter="medusa"), epochs=1, max_steps=MEDUSA_STEPS, force=True,
+          progress=False)
+    heads = MedusaHeads.for_model(model)  # the run stops mid-epoch, so its drafter is in the checkpoint
+    heads.load_state_dict(torch.load(work / "last.pt", weights_only=True)["drafter"])
+    heads.save(out_file, {"steps": str(MEDUSA_STEPS)})
+    return heads
 
 
 def parameter_count(module) -> int:
@@ -469,7 +477,7 @@ def report_markdown(report: dict) -> str:
 
 
 def run(args) -> int:
-    from rvqspec.standin.build import OFFSETS_FILE, TREES_DIR
+    from rvqspec.standin.build import OFFSETS_FILE, TREES_DIR, Settings
     from rvqspec.standin.talker import load_standin
 
     torch.set_num_threads(args.threads)
@@ -486,8 +494,9 @@ def run(args) -> int:
     sentences = test_sentences(Path(args.manifest), langs, per_lang)
     tree = load_tree(args.tree, Path(args.trees) if args.trees else TREES_DIR)
     tts = load_standin(model_dir)
+    corpus = None if quick else Path(args.corpus) if args.corpus else Settings().code_corpus("train")
     drafters, missing = load_drafters(args.drafters.split(","), tts.predictor, model_dir,
-                                      Path(args.offsets or OFFSETS_FILE), Path(args.medusa), train_medusa=not quick)
+                                      Path(args.offsets or OFFSETS_FILE), Path(args.medusa), corpus)
     asr = None if args.no_asr else WhisperASR()
     report = evaluate(tts, sentences, drafters, tree, seeds, codec_vocoder() if asr else None, asr, missing,
                       wer_per_lang)
@@ -515,7 +524,8 @@ def add_cli(subparsers) -> None:
     p.add_argument("--drafters", default=",".join(DRAFTERS), help="comma-separated: reused, offsets, medusa")
     p.add_argument("--offsets", help="offsets file (default: the shipped one)")
     p.add_argument("--medusa", default=str(MEDUSA_DIR / "medusa.safetensors"),
-                   help="Medusa heads file; trained with `rvqspec train-offsets --drafter medusa` when missing")
+                   help="Medusa heads file; trained (MEDUSA_STEPS batches) when missing or stale")
+    p.add_argument("--corpus", help="code corpus to train Medusa heads on (default: the stand-in's train split)")
     p.add_argument("--tree", default=str(DEFAULT_NODES), help="tree size N of a shipped tree, or a tree file")
     p.add_argument("--trees", help="folder of the calibrated trees (default: the shipped ones)")
     p.add_argument("--seeds", type=int, default=3)

@@ -8,11 +8,14 @@ import torch
 
 from rvqspec.cli import main
 from rvqspec.drafters import MedusaHeads, Offsets, ReusedHeads
-from rvqspec.eval import Run, error_rates, evaluate, holm, merge_rare, report_markdown, two_sample_test
+from rvqspec import eval as rvqspec_eval
+from rvqspec.drafters import model_fingerprint
+from rvqspec.eval import (Run, error_rates, evaluate, holm, load_drafters, merge_rare, report_markdown,
+                          two_sample_test)
 from rvqspec.standin.corpus import write_manifest
 from rvqspec.standin.talker import save_standin
 from rvqspec.tree import default_tree
-from tests.test_standin_model import tiny_standin
+from tests.test_standin_model import random_utterances, tiny_standin, write_corpus
 
 pytest.importorskip("scipy")
 
@@ -132,3 +135,22 @@ def test_cli_names_missing_inputs(tiny_assets, capsys):
     assert main(["eval", "--quick", "--model", str(d / "model"), "--manifest", str(d / "manifest.jsonl"),
                  "--langs", "fr"]) == 2
     assert "no 'fr' sentences" in capsys.readouterr().err
+
+
+def test_medusa_heads_are_trained_when_missing_or_stale(tiny_assets, monkeypatch):
+    d = tiny_assets
+    monkeypatch.setattr(rvqspec_eval, "MEDUSA_STEPS", 2)
+    tts = tiny_standin(seed=2)
+    write_corpus(tts, random_utterances(40), d / "corpus")  # ids u0..u39: u31 is the validation split
+    model = tts.predictor
+    medusa = d / "medusa" / "medusa.safetensors"
+    drafters, missing = load_drafters(["medusa"], model, d / "model", d / "none", medusa, corpus=None)
+    assert not drafters and "train-offsets --drafter medusa" in missing["medusa"]
+    drafters, missing = load_drafters(["medusa"], model, d / "model", d / "none", medusa, corpus=d / "corpus")
+    heads = drafters["medusa"]
+    assert not missing and medusa.is_file() and heads.fingerprint == model_fingerprint(model)
+    assert heads.res_bias.abs().sum() > 0  # trained: Adam moved the zero-initialised ResBlocks
+    assert torch.equal(load_drafters(["medusa"], model, d / "model", d / "none", medusa, None)[0]["medusa"].res_bias,
+                       heads.res_bias)  # reused as is
+    other = tiny_standin(seed=5).predictor  # same sizes, other weights: the file is stale, so retrained
+    assert load_drafters(["medusa"], other, d / "model", d / "none", medusa, None)[1]
