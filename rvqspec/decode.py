@@ -116,7 +116,7 @@ def decode_frame(model, talker_hidden: Tensor, c0, sampler: Sampler, generator: 
     if tree is None:
         raise RvqspecError("speculative decoding needs a tree: pass tree=rvqspec.Tree.load(...) or default_tree(N)")
     drafter.check_model(model)
-    tree.check_fits(drafter.depth)
+    tree.check_fits(drafter.depth, model.config.vocab_size)
     drafter.to(model.device, model.dtype)  # no-op when it already matches
     return decode_speculative(model, talker_hidden, c0, sampler, generator, drafter, tree)
 

@@ -23,6 +23,7 @@ class Sampler:
                                "(use do_sample=False for greedy decoding)")
         if self.top_k is None or self.top_k < 0 or int(self.top_k) != self.top_k:
             raise RvqspecError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k}")
+        object.__setattr__(self, "top_k", int(self.top_k))  # e.g. 50.0 from a JSON config: topk needs an int
         if not 0 < self.top_p <= 1:
             raise RvqspecError(f"top_p must be in (0, 1], got {self.top_p}")
 

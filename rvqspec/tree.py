@@ -57,10 +57,13 @@ class Tree:
         """How many ranked candidates per depth the drafter must provide."""
         return max((r for p in self.paths for r in p), default=-1) + 1
 
-    def check_fits(self, depth: int) -> None:
+    def check_fits(self, depth: int, vocab_size: int | None = None) -> None:
         if self.max_depth > depth:
             raise RvqspecError(f"tree is {self.max_depth} deep but the drafter drafts only {depth} codes ahead: "
                                f"use a tree of depth <= {depth} or a deeper drafter")
+        if vocab_size is not None and self.top_m > vocab_size:
+            raise RvqspecError(f"tree uses draft rank {self.top_m - 1} but a codebook has only {vocab_size} codes: "
+                               f"use a tree whose ranks are < {vocab_size}")
 
     @classmethod
     def from_paths(cls, paths, meta: dict | None = None) -> "Tree":

@@ -1,0 +1,191 @@
+"""Exact distribution: speculative samples against the AR joint of c1..c3, enumerated, by a G-test.
+
+A tiny model with 4 codebooks (c1..c3 drawn) of 4 codes: 64 outcomes whose AR probabilities are the
+products of the sampler's p~ under teacher forcing. The same test rejects a subtly biased acceptance
+rule run through the same engine, which shows it has power over the acceptance rule.
+"""
+
+import functools
+import itertools
+
+import pytest
+import scipy.stats
+import torch
+
+from rvqspec.decode import decode_frame
+from rvqspec.drafters import Drafter, ReusedHeads
+from rvqspec.sampling import Sampler
+from rvqspec.tree import Tree
+from tiny import random_frames, random_offsets, tiny_model
+
+DEPLOYED = Sampler(temperature=0.9, top_k=3, top_p=1.0)  # top_k 3 of 4 codes: it removes one at each step
+SAMPLES = 1500
+CHAIN = Tree.chain(3)  # from c1, its third draft would be c4: pruned
+FULL = Tree.from_paths([(a,) for a in range(3)] + [(a, b) for a in range(3) for b in range(3)])
+
+
+@functools.cache
+def setup():
+    model = tiny_model(seed=3, groups=4, vocab=4, hidden=16, layers=1)
+    talker_hidden, c0 = random_frames(model, 1, seed=4)[0]
+    return model, talker_hidden, c0
+
+
+@torch.no_grad()
+def exact_joint(sampler: Sampler) -> torch.Tensor:
+    """AR probability of every (c1, c2, c3), flattened as c1*16 + c2*4 + c3."""
+    model, talker_hidden, c0 = setup()
+    vocab, last = model.config.vocab_size, model.config.num_residual_codes
+    outcomes = torch.tensor(list(itertools.product(range(vocab), repeat=last)))
+    codes = torch.cat([torch.full((len(outcomes), 1), c0), outcomes], dim=1)
+    logits = model.teacher_forced_logits(talker_hidden.expand(len(outcomes), -1), codes)
+    probs = sampler.probs(logits).double().gather(-1, outcomes[..., None]).squeeze(-1).prod(-1)
+    assert probs.sum().item() == pytest.approx(1.0, abs=1e-6)
+    return probs
+
+
+def sample_counts(sampler: Sampler, samples: int, seed: int, drafter=None, tree=None, between_frames=None):
+    """Histogram of decoded (c1, c2, c3) over `samples` frames, and the mean accepted drafts per round."""
+    model, talker_hidden, c0 = setup()
+    vocab = model.config.vocab_size
+    generator = torch.Generator().manual_seed(seed)
+    counts = torch.zeros(vocab ** model.config.num_residual_codes, dtype=torch.long)
+    accepted = rounds = 0
+    for _ in range(samples):
+        if between_frames:
+            between_frames()
+        result = decode_frame(model, talker_hidden, c0, sampler, generator, drafter=drafter, tree=tree)
+        counts[sum(int(c) * vocab ** i for i, c in enumerate(reversed(result.codes.tolist())))] += 1
+        accepted += sum(r.accepted for r in result.rounds)
+        rounds += len(result.rounds)
+    return counts, accepted / max(rounds, 1)
+
+
+def g_test(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """p-value of a G-test of `counts` against `probs`; cells expected below 5 are pooled."""
+    assert counts[probs == 0].sum() == 0, "an outcome the AR sampler can never produce was decoded"
+    expected = probs * counts.sum()
+    big, small = expected >= 5, (expected < 5) & (probs > 0)
+    observed, wanted = counts[big].double(), expected[big]
+    if small.any():
+        observed = torch.cat([observed, counts[small].sum(0, keepdim=True).double()])
+        wanted = torch.cat([wanted, expected[small].sum(0, keepdim=True)])
+    wanted *= observed.sum() / wanted.sum()  # p~ is float32: its products sum to 1 within ~1e-7
+    return float(scipy.stats.power_divergence(observed.numpy(), wanted.numpy(), lambda_="log-likelihood").pvalue)
+
+
+def test_autoregressive_sampling_matches_enumeration():
+    counts, _ = sample_counts(DEPLOYED, SAMPLES, seed=1)
+    pvalue = g_test(counts, exact_joint(DEPLOYED))
+    print(f"AR: G-test p-value {pvalue:.3g} over {SAMPLES} frames")
+    assert pvalue > 1e-3
+
+
+@pytest.mark.parametrize("tree, drafter", [(CHAIN, "reused"), (FULL, "offsets")], ids=["chain3", "full12"])
+def test_speculative_sampling_matches_enumeration(tree, drafter):
+    model = setup()[0]
+    drafter = ReusedHeads(model) if drafter == "reused" else random_offsets(model, 3, seed=5)
+    counts, accepted = sample_counts(DEPLOYED, SAMPLES, seed=2, drafter=drafter, tree=tree)
+    pvalue = g_test(counts, exact_joint(DEPLOYED))
+    print(f"G-test p-value {pvalue:.3g} over {SAMPLES} frames, {accepted:.2f} drafts accepted per round")
+    assert accepted > 0.4  # drafts win often, so the acceptance rule shapes the samples
+    assert pvalue > 1e-3
+
+
+@pytest.mark.parametrize("sampler", [Sampler(temperature=0.5, top_k=3), Sampler(temperature=1.3, top_k=0),
+                                     Sampler(temperature=0.9, top_k=0, top_p=0.7),
+                                     Sampler(temperature=1.3, top_k=3, top_p=0.8)], ids=str)
+def test_sampler_settings_match_enumeration(sampler):
+    model = setup()[0]
+    counts, _ = sample_counts(sampler, SAMPLES // 2, seed=3, drafter=ReusedHeads(model), tree=FULL)
+    pvalue = g_test(counts, exact_joint(sampler))
+    print(f"G-test p-value {pvalue:.3g} over {SAMPLES // 2} frames")
+    assert pvalue > 1e-3
+
+
+def test_an_integral_float_top_k_samples_like_the_int():
+    as_float = sample_counts(Sampler(temperature=0.9, top_k=3.0), 20, seed=4)[0]
+    assert torch.equal(as_float, sample_counts(DEPLOYED, 20, seed=4)[0])
+
+
+class RoundMarker(Drafter):
+    """ReusedHeads that tells the biased samplers below where a round starts and what it drafted."""
+
+    def __init__(self, model, on_round):
+        super().__init__(3, None)
+        self.reused, self.on_round = ReusedHeads(model), on_round
+
+    def logits(self, model, hidden, position, depth=None):
+        logits = self.reused.logits(model, hidden, position, depth)
+        self.on_round(logits.argmax(-1))  # the chain's drafts: the child of the depth-d node is row d
+        return logits
+
+
+class RoundSampler(Sampler):
+    """The deployed sampler, except for the draws taken inside a speculative round (rows in depth order)."""
+
+    def __init__(self):
+        super().__init__(**vars(DEPLOYED))
+        object.__setattr__(self, "drafts", None)  # the round's chain drafts; None outside a round
+        object.__setattr__(self, "row", 0)
+
+    def start_round(self, drafts: torch.Tensor) -> None:
+        object.__setattr__(self, "drafts", drafts.tolist())
+        object.__setattr__(self, "row", 0)
+
+    def end_frame(self) -> None:
+        object.__setattr__(self, "drafts", None)
+
+    def sample(self, logits, generator=None):
+        if self.drafts is None:
+            return super().sample(logits, generator)
+        draws = [self.draw(p, generator) for p in self.probs(logits)]
+        return torch.tensor(draws)
+
+
+class DraftFavouringSampler(RoundSampler):
+    """Point-mass speculative sampling: take the chain's draft with probability accept(p~(draft)), else a
+    draw from p~ without it. accept(p) = p is exactly p~; accept(p) = min(1, 2p) is the biased rule."""
+
+    def __init__(self, accept):
+        super().__init__()
+        object.__setattr__(self, "accept", accept)
+
+    def draw(self, p: torch.Tensor, generator) -> int:
+        child = self.drafts[self.row] if self.row < len(self.drafts) else None
+        object.__setattr__(self, "row", self.row + 1)
+        if child is not None and torch.rand((), generator=generator) < self.accept(float(p[child])):
+            return child
+        if child is not None:
+            p = p.clone()
+            p[child] = 0
+        return int(torch.multinomial(p, 1, generator=generator))
+
+
+class SharedUniformSampler(RoundSampler):
+    """Inverse-CDF draws that reuse one uniform for every draw of a round: each draw alone is p~, but the
+    codes of a round are correlated (as if a generator were re-seeded per round)."""
+
+    def start_round(self, drafts: torch.Tensor) -> None:
+        super().start_round(drafts)
+        object.__setattr__(self, "u", float(torch.rand(())))
+
+    def draw(self, p: torch.Tensor, generator) -> int:
+        return min(int((p.cumsum(0) < self.u).sum()), len(p) - 1)
+
+
+@pytest.mark.parametrize("sampler, biased", [
+    (lambda: DraftFavouringSampler(lambda p: p), False),
+    (lambda: DraftFavouringSampler(lambda p: min(1.0, 2 * p)), True),
+    (SharedUniformSampler, True),
+], ids=["accept-p", "accept-min(1,2p)", "shared-uniform"])
+def test_the_g_test_rejects_biased_rules(sampler, biased):
+    """The biased rules run inside the real engine (its tree, walk and cache); only the draws change."""
+    torch.manual_seed(0)  # SharedUniformSampler's uniforms
+    sampler = sampler()
+    drafter = RoundMarker(setup()[0], sampler.start_round)
+    counts, accepted = sample_counts(sampler, SAMPLES, seed=2, drafter=drafter, tree=CHAIN,
+                                     between_frames=sampler.end_frame)
+    pvalue = g_test(counts, exact_joint(DEPLOYED))
+    print(f"G-test p-value {pvalue:.3g} over {SAMPLES} frames, {accepted:.2f} drafts accepted per round")
+    assert pvalue < 1e-6 if biased else pvalue > 1e-3

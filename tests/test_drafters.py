@@ -1,0 +1,110 @@
+"""Drafters: file round trips, refusing another model's drafter, batched vs single-position logits."""
+
+import pytest
+import torch
+
+from rvqspec.decode import decode_frame
+from rvqspec.drafters import Drafter, MedusaHeads, Offsets, ReusedHeads, make_drafter
+from rvqspec.errors import RvqspecError
+from rvqspec.sampling import Sampler
+from rvqspec.tree import Tree
+from tiny import random_frames, random_medusa, random_offsets, randomize, tiny_model
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(seed=1, vocab=24, hidden=32, talker_hidden=20)
+
+
+def teacher_forced_hidden(model, frames: int = 3, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    c = model.config
+    codes = torch.randint(c.vocab_size, (frames, c.num_code_groups), generator=generator)
+    talker = torch.randn(frames, c.talker_hidden_size, generator=generator, dtype=model.dtype)
+    return model.teacher_forced_hidden(talker, codes)
+
+
+@pytest.mark.parametrize("make", [lambda m: ReusedHeads(m, 4), lambda m: random_offsets(m, 4),
+                                  lambda m: random_medusa(m, 4)], ids=["reused", "offsets", "medusa"])
+def test_teacher_forced_logits_match_single_position_logits(model, make):
+    drafter = make(model)
+    hidden = teacher_forced_hidden(model)
+    last = model.config.num_residual_codes
+    for j in range(1, drafter.depth + 1):
+        batched = drafter.teacher_forced_logits(model, hidden, j)
+        assert batched.shape == (hidden.shape[0], last - j, model.config.vocab_size)
+        for b in range(hidden.shape[0]):
+            for i in range(1, last + 1 - j):
+                single = drafter.logits(model, hidden[b, i], i)[j - 1]
+                torch.testing.assert_close(batched[b, i - 1], single, rtol=1e-12, atol=1e-12)
+
+
+def test_logits_rows_past_the_last_code_are_zero(model):
+    drafter = random_offsets(model, 3)
+    h = teacher_forced_hidden(model)[0, 14]
+    rows = drafter.logits(model, h, 14, 3)
+    assert rows.shape == (3, model.config.vocab_size)
+    torch.testing.assert_close(rows[0], model.head_logits(h + drafter.offsets[0], 15))
+    assert not rows[1:].any()
+
+
+def test_offsets_use_the_head_of_the_drafted_codebook(model):
+    drafter = random_offsets(model, 3)
+    h = teacher_forced_hidden(model)[1, 5]
+    for j in range(1, 4):
+        expected = model.heads[5 + j - 1] @ (h + drafter.offsets[j - 1])
+        torch.testing.assert_close(drafter.logits(model, h, 5)[j - 1], expected)
+
+
+def test_untrained_medusa_drafts_like_reused_heads(model):
+    medusa, reused = MedusaHeads.for_model(model, 3), ReusedHeads(model, 3)
+    hidden = teacher_forced_hidden(model)[0]
+    for i in range(1, model.config.num_code_groups):
+        torch.testing.assert_close(medusa.logits(model, hidden[i], i), reused.logits(model, hidden[i], i))
+    assert not torch.equal(random_medusa(model).logits(model, hidden[3], 3), reused.logits(model, hidden[3], 3))
+
+
+@pytest.mark.parametrize("kind", [Offsets, MedusaHeads])
+def test_save_load_round_trip(model, tmp_path, kind):
+    drafter = randomize(kind.for_model(model, 2), seed=3)
+    drafter.save(tmp_path / "d.safetensors", {"note": "test"})
+    for loader in (kind, Drafter):
+        loaded = loader.load(tmp_path / "d.safetensors", model)
+        assert type(loaded) is kind and loaded.depth == 2
+        assert loaded.identity == drafter.identity and loaded.fingerprint == drafter.fingerprint
+        for name, value in drafter.state_dict().items():
+            assert torch.equal(loaded.state_dict()[name], value)
+
+
+def test_offsets_for_another_model_size_are_refused(model, tmp_path):
+    Offsets.for_model(model).save(tmp_path / "o.safetensors")
+    other = tiny_model(seed=1, vocab=24, hidden=48, talker_hidden=20)
+    with pytest.raises(RvqspecError, match="trained for a code predictor"):
+        Offsets.load(tmp_path / "o.safetensors", other)
+    loaded = Offsets.load(tmp_path / "o.safetensors")  # without a model: no check yet
+    h, c0 = random_frames(other, 1)[0]
+    with pytest.raises(RvqspecError, match="trained for a code predictor"):
+        decode_frame(other, h, c0, Sampler(), drafter=loaded, tree=Tree.chain(3))
+
+
+def test_a_file_of_another_kind_is_refused(model, tmp_path):
+    Offsets.for_model(model).save(tmp_path / "o.safetensors")
+    with pytest.raises(RvqspecError, match="not 'medusa'"):
+        MedusaHeads.load(tmp_path / "o.safetensors")
+
+
+def test_bad_drafter_files_are_refused(tmp_path):
+    with pytest.raises(RvqspecError, match="does not exist"):
+        Offsets.load(tmp_path / "missing.safetensors")
+    (tmp_path / "junk.safetensors").write_bytes(b"\x00" * 64)
+    with pytest.raises(RvqspecError, match="not a safetensors drafter"):
+        Offsets.load(tmp_path / "junk.safetensors")
+
+
+def test_make_drafter_and_depth_errors(model):
+    assert isinstance(make_drafter("offsets", model, 4), Offsets)
+    assert make_drafter("medusa", model).res_weight.shape[:2] == (model.config.num_residual_codes, 3)
+    with pytest.raises(RvqspecError, match="unknown drafter"):
+        make_drafter("eagle", model)
+    with pytest.raises(RvqspecError, match="depth must be >= 1"):
+        Offsets(8, depth=0)

@@ -1,0 +1,90 @@
+"""Properties over random trees, models, drafters and samplers: round bookkeeping and the compacted cache."""
+
+import functools
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rvqspec import decode
+from rvqspec.decode import decode_frame
+from rvqspec.drafters import ReusedHeads
+from rvqspec.sampling import Sampler
+from rvqspec.tree import Tree
+from tiny import random_frames, random_medusa, random_offsets, tiny_model
+
+VOCAB = 6
+
+
+@functools.cache
+def model(groups: int, seed: int):
+    return tiny_model(seed=seed, groups=groups, vocab=VOCAB)
+
+
+@st.composite
+def trees(draw, max_depth: int = 4, max_size: int = 24) -> Tree:
+    """Any valid tree: each new node hangs under a random existing node (or the root) at a random rank."""
+    paths: set[tuple[int, ...]] = set()
+    for _ in range(draw(st.integers(0, max_size))):
+        parent = draw(st.sampled_from([()] + sorted(p for p in paths if len(p) < max_depth)))
+        paths.add(parent + (draw(st.integers(0, VOCAB - 1)),))
+    return Tree.from_paths(paths)
+
+
+samplers = st.one_of(st.just(Sampler(do_sample=False)), st.builds(
+    Sampler, temperature=st.floats(0.3, 2.0), top_k=st.integers(0, VOCAB), top_p=st.floats(0.2, 1.0)))
+
+
+@torch.no_grad()
+def recomputed_cache(m, talker_hidden: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """K/V of positions 0..len(codes) (talker state, then `codes` = c0..) from one causal call on a fresh cache."""
+    length = len(codes) + 1
+    x = torch.cat([m.embed_talker_hidden(talker_hidden[None]), m.embed_codes(codes, torch.arange(len(codes)))])
+    positions = torch.arange(length)
+    m.setup_cache(length)
+    m(x[None], positions, positions[None, :] <= positions[:, None], positions)
+    return m.cache.kv.clone()
+
+
+@settings(max_examples=60, deadline=None)
+@given(tree=trees(), groups=st.sampled_from([3, 5, 16]), model_seed=st.integers(0, 2),
+       drafter_kind=st.sampled_from(["reused", "offsets", "medusa"]), extra_depth=st.integers(0, 2),
+       sampler=samplers, seed=st.integers(0, 2 ** 16))
+def test_rounds_and_compacted_cache(tree, groups, model_seed, drafter_kind, extra_depth, sampler, seed):
+    m = model(groups, model_seed)
+    last = m.config.num_residual_codes
+    depth = max(tree.max_depth, 1) + extra_depth
+    drafter = {"reused": lambda: ReusedHeads(m, depth), "offsets": lambda: random_offsets(m, depth, seed),
+               "medusa": lambda: random_medusa(m, depth, seed)}[drafter_kind]()
+    talker_hidden, c0 = random_frames(m, 1, seed)[0]
+
+    rounds = []  # (k, emitted, stats, hidden returned, cache after the round)
+    original_round = decode.speculative_round
+
+    def recording_round(model_, plan, sampler_, generator, drafter_, k, root, hidden_k):
+        emitted, hidden, stats = original_round(model_, plan, sampler_, generator, drafter_, k, root, hidden_k)
+        rounds.append((k, emitted.clone(), stats, hidden.clone(), model_.cache.kv.clone()))
+        return emitted, hidden, stats
+
+    generator = torch.Generator().manual_seed(seed)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(decode, "speculative_round", recording_round)
+        result = decode_frame(m, talker_hidden, c0, sampler, generator, drafter=drafter, tree=tree)
+
+    assert len(result.codes) == last and result.calls == 1 + len(rounds)
+    assert torch.equal(torch.cat([result.codes[:1]] + [emitted for _, emitted, *_ in rounds]), result.codes)
+    codes = torch.cat([torch.tensor([c0]), result.codes])  # c0..c_last
+    with torch.no_grad():
+        teacher_forced = m.teacher_forced_hidden(talker_hidden[None], codes[None])[0]
+    for k, emitted, stats, hidden, cache in rounds:
+        ends_frame = k + stats.accepted == last
+        assert len(emitted) == stats.accepted + (not ends_frame)  # accepted drafts, then the bonus
+        assert k + len(emitted) <= last and stats.accepted <= tree.max_depth
+        if not ends_frame:
+            new_k = k + len(emitted)  # the cache now holds positions 0..new_k, carrying c_{-1}..c_{new_k - 1}
+            torch.testing.assert_close(cache[..., :new_k + 1, :], recomputed_cache(m, talker_hidden, codes[:new_k]),
+                                       rtol=0, atol=1e-10)
+            torch.testing.assert_close(hidden, teacher_forced[new_k], rtol=0, atol=1e-10)
+    if not sampler.do_sample:
+        assert torch.equal(result.codes, decode_frame(m, talker_hidden, c0, sampler).codes)
