@@ -147,6 +147,17 @@ def train_medusa_heads(model, model_dir: Path, corpus: Path, out_file: Path):
     return heads
 
 
+def medusa_training(path: Path) -> str:
+    """How long the heads in `path` were trained, from the metadata `train_medusa_heads` or `train` wrote."""
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as f:
+        meta = f.metadata() or {}
+    if "steps" in meta:
+        return f"{meta['steps']} batches of 32 frames"
+    return f"{meta['epoch']} epoch(s)" if "epoch" in meta else "an unrecorded number of steps"
+
+
 def parameter_count(module) -> int:
     return sum(p.numel() for p in module.parameters()) if module is not None else 0
 
@@ -159,8 +170,7 @@ class Run:
     """One free-running synthesis of one sentence."""
 
     codes: Tensor  # [T, 16]
-    calls: int
-    predictor_seconds: float
+    calls: int  # predictor calls, the prefill of every frame included
 
     @property
     def frames(self) -> int:
@@ -181,7 +191,7 @@ def synthesize_all(tts, sentences: list[dict], seed: int, mode: str, drafter, tr
         generator = torch.Generator().manual_seed(stream_seed(seed, mode, sentence["id"]))
         out = synthesize_codes(tts, sentence["text"], sentence["lang"], generator=generator, drafter=drafter,
                                tree=tree if drafter is not None else None, max_frames=max_frames)
-        runs.append(Run(out.codes, out.predictor_calls, out.predictor_seconds))
+        runs.append(Run(out.codes, out.predictor_calls))
     return runs
 
 
@@ -373,6 +383,8 @@ def table2_row(name: str, drafter, runs: dict[int, list[Run]], backbone: int) ->
 
 def table3(runs: dict, sentences: list[dict], seeds: list[int], spec_mode: str | None, wers: dict,
            scored: list[dict]) -> dict:
+    from rvqspec.standin.synth import FRAME_RATE
+
     rows = []
     for lang in dict.fromkeys(s["lang"] for s in sentences):
         pick = [i for i, s in enumerate(sentences) if s["lang"] == lang]
@@ -382,7 +394,7 @@ def table3(runs: dict, sentences: list[dict], seeds: list[int], spec_mode: str |
             rates = wers.get(mode)
             return {"tokens_per_step": spread([tokens_per_step(r) for r in of_lang.values()]),
                     "wer": spread([rates[seed][lang] for seed in seeds]) if rates else None,
-                    "audio_minutes": spread([sum(x.frames for x in r) / 12.5 / 60 for r in of_lang.values()])}
+                    "audio_minutes": spread([sum(x.frames for x in r) / FRAME_RATE / 60 for r in of_lang.values()])}
 
         rows.append({"lang": lang, "sentences": len(pick), "wer_sentences": sum(s["lang"] == lang for s in scored),
                      "ar": stats("ar"),
@@ -422,6 +434,11 @@ def table2_markdown(report: dict) -> str:
                      f"{paper['added_parameters']} |")
     lines += ["", f"Added parameters are relative to the stand-in's {report['backbone_parameters']:,} "
               "(talker + code predictor); the paper's to Qwen3-TTS 0.6B."]
+    medusa = report.get("medusa")
+    if medusa:
+        lines.append(f"Medusa heads: `{medusa['file']}`, trained for {medusa['training']} (the paper's are fully "
+                     "trained), Medusa-style init (ResBlock at identity, vocabulary heads copied from the frozen "
+                     "ones).")
     return "\n".join(lines)
 
 
@@ -501,6 +518,8 @@ def run(args) -> int:
     report = evaluate(tts, sentences, drafters, tree, seeds, codec_vocoder() if asr else None, asr, missing,
                       wer_per_lang)
     report["model"] = str(model_dir)
+    if "medusa" in drafters:
+        report["medusa"] = {"file": args.medusa, "training": medusa_training(Path(args.medusa))}
     report["command"] = "rvqspec eval --quick" if quick else "rvqspec eval"
     report["settings"] = {k: v for k, v in vars(args).items() if k not in ("run", "command", "json")}
     name = "eval-quick" if quick else "eval"

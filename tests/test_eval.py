@@ -57,7 +57,7 @@ def test_merge_rare_and_holm():
 def test_error_rates_per_language():
     sentences = [{"lang": "en", "text": "Hello, world!"}, {"lang": "en", "text": "Good day."},
                  {"lang": "de", "text": "Guten Tag."}]
-    runs = [Run(torch.zeros(3, 16, dtype=torch.long), 45, 0.0) for _ in sentences]
+    runs = [Run(torch.zeros(3, 16, dtype=torch.long), 45) for _ in sentences]
     heard = {"Hello, world!": "hello world", "Good day.": "good night", "Guten Tag.": "Guten Tag"}
     texts = iter(heard.values())
     rates = error_rates(runs, sentences, vocoder=lambda codes: np.zeros(len(codes) * 1280),
@@ -149,6 +149,7 @@ def test_medusa_heads_are_trained_when_missing_or_stale(tiny_assets, monkeypatch
     drafters, missing = load_drafters(["medusa"], model, d / "model", d / "none", medusa, corpus=d / "corpus")
     heads = drafters["medusa"]
     assert not missing and medusa.is_file() and heads.fingerprint == model_fingerprint(model)
+    assert rvqspec_eval.medusa_training(medusa) == "2 batches of 32 frames"
     assert heads.res_bias.abs().sum() > 0  # trained: Adam moved the zero-initialised ResBlocks
     assert torch.equal(load_drafters(["medusa"], model, d / "model", d / "none", medusa, None)[0]["medusa"].res_bias,
                        heads.res_bias)  # reused as is

@@ -11,7 +11,7 @@ from rvqspec.results import regenerate
 
 def random_runs(seed: int, count: int = 4) -> list[Run]:
     generator = torch.Generator().manual_seed(seed)
-    return [Run(torch.randint(8, (6, 16), generator=generator), calls=6 * (15 - seed), predictor_seconds=0.1)
+    return [Run(torch.randint(8, (6, 16), generator=generator), calls=6 * (15 - seed))
             for _ in range(count)]
 
 
