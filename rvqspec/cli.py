@@ -7,7 +7,7 @@ import sys
 from rvqspec.errors import RvqspecError
 
 # Modules that register subcommands, in the order `rvqspec --help` lists them.
-COMMAND_MODULES = ["rvqspec.demo", "rvqspec.train", "rvqspec.calibrate", "rvqspec.synth", "rvqspec.standin.build", "rvqspec.eval", "rvqspec.results", "rvqspec.inspect_cmd"]
+COMMAND_MODULES = ["rvqspec.demo", "rvqspec.train", "rvqspec.calibrate", "rvqspec.synth", "rvqspec.standin.build", "rvqspec.eval", "rvqspec.bench", "rvqspec.results", "rvqspec.inspect_cmd"]
 
 
 def build_parser() -> argparse.ArgumentParser:

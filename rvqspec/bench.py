@@ -1,0 +1,533 @@
+"""`rvqspec bench`: per-call latency of the AR call and of the fused speculative call, the speed-up it
+allows (paper Figure 4), acceptance-controlled end-to-end runs, and the tree size N chosen for this device.
+
+Per setting (architecture x dtype x threads), in one process:
+1. latency: rounds of [one AR step (q=1), one speculative round per N (q=N+1)], interleaved, medians.
+   A step is everything the engine does per call: the AR step embeds, calls the model, applies the head and
+   samples; the speculative round also drafts, walks the tree and moves the cache (host work included).
+   overhead(N) = t(N) / t(AR) - 1, predicted speedup(N) = tokens/step(N) / (1 + overhead(N)).
+2. acceptance-controlled frames (`rvqspec.controlled`): at N = 16, 32, 64 the heads' peak strength is
+   bisected until tokens/step matches the paper (2.25, 2.47, 2.60); then whole frames are decoded with
+   `decode_frame`, AR and speculative alternately: realized speedup = median AR frame / median spec frame.
+
+Timing does not depend on weight values, so the controlled predictors (real sizes, random layers) serve
+both. Ratios are taken within one run; the machine may be shared, so its load is recorded.
+"""
+
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rvqspec.checkpoint import atomic_write, save_json
+from rvqspec.config import QWEN3_TTS_0_6B, QWEN3_TTS_1_7B
+from rvqspec.controlled import ControlledPredictor, calibrate_strength, controlled_predictor
+from rvqspec.decode import autoregressive_step, decode_frame, plan_for, speculative_round
+from rvqspec.drafters import ReusedHeads
+from rvqspec.errors import RvqspecError
+from rvqspec.model import MultiCodeDecoder, resolve_dtype
+from rvqspec.sampling import Sampler
+from rvqspec.tree import Tree, default_tree
+
+PAPER_ACCEPTANCE = {16: 2.25, 32: 2.47, 64: 2.60}  # tokens/step, paper section 3.4
+ARCHS = {"0.6b": QWEN3_TTS_0_6B, "1.7b": QWEN3_TTS_1_7B}
+SIZES = (4, 8, 16, 32, 64)
+TIMED_K = 7  # rounds are timed mid-frame, where every depth of a depth-3 tree is still in the frame
+DEVICE_FORMAT = "rvqspec-device/1"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much to measure; `quick` is sized to finish in under 3 minutes on 2 shared cores."""
+
+    archs: list[str]
+    dtypes: list[str]
+    threads: list[int]
+    sizes: list[int]
+    latency_rounds: int = 20
+    controlled_sizes: tuple[int, ...] = (16, 32, 64)
+    controlled_archs: tuple[str, ...] = ("0.6b", "1.7b")
+    calibration_frames: int = 16
+    calibration_iterations: int = 8
+    frames: int = 24
+
+
+def quick_plan(archs, dtypes, threads, sizes) -> Plan:
+    return Plan(archs, dtypes[:1], threads[:1], sizes, latency_rounds=5, controlled_sizes=(32,),
+                controlled_archs=("0.6b",), calibration_frames=6, calibration_iterations=6, frames=6)
+
+
+# ---------------------------------------------------------------------------------------------- timing
+
+def clocks() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
+
+
+def elapsed_ms(start: tuple[float, float]) -> tuple[float, float]:
+    wall, cpu = clocks()
+    return (wall - start[0]) * 1e3, (cpu - start[1]) * 1e3
+
+
+def medians(samples: list[tuple[float, float]]) -> dict:
+    return {"wall_ms": statistics.median(s[0] for s in samples), "cpu_ms": statistics.median(s[1] for s in samples),
+            "repeats": len(samples)}
+
+
+@torch.inference_mode()
+def call_latency(model: MultiCodeDecoder, drafter, trees: dict[int, Tree], sampler: Sampler, rounds: int,
+                 warmup: int = 2) -> dict:
+    """Median wall and CPU ms of one AR step and of one speculative round per tree, interleaved in rounds."""
+    c, generator = model.config, torch.Generator().manual_seed(0)
+    slots = torch.arange(c.num_code_groups)
+    masks = slots[None, :] <= slots[:, None]
+    code, hidden = torch.ones(1, dtype=torch.long), torch.randn(c.hidden_size).to(model.dtype)
+    samples: dict = {"ar": []} | {n: [] for n in trees}
+    for r in range(warmup + rounds):
+        model.setup_cache(c.num_code_groups)
+        start = clocks()
+        autoregressive_step(model, sampler, generator, code, TIMED_K + 1, slots, masks)
+        if r >= warmup:
+            samples["ar"].append(elapsed_ms(start))
+        for n, tree in trees.items():
+            plan = plan_for(tree, model)
+            model.setup_cache(c.num_code_groups + tree.size + 1)
+            start = clocks()
+            speculative_round(model, plan, sampler, generator, drafter, TIMED_K, code, hidden)
+            if r >= warmup:
+                samples[n].append(elapsed_ms(start))
+    ar = medians(samples["ar"])
+    spec = {n: medians(samples[n]) | {"overhead": medians(samples[n])["wall_ms"] / ar["wall_ms"] - 1,
+                                      "overhead_cpu": medians(samples[n])["cpu_ms"] / ar["cpu_ms"] - 1}
+            for n in trees}
+    return {"ar": ar, "spec": spec}
+
+
+@torch.inference_mode()
+def frame_speedup(model: MultiCodeDecoder, drafter, tree: Tree, frames: list, sampler: Sampler,
+                  seed: int = 0) -> dict:
+    """Decode each frame AR then speculative (full `decode_frame`); medians of per-frame times, tokens/step."""
+    generator = torch.Generator().manual_seed(seed)
+    decode_frame(model, *frames[0], sampler, generator, drafter=drafter, tree=tree)  # warm-up: plan, packs
+    ar, spec, calls = [], [], 0
+    for h, c0 in frames:
+        start = clocks()
+        decode_frame(model, h, c0, sampler, generator)
+        ar.append(elapsed_ms(start))
+        start = clocks()
+        calls += decode_frame(model, h, c0, sampler, generator, drafter=drafter, tree=tree).calls
+        spec.append(elapsed_ms(start))
+    ar_ms, spec_ms = medians(ar), medians(spec)
+    return {"frames": len(frames), "tokens_per_step": len(frames) * model.config.num_residual_codes / calls,
+            "calls_per_frame": calls / len(frames), "ar_frame": ar_ms, "spec_frame": spec_ms,
+            "realized_speedup": ar_ms["wall_ms"] / spec_ms["wall_ms"],
+            "realized_speedup_cpu": ar_ms["cpu_ms"] / spec_ms["cpu_ms"]}
+
+
+def predicted(tokens_per_step: float, overhead: float) -> float:
+    return tokens_per_step / (1 + overhead)
+
+
+# ---------------------------------------------------------------------------------------------- runs
+
+def controlled_runs(predictor: ControlledPredictor, latency: dict, trees: dict[int, Tree], plan: Plan,
+                    strengths: dict[int, float], sampler: Sampler, log) -> list[dict]:
+    """At each paper budget: calibrate the peak strength once per architecture (cached in `strengths`),
+    then time whole frames AR vs speculative and set the realized next to the predicted speed-up."""
+    drafter, rows = ReusedHeads(predictor.model), []
+    for n in plan.controlled_sizes:
+        if n not in trees:
+            continue
+        target = PAPER_ACCEPTANCE[n]
+        if n not in strengths:
+            calibration = predictor.frames(plan.calibration_frames, seed=1)
+            strengths[n], measured = calibrate_strength(predictor, trees[n], target, sampler, calibration,
+                                                        plan.calibration_iterations)
+            log(f"    N={n}: peak strength {strengths[n]:.4f} gives {measured:.3f} tokens/step "
+                f"(target {target}) on {len(calibration)} calibration frames")
+        predictor.set_strength(strengths[n])
+        run = frame_speedup(predictor.model, drafter, trees[n], predictor.frames(plan.frames, seed=2), sampler)
+        overhead = latency["spec"][n]["overhead"]
+        rows.append({"tree_size": n, "target_tokens_per_step": target, "strength": strengths[n], **run,
+                     "overhead": overhead, "predicted_speedup": predicted(run["tokens_per_step"], overhead)})
+        log(f"    N={n}: {run['tokens_per_step']:.3f} tokens/step, realized {run['realized_speedup']:.2f}x "
+            f"(cpu {run['realized_speedup_cpu']:.2f}x), predicted {rows[-1]['predicted_speedup']:.2f}x")
+    return rows
+
+
+def tokens_per_step_source(calibration: dict | None) -> tuple[dict[int, float], str]:
+    """tokens/step per N: measured by `rvqspec calibrate` if a report is given, else the paper's acceptance."""
+    if calibration is None:
+        return dict(PAPER_ACCEPTANCE), "paper acceptance (section 3.4)"
+    return ({int(t["budget"]): float(t["measured_tokens_per_step"]) for t in calibration["trees"]},
+            f"measured by rvqspec calibrate ({calibration['path']})")
+
+
+def load_calibration(path: str | None) -> dict | None:
+    if path is None:
+        return None
+    file = Path(path)
+    if file.is_dir():
+        file = file / "report.json"
+    if not file.is_file():
+        raise RvqspecError(f"calibration report {file} does not exist: pass the report.json written by "
+                           "`rvqspec calibrate --out DIR`")
+    try:
+        report = json.loads(file.read_text())
+        rows = report["trees"]
+        assert all("budget" in t and "measured_tokens_per_step" in t for t in rows)
+    except (json.JSONDecodeError, KeyError, TypeError, AssertionError):
+        raise RvqspecError(f"{file} is not an `rvqspec calibrate` report (expected trees[].budget and "
+                           "trees[].measured_tokens_per_step): rerun `rvqspec calibrate`") from None
+    return report | {"path": str(file)}
+
+
+def load_trees(sizes: list[int], folder: str | None) -> dict[int, Tree]:
+    """tree-N{N}.json from `folder` (as written by `rvqspec calibrate`), else `default_tree(N)`."""
+    if folder is None:
+        return {n: default_tree(n) for n in sizes}
+    missing = [n for n in sizes if not (Path(folder) / f"tree-N{n}.json").is_file()]
+    if missing:
+        raise RvqspecError(f"no tree-N{missing[0]}.json in {folder}: calibrate these sizes "
+                           f"(`rvqspec calibrate --budgets {','.join(map(str, sizes))}`) or pass --sizes")
+    return {n: Tree.load(Path(folder) / f"tree-N{n}.json") for n in sizes}
+
+
+def stand_in_frames(model: MultiCodeDecoder, corpus: str | None, count: int) -> tuple[list, str]:
+    if corpus is None:
+        generator = torch.Generator().manual_seed(3)
+        c = model.config
+        hidden = torch.randn(count, c.talker_hidden_size, generator=generator).to(model.dtype)
+        return list(zip(hidden, torch.randint(c.talker_vocab_size, (count,), generator=generator).tolist())), \
+            "random talker states (no corpus given: acceptance is not representative)"
+    from rvqspec.corpus import Corpus
+
+    codes, hidden = Corpus(corpus).sample("validation", count, seed=3)
+    return list(zip(hidden.to(model.dtype), codes[:, 0].tolist())), f"validation split of {corpus}"
+
+
+def run_bench(plan: Plan, trees: dict[int, Tree], calibration: dict | None, model_path: str | None,
+              drafter_spec: str, corpus: str | None, log=print) -> dict:
+    sampler = Sampler()
+    tokens, source = tokens_per_step_source(calibration)
+    threads_before = torch.get_num_threads()
+    report = {"machine": machine(), "sampler": {"temperature": sampler.temperature, "top_k": sampler.top_k},
+              "tokens_per_step_source": source, "tokens_per_step_by_size": tokens, "timed_k": TIMED_K,
+              "plan": plan.__dict__, "settings": []}
+    targets = [(arch, ARCHS[arch]) for arch in plan.archs] + ([("stand-in", model_path)] if model_path else [])
+    try:
+        for name, what in targets:
+            strengths: dict[int, float] = {}
+            for dtype in plan.dtypes:
+                if name == "stand-in":
+                    model = MultiCodeDecoder.from_pretrained(what, dtype)
+                    predictor = None
+                else:
+                    predictor = controlled_predictor(what, dtype=dtype)
+                    model = predictor.model
+                for threads in plan.threads:
+                    torch.set_num_threads(threads)
+                    log(f"{name} {dtype} {threads} thread(s), load {os.getloadavg()[0]:.1f}:")
+                    setting = measure_setting(name, model, predictor, dtype, threads, trees, tokens, plan,
+                                              strengths, sampler, drafter_spec, corpus, calibration, log)
+                    report["settings"].append(setting)
+                del model, predictor
+    finally:
+        torch.set_num_threads(threads_before)
+    report["machine"]["load_after"] = os.getloadavg()
+    summarize(report, tokens)
+    return report
+
+
+def measure_setting(name, model, predictor, dtype, threads, trees, tokens, plan, strengths, sampler,
+                    drafter_spec, corpus, calibration, log) -> dict:
+    if predictor is None:
+        from rvqspec.calibrate import load_drafter
+
+        drafter = load_drafter(drafter_spec, model, max(t.max_depth for t in trees.values()))
+    else:
+        drafter = ReusedHeads(model)
+    load = os.getloadavg()[0]
+    latency = call_latency(model, drafter, trees, sampler, plan.latency_rounds)
+    log(f"  AR step {latency['ar']['wall_ms']:.2f} ms; overhead " +
+        ", ".join(f"N={n} {v['overhead']:+.0%}" for n, v in latency["spec"].items()))
+    speedups = {n: predicted(tokens[n], latency["spec"][n]["overhead"]) for n in trees if n in tokens}
+    setting = {"model": name, "dtype": dtype, "threads": threads, "load_before": load, "latency": latency,
+               "predicted_speedup": speedups, "controlled": [], "stand_in": None}
+    if predictor is not None and name in plan.controlled_archs:
+        setting["controlled"] = controlled_runs(predictor, latency, trees, plan, strengths, sampler, log)
+    if predictor is None and speedups:
+        best = max(speedups, key=speedups.get)
+        frames, origin = stand_in_frames(model, corpus or (calibration or {}).get("corpus"), plan.frames)
+        run = frame_speedup(model, drafter, trees[best], frames, sampler)
+        ceiling = predicted(run["tokens_per_step"], latency["spec"][best]["overhead"])
+        setting["stand_in"] = {"tree_size": best, "frames_from": origin, **run, "ceiling": ceiling}
+        log(f"  stand-in N={best}: {run['tokens_per_step']:.3f} tokens/step, realized "
+            f"{run['realized_speedup']:.2f}x, ceiling tokens/step/(1+overhead) {ceiling:.2f}x")
+    return setting
+
+
+def machine() -> dict:
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
+            "load_before": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def summarize(report: dict, tokens: dict[int, float]) -> None:
+    """Chosen N (best predicted speed-up over settings), the realized 0.6B figure, the stand-in's; the
+    top-level keys other tools read (`tokens_per_step`, `calls_per_frame`, `speedup`)."""
+    settings = report["settings"]
+    primary = "stand-in" if any(s["model"] == "stand-in" for s in settings) else "0.6b"
+    candidates = [(speedup, n, s) for s in settings if s["model"] == primary
+                  for n, speedup in s["predicted_speedup"].items()]
+    chosen = None
+    if candidates:
+        speedup, n, s = max(candidates, key=lambda c: c[0])
+        chosen = {"tree_size": n, "model": primary, "dtype": s["dtype"], "threads": s["threads"],
+                  "tokens_per_step": tokens[n], "predicted_speedup": speedup}
+    runs = [(row, s) for s in settings if s["model"] == "0.6b" for row in s["controlled"]]
+    paper = None
+    if runs:
+        row, s = max(runs, key=lambda rs: rs[0]["realized_speedup"])
+        paper = {"model": "0.6b (random weights, acceptance controlled)", "dtype": s["dtype"], "threads": s["threads"],
+                 "tree_size": row["tree_size"], "target_tokens_per_step": row["target_tokens_per_step"],
+                 "tokens_per_step": row["tokens_per_step"], "calls_per_frame": row["calls_per_frame"],
+                 "speedup": row["realized_speedup"], "predicted_speedup": row["predicted_speedup"]}
+    stand_in = max((s["stand_in"] for s in settings if s["stand_in"]), key=lambda r: r["realized_speedup"],
+                   default=None)
+    headline = ({"tokens_per_step": stand_in["tokens_per_step"], "calls_per_frame": stand_in["calls_per_frame"],
+                 "speedup": stand_in["realized_speedup"]} if stand_in else paper) or {}
+    report.update({"chosen": chosen, "paper_acceptance": paper,
+                   "speedup_at_paper_acceptance": paper["speedup"] if paper else None,
+                   "stand_in_speedup": stand_in["realized_speedup"] if stand_in else None,
+                   **{key: headline.get(key) for key in ("tokens_per_step", "calls_per_frame", "speedup")}})
+
+
+# ---------------------------------------------------------------------------------------------- device choice
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RVQSPEC_CACHE") or Path.home() / ".cache" / "rvqspec")
+
+
+def read_device_file() -> dict | None:
+    path = cache_dir() / "device.json"
+    if not path.is_file():
+        return None
+    try:
+        info = json.loads(path.read_text())
+        if info.get("format") != DEVICE_FORMAT or not isinstance(info.get("tree_size"), int):
+            raise ValueError
+    except (json.JSONDecodeError, ValueError, AttributeError):
+        raise RvqspecError(f"{path} is not a device file written by `rvqspec bench`: delete it or rerun "
+                           "`rvqspec bench`") from None
+    return info
+
+
+def chosen_tree_size(default: int = 16) -> int:
+    """The tree size N `rvqspec bench` chose for this device ($RVQSPEC_CACHE/device.json), else `default`."""
+    info = read_device_file()
+    return info["tree_size"] if info else default
+
+
+def paper_acceptance_speedup() -> dict | None:
+    """The realized speed-up of the real 0.6B architecture at the paper's acceptance on this device, if benchmarked."""
+    info = read_device_file()
+    return info.get("paper_acceptance") if info else None
+
+
+def write_device_file(report: dict) -> Path | None:
+    if report["chosen"] is None:
+        return None
+    path = cache_dir() / "device.json"
+    save_json(path, {"format": DEVICE_FORMAT, **report["chosen"], "paper_acceptance": report["paper_acceptance"],
+                     "machine": report["machine"]["cpu"], "written_by": "rvqspec bench",
+                     "date": report["machine"]["date"]})
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+def setting_name(s: dict) -> str:
+    return f"{s['model']} {s['dtype']} {s['threads']}t"
+
+
+def markdown(report: dict) -> str:
+    m, sizes = report["machine"], report["plan"]["sizes"]
+    lines = ["# rvqspec bench", "",
+             f"{m['cpu']}, {m['cores']} cores, torch {m['torch']}, {m['date']}. Load average (1 min) "
+             f"{m['load_before'][0]:.1f} before, {m['load_after'][0]:.1f} after: the machine is shared, so "
+             "absolute times vary; the ratios come from interleaved measurements in one run.", "",
+             f"Per-call latency, median of {report['plan']['latency_rounds']} interleaved rounds (wall clock). A step is "
+             "all the engine does per call (AR: embed, model, head, sample; speculative: drafts, model over "
+             f"q=N+1, tree walk, cache move). Timed at k={report['timed_k']}.", "",
+             "| setting | AR step ms | " + " | ".join(f"N={n} ms (overhead)" for n in sizes) + " |",
+             "|---|---|" + "---|" * len(sizes)]
+    for s in report["settings"]:
+        lat = s["latency"]
+        lines.append(f"| {setting_name(s)} | {lat['ar']['wall_ms']:.2f} | " + " | ".join(
+            f"{lat['spec'][n]['wall_ms']:.2f} ({lat['spec'][n]['overhead']:+.0%})" for n in sizes) + " |")
+    lines += ["", f"Overhead from CPU time instead (less sensitive to other jobs taking the cores):", "",
+              "| setting | " + " | ".join(f"N={n}" for n in sizes) + " |", "|---|" + "---|" * len(sizes)]
+    for s in report["settings"]:
+        lines.append(f"| {setting_name(s)} | " + " | ".join(
+            f"{s['latency']['spec'][n]['overhead_cpu']:+.0%}" for n in sizes) + " |")
+    tokens = report["tokens_per_step_by_size"]
+    shown = [n for n in sizes if n in tokens]
+    lines += ["", f"Predicted speed-up tokens/step / (1 + overhead), tokens/step from {report['tokens_per_step_source']}:",
+              "", "| setting | " + " | ".join(f"N={n} ({tokens[n]:.2f} tok/step)" for n in shown) + " |",
+              "|---|" + "---|" * len(shown)]
+    for s in report["settings"]:
+        lines.append(f"| {setting_name(s)} | " + " | ".join(f"{s['predicted_speedup'][n]:.2f}x" for n in shown) + " |")
+    controlled = [(s, r) for s in report["settings"] for r in s["controlled"]]
+    if controlled:
+        lines += ["", "Acceptance-controlled runs (real architecture, random layers, heads peaked with a bisected "
+                  "strength; ReusedHeads drafts; deployed sampler). Whole frames with `decode_frame`, AR and "
+                  "speculative alternately; realized = median AR frame / median speculative frame:", "",
+                  "| setting | N | target tok/step | achieved tok/step | AR frame ms | spec frame ms | "
+                  "predicted | realized (wall) | realized (CPU) |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {setting_name(s)} | {r['tree_size']} | {r['target_tokens_per_step']:.2f} | "
+                  f"{r['tokens_per_step']:.2f} | {r['ar_frame']['wall_ms']:.1f} | {r['spec_frame']['wall_ms']:.1f} | "
+                  f"{r['predicted_speedup']:.2f}x | {r['realized_speedup']:.2f}x | {r['realized_speedup_cpu']:.2f}x |"
+                  for s, r in controlled]
+    for s in report["settings"]:
+        if s["stand_in"]:
+            r = s["stand_in"]
+            lines += ["", f"Stand-in ({setting_name(s)}, N={r['tree_size']}, frames from {r['frames_from']}): "
+                      f"{r['tokens_per_step']:.3f} tokens/step, realized {r['realized_speedup']:.2f}x, ceiling "
+                      f"tokens/step / (1 + overhead) {r['ceiling']:.2f}x."]
+    if report["chosen"]:
+        c = report["chosen"]
+        lines += ["", f"Chosen for this device: N = {c['tree_size']} ({c['model']}, {c['dtype']}, {c['threads']} "
+                  f"thread(s), predicted {c['predicted_speedup']:.2f}x)."]
+    if report["paper_acceptance"]:
+        p = report["paper_acceptance"]
+        lines += [f"Realized speed-up of the 0.6B architecture at the paper's acceptance, best setting: "
+                  f"{p['speedup']:.2f}x ({p['dtype']}, {p['threads']} thread(s), N = {p['tree_size']}, "
+                  f"{p['tokens_per_step']:.2f} tokens/step; predicted {p['predicted_speedup']:.2f}x)."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: Path) -> None:
+    """Figure 4 style: verify overhead and speed-up vs tree size, acceptance as the grey dashed ceiling."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes, tokens = report["plan"]["sizes"], report["tokens_per_step_by_size"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for i, s in enumerate(report["settings"]):
+        color = f"C{i % 10}"
+        left.plot(sizes, [s["latency"]["spec"][n]["overhead"] * 100 for n in sizes], "o-", color=color,
+                  label=setting_name(s))
+        shown = [n for n in sizes if n in s["predicted_speedup"]]
+        right.plot(shown, [s["predicted_speedup"][n] for n in shown], "o-", color=color, label=setting_name(s))
+        runs = s["controlled"] + ([s["stand_in"]] if s["stand_in"] else [])
+        right.plot([r["tree_size"] for r in runs], [r["realized_speedup"] for r in runs], "*", color=color,
+                   markersize=11)
+    shown = [n for n in sizes if n in tokens]
+    right.plot(shown, [tokens[n] for n in shown], "--", color="grey", label="tokens/step (ceiling)")
+    right.axhline(1.0, color="black", linewidth=0.6)
+    for ax, label in ((left, "verify overhead (%)"), (right, "speed-up over AR (x)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(n) for n in sizes])
+        ax.set_xlabel("sparse tree size N")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    right.set_title("lines: tokens/step / (1 + overhead); stars: realized", fontsize=9)
+    left.set_title(f"{report['machine']['cpu']}", fontsize=9)
+    left.legend(fontsize=7)
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    plt.close(fig)
+
+
+def write_reports(report: dict, out: Path, name: str) -> list[Path]:
+    paths = [out / f"{name}.json", out / f"{name}.md", out / f"{name}.png"]
+    save_json(paths[0], report)
+    atomic_write(paths[1], lambda tmp: Path(tmp).write_text(markdown(report)))
+    plot(report, paths[2])
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+def parse_list(text: str, kind, allowed=None, what: str = "value") -> list:
+    try:
+        values = [kind(v.strip()) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or (allowed is not None and any(v not in allowed for v in values)):
+        choices = f" from {', '.join(map(str, allowed))}" if allowed is not None else ""
+        raise RvqspecError(f"--{what} must be a comma-separated list{choices}, got {text!r}")
+    return values
+
+
+def run(args) -> int:
+    archs = parse_list(args.archs, str.lower, ARCHS, "archs") if args.archs else []
+    dtypes = parse_list(args.dtype, str, None, "dtype")
+    for dtype in dtypes:
+        resolve_dtype(dtype)
+    threads = parse_list(args.threads, int, None, "threads")
+    if any(t < 1 for t in threads):
+        raise RvqspecError(f"--threads must be >= 1, got {args.threads!r}")
+    sizes = parse_list(args.sizes, int, None, "sizes")
+    if any(n < 1 for n in sizes):
+        raise RvqspecError(f"--sizes must be tree sizes >= 1, got {args.sizes!r}")
+    if not archs and not args.model:
+        raise RvqspecError("nothing to benchmark: pass --archs and/or --model")
+    calibration = load_calibration(args.calibration)
+    trees_dir = args.trees or (str(Path(calibration["path"]).parent) if calibration and args.model else None)
+    trees = load_trees(sizes, trees_dir)
+    plan = (quick_plan if args.quick else Plan)(archs, dtypes, threads, sizes)
+    if args.rounds:
+        plan = Plan(**(plan.__dict__ | {"latency_rounds": args.rounds}))
+    drafter = args.drafter or ((calibration or {}).get("drafter") or {}).get("spec", "reused")
+    log = (lambda *a, **k: None) if args.json else print
+    report = run_bench(plan, trees, calibration, args.model, drafter, args.corpus, log)
+    report["trees"] = trees_dir or "default_tree(N)"
+    paths = write_reports(report, Path(args.out), "bench-quick" if args.quick else "bench")
+    device = None if args.no_device_file else write_device_file(report)
+    if args.json:
+        print(json.dumps({k: report[k] for k in ("tokens_per_step", "calls_per_frame", "speedup",
+                                                 "speedup_at_paper_acceptance", "stand_in_speedup", "chosen",
+                                                 "paper_acceptance")} | {"report": str(paths[0])}))
+        return 0
+    print(f"wrote {', '.join(map(str, paths))}" + (f"; chosen N = {report['chosen']['tree_size']} -> {device}"
+                                                    if device else ""))
+    return 0
+
+
+def add_cli(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="per-call latency sweep, speed-up vs tree size, acceptance-controlled "
+                                            "runs; chooses the tree size N for this device")
+    p.add_argument("--archs", default="0.6b,1.7b", help="real architectures (random weights): 0.6b, 1.7b, or ''")
+    p.add_argument("--model", help="also benchmark this checkpoint folder (e.g. the stand-in)")
+    p.add_argument("--calibration", help="`rvqspec calibrate` report.json (or its folder): tokens/step per N "
+                                         "instead of the paper's acceptance; its trees, drafter and corpus for --model")
+    p.add_argument("--trees", help="folder of tree-N{N}.json (default: default_tree(N))")
+    p.add_argument("--drafter", help="drafter for --model: 'reused' or an offsets/medusa file")
+    p.add_argument("--corpus", help="code corpus whose validation frames --model decodes")
+    p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="tree sizes N")
+    p.add_argument("--dtype", default="float32,bfloat16", help="comma-separated dtypes")
+    p.add_argument("--threads", default="1,2", help="comma-separated torch thread counts")
+    p.add_argument("--rounds", type=int, help="latency rounds (default 20, quick 5)")
+    p.add_argument("--quick", action="store_true", help="one dtype/thread setting, fewer repeats (< 3 minutes)")
+    p.add_argument("--out", default="benchmarks/results", help="folder for bench.{json,md,png}")
+    p.add_argument("--no-device-file", action="store_true", help="do not write the chosen N to the device file")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=run)

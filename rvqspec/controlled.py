@@ -1,0 +1,111 @@
+"""Acceptance-controlled code predictors: real architecture, random layers, heads with a peak of chosen strength.
+
+No trained real-size weights exist here, yet the speed-up a user with real weights sees depends on how often
+drafts are accepted. So the random-weight predictor gets inputs and heads that make acceptance a dial:
+
+- code c of every table is embedded (scaled by `EMBED_SCALE`, so it dominates the residual stream over the
+  random layers) along one random direction u_c; c0 uses u_{c0 mod V}. The final hidden state after code c
+  then points (almost) along d_c, the projected u_c;
+- every head row v is `strength * d_v / |d_v|`, so the target distribution of each codebook peaks on the
+  previous code, with a logit margin of about strength * sqrt(hidden) over unit-variance noise.
+
+The drafts of `ReusedHeads` read the same directions, so their rank-0 candidate at every depth is the code
+before the root: accepted while the frame keeps repeating it. Acceptance grows with `strength`;
+`calibrate_strength` bisects it to a target tokens/step under the deployed sampler with the real engine.
+Timing does not depend on weight values, so per-call latencies measured here hold for real weights.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rvqspec.config import PredictorConfig
+from rvqspec.decode import decode_frame
+from rvqspec.drafters import ReusedHeads
+from rvqspec.errors import RvqspecError
+from rvqspec.model import MultiCodeDecoder, resolve_dtype
+from rvqspec.sampling import Sampler
+from rvqspec.tree import Tree
+
+EMBED_SCALE = 30.0  # code embeddings' RMS; the random layers add O(1) per block to the residual stream
+
+
+@dataclass
+class ControlledPredictor:
+    model: MultiCodeDecoder
+    directions: Tensor  # [V, hidden] unit vectors: where the final hidden state points after each code
+    strength: float = 0.0
+
+    def set_strength(self, strength: float) -> None:
+        """Heads of every codebook: `strength` times the direction of each code (0: uniform targets)."""
+        if not strength >= 0:
+            raise RvqspecError(f"peak strength must be >= 0, got {strength}")
+        with torch.no_grad():
+            self.model.heads.copy_((strength * self.directions).expand_as(self.model.heads))
+        self.strength = float(strength)
+
+    def frames(self, count: int, seed: int = 0) -> list[tuple[Tensor, int]]:
+        """`count` random (talker_hidden, c0) inputs."""
+        c = self.model.config
+        generator = torch.Generator().manual_seed(seed)
+        hidden = torch.randn(count, c.talker_hidden_size, generator=generator).to(self.model.dtype)
+        codes = torch.randint(c.talker_vocab_size, (count,), generator=generator).tolist()
+        return list(zip(hidden, codes))
+
+
+@torch.no_grad()
+def controlled_predictor(config: PredictorConfig, strength: float = 0.0, seed: int = 0,
+                         dtype: torch.dtype | str = torch.float32) -> ControlledPredictor:
+    """A random-weight MultiCodeDecoder of `config` with controlled embeddings and heads (see module doc)."""
+    torch.manual_seed(seed)
+    model = MultiCodeDecoder(config).eval()
+    c = config
+    codes = torch.randn(c.vocab_size, c.talker_hidden_size) * EMBED_SCALE  # u_c, shared by all tables
+    model.code_embed.weight.copy_(torch.cat([codes[torch.arange(c.talker_vocab_size) % c.vocab_size],
+                                             codes.repeat(c.num_code_groups - 1, 1)]))
+    directions = model.project(codes)
+    directions = directions / directions.norm(dim=-1, keepdim=True)
+    model = model.to(resolve_dtype(dtype))
+    predictor = ControlledPredictor(model, directions.to(model.dtype))
+    predictor.set_strength(strength)
+    return predictor
+
+
+def tokens_per_step(predictor: ControlledPredictor, tree: Tree, frames: list[tuple[Tensor, int]],
+                    sampler: Sampler, seed: int = 0) -> float:
+    """Codes emitted per predictor call over `frames`, speculative decoding with ReusedHeads and `tree`."""
+    model, generator = predictor.model, torch.Generator().manual_seed(seed)
+    drafter = ReusedHeads(model)
+    calls = sum(decode_frame(model, h, c0, sampler, generator, drafter=drafter, tree=tree).calls for h, c0 in frames)
+    return len(frames) * model.config.num_residual_codes / calls
+
+
+def calibrate_strength(predictor: ControlledPredictor, tree: Tree, target: float, sampler: Sampler,
+                       frames: list[tuple[Tensor, int]], iterations: int = 8, low: float = 0.01,
+                       high: float = 4.0, seed: int = 0) -> tuple[float, float]:
+    """Bisect the peak strength (log scale, same frames and draws each time) until tokens/step hits `target`.
+
+    Returns (strength, measured tokens/step at it); the predictor is left at that strength.
+    """
+    ceiling = tokens_per_step_ceiling(predictor.model.config, tree)
+    if not 1.0 < target < ceiling:
+        raise RvqspecError(f"target tokens/step {target} is out of reach: it must lie in (1, {ceiling:.2f}) for a "
+                           f"tree of depth {tree.max_depth}")
+    best = None
+    for _ in range(iterations):
+        middle = math.sqrt(low * high)
+        predictor.set_strength(middle)
+        measured = tokens_per_step(predictor, tree, frames, sampler, seed)
+        if best is None or abs(measured - target) < abs(best[1] - target):
+            best = (middle, measured)
+        low, high = (middle, high) if measured < target else (low, middle)
+    predictor.set_strength(best[0])
+    return best
+
+
+def tokens_per_step_ceiling(config: PredictorConfig, tree: Tree) -> float:
+    """Tokens/step when every draft is accepted: 1 code from the prefill, then depth+1 per call."""
+    rounds = math.ceil((config.num_residual_codes - 1) / (tree.max_depth + 1))
+    return config.num_residual_codes / (1 + rounds)

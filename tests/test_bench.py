@@ -1,0 +1,100 @@
+"""`rvqspec bench` on tiny stand-ins for the real architectures: report structure, arithmetic, device file, errors."""
+
+import json
+
+import pytest
+
+from rvqspec import bench, cli
+from rvqspec.errors import RvqspecError
+from rvqspec.tree import default_tree
+from tests.tiny import tiny_config
+
+TINY_ARCHS = {"0.6b": tiny_config(vocab=64, hidden=32), "1.7b": tiny_config(vocab=64, hidden=32, talker_hidden=48)}
+
+
+@pytest.fixture(autouse=True)
+def tiny(monkeypatch, tmp_path):
+    monkeypatch.setattr(bench, "ARCHS", TINY_ARCHS)
+    monkeypatch.setenv("RVQSPEC_CACHE", str(tmp_path / "cache"))
+
+
+def small_plan(**changes) -> bench.Plan:
+    plan = dict(archs=["0.6b", "1.7b"], dtypes=["float32"], threads=[1], sizes=[4, 16, 32], latency_rounds=3,
+                controlled_sizes=(16, 32), controlled_archs=("0.6b",), calibration_frames=4,
+                calibration_iterations=3, frames=4)
+    return bench.Plan(**(plan | changes))
+
+
+def test_report_arithmetic_and_choice():
+    plan = small_plan()
+    report = bench.run_bench(plan, bench.load_trees(plan.sizes, None), None, None, "reused", None, log=lambda *a: None)
+    assert [(s["model"], s["dtype"], s["threads"]) for s in report["settings"]] == [("0.6b", "float32", 1),
+                                                                                   ("1.7b", "float32", 1)]
+    for s in report["settings"]:
+        latency = s["latency"]
+        assert latency["ar"]["wall_ms"] > 0 and latency["ar"]["repeats"] == 3
+        for n in plan.sizes:
+            assert latency["spec"][n]["overhead"] == pytest.approx(latency["spec"][n]["wall_ms"] / latency["ar"]["wall_ms"] - 1)
+        assert sorted(s["predicted_speedup"]) == [16, 32]  # the paper gives tokens/step at 16, 32, 64 only
+        for n, speedup in s["predicted_speedup"].items():
+            assert speedup == pytest.approx(bench.PAPER_ACCEPTANCE[n] / (1 + latency["spec"][n]["overhead"]))
+    controlled = report["settings"][0]["controlled"]
+    assert [r["tree_size"] for r in controlled] == [16, 32] and report["settings"][1]["controlled"] == []
+    for row in controlled:
+        assert row["frames"] == 4 and 1 <= row["tokens_per_step"] <= 3
+        assert row["realized_speedup"] == pytest.approx(row["ar_frame"]["wall_ms"] / row["spec_frame"]["wall_ms"])
+    best = max(controlled, key=lambda r: r["realized_speedup"])
+    assert report["speedup_at_paper_acceptance"] == best["realized_speedup"] == report["speedup"]
+    assert report["tokens_per_step"] == best["tokens_per_step"] and report["stand_in_speedup"] is None
+    chosen = report["chosen"]
+    assert chosen["predicted_speedup"] == max(report["settings"][0]["predicted_speedup"].values())
+
+
+def test_cli_json_reports_and_device_file(tmp_path, capsys):
+    assert bench.chosen_tree_size(24) == 24 and bench.paper_acceptance_speedup() is None
+    code = cli.main(["bench", "--archs", "0.6b", "--dtype", "float32", "--threads", "1", "--sizes", "4,32",
+                     "--quick", "--out", str(tmp_path / "out"), "--json"])
+    assert code == 0
+    printed = json.loads(capsys.readouterr().out)
+    for key in ("tokens_per_step", "calls_per_frame", "speedup", "speedup_at_paper_acceptance", "stand_in_speedup"):
+        assert key in printed
+    assert printed["calls_per_frame"] == pytest.approx(15 / printed["tokens_per_step"])
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {"bench-quick.json", "bench-quick.md", "bench-quick.png"}
+    assert (tmp_path / "out" / "bench-quick.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| 0.6b float32 1t |" in (tmp_path / "out" / "bench-quick.md").read_text()
+    assert bench.chosen_tree_size(24) == 32 == printed["chosen"]["tree_size"]
+    assert bench.paper_acceptance_speedup()["speedup"] == printed["speedup_at_paper_acceptance"]
+
+
+def test_calibration_report_supplies_tokens_per_step(tmp_path):
+    rows = [{"budget": n, "measured_tokens_per_step": 1.5 + n / 100} for n in (4, 16)]
+    (tmp_path / "report.json").write_text(json.dumps({"trees": rows}))
+    for n in (4, 16):
+        default_tree(n).save(tmp_path / f"tree-N{n}.json")
+    calibration = bench.load_calibration(str(tmp_path))
+    tokens, source = bench.tokens_per_step_source(calibration)
+    assert tokens == {4: 1.54, 16: 1.66} and "calibrate" in source
+    trees = bench.load_trees([4, 16], str(tmp_path))
+    assert trees[16].paths == default_tree(16).paths
+
+
+def test_corrupt_device_file_is_an_error(tmp_path):
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "device.json").write_text("{not json")
+    with pytest.raises(RvqspecError, match="rerun `rvqspec bench`"):
+        bench.chosen_tree_size()
+
+
+@pytest.mark.parametrize("args, problem", [
+    (["--threads", "0"], "--threads must be >= 1"),
+    (["--dtype", "float8"], "unknown dtype"),
+    (["--sizes", "4,x"], "--sizes must be"),
+    (["--archs", "7b"], "--archs must be"),
+    (["--archs", ""], "nothing to benchmark"),
+    (["--calibration", "/nonexistent/report.json"], "does not exist"),
+    (["--trees", "/nonexistent"], "no tree-N4.json"),
+])
+def test_bad_arguments_are_one_line_errors(args, problem, capsys, tmp_path):
+    assert cli.main(["bench", "--out", str(tmp_path), *args]) == 2
+    err = capsys.readouterr().err
+    assert problem in err and len(err.strip().splitlines()) == 1
