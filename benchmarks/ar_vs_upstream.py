@@ -2,7 +2,7 @@
 
 One run, interleaved: each repeat times one full frame (15 codes) of `rvqspec.decode_frame` (plain AR), one
 of upstream `talker.code_predictor.generate` on the same weights (sampling defaults: do_sample, temperature
-0.9, top-k 50), and one of our single-token calls (q=1 forward + one head). Figures are medians over the
+0.9, top-k 50), and one of our single-token AR steps (q=1 forward, one head, one draw). Figures are medians over the
 repeats. The single-token call is set against the memory-bandwidth limit: bytes of weights it reads
 (layers, final norm, one head, one embedding row) / this machine's copy bandwidth (median `.copy_` of a
 large tensor, read + write counted). Timing does not depend on weight values (DESIGN section 5).
@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the upstream model builder shared wit
 
 import rvqspec  # noqa: E402
 from rvqspec.checkpoint import atomic_write, save_json  # noqa: E402
+from rvqspec.decode import autoregressive_step  # noqa: E402
 from rvqspec.inspect_cmd import parameter_counts  # noqa: E402
 from rvqspec.integrations.qwen_tts import predictor_from_upstream  # noqa: E402
 from upstream_models import upstream_generate, upstream_model_like  # noqa: E402
@@ -60,19 +61,13 @@ def profile(run, top: int) -> dict:
 
 
 def single_token_call(model: rvqspec.MultiCodeDecoder, hidden: torch.Tensor, c0: int):
-    """A closure running one q=1 call at position 2 (c1 in, logits of c2 out) after a real prefill."""
+    """A closure running decode's own AR step at position 2 (c1 in, c2 drawn) after a real prefill."""
     groups = model.config.num_code_groups
     rvqspec.decode_frame(model, hidden, c0, SAMPLER)  # leaves a filled cache of `groups` slots
     slots = torch.arange(groups)
-    position, mask = slots[2:3], (slots <= 2)[None]
-    code, table = torch.tensor([7]), torch.tensor([1])
-
-    @torch.inference_mode()
-    def call():
-        x = model.embed_codes(code, table)
-        return model.head_logits(model(x[None], position, mask, position)[0], 2)
-
-    return call
+    masks = slots[None, :] <= slots[:, None]
+    code = torch.tensor([7])
+    return torch.inference_mode()(lambda: autoregressive_step(model, SAMPLER, None, code, 2, slots, masks))
 
 
 def measure(args) -> dict:
@@ -153,7 +148,7 @@ def markdown(report: dict) -> str:
         f"{met(speed_ok)}) |",
         "| speedup per repeat, quartiles (upstream / rvqspec in the same repeat) | "
         + " / ".join(f"{q:.2f}x" for q in report["speedup_per_repeat_quartiles"]) + " |",
-        f"| rvqspec single-token call (q=1 forward + head) | {report['ours_call_ms']:.2f} ms |",
+        f"| rvqspec single-token AR step (q=1 forward + head + draw) | {report['ours_call_ms']:.2f} ms |",
         f"| weights read per call | {report['bytes_per_call'] / 1e6:.1f} MB |",
         f"| copy bandwidth (read + write) | {report['copy_bandwidth_gb_s']:.2f} GB/s |",
         f"| bandwidth limit per call | {report['bandwidth_limit_ms']:.2f} ms |",
