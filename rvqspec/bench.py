@@ -11,7 +11,9 @@ Per setting (architecture x dtype x threads), in one process:
    `decode_frame`, AR and speculative alternately: realized speedup = median AR frame / median spec frame.
 
 Timing does not depend on weight values, so the controlled predictors (real sizes, random layers) serve
-both. Ratios are taken within one run; the machine may be shared, so its load is recorded.
+both. Ratios are taken within one run; the machine may be shared, so its load is recorded. On a shared
+machine run with OMP_WAIT_POLICY=PASSIVE: spinning OpenMP workers that lose their core make 2 threads ~10x
+slower than 1 (measured here under load ~9); passive workers sleep instead.
 """
 
 import json
@@ -111,17 +113,20 @@ def call_latency(model: MultiCodeDecoder, drafter, trees: dict[int, Tree], sampl
 @torch.inference_mode()
 def frame_speedup(model: MultiCodeDecoder, drafter, tree: Tree, frames: list, sampler: Sampler,
                   seed: int = 0) -> dict:
-    """Decode each frame AR then speculative (full `decode_frame`); medians of per-frame times, tokens/step."""
+    """Decode each frame AR and speculative (full `decode_frame`, which goes first alternates); medians of
+    per-frame times, tokens/step."""
     generator = torch.Generator().manual_seed(seed)
     decode_frame(model, *frames[0], sampler, generator, drafter=drafter, tree=tree)  # warm-up: plan, packs
-    ar, spec, calls = [], [], 0
-    for h, c0 in frames:
-        start = clocks()
-        decode_frame(model, h, c0, sampler, generator)
-        ar.append(elapsed_ms(start))
-        start = clocks()
-        calls += decode_frame(model, h, c0, sampler, generator, drafter=drafter, tree=tree).calls
-        spec.append(elapsed_ms(start))
+    times: dict = {"ar": [], "spec": []}
+    calls = 0
+    for i, (h, c0) in enumerate(frames):
+        for mode in ("ar", "spec") if i % 2 == 0 else ("spec", "ar"):
+            start = clocks()
+            result = decode_frame(model, h, c0, sampler, generator, drafter=drafter if mode == "spec" else None,
+                                  tree=tree if mode == "spec" else None)
+            times[mode].append(elapsed_ms(start))
+            calls += result.calls if mode == "spec" else 0
+    ar, spec = times["ar"], times["spec"]
     ar_ms, spec_ms = medians(ar), medians(spec)
     return {"frames": len(frames), "tokens_per_step": len(frames) * model.config.num_residual_codes / calls,
             "calls_per_frame": calls / len(frames), "ar_frame": ar_ms, "spec_frame": spec_ms,
@@ -274,7 +279,8 @@ def measure_setting(name, model, predictor, dtype, threads, trees, tokens, plan,
 
 def machine() -> dict:
     return {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
-            "load_before": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "load_before": os.getloadavg(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
 
 
 def cpu_name() -> str:
@@ -370,7 +376,8 @@ def markdown(report: dict) -> str:
     lines = ["# rvqspec bench", "",
              f"{m['cpu']}, {m['cores']} cores, torch {m['torch']}, {m['date']}. Load average (1 min) "
              f"{m['load_before'][0]:.1f} before, {m['load_after'][0]:.1f} after: the machine is shared, so "
-             "absolute times vary; the ratios come from interleaved measurements in one run.", "",
+             "absolute times vary; the ratios come from interleaved measurements in one run. "
+             f"OMP_WAIT_POLICY={m['omp_wait_policy']}.", "",
              f"Per-call latency, median of {report['plan']['latency_rounds']} interleaved rounds (wall clock). A step is "
              "all the engine does per call (AR: embed, model, head, sample; speculative: drafts, model over "
              f"q=N+1, tree walk, cache move). Timed at k={report['timed_k']}.", "",
