@@ -78,7 +78,7 @@ def test_bad_json_is_named(tmp_path, capsys):
 
 def bench_report() -> dict:
     """A bench report with the schema `rvqspec bench` writes (its own `summarize` fills the summary)."""
-    from rvqspec.bench import summarize
+    from rvqspec.bench import machine, summarize
 
     sizes = [16, 32]
 
@@ -98,8 +98,7 @@ def bench_report() -> dict:
                   "overhead": 0.5, "predicted_speedup": 1.63, **run}
     stand_in = {"tree_size": 16, "frames_from": "validation", "tokens_per_step": 1.1, "ceiling": 0.9,
                 **run, "realized_speedup": 0.85}
-    report = {"machine": {"cpu": "test cpu", "cores": 2, "torch": "x", "date": "today", "load_before": [1.0],
-                          "load_after": [1.0]},
+    report = {"machine": machine() | {"load_after": [1.0]},
               "plan": {"sizes": sizes, "latency_rounds": 5}, "timed_k": 7, "tokens_per_step_source": "paper",
               "tokens_per_step_by_size": {16: 2.25, 32: 2.47},
               "settings": [setting("0.6b", 2.0, controlled=[controlled]), setting("stand-in", 1.0, stand_in)]}
