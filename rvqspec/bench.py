@@ -55,14 +55,14 @@ class Plan:
     latency_rounds: int = 20
     controlled_sizes: tuple[int, ...] = (16, 32, 64)
     controlled_archs: tuple[str, ...] = ("0.6b", "1.7b")
-    calibration_frames: int = 16
-    calibration_iterations: int = 8
-    frames: int = 24
+    calibration_frames: int = 40
+    calibration_iterations: int = 7
+    frames: int = 40
 
 
 def quick_plan(archs, dtypes, threads, sizes) -> Plan:
     return Plan(archs, dtypes[:1], threads[:1], sizes, latency_rounds=5, controlled_sizes=(32,),
-                controlled_archs=("0.6b",), calibration_frames=6, calibration_iterations=6, frames=6)
+                controlled_archs=("0.6b",), calibration_frames=8, calibration_iterations=5, frames=8)
 
 
 # ---------------------------------------------------------------------------------------------- timing

@@ -6,8 +6,9 @@ drafts are accepted. So the random-weight predictor gets inputs and heads that m
 - code c of every table is embedded (scaled by `EMBED_SCALE`, so it dominates the residual stream over the
   random layers) along one random direction u_c; c0 uses u_{c0 mod V}. The final hidden state after code c
   then points (almost) along d_c, the projected u_c;
-- every head row v is `strength * d_v / |d_v|`, so the target distribution of each codebook peaks on the
-  previous code, with a logit margin of about strength * sqrt(hidden) over unit-variance noise.
+- every head row v is `strength * d_v / (|d_v| sqrt(hidden))`: the final norm gives the hidden state RMS 1,
+  so the logit of the previous code is about `strength` and every other logit `strength * cos(d_v, d_c)`,
+  near 0. `strength` is the peak's logit margin (before the temperature), whatever the model's size.
 
 The drafts of `ReusedHeads` read the same directions, so their rank-0 candidate at every depth is the code
 before the root: accepted while the frame keeps repeating it. Acceptance grows with `strength`;
@@ -36,14 +37,15 @@ EMBED_SCALE = 30.0  # code embeddings' RMS; the random layers add O(1) per block
 class ControlledPredictor:
     model: MultiCodeDecoder
     directions: Tensor  # [V, hidden] unit vectors: where the final hidden state points after each code
-    strength: float = 0.0
+    strength: float = 0.0  # logit margin of the peak
 
     def set_strength(self, strength: float) -> None:
-        """Heads of every codebook: `strength` times the direction of each code (0: uniform targets)."""
+        """Heads of every codebook peak on the previous code with logit margin `strength` (0: uniform targets)."""
         if not strength >= 0:
             raise RvqspecError(f"peak strength must be >= 0, got {strength}")
+        scale = strength / self.model.config.hidden_size ** 0.5
         with torch.no_grad():
-            self.model.heads.copy_((strength * self.directions).expand_as(self.model.heads))
+            self.model.heads.copy_((scale * self.directions).expand_as(self.model.heads))
         self.strength = float(strength)
 
     def frames(self, count: int, seed: int = 0) -> list[tuple[Tensor, int]]:
@@ -83,8 +85,8 @@ def tokens_per_step(predictor: ControlledPredictor, tree: Tree, frames: list[tup
 
 
 def calibrate_strength(predictor: ControlledPredictor, tree: Tree, target: float, sampler: Sampler,
-                       frames: list[tuple[Tensor, int]], iterations: int = 8, low: float = 0.01,
-                       high: float = 4.0, seed: int = 0) -> tuple[float, float]:
+                       frames: list[tuple[Tensor, int]], iterations: int = 7, low: float = 1.0,
+                       high: float = 16.0, seed: int = 0) -> tuple[float, float]:
     """Bisect the peak strength (log scale, same frames and draws each time) until tokens/step hits `target`.
 
     Returns (strength, measured tokens/step at it); the predictor is left at that strength.

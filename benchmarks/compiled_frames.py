@@ -1,0 +1,105 @@
+"""Does torch.compile help the engine on this CPU? Whole frames, AR vs speculative, eager vs compiled.
+
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/compiled_frames.py [--arch 0.6b] [--dtype bfloat16] [--size 32]
+
+The real architecture with acceptance controlled to the paper's tokens/step at N (`rvqspec.controlled`),
+ReusedHeads drafts, deployed sampler. Compiled = `torch.compile(model, dynamic=False)` with inductor freezing
+(weights become constants, prepacked for oneDNN); `decode_frame` takes the compiled module as it is (attribute
+access falls through to the model), so only the forward is compiled: drafts, heads, sampling and the tree walk
+stay eager. Each frame is decoded four ways in rotating order; medians. Writes bench-compile.{json,md}.
+"""
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch._inductor.config as inductor_config
+
+from rvqspec.bench import ARCHS, PAPER_ACCEPTANCE, clocks, elapsed_ms, machine
+from rvqspec.checkpoint import atomic_write, save_json
+from rvqspec.controlled import calibrate_strength, controlled_predictor
+from rvqspec.decode import decode_frame
+from rvqspec.drafters import ReusedHeads
+from rvqspec.sampling import Sampler
+from rvqspec.tree import default_tree
+
+WAYS = ("eager AR", "eager spec", "compiled AR", "compiled spec")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="0.6b", choices=list(ARCHS))
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--size", type=int, default=32, choices=list(PAPER_ACCEPTANCE))
+    parser.add_argument("--frames", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    inductor_config.freezing = True
+    sampler, tree = Sampler(), default_tree(args.size)
+    predictor = controlled_predictor(ARCHS[args.arch], dtype=args.dtype)
+    strength, calibrated = calibrate_strength(predictor, tree, PAPER_ACCEPTANCE[args.size], sampler,
+                                              predictor.frames(12, seed=1), iterations=7)
+    model, drafter = predictor.model, ReusedHeads(predictor.model)
+    compiled = torch.compile(model, dynamic=False)
+    models = {"eager": model, "compiled": compiled}
+    frames = predictor.frames(args.frames, seed=2)
+    generator = torch.Generator().manual_seed(0)
+
+    def decode(way: str, h, c0):
+        kind, mode = way.split()
+        spec = mode == "spec"
+        return decode_frame(models[kind], h, c0, sampler, generator, drafter=drafter if spec else None,
+                            tree=tree if spec else None)
+
+    compile_seconds = {}
+    for way in WAYS:  # warm-up; the compiled ways compile their shapes here
+        start = time.perf_counter()
+        decode(way, *frames[0])
+        compile_seconds[way] = time.perf_counter() - start
+    times: dict = {way: [] for way in WAYS}
+    calls = {way: 0 for way in WAYS}
+    for i, (h, c0) in enumerate(frames):
+        for way in WAYS[i % 4:] + WAYS[:i % 4]:
+            start = clocks()
+            calls[way] += decode(way, h, c0).calls
+            times[way].append(elapsed_ms(start))
+    wall = {way: statistics.median(t[0] for t in times[way]) for way in WAYS}
+    cpu = {way: statistics.median(t[1] for t in times[way]) for way in WAYS}
+    report = {"machine": machine() | {"load_after": os.getloadavg()}, "arch": args.arch,
+              "dtype": args.dtype, "threads": args.threads, "tree_size": args.size, "frames": args.frames,
+              "strength": strength, "calibrated_tokens_per_step": calibrated,
+              "tokens_per_step": {w: args.frames * 15 / calls[w] for w in WAYS},
+              "frame_wall_ms": wall, "frame_cpu_ms": cpu, "first_frame_s": compile_seconds,
+              "speedup": {"eager spec over eager AR": wall["eager AR"] / wall["eager spec"],
+                          "compiled spec over compiled AR": wall["compiled AR"] / wall["compiled spec"],
+                          "compiled AR over eager AR": wall["eager AR"] / wall["compiled AR"],
+                          "compiled spec over eager AR": wall["eager AR"] / wall["compiled spec"]}}
+    out = Path(args.out)
+    save_json(out / "bench-compile.json", report)
+    atomic_write(out / "bench-compile.md", lambda tmp: Path(tmp).write_text(markdown(report)))
+    print(markdown(report))
+
+
+def markdown(r: dict) -> str:
+    m = r["machine"]
+    lines = ["# torch.compile vs eager, whole frames", "",
+             f"`python benchmarks/compiled_frames.py`: {r['arch']} architecture (random layers, acceptance controlled "
+             f"to {PAPER_ACCEPTANCE[r['tree_size']]} tokens/step at N={r['tree_size']}), {r['dtype']}, "
+             f"{r['threads']} thread(s), {r['frames']} frames; {m['cpu']}, torch {m['torch']}, load "
+             f"{m['load_before'][0]:.1f} before / {m['load_after'][0]:.1f} after. Compiled: inductor with freezing, "
+             "static shapes, forward only.", "",
+             "| way | frame ms (wall, median) | frame ms (CPU) | tokens/step | first frame s (compiles) |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {w} | {r['frame_wall_ms'][w]:.1f} | {r['frame_cpu_ms'][w]:.1f} | {r['tokens_per_step'][w]:.2f} | "
+              f"{r['first_frame_s'][w]:.1f} |" for w in WAYS]
+    lines += ["", "| ratio | value |", "|---|---|"] + [f"| {k} | {v:.2f}x |" for k, v in r["speedup"].items()]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
