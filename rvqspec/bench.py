@@ -120,14 +120,13 @@ def frame_speedup(model: MultiCodeDecoder, drafter, tree: Tree, frames: list, sa
     times: dict = {"ar": [], "spec": []}
     calls = 0
     for i, (h, c0) in enumerate(frames):
-        for mode in ("ar", "spec") if i % 2 == 0 else ("spec", "ar"):
+        for spec in (False, True) if i % 2 == 0 else (True, False):
             start = clocks()
-            result = decode_frame(model, h, c0, sampler, generator, drafter=drafter if mode == "spec" else None,
-                                  tree=tree if mode == "spec" else None)
-            times[mode].append(elapsed_ms(start))
-            calls += result.calls if mode == "spec" else 0
-    ar, spec = times["ar"], times["spec"]
-    ar_ms, spec_ms = medians(ar), medians(spec)
+            result = decode_frame(model, h, c0, sampler, generator, drafter=drafter if spec else None,
+                                  tree=tree if spec else None)
+            times["spec" if spec else "ar"].append(elapsed_ms(start))
+            calls += result.calls if spec else 0
+    ar_ms, spec_ms = medians(times["ar"]), medians(times["spec"])
     return {"frames": len(frames), "tokens_per_step": len(frames) * model.config.num_residual_codes / calls,
             "calls_per_frame": calls / len(frames), "ar_frame": ar_ms, "spec_frame": spec_ms,
             "realized_speedup": ar_ms["wall_ms"] / spec_ms["wall_ms"],
@@ -184,11 +183,12 @@ def load_calibration(path: str | None) -> dict | None:
                            "`rvqspec calibrate --out DIR`")
     try:
         report = json.loads(file.read_text())
-        rows = report["trees"]
-        assert all("budget" in t and "measured_tokens_per_step" in t for t in rows)
-    except (json.JSONDecodeError, KeyError, TypeError, AssertionError):
+        complete = all("budget" in t and "measured_tokens_per_step" in t for t in report["trees"])
+    except (json.JSONDecodeError, KeyError, TypeError):
+        complete = False
+    if not complete:
         raise RvqspecError(f"{file} is not an `rvqspec calibrate` report (expected trees[].budget and "
-                           "trees[].measured_tokens_per_step): rerun `rvqspec calibrate`") from None
+                           "trees[].measured_tokens_per_step): rerun `rvqspec calibrate`")
     return report | {"path": str(file)}
 
 
