@@ -373,11 +373,10 @@ def setting_name(s: dict) -> str:
 
 def markdown(report: dict) -> str:
     m, sizes = report["machine"], report["plan"]["sizes"]
-    lines = ["# rvqspec bench", "",
+    lines = ["# rvqspec bench", "", f"`{report.get('command', 'rvqspec bench')}` (OMP_WAIT_POLICY={m['omp_wait_policy']}), "
              f"{m['cpu']}, {m['cores']} cores, torch {m['torch']}, {m['date']}. Load average (1 min) "
              f"{m['load_before'][0]:.1f} before, {m['load_after'][0]:.1f} after: the machine is shared, so "
-             "absolute times vary; the ratios come from interleaved measurements in one run. "
-             f"OMP_WAIT_POLICY={m['omp_wait_policy']}.", "",
+             "absolute times vary; the ratios come from interleaved measurements in one run.", "",
              f"Per-call latency, median of {report['plan']['latency_rounds']} interleaved rounds (wall clock). A step is "
              "all the engine does per call (AR: embed, model, head, sample; speculative: drafts, model over "
              f"q=N+1, tree walk, cache move). Timed at k={report['timed_k']}.", "",
@@ -484,6 +483,16 @@ def parse_list(text: str, kind, allowed=None, what: str = "value") -> list:
     return values
 
 
+def command_line(args) -> str:
+    """The invocation, for the report (options at their values, flags when set)."""
+    words = ["rvqspec bench"]
+    for name in ("archs", "model", "calibration", "trees", "drafter", "corpus", "sizes", "dtype", "threads", "rounds"):
+        value = getattr(args, name)
+        if value is not None:
+            words.append(f"--{name} {value if value != '' else repr(value)}")
+    return " ".join(words + ["--quick"] * args.quick)
+
+
 def run(args) -> int:
     archs = parse_list(args.archs, str.lower, ARCHS, "archs") if args.archs else []
     dtypes = parse_list(args.dtype, str, None, "dtype")
@@ -507,6 +516,7 @@ def run(args) -> int:
     log = (lambda *a, **k: None) if args.json else print
     report = run_bench(plan, trees, calibration, args.model, drafter, args.corpus, log)
     report["trees"] = trees_dir or "default_tree(N)"
+    report["command"] = command_line(args)
     paths = write_reports(report, Path(args.out), "bench-quick" if args.quick else "bench")
     device = None if args.no_device_file else write_device_file(report)
     if args.json:
