@@ -10,7 +10,7 @@ install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -e '.[test,ref]'
+	$(PY) -m pip install -q -e '.[test,ref,standin]'
 	$(PY) -m pip install -q --no-deps $(QWEN_TTS)
 	touch $@
 
