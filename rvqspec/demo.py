@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from rvqspec.bench import chosen_tree_size, paper_acceptance_speedup, read_device_file
 from rvqspec.drafters import Offsets
 from rvqspec.errors import RvqspecError
 from rvqspec.sampling import Sampler
@@ -27,7 +28,6 @@ DEFAULT_TEXT = {"en": "The quick brown fox jumps over the lazy dog.",
                 "es": "El veloz zorro marrón salta sobre el perro perezoso.",
                 "ru": "Быстрая коричневая лиса прыгает через ленивую собаку."}
 DEFAULT_TREE_SIZE = 16
-BENCH_RESULTS = Path("benchmarks/results/bench.json")
 
 
 def default_assets() -> Path:
@@ -45,13 +45,11 @@ def check_assets(assets: Path) -> None:
                            "`rvqspec standin build` (about 1.5 hours on 2 CPU cores), or reinstall the package")
 
 
-def tree_size(assets: Path) -> tuple[int, str]:
-    """The tree size the benchmarks chose for this device, else the default; and where it came from."""
-    try:
-        from rvqspec.bench import chosen_tree_size
-    except ImportError:
-        return DEFAULT_TREE_SIZE, "default"
-    return chosen_tree_size(), "rvqspec.bench.chosen_tree_size"
+def tree_size() -> tuple[int, str]:
+    """The tree size `rvqspec bench` chose for this device, else the default; and where it came from."""
+    if read_device_file() is None:
+        return DEFAULT_TREE_SIZE, "default (run `rvqspec bench` to choose one for this device)"
+    return chosen_tree_size(DEFAULT_TREE_SIZE), "chosen by `rvqspec bench` for this device"
 
 
 def load_tree(assets: Path, size: int) -> Tree:
@@ -62,19 +60,6 @@ def load_tree(assets: Path, size: int) -> Tree:
             raise RvqspecError(f"no calibrated tree in {assets / 'trees'}: run `rvqspec standin build --from calibrate`")
         path = assets / "trees" / f"tree-N{min(sizes, key=lambda n: abs(n - size))}.json"
     return Tree.load(path)
-
-
-def real_model_speedup() -> dict | None:
-    """The realized speed-up of the real 0.6B architecture at the paper's acceptance, if benchmarked."""
-    try:
-        from rvqspec.bench import paper_acceptance_speedup
-    except ImportError:
-        paper_acceptance_speedup = None
-    if paper_acceptance_speedup is not None:
-        return paper_acceptance_speedup()
-    if BENCH_RESULTS.is_file():
-        return json.loads(BENCH_RESULTS.read_text()).get("paper_acceptance")
-    return None
 
 
 def heldout_top1(assets: Path) -> float | None:
@@ -122,7 +107,7 @@ def run_demo(text: str | None = None, lang: str = "en", out: str | Path = "demo_
     tts = load_standin(assets / "model")
     codec = MelRVQCodec.load(assets / "codec.safetensors")
     drafter = Offsets.load(assets / "offsets.safetensors", tts.predictor)
-    size, size_source = tree_size(assets)
+    size, size_source = tree_size()
     tree = load_tree(assets, size)
     warm_up(tts, drafter, tree)
     ar, ar_wav, ar_seconds = synthesize(tts, codec, text, lang, seed)
@@ -151,7 +136,7 @@ def run_demo(text: str | None = None, lang: str = "en", out: str | Path = "demo_
         "audio_seconds": audio_seconds,
         "mean_top1": float(top1.mean()) if spec.frames else None, "heldout_mean_top1": heldout,
         "wav": {k: str(v) for k, v in files.items()},
-        "real_0_6b_at_paper_acceptance": real_model_speedup(),
+        "real_0_6b_at_paper_acceptance": paper_acceptance_speedup(),
     }
 
 
@@ -173,11 +158,13 @@ def print_report(r: dict) -> None:
           "little about Qwen3-TTS.")
     real = r["real_0_6b_at_paper_acceptance"]
     if real:
-        print(f"  REAL 0.6B ARCHITECTURE (random weights, acceptance controlled to the paper's), this device: "
-              f"{json.dumps(real)}")
+        print(f"  NOT THE STAND-IN: the real Qwen3-TTS 0.6B predictor architecture (random weights, acceptance "
+              f"controlled to the paper's), measured by `rvqspec bench` on this device ({real['dtype']}, "
+              f"{real['threads']} threads, tree of {real['tree_size']}): {real['tokens_per_step']:.2f} tokens/step, "
+              f"{real['calls_per_frame']:.2f} calls/frame, speed-up {real['speedup']:.2f}x")
     else:
-        print("  real 0.6B architecture at the paper's acceptance: not benchmarked on this machine yet "
-              "(run the benchmarks, see README)")
+        print("  real 0.6B architecture at the paper's acceptance: not measured on this device yet "
+              "(`rvqspec bench` measures it)")
 
 
 def run(args) -> int:

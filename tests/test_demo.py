@@ -26,10 +26,11 @@ def tiny_codec(codes: int, seed: int = 0) -> MelRVQCodec:
 
 
 @pytest.fixture(autouse=True)
-def griffin_lim(monkeypatch):
-    """Decode with the Griffin-Lim fallback (what a machine without the vocoder extra uses): fast and light."""
+def isolated(monkeypatch, tmp_path):
+    """Decode with the Griffin-Lim fallback (what a machine without the vocoder extra uses: fast and light),
+    and read the bench's device file from an empty cache unless a test writes one."""
     monkeypatch.setattr(codec, "hifigan", lambda: None)
-    torch.set_num_threads(1)  # tiny models: threads only add synchronisation
+    monkeypatch.setenv("RVQSPEC_CACHE", str(tmp_path / "cache"))
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,8 @@ def assets(tmp_path_factory):
     save_standin(tts, folder / "model", torch.float16)
     tiny_codec(tts.config.num_codes).save(folder / "codec.safetensors")
     Offsets.for_model(tts.predictor).save(folder / "offsets.safetensors")
-    default_tree(4).save(folder / "trees" / "tree-N4.json")
+    for size in (4, 16):
+        default_tree(size).save(folder / "trees" / f"tree-N{size}.json")
     return folder
 
 
@@ -52,8 +54,22 @@ def test_demo_json_on_a_tiny_stand_in(assets, tmp_path, capsys):
         assert rate == 16000 and len(wav) == report["frames"][name] * 1280 and report["frames"][name] >= 1
     assert report["ar_calls_per_frame"] == 15 and report["ar_tokens_per_step"] == 1
     assert 1 <= report["calls_per_frame"] <= 15 and report["tokens_per_step"] == pytest.approx(15 / report["calls_per_frame"])
-    assert report["speedup"] > 0 and 0 < report["mean_top1"] <= 1 and report["tree_nodes"] == 4
-    assert report["vocoder"] == "griffin-lim"
+    assert report["speedup"] > 0 and 0 < report["mean_top1"] <= 1 and report["tree_nodes"] == 16
+    assert report["vocoder"] == "griffin-lim" and report["real_0_6b_at_paper_acceptance"] is None
+
+
+def test_demo_uses_the_benchmarked_tree_size_and_reports_the_real_model(assets, tmp_path, capsys):
+    real = {"model": "0.6b (random weights, acceptance controlled)", "dtype": "bfloat16", "threads": 2,
+            "tree_size": 32, "target_tokens_per_step": 2.47, "tokens_per_step": 2.46, "calls_per_frame": 6.1,
+            "speedup": 1.91, "predicted_speedup": 2.0}
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "device.json").write_text(json.dumps(
+        {"format": "rvqspec-device/1", "tree_size": 4, "paper_acceptance": real}))
+    assert main(["demo", "Hi.", "--assets", str(assets), "--out", str(tmp_path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["tree_nodes"] == 4 and report["real_0_6b_at_paper_acceptance"] == real
+    assert main(["demo", "Hi.", "--assets", str(assets), "--out", str(tmp_path)]) == 0
+    assert "NOT THE STAND-IN" in capsys.readouterr().out
 
 
 def test_demo_text_report(assets, tmp_path, capsys):

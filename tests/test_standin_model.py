@@ -15,8 +15,8 @@ from rvqspec.standin.synth import synthesize_codes
 from rvqspec.standin.talker import (StandinTTS, TalkerConfig, load_standin, new_standin, predictor_config_for,
                                     save_standin)
 from rvqspec.corpus import Corpus, CorpusWriter
-from rvqspec.standin.train import (Utterance, make_batch, predictor_confidence, predictor_loss, talker_hidden,
-                                   talker_loss, teacher_forced_hidden, train_predictor, train_talker)
+from rvqspec.standin.train import (Utterance, joint_loss, make_batch, predictor_confidence, predictor_loss,
+                                   talker_hidden, teacher_forced_hidden, train_joint, train_predictor)
 from rvqspec.tree import default_tree
 
 GREEDY = Sampler(do_sample=False)
@@ -60,7 +60,9 @@ def test_batch_shapes_and_targets():
     hidden = talker_hidden(tts, batch)
     assert hidden.shape == batch.inputs.shape
     frame_hidden = hidden[batch.frame_rows, batch.frame_positions]
-    assert talker_loss(tts, batch).isfinite() and predictor_loss(tts.predictor, frame_hidden, batch.frame_codes).isfinite()
+    c0_loss, residual_loss = joint_loss(tts, batch, 1.0, torch.Generator())
+    torch.testing.assert_close(residual_loss, predictor_loss(tts.predictor, frame_hidden, batch.frame_codes))
+    assert c0_loss.isfinite()
 
 
 def test_frame_input_is_the_sum_of_the_shared_code_tables():
@@ -143,16 +145,17 @@ def write_corpus(tts: StandinTTS, utts: list[Utterance], path) -> Corpus:
     return Corpus(path, validation_fraction=0.0)
 
 
-def test_training_in_sequence_lowers_both_losses(tmp_path):
+def test_joint_then_predictor_training_lower_the_losses(tmp_path):
     utts = random_utterances(4)
-    tts = tiny_standin(std=0.02).train()
+    tts = tiny_standin(std=0.02)
     batch = make_batch(tts, utts)
     with torch.no_grad():
-        before = float(talker_loss(tts, batch))
-    report = train_talker(tts, utts, utts, steps=15, lr=2e-2, warmup=2, max_positions=10_000, log=lambda _: None)
+        before = [float(x) for x in joint_loss(tts, batch, 1.0, torch.Generator())]
+    report = train_joint(tts, utts, utts, steps=15, predictor_fraction=0.5, lr=2e-2, warmup=2, max_positions=10_000,
+                         log=lambda _: None)
     with torch.no_grad():
-        after = float(talker_loss(tts, make_batch(tts, utts)))
-    assert report["steps"] == 15 and after < before - 0.5
+        after = [float(x) for x in joint_loss(tts, make_batch(tts, utts), 1.0, torch.Generator())]
+    assert report["steps"] == 15 and after[0] < before[0] - 0.5 and after[1] < before[1] - 0.5
     corpus = write_corpus(tts, utts, tmp_path / "corpus")
     codes, hidden = next(corpus.batches("train", 1000))
     table = tts.predictor.code_embed.weight.clone()

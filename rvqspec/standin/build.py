@@ -8,9 +8,9 @@ what ships goes to rvqspec/standin/assets (<= 20 MB):
  corpus        work/corpus/manifest.jsonl + wavs       offline speech, 4 languages (rvqspec.standin.corpus)
  codec         assets/codec.safetensors                mel-RVQ codec, 16 x 512 k-means (rvqspec.standin.codec)
  encode        work/codes/                             every utterance's codes [T, 16]
- talker        work/talker/                            phase 1: talker + shared code tables (train.train_talker)
+ joint         work/joint/                             phase 1: talker + predictor (train.train_joint)
  code-corpus   work/code-corpus/{train,validation,test}  frozen talker's states + codes (rvqspec.corpus)
- predictor     assets/model/                           phase 3: predictor on the code corpus; float16 weights
+ predictor     assets/model/                           phase 3: predictor alone on the code corpus; float16
  offsets       assets/offsets.safetensors              `rvqspec train-offsets` on the train code corpus
  calibrate     assets/trees/                           `rvqspec calibrate`, budgets 4,8,16,32,64
  quality       assets/report.json                      held-out confidence per codebook; Whisper WER/CER
@@ -53,10 +53,11 @@ PREDICTOR_SIZES = dict(hidden_size=192, intermediate_size=576, num_hidden_layers
 class Settings:
     work: Path = Path("data/standin")
     hours: float = 3.4
-    talker_steps: int = 3000
-    talker_minutes: float = 30.0
-    predictor_steps: int = 3000
-    predictor_minutes: float = 25.0
+    joint_steps: int = 2000
+    joint_minutes: float = 32.0
+    predictor_fraction: float = 0.25
+    predictor_steps: int = 1500
+    predictor_minutes: float = 22.0
     offsets_epochs: int = 2
     quality_limit: int | None = 40  # test sentences per language for WER (None: all)
     seed: int = 0
@@ -70,8 +71,8 @@ class Settings:
         return self.work / "codes"
 
     @property
-    def talker_dir(self) -> Path:
-        return self.work / "talker"
+    def joint_dir(self) -> Path:
+        return self.work / "joint"
 
     def code_corpus(self, split: str) -> Path:
         return self.work / "code-corpus" / split
@@ -143,17 +144,17 @@ def bytes_per_frame(utts, languages: tuple[str, ...]) -> list[float]:
     return rates
 
 
-def stage_talker(s: Settings) -> dict:
-    from rvqspec.standin.train import train_talker
+def stage_joint(s: Settings) -> dict:
+    from rvqspec.standin.train import train_joint
 
     train_utts = load_utterances(s, "train")
     config = replace(TALKER, bytes_per_frame=tuple(bytes_per_frame(train_utts, TALKER.languages)))
     torch.manual_seed(s.seed)
     tts = new_standin(config, predictor_config_for(config, **PREDICTOR_SIZES))
-    report = train_talker(tts, train_utts, load_utterances(s, "validation"), s.talker_steps,
-                          minutes=s.talker_minutes, seed=s.seed)
-    save_standin(tts, s.talker_dir, SHIPPED_DTYPE, extra={"phase": "talker"})
-    save_json(s.talker_dir / "train.json", report)
+    report = train_joint(tts, train_utts, load_utterances(s, "validation"), s.joint_steps, s.predictor_fraction,
+                         minutes=s.joint_minutes, seed=s.seed)
+    save_standin(tts, s.joint_dir, SHIPPED_DTYPE, extra={"phase": "joint"})
+    save_json(s.joint_dir / "train.json", report)
     return report
 
 
@@ -162,11 +163,11 @@ def stage_code_corpus(s: Settings) -> dict:
     from rvqspec.corpus import CorpusWriter
     from rvqspec.standin.train import teacher_forced_hidden
 
-    tts = load_standin(s.talker_dir)
+    tts = load_standin(s.joint_dir)
     frames = {}
     for split in SPLITS:
         utts = load_utterances(s, split)
-        meta = {"writer": "rvqspec standin build", "split": split, "talker": str(s.talker_dir)}
+        meta = {"writer": "rvqspec standin build", "split": split, "talker": str(s.joint_dir)}
         with CorpusWriter(s.code_corpus(split), TALKER.hidden_size, hidden_dtype=torch.float32, meta=meta,
                           overwrite=True) as writer:
             for utt in utts:
@@ -179,14 +180,14 @@ def stage_predictor(s: Settings) -> dict:
     from rvqspec.corpus import Corpus
     from rvqspec.standin.train import train_predictor
 
-    tts = load_standin(s.talker_dir)
+    tts = load_standin(s.joint_dir)
     report = train_predictor(tts.predictor, Corpus(s.code_corpus("train"), 0.0),
                              Corpus(s.code_corpus("validation"), 0.0), s.predictor_steps,
                              minutes=s.predictor_minutes, seed=s.seed)
-    talker_report = json.loads((s.talker_dir / "train.json").read_text())
+    joint_report = json.loads((s.joint_dir / "train.json").read_text())
     save_standin(tts, MODEL_DIR, SHIPPED_DTYPE, extra={"codec": "codec.safetensors", "frame_rate": 12.5,
                                                        "sample_rate": 16000, "training": {
-                                                           "talker": talker_report, "predictor": report}})
+                                                           "joint": joint_report, "predictor": report}})
     return report
 
 
@@ -250,14 +251,14 @@ def intelligibility(s: Settings, tts) -> dict:
     return figures
 
 
-STAGES = {"corpus": stage_corpus, "codec": stage_codec, "encode": stage_encode, "talker": stage_talker,
+STAGES = {"corpus": stage_corpus, "codec": stage_codec, "encode": stage_encode, "joint": stage_joint,
           "code-corpus": stage_code_corpus, "predictor": stage_predictor, "offsets": stage_offsets,
           "calibrate": stage_calibrate, "quality": stage_quality}
 
 
 def stage_done(s: Settings, stage: str) -> bool:
     outputs = {"corpus": s.manifest, "codec": codec_file(), "encode": s.codes_dir / "utterances.json",
-               "talker": s.talker_dir / "train.json", "code-corpus": s.code_corpus("test") / "index.json",
+               "joint": s.joint_dir / "train.json", "code-corpus": s.code_corpus("test") / "index.json",
                "predictor": MODEL_DIR / "model.safetensors", "offsets": OFFSETS_FILE,
                "calibrate": TREES_DIR / "report.json", "quality": REPORT_FILE}
     return outputs[stage].exists()
@@ -308,8 +309,8 @@ def write_report(s: Settings, log: dict) -> None:
 
 
 def run_build(args) -> int:
-    s = Settings(work=Path(args.work), hours=args.hours, talker_steps=args.talker_steps,
-                 talker_minutes=args.talker_minutes, predictor_steps=args.predictor_steps,
+    s = Settings(work=Path(args.work), hours=args.hours, joint_steps=args.joint_steps,
+                 joint_minutes=args.joint_minutes, predictor_steps=args.predictor_steps,
                  predictor_minutes=args.predictor_minutes, offsets_epochs=args.offsets_epochs, seed=args.seed)
     build(s, args.from_stage, args.to_stage, tuple(args.force))
     return 0
@@ -335,8 +336,8 @@ def add_cli(subparsers) -> None:
     b.add_argument("--from", dest="from_stage", default="corpus", help=f"first stage ({', '.join(STAGES)})")
     b.add_argument("--to", dest="to_stage", default="quality", help="last stage")
     b.add_argument("--force", action="append", default=[], metavar="STAGE", help="redo this stage even if done")
-    b.add_argument("--talker-steps", type=int, default=Settings.talker_steps)
-    b.add_argument("--talker-minutes", type=float, default=Settings.talker_minutes, help="wall-time cap")
+    b.add_argument("--joint-steps", type=int, default=Settings.joint_steps)
+    b.add_argument("--joint-minutes", type=float, default=Settings.joint_minutes, help="wall-time cap")
     b.add_argument("--predictor-steps", type=int, default=Settings.predictor_steps)
     b.add_argument("--predictor-minutes", type=float, default=Settings.predictor_minutes, help="wall-time cap")
     b.add_argument("--offsets-epochs", type=int, default=Settings.offsets_epochs)
