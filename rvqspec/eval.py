@@ -226,11 +226,12 @@ class WhisperASR:
         return transcribe(self.models[lang], wav, lang)
 
 
-def codec_vocoder():
-    """codes [T, 16] -> 16 kHz waveform through the shipped codec (HiFi-GAN, or Griffin-Lim without it)."""
-    from rvqspec.standin.codec import MelRVQCodec
+def codec_vocoder(path: Path | None = None):
+    """codes [T, 16] -> 16 kHz waveform through the codec (default: the shipped one; HiFi-GAN, or Griffin-Lim
+    without it)."""
+    from rvqspec.standin.codec import ASSET, MelRVQCodec
 
-    codec = MelRVQCodec.load()
+    codec = MelRVQCodec.load(path or ASSET)
     return lambda codes: codec.decode(codes).numpy()
 
 
@@ -515,7 +516,8 @@ def run(args) -> int:
     drafters, missing = load_drafters(args.drafters.split(","), tts.predictor, model_dir,
                                       Path(args.offsets or OFFSETS_FILE), Path(args.medusa), corpus)
     asr = None if args.no_asr else WhisperASR()
-    report = evaluate(tts, sentences, drafters, tree, seeds, codec_vocoder() if asr else None, asr, missing,
+    vocoder = codec_vocoder(Path(args.codec) if args.codec else None) if asr else None
+    report = evaluate(tts, sentences, drafters, tree, seeds, vocoder, asr, missing,
                       wer_per_lang)
     report["model"] = str(model_dir)
     if "medusa" in drafters:
@@ -547,9 +549,10 @@ def add_cli(subparsers) -> None:
     p.add_argument("--corpus", help="code corpus to train Medusa heads on (default: the stand-in's train split)")
     p.add_argument("--tree", default=str(DEFAULT_NODES), help="tree size N of a shipped tree, or a tree file")
     p.add_argument("--trees", help="folder of the calibrated trees (default: the shipped ones)")
+    p.add_argument("--codec", help="codec file that decodes the model's codes (default: the shipped one)")
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--sentences", type=int, default=10, help="test sentences per language (0: all)")
-    p.add_argument("--wer-sentences", type=int, default=5,
+    p.add_argument("--sentences", type=int, default=8, help="test sentences per language (0: all)")
+    p.add_argument("--wer-sentences", type=int, default=3,
                    help="of those, how many per language are vocoded and transcribed for WER (0: all)")
     p.add_argument("--langs", default="en,de,es,ru")
     p.add_argument("--manifest", default=str(MANIFEST), help="the stand-in corpus manifest (test split)")
