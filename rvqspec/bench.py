@@ -55,14 +55,13 @@ class Plan:
     latency_rounds: int = 20
     controlled_sizes: tuple[int, ...] = (16, 32, 64)
     controlled_archs: tuple[str, ...] = ("0.6b", "1.7b")
-    calibration_frames: int = 40
-    calibration_iterations: int = 7
-    frames: int = 40
+    calibration_iterations: int = 9
+    frames: int = 32
 
 
 def quick_plan(archs, dtypes, threads, sizes) -> Plan:
     return Plan(archs, dtypes[:1], threads[:1], sizes, latency_rounds=5, controlled_sizes=(32,),
-                controlled_archs=("0.6b",), calibration_frames=8, calibration_iterations=5, frames=8)
+                controlled_archs=("0.6b",), calibration_iterations=6, frames=8)
 
 
 # ---------------------------------------------------------------------------------------------- timing
@@ -114,15 +113,16 @@ def call_latency(model: MultiCodeDecoder, drafter, trees: dict[int, Tree], sampl
 def frame_speedup(model: MultiCodeDecoder, drafter, tree: Tree, frames: list, sampler: Sampler,
                   seed: int = 0) -> dict:
     """Decode each frame AR and speculative (full `decode_frame`, which goes first alternates); medians of
-    per-frame times, tokens/step."""
-    generator = torch.Generator().manual_seed(seed)
-    decode_frame(model, *frames[0], sampler, generator, drafter=drafter, tree=tree)  # warm-up: plan, packs
+    per-frame times, tokens/step. The speculative decodes draw from their own generator seeded `seed`, as
+    `rvqspec.controlled.tokens_per_step` does: on the same frames they repeat its draws."""
+    decode_frame(model, *frames[0], sampler, drafter=drafter, tree=tree)  # warm-up: plan, packs
+    generators = {False: torch.Generator().manual_seed(seed + 1), True: torch.Generator().manual_seed(seed)}
     times: dict = {"ar": [], "spec": []}
     calls = 0
     for i, (h, c0) in enumerate(frames):
         for spec in (False, True) if i % 2 == 0 else (True, False):
             start = clocks()
-            result = decode_frame(model, h, c0, sampler, generator, drafter=drafter if spec else None,
+            result = decode_frame(model, h, c0, sampler, generators[spec], drafter=drafter if spec else None,
                                   tree=tree if spec else None)
             times["spec" if spec else "ar"].append(elapsed_ms(start))
             calls += result.calls if spec else 0
@@ -140,25 +140,27 @@ def predicted(tokens_per_step: float, overhead: float) -> float:
 # ---------------------------------------------------------------------------------------------- runs
 
 def controlled_runs(predictor: ControlledPredictor, latency: dict, trees: dict[int, Tree], plan: Plan,
-                    strengths: dict[int, float], sampler: Sampler, log) -> list[dict]:
-    """At each paper budget: calibrate the peak strength once per architecture (cached in `strengths`),
-    then time whole frames AR vs speculative and set the realized next to the predicted speed-up."""
+                    strengths: dict[int, tuple[float, float]], sampler: Sampler, log) -> list[dict]:
+    """At each paper budget: bisect the peak strength on the frames (once per architecture and dtype, cached
+    in `strengths`), then time the same frames, AR vs speculative (with the calibration's draws, so at the
+    calibrated acceptance), and set the realized next to the predicted speed-up."""
     drafter, rows = ReusedHeads(predictor.model), []
+    frames = predictor.frames(plan.frames, seed=1)
     for n in plan.controlled_sizes:
         if n not in trees:
             continue
         target = PAPER_ACCEPTANCE[n]
         if n not in strengths:
-            calibration = predictor.frames(plan.calibration_frames, seed=1)
-            strengths[n], measured = calibrate_strength(predictor, trees[n], target, sampler, calibration,
-                                                        plan.calibration_iterations)
-            log(f"    N={n}: peak strength {strengths[n]:.4f} gives {measured:.3f} tokens/step "
-                f"(target {target}) on {len(calibration)} calibration frames")
-        predictor.set_strength(strengths[n])
-        run = frame_speedup(predictor.model, drafter, trees[n], predictor.frames(plan.frames, seed=2), sampler)
+            strengths[n] = calibrate_strength(predictor, trees[n], target, sampler, frames, plan.calibration_iterations)
+            log(f"    N={n}: peak strength {strengths[n][0]:.3f} gives {strengths[n][1]:.3f} tokens/step "
+                f"(target {target})")
+        strength, calibrated = strengths[n]
+        predictor.set_strength(strength)
+        run = frame_speedup(predictor.model, drafter, trees[n], frames, sampler)
         overhead = latency["spec"][n]["overhead"]
-        rows.append({"tree_size": n, "target_tokens_per_step": target, "strength": strengths[n], **run,
-                     "overhead": overhead, "predicted_speedup": predicted(run["tokens_per_step"], overhead)})
+        rows.append({"tree_size": n, "target_tokens_per_step": target, "strength": strength,
+                     "calibrated_tokens_per_step": calibrated, **run, "overhead": overhead,
+                     "predicted_speedup": predicted(run["tokens_per_step"], overhead)})
         log(f"    N={n}: {run['tokens_per_step']:.3f} tokens/step, realized {run['realized_speedup']:.2f}x "
             f"(cpu {run['realized_speedup_cpu']:.2f}x), predicted {rows[-1]['predicted_speedup']:.2f}x")
     return rows
@@ -227,8 +229,8 @@ def run_bench(plan: Plan, trees: dict[int, Tree], calibration: dict | None, mode
     targets = [(arch, ARCHS[arch]) for arch in plan.archs] + ([("stand-in", model_path)] if model_path else [])
     try:
         for name, what in targets:
-            strengths: dict[int, float] = {}
             for dtype in plan.dtypes:
+                strengths: dict = {}  # per dtype, whose numerics change the draws: N -> (strength, tokens/step)
                 if name == "stand-in":
                     model = MultiCodeDecoder.from_pretrained(what, dtype)
                     predictor = None

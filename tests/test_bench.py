@@ -20,8 +20,7 @@ def tiny(monkeypatch, tmp_path):
 
 def small_plan(**changes) -> bench.Plan:
     plan = dict(archs=["0.6b", "1.7b"], dtypes=["float32"], threads=[1], sizes=[4, 16, 32], latency_rounds=3,
-                controlled_sizes=(16, 32), controlled_archs=("0.6b",), calibration_frames=4,
-                calibration_iterations=3, frames=4)
+                controlled_sizes=(16, 32), controlled_archs=("0.6b",), calibration_iterations=3, frames=4)
     return bench.Plan(**(plan | changes))
 
 
@@ -42,6 +41,7 @@ def test_report_arithmetic_and_choice():
     assert [r["tree_size"] for r in controlled] == [16, 32] and report["settings"][1]["controlled"] == []
     for row in controlled:
         assert row["frames"] == 4 and 1 <= row["tokens_per_step"] <= 3
+        assert row["tokens_per_step"] == row["calibrated_tokens_per_step"]  # timed on the calibration's frames and draws
         assert row["realized_speedup"] == pytest.approx(row["ar_frame"]["wall_ms"] / row["spec_frame"]["wall_ms"])
     best = max(controlled, key=lambda r: r["realized_speedup"])
     assert report["speedup_at_paper_acceptance"] == best["realized_speedup"] == report["speedup"]
