@@ -7,22 +7,11 @@ import soundfile
 import torch
 
 from rvqspec.cli import main
-from rvqspec.standin import codec
 from rvqspec.drafters import Offsets
-from rvqspec.standin.codec import CodecConfig, MelRVQCodec
+from rvqspec.standin import codec
 from rvqspec.standin.talker import save_standin
 from rvqspec.tree import default_tree
-from tests.test_standin_model import tiny_standin
-
-
-def tiny_codec(codes: int, seed: int = 0) -> MelRVQCodec:
-    """A random 16-level codec over an 8-dim latent, `codes` entries per level (the talker's num_codes)."""
-    generator = torch.Generator().manual_seed(seed)
-    cfg = CodecConfig(codebook_size=codes, dim=8)
-    features = cfg.mels_per_frame * cfg.mel.n_mels
-    proj = torch.linalg.qr(torch.randn(features, cfg.dim, generator=generator)).Q
-    codebooks = torch.randn(cfg.num_codebooks, codes, cfg.dim, generator=generator)
-    return MelRVQCodec(cfg, torch.full((features,), -4.0), proj, codebooks)
+from tests.test_standin_model import tiny_codec, tiny_standin
 
 
 @pytest.fixture(autouse=True)

@@ -1,20 +1,25 @@
-"""The stand-in TTS: talker shapes, official-layout save/load, KV-cached synthesis vs teacher forcing, training."""
+"""The stand-in TTS: talker shapes, official-layout save/load, KV-cached synthesis vs teacher forcing, training,
+and the build pipeline end to end on a tiny corpus."""
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
 
+from rvqspec.corpus import Corpus, CorpusWriter, split_of
 from rvqspec.decode import decode_frame
-from rvqspec.drafters import ReusedHeads
+from rvqspec.drafters import Offsets, ReusedHeads
 from rvqspec.errors import RvqspecError
 from rvqspec.model import MultiCodeDecoder
 from rvqspec.sampling import Sampler
+from rvqspec.standin.audio import write_wav
+from rvqspec.standin.build import Settings, build
+from rvqspec.standin.codec import CodecConfig, MelRVQCodec
 from rvqspec.standin.synth import synthesize_codes
 from rvqspec.standin.talker import (StandinTTS, TalkerConfig, load_standin, new_standin, predictor_config_for,
                                     save_standin)
-from rvqspec.corpus import Corpus, CorpusWriter
 from rvqspec.standin.train import (Utterance, joint_loss, make_batch, predictor_confidence, predictor_loss,
                                    talker_hidden, teacher_forced_hidden, train_joint, train_predictor)
 from rvqspec.tree import default_tree
@@ -34,6 +39,16 @@ def tiny_standin(seed: int = 0, std: float = 0.3, num_codes: int = 24) -> Standi
             if "norm" not in name:
                 p.normal_(std=std)
     return tts.eval()
+
+
+def tiny_codec(codes: int, seed: int = 0) -> MelRVQCodec:
+    """A random 16-level codec over an 8-dim latent, `codes` entries per level (the talker's num_codes)."""
+    generator = torch.Generator().manual_seed(seed)
+    cfg = CodecConfig(codebook_size=codes, dim=8)
+    features = cfg.mels_per_frame * cfg.mel.n_mels
+    proj = torch.linalg.qr(torch.randn(features, cfg.dim, generator=generator)).Q
+    codebooks = torch.randn(cfg.num_codebooks, codes, cfg.dim, generator=generator)
+    return MelRVQCodec(cfg, torch.full((features,), -4.0), proj, codebooks)
 
 
 def random_utterances(count: int, num_codes: int = 24, seed: int = 0) -> list[Utterance]:
@@ -170,3 +185,49 @@ def test_joint_then_predictor_training_lower_the_losses(tmp_path):
     confidence = predictor_confidence(tts, corpus, Sampler())
     assert confidence["frames"] == sum(len(u.codes) for u in utts) and len(confidence["top1"]) == 15
     assert all(1 / 24 <= p <= 1 for p in confidence["top1"]) and 0 <= confidence["mean_entropy"] <= 3.2
+
+
+def tiny_speech_corpus(folder, per_split: int = 3) -> None:
+    """manifest.jsonl + noise-burst wavs, `per_split` sentences per language and split; the ids are picked so
+    that the code corpus' own hash split (used by train-offsets) has a validation utterance."""
+    rng = np.random.default_rng(0)
+    rows, n = [], 0
+    while not any(split_of(r["id"], 0.05) == "validation" for r in rows if r["split"] == "train"):
+        rows = []
+        for lang in ("en", "de", "es", "ru"):
+            for split in ("train", "validation", "test"):
+                for i in range(per_split):
+                    n += 1
+                    rows.append({"id": f"{lang}_{n}", "lang": lang, "split": split, "text": f"Satz {i} {lang}.",
+                                 "wav": f"wavs/{lang}_{n}.wav", "duration": 1.0})
+    for row in rows:
+        write_wav(folder / row["wav"], (0.1 * rng.standard_normal(16000)).astype(np.float32))
+    (folder / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_build_pipeline_from_encode_to_calibrate(tmp_path, capsys):
+    work, assets = tmp_path / "work", tmp_path / "assets"
+    tiny_speech_corpus(work / "corpus")
+    tiny_codec(24).save(assets / "codec.safetensors")
+    s = Settings(work=work, assets=assets, talker=TalkerConfig(num_codes=24, **TINY), predictor_sizes=TINY,
+                 joint_steps=3, predictor_steps=3, predictor_batch_frames=16, offsets_epochs=1)
+    log = build(s, "encode", "calibrate")
+    assert list(log["stages"]) == ["encode", "joint", "code-corpus", "predictor", "offsets", "calibrate"]
+    frames = log["stages"]["encode"]["result"]["frames"]
+    assert frames == 36 * 13 and sum(log["stages"]["code-corpus"]["result"]["frames"].values()) == frames
+    predictor = MultiCodeDecoder.from_pretrained(s.model_dir)  # the official-checkpoint loader
+    tts = load_standin(s.model_dir)
+    assert tts.config.bytes_per_frame == pytest.approx([len("Satz 0 en.") / 13] * 4, rel=0.05)
+    assert torch.equal(tts.predictor.heads, predictor.heads)
+    Offsets.load(s.offsets_file, predictor)
+    assert sorted(p.name for p in s.trees_dir.glob("tree-N*.json")) == [f"tree-N{n}.json" for n in (16, 32, 4, 64, 8)]
+    report = json.loads(s.report_file.read_text())
+    assert report["asset_bytes"] == sum(f.stat().st_size for f in assets.rglob("*") if f.is_file()
+                                        and f != s.report_file)
+    # finished stages are skipped; a forced one redoes the stages after it
+    capsys.readouterr()
+    build(s, "code-corpus", "offsets", force=("predictor",))
+    printed = capsys.readouterr().out
+    assert "== code-corpus: done already" in printed and "== predictor\n" in printed and "== offsets\n" in printed
+    with pytest.raises(RvqspecError, match="unknown stage"):
+        build(s, "nonsense")

@@ -23,7 +23,7 @@ see `assets/report.json` ("timings") for the figures of the shipped build.
 import json
 import shutil
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -37,7 +37,6 @@ ASSETS = Path(__file__).parent / "assets"
 MODEL_DIR = ASSETS / "model"
 OFFSETS_FILE = ASSETS / "offsets.safetensors"
 TREES_DIR = ASSETS / "trees"
-REPORT_FILE = ASSETS / "report.json"
 BUDGETS = [4, 8, 16, 32, 64]
 SPLITS = ("train", "validation", "test")
 SHIPPED_DTYPE = torch.float16
@@ -52,11 +51,15 @@ PREDICTOR_SIZES = dict(hidden_size=192, intermediate_size=576, num_hidden_layers
 @dataclass
 class Settings:
     work: Path = Path("data/standin")
+    assets: Path = ASSETS
+    talker: TalkerConfig = TALKER
+    predictor_sizes: dict = field(default_factory=lambda: dict(PREDICTOR_SIZES))
     hours: float = 3.4
     joint_steps: int = 2000
     joint_minutes: float = 32.0
     predictor_fraction: float = 0.25
     predictor_steps: int = 1500
+    predictor_batch_frames: int = 256
     predictor_minutes: float = 22.0
     offsets_epochs: int = 2
     quality_limit: int | None = 40  # test sentences per language for WER (None: all)
@@ -77,11 +80,25 @@ class Settings:
     def code_corpus(self, split: str) -> Path:
         return self.work / "code-corpus" / split
 
+    @property
+    def codec_file(self) -> Path:
+        return self.assets / "codec.safetensors"
 
-def codec_file() -> Path:
-    from rvqspec.standin.codec import ASSET
+    @property
+    def model_dir(self) -> Path:
+        return self.assets / "model"
 
-    return ASSET
+    @property
+    def offsets_file(self) -> Path:
+        return self.assets / "offsets.safetensors"
+
+    @property
+    def trees_dir(self) -> Path:
+        return self.assets / "trees"
+
+    @property
+    def report_file(self) -> Path:
+        return self.assets / "report.json"
 
 
 # ---------------------------------------------------------------- stages
@@ -99,8 +116,8 @@ def stage_corpus(s: Settings) -> dict:
 def stage_codec(s: Settings) -> dict:
     from rvqspec.standin.codec import train_codec
 
-    train_codec(s.manifest, codec_file())
-    return {"bytes": codec_file().stat().st_size}
+    train_codec(s.manifest, s.codec_file)
+    return {"bytes": s.codec_file.stat().st_size}
 
 
 def stage_encode(s: Settings) -> dict:
@@ -109,7 +126,7 @@ def stage_encode(s: Settings) -> dict:
     from rvqspec.standin.codec import MelRVQCodec
     from rvqspec.standin.corpus import read_manifest
 
-    codec = MelRVQCodec.load(codec_file())
+    codec = MelRVQCodec.load(s.codec_file)
     rows = read_manifest(s.manifest)
     codes = [codec.encode(read_wav(s.manifest.parent / r["wav"])) for r in rows]
     lengths = torch.tensor([0] + [len(c) for c in codes])
@@ -148,9 +165,9 @@ def stage_joint(s: Settings) -> dict:
     from rvqspec.standin.train import train_joint
 
     train_utts = load_utterances(s, "train")
-    config = replace(TALKER, bytes_per_frame=tuple(bytes_per_frame(train_utts, TALKER.languages)))
+    config = replace(s.talker, bytes_per_frame=tuple(bytes_per_frame(train_utts, s.talker.languages)))
     torch.manual_seed(s.seed)
-    tts = new_standin(config, predictor_config_for(config, **PREDICTOR_SIZES))
+    tts = new_standin(config, predictor_config_for(config, **s.predictor_sizes))
     report = train_joint(tts, train_utts, load_utterances(s, "validation"), s.joint_steps, s.predictor_fraction,
                          minutes=s.joint_minutes, seed=s.seed)
     save_standin(tts, s.joint_dir, SHIPPED_DTYPE, extra={"phase": "joint"})
@@ -168,7 +185,7 @@ def stage_code_corpus(s: Settings) -> dict:
     for split in SPLITS:
         utts = load_utterances(s, split)
         meta = {"writer": "rvqspec standin build", "split": split, "talker": str(s.joint_dir)}
-        with CorpusWriter(s.code_corpus(split), TALKER.hidden_size, hidden_dtype=torch.float32, meta=meta,
+        with CorpusWriter(s.code_corpus(split), tts.config.hidden_size, hidden_dtype=torch.float32, meta=meta,
                           overwrite=True) as writer:
             for utt in utts:
                 writer.add(utt.id, utt.lang, utt.codes, teacher_forced_hidden(tts, utt))
@@ -183,9 +200,9 @@ def stage_predictor(s: Settings) -> dict:
     tts = load_standin(s.joint_dir)
     report = train_predictor(tts.predictor, Corpus(s.code_corpus("train"), 0.0),
                              Corpus(s.code_corpus("validation"), 0.0), s.predictor_steps,
-                             minutes=s.predictor_minutes, seed=s.seed)
+                             batch_frames=s.predictor_batch_frames, minutes=s.predictor_minutes, seed=s.seed)
     joint_report = json.loads((s.joint_dir / "train.json").read_text())
-    save_standin(tts, MODEL_DIR, SHIPPED_DTYPE, extra={"codec": "codec.safetensors", "frame_rate": 12.5,
+    save_standin(tts, s.model_dir, SHIPPED_DTYPE, extra={"codec": "codec.safetensors", "frame_rate": 12.5,
                                                        "sample_rate": 16000, "training": {
                                                            "joint": joint_report, "predictor": report}})
     return report
@@ -195,16 +212,16 @@ def stage_offsets(s: Settings) -> dict:
     from rvqspec.train import TrainSettings, train
 
     out = s.work / "offsets"
-    metrics = train(MODEL_DIR, s.code_corpus("train"), out, TrainSettings(seed=s.seed), epochs=s.offsets_epochs,
-                    force=True)
-    shutil.copyfile(out / metrics["best"]["file"], OFFSETS_FILE)
+    metrics = train(s.model_dir, s.code_corpus("train"), out, TrainSettings(seed=s.seed), epochs=s.offsets_epochs,
+                    force=True, progress=False)
+    shutil.copyfile(out / metrics["best"]["file"], s.offsets_file)
     return {"best": metrics["best"], "baseline": metrics["baseline"], "epochs": metrics["epochs"]}
 
 
 def stage_calibrate(s: Settings) -> dict:
     from rvqspec.calibrate import calibrate
 
-    report = calibrate(MODEL_DIR, str(OFFSETS_FILE), s.code_corpus("train"), BUDGETS, TREES_DIR, seed=s.seed)
+    report = calibrate(s.model_dir, str(s.offsets_file), s.code_corpus("train"), BUDGETS, s.trees_dir, seed=s.seed)
     return {"trees": report["trees"]}
 
 
@@ -212,7 +229,7 @@ def stage_quality(s: Settings) -> dict:
     from rvqspec.corpus import Corpus
     from rvqspec.standin.train import predictor_confidence
 
-    tts = load_standin(MODEL_DIR)
+    tts = load_standin(s.model_dir)
     figures = {split: predictor_confidence(tts, Corpus(s.code_corpus(split), 0.0), Sampler())
                for split in ("validation", "test")}
     figures["wer"] = intelligibility(s, tts)
@@ -220,32 +237,28 @@ def stage_quality(s: Settings) -> dict:
 
 
 def intelligibility(s: Settings, tts) -> dict:
-    """Whisper WER/CER per language of test sentences synthesized by the stand-in (AR, deployed sampler),
-    beside the WER of the original recordings of the same sentences (the recogniser's own floor)."""
+    """Whisper WER/CER per language of test sentences synthesized by the stand-in (AR, deployed samplers),
+    beside the WER of the original recordings of the same sentences (the recogniser's own floor).
+    Synthesis and transcription are `rvqspec eval`'s (which also compares AR with speculative)."""
     import jiwer
 
+    from rvqspec.eval import WhisperASR, codec_vocoder, synthesize_all, test_sentences
     from rvqspec.standin.audio import read_wav
-    from rvqspec.standin.codec import MelRVQCodec
-    from rvqspec.standin.corpus import read_manifest
-    from rvqspec.standin.quality import load_whisper, normalize, transcribe, wer
-    from rvqspec.standin.synth import synthesize_codes
+    from rvqspec.standin.quality import normalize, wer
 
-    codec = MelRVQCodec.load(codec_file())
-    rows = [r for r in read_manifest(s.manifest) if r["split"] == "test"]
-    generator = torch.Generator().manual_seed(s.seed)
+    sentences = test_sentences(s.manifest, list(tts.config.languages), s.quality_limit)
+    runs = synthesize_all(tts, sentences, s.seed, "ar", None, None)
+    vocoder, asr = codec_vocoder(s.codec_file), WhisperASR()
+    heard = [asr(vocoder(run.codes), x["lang"]) if run.frames else "" for run, x in zip(runs, sentences)]
+    original = [asr(read_wav(s.manifest.parent / x["wav"]), x["lang"]) for x in sentences]
     figures = {}
     for lang in tts.config.languages:
-        chosen = [r for r in rows if r["lang"] == lang][:s.quality_limit]
-        whisper = load_whisper(lang)
-        texts = [r["text"] for r in chosen]
-        synthesized = [transcribe(whisper, codec.decode(synthesize_codes(tts, t, lang, generator=generator).codes)
-                                  .numpy(), lang) for t in texts]
-        original = [transcribe(whisper, read_wav(s.manifest.parent / r["wav"]), lang) for r in chosen]
-        references = [normalize(t) for t in texts]
-        figures[lang] = {"sentences": len(chosen), "wer": round(wer(texts, synthesized), 4),
-                         "cer": round(float(jiwer.cer(references, [normalize(h) for h in synthesized])), 4),
-                         "original_wer": round(wer(texts, original), 4),
-                         "examples": [{"text": t, "heard": h} for t, h in zip(texts[:3], synthesized)]}
+        chosen = [i for i, x in enumerate(sentences) if x["lang"] == lang]
+        texts, hyps = [sentences[i]["text"] for i in chosen], [heard[i] for i in chosen]
+        figures[lang] = {"sentences": len(chosen), "wer": round(wer(texts, hyps), 4),
+                         "cer": round(float(jiwer.cer([normalize(t) for t in texts], [normalize(h) for h in hyps])), 4),
+                         "original_wer": round(wer(texts, [original[i] for i in chosen]), 4),
+                         "examples": [{"text": t, "heard": h} for t, h in zip(texts[:3], hyps)]}
         print(f"{lang}: WER {figures[lang]['wer']:.3f} CER {figures[lang]['cer']:.3f} "
               f"(original recordings: WER {figures[lang]['original_wer']:.3f})")
     return figures
@@ -257,15 +270,16 @@ STAGES = {"corpus": stage_corpus, "codec": stage_codec, "encode": stage_encode, 
 
 
 def stage_done(s: Settings, stage: str) -> bool:
-    outputs = {"corpus": s.manifest, "codec": codec_file(), "encode": s.codes_dir / "utterances.json",
+    outputs = {"corpus": s.manifest, "codec": s.codec_file, "encode": s.codes_dir / "utterances.json",
                "joint": s.joint_dir / "train.json", "code-corpus": s.code_corpus("test") / "index.json",
-               "predictor": MODEL_DIR / "model.safetensors", "offsets": OFFSETS_FILE,
-               "calibrate": TREES_DIR / "report.json", "quality": REPORT_FILE}
+               "predictor": s.model_dir / "model.safetensors", "offsets": s.offsets_file,
+               "calibrate": s.trees_dir / "report.json", "quality": s.report_file}
     return outputs[stage].exists()
 
 
-def asset_bytes() -> int:
-    return sum(f.stat().st_size for f in ASSETS.rglob("*") if f.is_file())
+def asset_bytes(s: Settings) -> int:
+    """Bytes of the shipped files (model, codec, offsets, trees), this report aside."""
+    return sum(f.stat().st_size for f in s.assets.rglob("*") if f.is_file() and f != s.report_file)
 
 
 def build(s: Settings, first: str = "corpus", last: str = "quality", force: tuple[str, ...] = ()) -> dict:
@@ -276,10 +290,12 @@ def build(s: Settings, first: str = "corpus", last: str = "quality", force: tupl
     torch.set_num_threads(1)  # the machine is shared; every figure below is for one thread
     log_path = s.work / "build.json"
     log = json.loads(log_path.read_text()) if log_path.is_file() else {"stages": {}}
+    ran = False  # once a stage runs, every later one does: their inputs changed
     for name in names[names.index(first):names.index(last) + 1]:
-        if stage_done(s, name) and name not in force and name != last:
+        if stage_done(s, name) and name not in force and name != last and not ran:
             print(f"== {name}: done already (pass --force {name} to redo)")
             continue
+        ran = True
         print(f"== {name}")
         start = time.perf_counter()
         result = STAGES[name](s)
@@ -296,13 +312,12 @@ def write_report(s: Settings, log: dict) -> None:
     report = {"settings": {k: str(v) for k, v in asdict(s).items()},
               "timings_seconds": {name: stage["seconds"] for name, stage in stages.items()},
               "corpus": stages.get("corpus", {}).get("result"), "quality": stages.get("quality", {}).get("result"),
-              "offsets": stages.get("offsets", {}).get("result"), "asset_bytes": None}
-    if MODEL_DIR.is_dir():
-        save_json(REPORT_FILE, report)
-        report["asset_bytes"] = asset_bytes()
-        save_json(REPORT_FILE, report)
+              "offsets": stages.get("offsets", {}).get("result")}
+    if s.model_dir.is_dir():
+        report["asset_bytes"] = asset_bytes(s)
+        save_json(s.report_file, report)
         if report["asset_bytes"] > ASSET_LIMIT_BYTES:
-            print(f"warning: {ASSETS} holds {report['asset_bytes'] / 1e6:.1f} MB, over the 20 MB budget")
+            print(f"warning: {s.assets} holds {report['asset_bytes'] / 1e6:.1f} MB, over the 20 MB budget")
 
 
 # ---------------------------------------------------------------- CLI

@@ -30,6 +30,7 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from rvqspec.corpus import Corpus
+from rvqspec.errors import RvqspecError
 from rvqspec.model import MultiCodeDecoder
 from rvqspec.sampling import Sampler
 from rvqspec.standin.talker import StandinTTS
@@ -135,6 +136,7 @@ def optimize(params: list[Tensor], batches, loss_fn, steps: int, lr: float, warm
     start, step, epoch, history = time.perf_counter(), 0, 0, []
     deadline = start + 60 * minutes if minutes else math.inf
     while step < steps and time.perf_counter() < deadline:
+        epoch_start = step
         for batch in batches(epoch):
             if step >= steps or time.perf_counter() >= deadline:
                 break
@@ -149,6 +151,8 @@ def optimize(params: list[Tensor], batches, loss_fn, steps: int, lr: float, warm
             step += 1
             if step % log_every == 0:
                 log(f"step {step}/{steps} epoch {epoch} loss {loss.item():.4f} ({time.perf_counter() - start:.0f} s)")
+        if step == epoch_start:
+            raise RvqspecError("the training data holds less than one batch: use a smaller batch or more data")
         epoch += 1
         with torch.no_grad():
             history.append({"epoch": epoch, "step": step, "validation_loss": round(evaluate(), 4)})
