@@ -545,7 +545,7 @@ def add_cli(subparsers) -> None:
     p.add_argument("--drafters", default=",".join(DRAFTERS), help="comma-separated: reused, offsets, medusa")
     p.add_argument("--offsets", help="offsets file (default: the shipped one)")
     p.add_argument("--medusa", default=str(MEDUSA_DIR / "medusa.safetensors"),
-                   help="Medusa heads file; trained (MEDUSA_STEPS batches) when missing or stale")
+                   help=f"Medusa heads file; trained ({MEDUSA_STEPS} batches of 32 frames) when missing or stale")
     p.add_argument("--corpus", help="code corpus to train Medusa heads on (default: the stand-in's train split)")
     p.add_argument("--tree", default=str(DEFAULT_NODES), help="tree size N of a shipped tree, or a tree file")
     p.add_argument("--trees", help="folder of the calibrated trees (default: the shipped ones)")
