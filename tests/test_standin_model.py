@@ -20,7 +20,7 @@ from rvqspec.standin.codec import CodecConfig, MelRVQCodec
 from rvqspec.standin.synth import synthesize_codes
 from rvqspec.standin.talker import (StandinTTS, TalkerConfig, load_standin, new_standin, predictor_config_for,
                                     save_standin)
-from rvqspec.standin.train import (Utterance, joint_loss, make_batch, predictor_confidence, predictor_loss,
+from rvqspec.standin.train import (Utterance, joint_loss, make_batch, optimize, predictor_confidence, predictor_loss,
                                    talker_hidden, teacher_forced_hidden, train_joint, train_predictor)
 from rvqspec.tree import default_tree
 
@@ -231,3 +231,16 @@ def test_build_pipeline_from_encode_to_calibrate(tmp_path, capsys):
     assert "== code-corpus: done already" in printed and "== predictor\n" in printed and "== offsets\n" in printed
     with pytest.raises(RvqspecError, match="unknown stage"):
         build(s, "nonsense")
+
+
+def test_training_keeps_the_epoch_with_the_best_validation_loss():
+    weight = torch.nn.Parameter(torch.zeros(2))
+    seen = []
+
+    def evaluate() -> dict:
+        seen.append(weight.detach().clone())
+        return {"loss": [3.0, 1.0, 2.0][len(seen) - 1]}
+
+    report = optimize([weight], lambda epoch: [None], lambda _: ((weight - 5) ** 2).sum(), steps=3, lr=0.1, warmup=1,
+                      minutes=None, evaluate=evaluate, log=lambda _: None, log_every=10)
+    assert report["best_epoch"] == 2 and torch.equal(weight.detach(), seen[1]) and not torch.equal(seen[1], seen[2])

@@ -55,7 +55,7 @@ class Settings:
     talker: TalkerConfig = TALKER
     predictor_sizes: dict = field(default_factory=lambda: dict(PREDICTOR_SIZES))
     hours: float = 3.4
-    joint_steps: int = 2000
+    joint_steps: int = 1600
     joint_minutes: float = 32.0
     predictor_fraction: float = 0.25
     predictor_steps: int = 1500

@@ -231,7 +231,8 @@ def talker_layout(c: TalkerConfig) -> dict[str, tuple[str, list[tuple[str, tuple
     layout = {native: (how, [(name.replace(PREDICTOR, TALKER), shape) for name, shape in parts])
               for native, (how, parts) in official_layout(as_predictor).items()
               if native.startswith("layers.") or native == "norm.weight"}
-    layout["text_embed.weight"] = ("cat", [(TALKER + "model.text_embedding.weight", (c.text_vocab_size, c.hidden_size))])
+    text_table = (TALKER + "model.text_embedding.weight", (c.text_vocab_size, c.hidden_size))
+    layout["text_embed.weight"] = ("cat", [text_table])
     layout["codec_head.weight"] = ("cat", [(TALKER + "codec_head.weight", (c.vocab_size, c.hidden_size))])
     return layout
 
@@ -245,7 +246,8 @@ def talker_official_state_dict(talker: Talker) -> dict[str, Tensor]:
     return out
 
 
-def save_standin(tts: StandinTTS, folder: str | Path, dtype: torch.dtype = torch.float16, extra: dict | None = None) -> None:
+def save_standin(tts: StandinTTS, folder: str | Path, dtype: torch.dtype = torch.float16,
+                 extra: dict | None = None) -> None:
     """config.json (upstream nested layout + talker fields) and model.safetensors (official keys) in `dtype`."""
     cast = lambda module: {k: v.to(dtype) for k, v in module.state_dict().items()}  # noqa: E731
     with torch.device("meta"):
@@ -253,18 +255,21 @@ def save_standin(tts: StandinTTS, folder: str | Path, dtype: torch.dtype = torch
         talker = Talker(tts.config)
     predictor.load_state_dict(cast(tts.predictor), assign=True)
     talker.load_state_dict(cast(tts.talker), assign=True)
-    fields = tts.config.upstream_fields() | {"stand_in": dict(extra or {}, torch_dtype=str(dtype).removeprefix("torch."))}
+    stand_in = dict(extra or {}, torch_dtype=str(dtype).removeprefix("torch."))
+    fields = tts.config.upstream_fields() | {"stand_in": stand_in}
     save_predictor(predictor, folder, fields, extra_tensors=talker_official_state_dict(talker))
 
 
-def load_standin(folder: str | Path, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu") -> StandinTTS:
+def load_standin(folder: str | Path, dtype: torch.dtype | str = torch.float32,
+                 device: str | torch.device = "cpu") -> StandinTTS:
     """The talker and the predictor of a stand-in folder; the predictor loads through `from_pretrained`."""
     folder, dtype, device = Path(folder), resolve_dtype(dtype), torch.device(device)
     predictor = MultiCodeDecoder.from_pretrained(folder, dtype, device)
     config = TalkerConfig.from_upstream(json.loads((folder / "config.json").read_text())["talker_config"])
     layout = talker_layout(config)
     tensors = read_tensors(folder, {name: shape for _, parts in layout.values() for name, shape in parts}, dtype)
-    state = {native: torch.cat([tensors[name] for name, _ in parts]).to(device) for native, (_, parts) in layout.items()}
+    state = {native: torch.cat([tensors[name] for name, _ in parts]).to(device)
+             for native, (_, parts) in layout.items()}
     with torch.device("meta"):
         talker = Talker(config)
     talker.load_state_dict(state, assign=True)
