@@ -126,7 +126,8 @@ def bench_section(bench: dict | None, bench_dir: Path, out: Path) -> list[str]:
               "(Apple Neural Engine). Tokens/step used for ours: " + bench["tokens_per_step_source"] + ".", "",
               "| setting | AR call ms | " + " | ".join(f"N={n}" for n in sizes) + " |",
               "|---|---|" + "---|" * len(sizes),
-              "| paper tokens/step | | " + " | ".join(str(PAPER_ACCEPTANCE.get(n, "")) for n in sizes) + " |",
+              "| paper tokens/step | | " + " | ".join(f"{PAPER_ACCEPTANCE[n]:.2f}" if n in PAPER_ACCEPTANCE else ""
+                                                   for n in sizes) + " |",
               "| our tokens/step | | " + " | ".join(f"{tokens[n]:.2f}" if n in tokens else "" for n in sizes) + " |",
               *paper_rows(sizes)]
     for s in bench["settings"]:
@@ -136,7 +137,7 @@ def bench_section(bench: dict | None, bench_dir: Path, out: Path) -> list[str]:
             for n in sizes) + " |")
     lines += ["", "Chosen N and realized speed-ups, ours beside the paper's:", "",
               "| | N | tokens/step | speed-up |", "|---|---|---|---|"]
-    lines += [f"| paper: {device} (chosen N) | {n} | {PAPER_ACCEPTANCE[n]} | {speedup:.2f}x (on device) |"
+    lines += [f"| paper: {device} (chosen N) | {n} | {PAPER_ACCEPTANCE[n]:.2f} | {speedup:.2f}x (on device) |"
               for device, n, speedup, _, _ in PAPER_DEVICES]
     chosen, paper_run = bench.get("chosen"), bench.get("paper_acceptance")
     if chosen:
