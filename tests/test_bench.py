@@ -3,11 +3,12 @@
 import json
 
 import pytest
+import torch
 
 from rvqspec import bench, cli
 from rvqspec.errors import RvqspecError
 from rvqspec.tree import default_tree
-from tests.tiny import tiny_config
+from tests.tiny import tiny_config, tiny_model
 
 TINY_ARCHS = {"0.6b": tiny_config(vocab=64, hidden=32), "1.7b": tiny_config(vocab=64, hidden=32, talker_hidden=48)}
 
@@ -98,3 +99,16 @@ def test_bad_arguments_are_one_line_errors(args, problem, capsys, tmp_path):
     assert cli.main(["bench", "--out", str(tmp_path), *args]) == 2
     err = capsys.readouterr().err
     assert problem in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_checkpoint_is_benchmarked_as_the_stand_in(tmp_path, capsys):
+    tiny_model(dtype=torch.float32).save_pretrained(tmp_path / "model")
+    code = cli.main(["bench", "--archs", "", "--model", str(tmp_path / "model"), "--dtype", "float32", "--threads",
+                     "1", "--sizes", "4,16", "--quick", "--out", str(tmp_path / "out"), "--json"])
+    assert code == 0
+    printed = json.loads(capsys.readouterr().out)
+    report = json.loads((tmp_path / "out" / "bench-quick.json").read_text())
+    stand_in = report["settings"][0]["stand_in"]
+    assert stand_in["tree_size"] == 16 and "random talker states" in stand_in["frames_from"]
+    assert printed["stand_in_speedup"] == stand_in["realized_speedup"] == printed["speedup"]
+    assert printed["speedup_at_paper_acceptance"] is None and printed["chosen"]["model"] == "stand-in"
