@@ -14,8 +14,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps $(QWEN_TTS)
 	touch $@
 
+# Passive OpenMP workers: spinning ones make a 2-thread run ~10x slower when other jobs share the cores.
 demo: install
-	$(VENV)/bin/rvqspec demo
+	OMP_WAIT_POLICY=PASSIVE $(VENV)/bin/rvqspec demo
 
 test: install
 	$(PY) -m pytest -q -n 2
