@@ -187,6 +187,8 @@ def run_engine_demo(frames: int = 12, nodes: int = 16, seed: int = 0) -> dict:
     model = MultiCodeDecoder(config).eval()
     sampler, tree, drafter = Sampler(), default_tree(nodes), ReusedHeads(model)
     seconds, calls = {"ar": 0.0, "speculative": 0.0}, {"ar": 0, "speculative": 0}
+    for d, t in ((None, None), (drafter, tree)):  # warm-up: neither mode pays first-call allocations
+        decode_frame(model, torch.zeros(config.talker_hidden_size), 0, sampler, drafter=d, tree=t)
     for i in range(frames):
         hidden = torch.randn(config.talker_hidden_size)
         for mode, (d, t) in (("ar", (None, None)), ("speculative", (drafter, tree))):
