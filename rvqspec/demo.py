@@ -214,6 +214,9 @@ def print_engine_report(r: dict) -> None:
 
 
 def run(args) -> int:
+    if args.threads < 1:
+        raise RvqspecError(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
     if args.assets is None and not (default_assets() / "model" / "model.safetensors").is_file():
         report = run_engine_demo(seed=args.seed)
         print(json.dumps(report)) if args.json else print_engine_report(report)
@@ -232,6 +235,8 @@ def add_cli(subparsers) -> None:
     p.add_argument("--lang", default="en", help="language: en, de, es or ru")
     p.add_argument("--out", default="demo_out", help="folder for the two wav files")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the stand-in's calls are tiny, "
+                                                           "more threads mostly add synchronisation)")
     p.add_argument("--assets", default=None, help="stand-in folder (model/, codec, offsets, trees/); "
                                                   "default: the one shipped in the package")
     p.add_argument("--json", action="store_true", help="print one JSON object")
