@@ -1,0 +1,175 @@
+"""Where a speculative round's time goes on this CPU, next to one AR step: why 2.0x is (not) reached.
+
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/round_profile.py [--arch 0.6b] [--dtype bfloat16] [--size 32]
+
+The real architecture (random weights: timing does not depend on them), the deployed sampler, ReusedHeads
+drafts, a default tree of N nodes, timed mid-frame (k = TIMED_K as in `rvqspec bench`). The engine's own
+functions are timed piece by piece, interleaved, medians of repeats:
+- AR step = forward at q=1 + one head + one sampled code (`autoregressive_step` does exactly these);
+- round   = drafts (K heads + top-m) + forward at q=N+1 + tree walk (one head and one draw per depth) +
+            cache move; the whole `speculative_round` is timed too, to check that the pieces add up.
+torch.profiler then splits the two forwards by op kind (matmul, attention, elementwise), profiled alternately,
+medians: the part of the round that grows with q. Reaching S x over AR at T tokens/step needs round <= T / S AR steps; the report shows the
+speed-up bound T x AR / round as measured, and with each excess removed. Writes round-profile.{json,md}.
+"""
+
+import argparse
+import os
+import statistics
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from rvqspec.bench import ARCHS, PAPER_ACCEPTANCE, TIMED_K, clocks, elapsed_ms, machine
+from rvqspec.checkpoint import atomic_write, save_json
+from rvqspec.controlled import controlled_predictor
+from rvqspec.decode import autoregressive_step, plan_for, speculative_round, walk
+from rvqspec.drafters import ReusedHeads
+from rvqspec.sampling import Sampler
+from rvqspec.tree import default_tree
+
+OP_KINDS = {"matmul": ("linear", "mm", "addmm", "bmm", "matmul"),
+            "attention": ("scaled_dot_product", "flash_attention")}
+
+
+def op_kind(name: str) -> str:
+    leaf = name.split("::")[-1]
+    return next((kind for kind, keys in OP_KINDS.items() if any(k in leaf for k in keys)), "elementwise and other")
+
+
+def pieces(model, drafter, tree, sampler, generator) -> dict:
+    """Closures, one per timed piece, over the same state the engine uses at k = TIMED_K."""
+    c, plan, k = model.config, plan_for(tree, model), TIMED_K
+    slots = torch.arange(model.cache.slots)  # one cache for all pieces: AR masks cover the tree's slots too
+    masks = slots[None, :] <= slots[:, None]
+    code, hidden_k = torch.ones(1, dtype=torch.long), torch.randn(c.hidden_size).to(model.dtype)
+    top = drafter.logits(model, hidden_k, k, tree.max_depth).topk(max(tree.top_m, 1), dim=-1).indices
+    tokens = torch.cat([code, top.reshape(-1)[plan.draft_index]])
+    x = model.embed_codes(tokens, plan.tables[k])
+    position = slots[k + 1:k + 2]
+    x1 = model.embed_codes(code, position - 1)[None]
+    hidden = model(x[None], plan.positions[k], plan.masks[k], plan.scratch)[0]
+    accepted = torch.arange(k + 1, k + 3)
+    return {
+        "ar: forward q=1": lambda: model(x1, position, masks[k + 1:k + 2], position),
+        "ar: head + sample": lambda: sampler.sample(model.head_logits(hidden[:1], k + 1), generator),
+        "ar: whole step": lambda: autoregressive_step(model, sampler, generator, code, k + 1, slots, masks),
+        "round: drafts": lambda: drafter.logits(model, hidden_k, k, tree.max_depth).topk(max(tree.top_m, 1), dim=-1),
+        f"round: forward q={tree.size + 1}": lambda: model(x[None], plan.positions[k], plan.masks[k], plan.scratch),
+        "round: walk": lambda: torch.stack(walk(model, plan, sampler, generator, k, tokens, hidden)[::2]).tolist(),
+        "round: cache move": lambda: model.cache.move(plan.scratch[:2], accepted),
+        "round: whole": lambda: speculative_round(model, plan, sampler, generator, drafter, k, code, hidden_k),
+    }
+
+
+@torch.inference_mode()
+def time_pieces(model, funcs: dict, repeats: int, cache_slots: int) -> dict:
+    samples = {name: [] for name in funcs}
+    for r in range(repeats + 2):
+        for name, func in funcs.items():
+            model.setup_cache(cache_slots)
+            start = clocks()
+            func()
+            if r >= 2:
+                samples[name].append(elapsed_ms(start)[0])
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+@torch.inference_mode()
+def op_times(func, calls: int) -> dict:
+    """Self CPU ms per call of `func`, by op kind."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            func()
+    kinds = dict.fromkeys((*OP_KINDS, "elementwise and other"), 0.0)
+    for event in prof.key_averages():
+        kinds[op_kind(event.key)] += event.self_cpu_time_total / 1e3 / calls
+    return kinds
+
+
+def forward_ops(funcs: dict, alternations: int = 7, calls: int = 3) -> dict:
+    """op_times of each function in `funcs`, profiled alternately (the load drifts); medians per op kind."""
+    samples = {name: [] for name in funcs}
+    for _ in range(alternations):
+        for name, func in funcs.items():
+            samples[name].append(op_times(func, calls))
+    return {name: {kind: statistics.median(s[kind] for s in runs) for kind in runs[0]}
+            for name, runs in samples.items()}
+
+
+def analyse(times: dict, ops: dict, size: int, tokens: float, target: float) -> dict:
+    forward_n, forward_1 = times[f"round: forward q={size + 1}"], times["ar: forward q=1"]
+    ar, round_ms = times["ar: whole step"], times["round: whole"]
+    heads = times["round: drafts"] + times["round: walk"] - times["ar: head + sample"]
+    growth = {kind: ops["round"][kind] - ops["ar"][kind] for kind in ops["round"]}
+    # The profiler inflates many small ops, so the elementwise growth is the timed growth of the forward
+    # minus what the profiler puts on the big kernels (matmul, attention).
+    elementwise = max(forward_n - forward_1 - growth["matmul"] - growth["attention"], 0.0)
+    without = {"as measured": round_ms,
+               "elementwise growth removed": round_ms - elementwise,
+               "extra heads and draws removed (drafts + walk = one head + sample)": round_ms - heads,
+               "both removed": round_ms - elementwise - heads}
+    return {"ar_step_ms": ar, "round_ms": round_ms, "round_over_ar": round_ms / ar,
+            "needed_round_over_ar": tokens / target, "forward_growth_ms": forward_n - forward_1,
+            "forward_growth_by_kind_ms": growth, "elementwise_growth_ms": elementwise, "extra_heads_ms": heads,
+            "speedup_bound": {name: tokens * ar / ms for name, ms in without.items()}}
+
+
+def markdown(report: dict) -> str:
+    a, m, s = report["analysis"], report["machine"], report["settings"]
+    lines = ["# Where a speculative round's time goes", "",
+             f"`python benchmarks/round_profile.py --arch {s['arch']} --dtype {s['dtype']} --size {s['size']} --threads "
+             f"{s['threads']}`: random weights, ReusedHeads drafts, default tree N={s['size']}, k={s['k']}, "
+             f"median of {s['repeats']} interleaved repeats; {m['cpu']}, torch {m['torch']}, load {m['load_before'][0]:.1f} "
+             f"before / {report['load_after']:.1f} after (shared machine: compare within this run).", "",
+             "| piece | ms |", "|---|---|"]
+    lines += [f"| {name} | {ms:.2f} |" for name, ms in report["times_ms"].items()]
+    lines += ["", "Self CPU ms per forward by op kind (torch.profiler):", "",
+              f"| op kind | q=1 | q={s['size'] + 1} | growth |", "|---|---|---|---|"]
+    for kind in report["ops_ms"]["round"]:
+        q1, qn = report["ops_ms"]["ar"].get(kind, 0.0), report["ops_ms"]["round"][kind]
+        lines.append(f"| {kind} | {q1:.2f} | {qn:.2f} | {qn - q1:+.2f} |")
+    lines += ["", f"The forward grows by {a['forward_growth_ms']:.2f} ms from q=1 to q={s['size'] + 1} (timed), of which "
+              f"{a['elementwise_growth_ms']:.2f} ms is not matmul or attention (norms, RoPE, SiLU, residuals, casts: "
+              f"many small ops whose cost grows with q); drafts + walk cost {a['extra_heads_ms']:.2f} ms more than "
+              "the AR step's one head and draw.", "",
+              f"A round costs {a['round_over_ar']:.2f} AR steps; {s['target']:.1f}x at the paper's "
+              f"{s['tokens_per_step']:.2f} tokens/step needs <= {a['needed_round_over_ar']:.3f}. Speed-up bound "
+              "tokens/step x AR step / round:", "", "| round | bound |", "|---|---|"]
+    lines += [f"| {name} | {bound:.2f}x |" for name, bound in a["speedup_bound"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="0.6b", choices=list(ARCHS))
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--size", type=int, default=32, choices=list(PAPER_ACCEPTANCE))
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--target", type=float, default=2.0, help="speed-up over AR to check")
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    info = machine()
+    model = controlled_predictor(ARCHS[args.arch], dtype=args.dtype).model
+    tree, sampler, generator = default_tree(args.size), Sampler(), torch.Generator().manual_seed(0)
+    slots = model.config.num_code_groups + tree.size + 1
+    with torch.inference_mode():
+        model.setup_cache(slots)
+        funcs = pieces(model, ReusedHeads(model), tree, sampler, generator)
+    times = time_pieces(model, funcs, args.repeats, slots)
+    ops = forward_ops({"ar": funcs["ar: forward q=1"], "round": funcs[f"round: forward q={args.size + 1}"]})
+    tokens = PAPER_ACCEPTANCE[args.size]
+    settings = vars(args) | {"k": TIMED_K, "tokens_per_step": tokens}
+    report = {"settings": settings, "machine": info, "load_after": os.getloadavg()[0], "times_ms": times,
+              "ops_ms": ops, "analysis": analyse(times, ops, args.size, tokens, args.target)}
+    out = Path(args.out)
+    save_json(out / "round-profile.json", report)
+    atomic_write(out / "round-profile.md", lambda tmp: Path(tmp).write_text(markdown(report)))
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()
