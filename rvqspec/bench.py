@@ -508,6 +508,10 @@ def run(args) -> int:
         raise RvqspecError(f"--sizes must be tree sizes >= 1, got {args.sizes!r}")
     if not archs and not args.model:
         raise RvqspecError("nothing to benchmark: pass --archs and/or --model")
+    if archs and args.model and args.calibration:  # one tokens/step table per report: it would mix the two
+        raise RvqspecError("--calibration measures --model's acceptance, the real architectures run at the paper's: "
+                           "bench them separately (`rvqspec bench` and `rvqspec bench --archs '' --model M "
+                           "--calibration C`)")
     calibration = load_calibration(args.calibration)
     trees_dir = args.trees or (str(Path(calibration["path"]).parent) if calibration and args.model else None)
     trees = load_trees(sizes, trees_dir)
@@ -535,7 +539,7 @@ def add_cli(subparsers) -> None:
     p = subparsers.add_parser("bench", help="per-call latency sweep, speed-up vs tree size, acceptance-controlled "
                                             "runs; chooses the tree size N for this device")
     p.add_argument("--archs", default="0.6b,1.7b", help="real architectures (random weights): 0.6b, 1.7b, or ''")
-    p.add_argument("--model", help="also benchmark this checkpoint folder (e.g. the stand-in)")
+    p.add_argument("--model", help="also benchmark this checkpoint folder (e.g. the stand-in; with --calibration: alone)")
     p.add_argument("--calibration", help="`rvqspec calibrate` report.json (or its folder): tokens/step per N "
                                          "instead of the paper's acceptance; its trees, drafter and corpus for --model")
     p.add_argument("--trees", help="folder of tree-N{N}.json (default: default_tree(N))")

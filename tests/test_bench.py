@@ -93,6 +93,7 @@ def test_corrupt_device_file_is_an_error(tmp_path):
     (["--archs", "7b"], "--archs must be"),
     (["--archs", ""], "nothing to benchmark"),
     (["--calibration", "/nonexistent/report.json"], "does not exist"),
+    (["--model", "m", "--calibration", "c"], "bench them separately"),
     (["--trees", "/nonexistent"], "no tree-N4.json"),
 ])
 def test_bad_arguments_are_one_line_errors(args, problem, capsys, tmp_path):
