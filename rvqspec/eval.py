@@ -235,14 +235,20 @@ def codec_vocoder(path: Path | None = None):
     return lambda codes: codec.decode(codes).numpy()
 
 
-def error_rates(runs: list[Run], sentences: list[dict], vocoder, asr) -> dict[str, float]:
-    """Per language: WER (fraction) of the transcripts of `runs` against the sentences' texts."""
+def transcripts(runs: list[Run], sentences: list[dict], vocoder, asr) -> list[str]:
+    return [asr(vocoder(run.codes), s["lang"]) if run.frames else "" for run, s in zip(runs, sentences)]
+
+
+def error_rates(hyps: list[str], sentences: list[dict], shift: int = 0) -> dict[str, float]:
+    """Per language: WER (fraction) of the transcripts `hyps` against the sentences' texts. `shift` 1 scores each
+    transcript against the next sentence of its language instead: the chance level of speech unrelated to the text."""
     from rvqspec.standin.quality import wer
 
-    hyps = [asr(vocoder(run.codes), s["lang"]) if run.frames else "" for run, s in zip(runs, sentences)]
-    langs = dict.fromkeys(s["lang"] for s in sentences)
-    return {lang: wer([s["text"] for s in sentences if s["lang"] == lang],
-                      [h for h, s in zip(hyps, sentences) if s["lang"] == lang]) for lang in langs}
+    rates = {}
+    for lang in dict.fromkeys(s["lang"] for s in sentences):
+        texts = [s["text"] for s in sentences if s["lang"] == lang]
+        rates[lang] = wer(texts[shift:] + texts[:shift], [h for h, s in zip(hyps, sentences) if s["lang"] == lang])
+    return rates
 
 
 # ---------------------------------------------------------------- two-sample test
@@ -350,9 +356,13 @@ def evaluate(tts, sentences: list[dict], drafters: dict, tree, seeds: list[int],
     spec_mode = TABLE3_DRAFTER if TABLE3_DRAFTER in drafters else next(iter(drafters), None)
     wers, scored = {}, first_per_lang(sentences, wer_per_lang)
     if vocoder is not None and asr is not None and spec_mode is not None:
+        scored_sentences = [sentences[i] for i in scored]
         for mode in ("ar", spec_mode):
-            wers[mode] = {seed: error_rates([runs[mode][seed][i] for i in scored], [sentences[i] for i in scored],
-                                            vocoder, asr) for seed in seeds}
+            heard = {seed: transcripts([runs[mode][seed][i] for i in scored], scored_sentences, vocoder, asr)
+                     for seed in seeds}
+            wers[mode] = {seed: error_rates(heard[seed], scored_sentences) for seed in seeds}
+            if mode == "ar":
+                wers["chance"] = {seed: error_rates(heard[seed], scored_sentences, shift=1) for seed in seeds}
             if progress:
                 print(f"WER {mode}: {wers[mode]}", flush=True)
     vocab_sizes = [tts.config.num_codes] * tts.predictor.config.num_code_groups
@@ -397,8 +407,10 @@ def table3(runs: dict, sentences: list[dict], seeds: list[int], spec_mode: str |
                     "wer": spread([rates[seed][lang] for seed in seeds]) if rates else None,
                     "audio_minutes": spread([sum(x.frames for x in r) / FRAME_RATE / 60 for r in of_lang.values()])}
 
+        chance = wers.get("chance")
         rows.append({"lang": lang, "sentences": len(pick), "wer_sentences": sum(s["lang"] == lang for s in scored),
                      "ar": stats("ar"),
+                     "chance_wer": spread([chance[seed][lang] for seed in seeds]) if chance else None,
                      "spec": stats(spec_mode) if spec_mode else None})
     return {"drafter": spec_mode, "metric": "WER", "rows": rows,
             "asr": "Whisper tiny.en (en), Whisper base (others), faster-whisper int8, greedy"}
@@ -446,9 +458,11 @@ def table2_markdown(report: dict) -> str:
 def table3_markdown(report: dict) -> str:
     t3 = report["table3"]
     lines = [f"Speculative = {t3['drafter']} drafter, same tree as Table 2. WER in percent ({t3['asr']}), "
-             "mean ± std (min-max) over seeds. Paper: Qwen3-TTS 0.6B on Fleurs.", "",
+             "mean ± std (min-max) over seeds. Chance: the AR transcripts scored against another test sentence of the "
+             "language (speech unrelated to the text); WER compares AR with speculative only where it is clearly "
+             "below chance. Paper: Qwen3-TTS 0.6B on Fleurs.", "",
              "| lang | sentences (WER) | audio min (AR) | AR tokens/step | AR WER % | spec tokens/step | spec WER % | "
-             "paper spec tokens/step | paper AR WER % | paper spec WER % |", "|---" * 10 + "|"]
+             "chance WER % | paper spec tokens/step | paper AR WER % | paper spec WER % |", "|---" * 11 + "|"]
     for row in t3["rows"]:
         paper = PAPER_TABLE3.get(row["lang"])
         paper_cells = " | ".join(f"{x}" for x in paper) if paper else "- | - | -"
@@ -456,7 +470,8 @@ def table3_markdown(report: dict) -> str:
         lines.append(f"| {row['lang']} | {row['sentences']} ({row['wer_sentences']}) | "
                      f"{fmt(row['ar']['audio_minutes'], digits=1)} | "
                      f"{fmt(row['ar']['tokens_per_step'])} | {fmt(row['ar']['wer'], 100, 1)} | "
-                     f"{fmt(spec['tokens_per_step'])} | {fmt(spec['wer'], 100, 1)} | {paper_cells} |")
+                     f"{fmt(spec['tokens_per_step'])} | {fmt(spec['wer'], 100, 1)} | "
+                     f"{fmt(row.get('chance_wer'), 100, 1)} | {paper_cells} |")
     if all(row["ar"]["wer"] is None for row in t3["rows"]):
         lines += ["", "WER not measured: install the Whisper extra (`pip install -e '.[standin]'`) and rerun "
                   "without --no-asr."]

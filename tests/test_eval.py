@@ -10,7 +10,7 @@ from rvqspec.cli import main
 from rvqspec.drafters import MedusaHeads, Offsets, ReusedHeads
 from rvqspec import eval as rvqspec_eval
 from rvqspec.drafters import model_fingerprint
-from rvqspec.eval import (Run, error_rates, evaluate, holm, load_drafters, merge_rare, report_markdown,
+from rvqspec.eval import (Run, error_rates, evaluate, transcripts, holm, load_drafters, merge_rare, report_markdown,
                           two_sample_test)
 from rvqspec.standin.corpus import write_manifest
 from rvqspec.standin.talker import save_standin
@@ -60,9 +60,12 @@ def test_error_rates_per_language():
     runs = [Run(torch.zeros(3, 16, dtype=torch.long), 45) for _ in sentences]
     heard = {"Hello, world!": "hello world", "Good day.": "good night", "Guten Tag.": "Guten Tag"}
     texts = iter(heard.values())
-    rates = error_rates(runs, sentences, vocoder=lambda codes: np.zeros(len(codes) * 1280),
-                        asr=lambda wav, lang: next(texts))
-    assert rates == pytest.approx({"en": 0.25, "de": 0.0})
+    hyps = transcripts(runs, sentences, vocoder=lambda codes: np.zeros(len(codes) * 1280),
+                       asr=lambda wav, lang: next(texts))
+    assert hyps == list(heard.values())
+    assert error_rates(hyps, sentences) == pytest.approx({"en": 0.25, "de": 0.0})
+    # chance: "hello world" vs "good day", "good night" vs "hello world" (4 of 4 words wrong); de has one sentence
+    assert error_rates(hyps, sentences, shift=1) == pytest.approx({"en": 1.0, "de": 0.0})
 
 
 def fake_asr(wav, lang):
@@ -90,6 +93,7 @@ def test_evaluate_produces_the_tables_on_a_tiny_stand_in():
     assert table3["de"]["ar"]["tokens_per_step"]["mean"] == 1.0  # AR: one code per call
     assert table3["en"]["ar"]["wer"]["mean"] == pytest.approx(2 / 3)  # 0 + 2 edits for "Hello there.", "Hi."
     assert report["table3"]["drafter"] == "offsets" and table3["en"]["spec"]["wer"] is not None
+    assert table3["en"]["chance_wer"]["mean"] == pytest.approx(2 / 3)  # "hello there" vs "Hi.", "Hello there."
     for check in report["distribution"].values():
         assert [r["codebook"] for r in check["codebooks"]] == list(range(16))
         assert all(0 < r["p_permutation"] <= 1 and 0 <= r["p_holm"] <= 1 for r in check["codebooks"])

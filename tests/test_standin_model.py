@@ -224,6 +224,8 @@ def test_build_pipeline_from_encode_to_calibrate(tmp_path, capsys):
     report = json.loads(s.report_file.read_text())
     assert report["asset_bytes"] == sum(f.stat().st_size for f in assets.rglob("*") if f.is_file()
                                         and f != s.report_file)
+    assert report["corpus"]["de"]["test"] == {"sentences": 3, "hours": round(3 / 3600, 3)}
+    assert report["codec"] is None  # the codec stage (and its WER report) did not run here
     # finished stages are skipped; a forced one redoes the stages after it
     capsys.readouterr()
     build(s, "code-corpus", "offsets", force=("predictor",))

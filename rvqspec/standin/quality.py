@@ -80,6 +80,12 @@ def wer(refs: list[str], hyps: list[str]) -> float:
     return float(jiwer.wer([normalize(r) or "-" for r in refs], [normalize(h) for h in hyps]))
 
 
+def cer(refs: list[str], hyps: list[str]) -> float:
+    import jiwer
+
+    return float(jiwer.cer([normalize(r) or "-" for r in refs], [normalize(h) for h in hyps]))
+
+
 def codec_report(manifest: str | Path = "data/standin/corpus/manifest.jsonl", codec_path: str | Path = ASSET,
                  langs: tuple[str, ...] = ("en",), split: str = "test", limit: int | None = None) -> dict:
     """WER (original / vocoded mel / codec round trip) and log-mel MSE per language on one split."""
