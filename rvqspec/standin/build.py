@@ -6,7 +6,8 @@ what ships goes to rvqspec/standin/assets (<= 20 MB):
 
  stage         output                                  what
  corpus        work/corpus/manifest.jsonl + wavs       offline speech, 4 languages (rvqspec.standin.corpus)
- codec         assets/codec.safetensors                mel-RVQ codec, 16 x 512 k-means (rvqspec.standin.codec)
+ codec         assets/codec.safetensors                mel-RVQ codec, 16 x 512 k-means (rvqspec.standin.codec),
+               work/codec_report.json                  and its English Whisper WER (original/vocoded/codec)
  encode        work/codes/                             every utterance's codes [T, 16]
  joint         work/joint/                             phase 1: talker + predictor (train.train_joint)
  code-corpus   work/code-corpus/{train,validation,test}  frozen talker's states + codes (rvqspec.corpus)
@@ -17,7 +18,7 @@ what ships goes to rvqspec/standin/assets (<= 20 MB):
 
 Timings of each stage are written to work/build.json and, with the figures, to assets/report.json.
 Measured on the 2-core development machine (shared with other jobs, one torch thread):
-see `assets/report.json` ("timings") for the figures of the shipped build.
+see `assets/report.json` ("timings_seconds") for the figures of the shipped build, summed up in the README.
 """
 
 import json
@@ -85,6 +86,10 @@ class Settings:
         return self.assets / "codec.safetensors"
 
     @property
+    def codec_report_file(self) -> Path:
+        return self.work / "codec_report.json"
+
+    @property
     def model_dir(self) -> Path:
         return self.assets / "model"
 
@@ -114,10 +119,16 @@ def stage_corpus(s: Settings) -> dict:
 
 
 def stage_codec(s: Settings) -> dict:
+    """Fit the codec, then measure what it loses: Whisper WER of the English test sentences, original vs
+    vocoded mel vs codec round trip (English only: Whisper base cannot transcribe espeak-ng's de/es/ru even
+    from the original audio)."""
     from rvqspec.standin.codec import train_codec
+    from rvqspec.standin.quality import codec_report
 
     train_codec(s.manifest, s.codec_file)
-    return {"bytes": s.codec_file.stat().st_size}
+    report = codec_report(s.manifest, s.codec_file, ("en",))
+    save_json(s.codec_report_file, report)
+    return {"bytes": s.codec_file.stat().st_size, "wer": {lang: r["wer"] for lang, r in report["langs"].items()}}
 
 
 def stage_encode(s: Settings) -> dict:
@@ -238,29 +249,32 @@ def stage_quality(s: Settings) -> dict:
 
 def intelligibility(s: Settings, tts) -> dict:
     """Whisper WER/CER per language of test sentences synthesized by the stand-in (AR, deployed samplers),
-    beside the WER of the original recordings of the same sentences (the recogniser's own floor).
+    beside the WER of the original recordings of the same sentences (the recogniser's own floor) and the
+    chance level: the same transcripts scored against the next test sentence of the language (what speech
+    unrelated to the text scores). WER is a signal only where it sits clearly below chance.
     Synthesis and transcription are `rvqspec eval`'s (which also compares AR with speculative)."""
-    import jiwer
-
-    from rvqspec.eval import WhisperASR, codec_vocoder, synthesize_all, test_sentences
+    from rvqspec.eval import WhisperASR, codec_vocoder, error_rates, synthesize_all, test_sentences, transcripts
     from rvqspec.standin.audio import read_wav
-    from rvqspec.standin.quality import normalize, wer
+    from rvqspec.standin.quality import cer
 
     sentences = test_sentences(s.manifest, list(tts.config.languages), s.quality_limit)
     runs = synthesize_all(tts, sentences, s.seed, "ar", None, None)
     vocoder, asr = codec_vocoder(s.codec_file), WhisperASR()
-    heard = [asr(vocoder(run.codes), x["lang"]) if run.frames else "" for run, x in zip(runs, sentences)]
+    heard = transcripts(runs, sentences, vocoder, asr)
     original = [asr(read_wav(s.manifest.parent / x["wav"]), x["lang"]) for x in sentences]
+    rates, chance, floor = (error_rates(heard, sentences), error_rates(heard, sentences, shift=1),
+                            error_rates(original, sentences))
     figures = {}
     for lang in tts.config.languages:
         chosen = [i for i, x in enumerate(sentences) if x["lang"] == lang]
         texts, hyps = [sentences[i]["text"] for i in chosen], [heard[i] for i in chosen]
-        figures[lang] = {"sentences": len(chosen), "wer": round(wer(texts, hyps), 4),
-                         "cer": round(float(jiwer.cer([normalize(t) for t in texts], [normalize(h) for h in hyps])), 4),
-                         "original_wer": round(wer(texts, [original[i] for i in chosen]), 4),
+        figures[lang] = {"sentences": len(chosen), "wer": round(rates[lang], 4), "cer": round(cer(texts, hyps), 4),
+                         "chance_wer": round(chance[lang], 4), "original_wer": round(floor[lang], 4),
+                         "chance_cer": round(cer(texts[1:] + texts[:1], hyps), 4),
                          "examples": [{"text": t, "heard": h} for t, h in zip(texts[:3], hyps)]}
-        print(f"{lang}: WER {figures[lang]['wer']:.3f} CER {figures[lang]['cer']:.3f} "
-              f"(original recordings: WER {figures[lang]['original_wer']:.3f})")
+        print(f"{lang}: WER {figures[lang]['wer']:.3f} CER {figures[lang]['cer']:.3f} (chance: WER "
+              f"{figures[lang]['chance_wer']:.3f} CER {figures[lang]['chance_cer']:.3f}; original recordings: WER "
+              f"{figures[lang]['original_wer']:.3f})")
     return figures
 
 
@@ -308,10 +322,17 @@ def build(s: Settings, first: str = "corpus", last: str = "quality", force: tupl
 
 def write_report(s: Settings, log: dict) -> None:
     """assets/report.json: what the demo and the README quote (timings, sizes, confidence, WER)."""
+    from rvqspec.standin.corpus import read_manifest
+
     stages = log["stages"]
+    rows = read_manifest(s.manifest) if s.manifest.is_file() else []
+    corpus = {lang: {split: {"sentences": len(of_split), "hours": round(sum(r["duration"] for r in of_split) / 3600, 3)}
+                     for split in SPLITS for of_split in [[r for r in rows if r["lang"] == lang and r["split"] == split]]}
+              for lang in sorted({r["lang"] for r in rows})}
+    codec = json.loads(s.codec_report_file.read_text()) if s.codec_report_file.is_file() else None
     report = {"settings": {k: str(v) for k, v in asdict(s).items()},
               "timings_seconds": {name: stage["seconds"] for name, stage in stages.items()},
-              "corpus": stages.get("corpus", {}).get("result"), "quality": stages.get("quality", {}).get("result"),
+              "corpus": corpus, "codec": codec, "quality": stages.get("quality", {}).get("result"),
               "offsets": stages.get("offsets", {}).get("result")}
     if s.model_dir.is_dir():
         report["asset_bytes"] = asset_bytes(s)
