@@ -246,3 +246,26 @@ def test_training_keeps_the_epoch_with_the_best_validation_loss():
     report = optimize([weight], lambda epoch: [None], lambda _: ((weight - 5) ** 2).sum(), steps=3, lr=0.1, warmup=1,
                       minutes=None, evaluate=evaluate, log=lambda _: None, log_every=10)
     assert report["best_epoch"] == 2 and torch.equal(weight.detach(), seen[1]) and not torch.equal(seen[1], seen[2])
+
+
+def test_intelligibility_scores_against_the_text_the_chance_level_and_the_recordings(tmp_path, monkeypatch):
+    from rvqspec import eval as rvqspec_eval
+    from rvqspec.standin.build import intelligibility
+
+    tiny_speech_corpus(tmp_path / "corpus", per_split=2)
+    texts = {"en": "Satz 0 en.", "de": "Satz 1 de."}  # what the fake recogniser hears, per language
+
+    class HearsOneSentence:
+        def __call__(self, wav, lang):
+            return texts.get(lang, "")
+
+    monkeypatch.setattr(rvqspec_eval, "WhisperASR", HearsOneSentence)
+    monkeypatch.setattr(rvqspec_eval, "codec_vocoder", lambda path: lambda codes: np.zeros(len(codes) * 1280))
+    figures = intelligibility(Settings(work=tmp_path, quality_limit=2), tiny_standin(seed=3))
+    assert list(figures) == ["en", "de", "es", "ru"] and figures["en"]["sentences"] == 2
+    # en: test texts "Satz 0 en.", "Satz 1 en."; heard "Satz 0 en." twice: 1 of 6 words wrong, chance the same
+    sixth = pytest.approx(1 / 6, abs=1e-4)  # figures are rounded to 4 digits
+    assert figures["en"]["wer"] == sixth and figures["en"]["chance_wer"] == sixth
+    assert figures["de"]["wer"] == sixth and figures["es"]["wer"] == 1.0
+    assert figures["en"]["original_wer"] == figures["en"]["wer"]  # the recordings are heard the same here
+    assert figures["en"]["examples"][0] == {"text": "Satz 0 en.", "heard": "Satz 0 en."}
