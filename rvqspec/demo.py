@@ -28,6 +28,9 @@ DEFAULT_TEXT = {"en": "The quick brown fox jumps over the lazy dog.",
                 "es": "El veloz zorro marrón salta sobre el perro perezoso.",
                 "ru": "Быстрая коричневая лиса прыгает через ленивую собаку."}
 DEFAULT_TREE_SIZE = 16
+# The bench run committed with the source (a checkout, not an installed wheel): quoted, labelled, until
+# `rvqspec bench` has measured this device.
+COMMITTED_BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "bench.json"
 
 
 def default_assets() -> Path:
@@ -61,6 +64,21 @@ def load_tree(assets: Path, size: int) -> Tree:
                                "`rvqspec standin build --from calibrate`")
         path = assets / "trees" / f"tree-N{min(sizes, key=lambda n: abs(n - size))}.json"
     return Tree.load(path)
+
+
+def real_model_speedup() -> tuple[dict | None, str | None]:
+    """The realized speed-up of the real 0.6B architecture at the paper's acceptance, and where it was measured:
+    this device (`rvqspec bench`), else the development machine (the committed bench run), else nowhere."""
+    figure = paper_acceptance_speedup()
+    if figure:
+        return figure, "this device"
+    if COMMITTED_BENCH.is_file():
+        report = json.loads(COMMITTED_BENCH.read_text())
+        if report.get("paper_acceptance"):
+            m = report["machine"]
+            return report["paper_acceptance"], (f"the development machine ({m['cpu']}, {m['cores']} cores, {m['date']}; "
+                                                "benchmarks/results/bench.json), not this one: run `rvqspec bench`")
+    return None, None
 
 
 def heldout_top1(assets: Path) -> float | None:
@@ -137,8 +155,13 @@ def run_demo(text: str | None = None, lang: str = "en", out: str | Path = "demo_
         "audio_seconds": audio_seconds,
         "mean_top1": float(top1.mean()) if spec.frames else None, "heldout_mean_top1": heldout,
         "wav": {k: str(v) for k, v in files.items()},
-        "real_0_6b_at_paper_acceptance": paper_acceptance_speedup(),
+        **real_model_fields(),
     }
+
+
+def real_model_fields() -> dict:
+    figure, where = real_model_speedup()
+    return {"real_0_6b_at_paper_acceptance": figure, "real_0_6b_measured_on": where}
 
 
 def print_report(r: dict) -> None:
@@ -160,8 +183,8 @@ def print_report(r: dict) -> None:
     real = r["real_0_6b_at_paper_acceptance"]
     if real:
         print(f"  NOT THE STAND-IN: the real Qwen3-TTS 0.6B predictor architecture (random weights, acceptance "
-              f"controlled to the paper's), measured by `rvqspec bench` on this device ({real['dtype']}, "
-              f"{real['threads']} threads, tree of {real['tree_size']}): {real['tokens_per_step']:.2f} tokens/step, "
+              f"controlled to the paper's) on {r['real_0_6b_measured_on']} ({real['dtype']}, {real['threads']} "
+              f"threads, tree of {real['tree_size']}): {real['tokens_per_step']:.2f} tokens/step, "
               f"{real['calls_per_frame']:.2f} calls/frame, speed-up {real['speedup']:.2f}x")
     else:
         print("  real 0.6B architecture at the paper's acceptance: not measured on this device yet "
@@ -199,8 +222,7 @@ def run_engine_demo(frames: int = 12, nodes: int = 16, seed: int = 0) -> dict:
             "stand_in_shipped": False, "frames": frames, "tree_nodes": tree.size, "drafter": "reused",
             "calls_per_frame": calls["speculative"] / frames, "ar_calls_per_frame": calls["ar"] / frames,
             "tokens_per_step": frames * config.num_residual_codes / calls["speculative"],
-            "speedup": seconds["ar"] / seconds["speculative"],
-            "real_0_6b_at_paper_acceptance": paper_acceptance_speedup()}
+            "speedup": seconds["ar"] / seconds["speculative"], **real_model_fields()}
 
 
 def print_engine_report(r: dict) -> None:

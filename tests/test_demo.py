@@ -6,6 +6,7 @@ import pytest
 import soundfile
 import torch
 
+from rvqspec import demo
 from rvqspec.cli import main
 from rvqspec.drafters import Offsets
 from rvqspec.standin import codec
@@ -20,6 +21,7 @@ def isolated(monkeypatch, tmp_path):
     and read the bench's device file from an empty cache unless a test writes one."""
     monkeypatch.setattr(codec, "hifigan", lambda: None)
     monkeypatch.setenv("RVQSPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(demo, "COMMITTED_BENCH", tmp_path / "no-bench.json")
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +62,20 @@ def test_demo_uses_the_benchmarked_tree_size_and_reports_the_real_model(assets, 
     assert report["tree_nodes"] == 4 and report["real_0_6b_at_paper_acceptance"] == real
     assert main(["demo", "Hi.", "--assets", str(assets), "--out", str(tmp_path)]) == 0
     assert "NOT THE STAND-IN" in capsys.readouterr().out
+
+
+def test_demo_quotes_the_committed_bench_run_until_this_device_is_benchmarked(assets, tmp_path, capsys,
+                                                                            monkeypatch):
+    real = {"dtype": "bfloat16", "threads": 2, "tree_size": 32, "tokens_per_step": 2.49, "calls_per_frame": 6.0,
+            "speedup": 1.77}
+    committed = tmp_path / "bench.json"
+    committed.write_text(json.dumps({"paper_acceptance": real, "machine": {"cpu": "Some CPU", "cores": 2,
+                                                                           "date": "2026-11-30"}}))
+    monkeypatch.setattr(demo, "COMMITTED_BENCH", committed)
+    assert main(["demo", "Hi.", "--assets", str(assets), "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "on the development machine (Some CPU, 2 cores, 2026-11-30" in printed and "speed-up 1.77x" in printed
+    assert "not this one: run `rvqspec bench`" in printed
 
 
 def test_demo_text_report(assets, tmp_path, capsys):
