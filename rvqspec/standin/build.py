@@ -63,7 +63,7 @@ class Settings:
     predictor_batch_frames: int = 256
     predictor_minutes: float = 22.0
     offsets_epochs: int = 2
-    quality_limit: int | None = 40  # test sentences per language for WER (None: all)
+    quality_limit: int | None = 25  # test sentences per language for WER (None: all)
     seed: int = 0
 
     @property
@@ -385,5 +385,5 @@ def add_cli(subparsers) -> None:
     c.set_defaults(run=run_corpus)
     q = sub.add_parser("quality", help="held-out confidence per codebook and Whisper WER/CER of the shipped model")
     q.add_argument("--work", default="data/standin")
-    q.add_argument("--limit", type=int, default=40, help="test sentences per language for WER (0: all)")
+    q.add_argument("--limit", type=int, default=Settings.quality_limit, help="test sentences per language for WER (0: all)")
     q.set_defaults(run=run_quality)
