@@ -47,6 +47,7 @@ def test_missing_inputs_name_their_commands_and_invent_nothing(tmp_path):
     assert "Not yet measured: run `rvqspec standin build --from calibrate --to calibrate`" in text
     assert "Not yet measured: run `OMP_WAIT_POLICY=PASSIVE nice -n 10 rvqspec bench`" in text
     assert "Not yet measured: run `OMP_WAIT_POLICY=PASSIVE nice -n 10 rvqspec bench --archs '' --model" in text
+    assert "Not yet measured: run `OMP_WAIT_POLICY=PASSIVE python benchmarks/round_profile.py`" in text
     assert "| reused |" not in text and "| 32 |" not in text  # no table rows without data
     assert "offsets 2.47 tokens/step" in text and "en 2.45, 4.25, 3.99" in text  # the paper is always shown
     assert "iPhone 17 Pro Max: 2.34x at N = 32" in text and "2.47 at N = 32" in text
@@ -121,6 +122,15 @@ def test_bench_section_puts_our_speedups_beside_the_paper(tmp_path):
                for line in lines)
     assert "![Figure 4 style: verify overhead and speed-up vs tree size](../benchmarks/results/bench.png)" in lines
     assert "### Details from `rvqspec bench`" in text and "Not yet measured: run `OMP_WAIT_POLICY" in text
+
+
+def test_the_round_profile_is_quoted_without_its_title(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "round-profile.md").write_text("# Where a speculative round's time goes\n\n| piece | ms |\n")
+    text = regenerate(results, tmp_path / "none.json", tmp_path / "RESULTS.md")
+    section = text.split("## Why the CPU speed-up stops short of 2x", 1)[1]
+    assert "| piece | ms |" in section and "# Where a speculative" not in section
 
 
 def test_standin_bench_gets_its_own_section(tmp_path):
