@@ -26,6 +26,7 @@ class Synthesis:
     hidden: Tensor  # [T, H] the talker state that conditioned each frame's predictor
     predictor_calls: int = 0
     predictor_seconds: float = 0.0  # wall time inside decode_frame (the inner loop)
+    frame_seconds: list[float] = field(default_factory=list)  # the same, per frame
     talker_seconds: float = 0.0
     accepted: list[int] = field(default_factory=list)  # drafts accepted per speculative round
 
@@ -84,7 +85,8 @@ def synthesize_codes(tts: StandinTTS, text: str, lang: str, sampler: Sampler = S
             break
         inner = time.perf_counter()
         result = decode_frame(tts.predictor, hidden, c0, sampler, generator, drafter=drafter, tree=tree)
-        out.predictor_seconds += time.perf_counter() - inner
+        out.frame_seconds.append(time.perf_counter() - inner)
+        out.predictor_seconds += out.frame_seconds[-1]
         out.predictor_calls += result.calls
         out.accepted += [r.accepted for r in result.rounds]
         frame = torch.cat([torch.tensor([c0], device=device), result.codes])
