@@ -239,15 +239,17 @@ def transcripts(runs: list[Run], sentences: list[dict], vocoder, asr) -> list[st
     return [asr(vocoder(run.codes), s["lang"]) if run.frames else "" for run, s in zip(runs, sentences)]
 
 
-def error_rates(hyps: list[str], sentences: list[dict], shift: int = 0) -> dict[str, float]:
-    """Per language: WER (fraction) of the transcripts `hyps` against the sentences' texts. `shift` 1 scores each
-    transcript against the next sentence of its language instead: the chance level of speech unrelated to the text."""
+def error_rates(hyps: list[str], sentences: list[dict], shift: int = 0, metric=None) -> dict[str, float]:
+    """Per language: WER (fraction; `metric` another scorer, e.g. `quality.cer`) of the transcripts `hyps` against
+    the sentences' texts. `shift` 1 scores each transcript against the next sentence of its language instead: the
+    chance level of speech unrelated to the text."""
     from rvqspec.standin.quality import wer
 
     rates = {}
     for lang in dict.fromkeys(s["lang"] for s in sentences):
         texts = [s["text"] for s in sentences if s["lang"] == lang]
-        rates[lang] = wer(texts[shift:] + texts[:shift], [h for h, s in zip(hyps, sentences) if s["lang"] == lang])
+        rates[lang] = (metric or wer)(texts[shift:] + texts[:shift],
+                                      [h for h, s in zip(hyps, sentences) if s["lang"] == lang])
     return rates
 
 

@@ -8,7 +8,7 @@ Inputs (a missing one leaves its section saying which command measures it):
                                         acceptance-controlled real-size runs, the Figure-4 plot)
 - benchmarks/results/standin/bench.json `rvqspec bench` of the stand-in alone, at its own calibrated
                                         acceptance (STANDIN_BENCH below)
-- benchmarks/results/round-profile.json benchmarks/round_profile.py (where a round's time goes)
+- benchmarks/results/round-profile.md   benchmarks/round_profile.py (where a round's time goes)
 """
 
 import json
@@ -45,6 +45,11 @@ def read_json(path: Path) -> dict | None:
 
 def read_text(path: Path) -> str | None:
     return path.read_text() if path.is_file() else None
+
+
+def without_title(markdown_text: str) -> str:
+    """A report's Markdown without its `# title` line, to nest it under a section here."""
+    return markdown_text.split("\n", 2)[2].strip()
 
 
 def not_measured(command: str) -> str:
@@ -166,8 +171,7 @@ def bench_section(bench: dict | None, bench_dir: Path, out: Path) -> list[str]:
     figure = bench_dir / "bench.png"
     if figure.is_file():
         lines += ["", f"![Figure 4 style: verify overhead and speed-up vs tree size]({link(figure, out)})"]
-    details = markdown(bench).split("\n", 2)[2]  # bench's own report, without its title
-    return lines + ["", "### Details from `rvqspec bench`", "", details.strip()]
+    return lines + ["", "### Details from `rvqspec bench`", "", without_title(markdown(bench))]
 
 
 def standin_bench_section(bench: dict | None, bench_dir: Path, out: Path) -> list[str]:
@@ -178,11 +182,10 @@ def standin_bench_section(bench: dict | None, bench_dir: Path, out: Path) -> lis
     lines = ["## The stand-in on this CPU: inner-loop speed-up at its own acceptance", ""]
     if bench is None:
         return lines + [not_measured(STANDIN_BENCH)]
-    details = markdown(int_keys(bench)).split("\n", 2)[2]
     figure = bench_dir / "bench.png"
     plot = [f"![stand-in: verify overhead and speed-up vs tree size]({link(figure, out)})", ""] if figure.is_file() \
         else []
-    return lines + [f"From `{STANDIN_BENCH}`.", "", *plot, details.strip()]
+    return lines + [f"From `{STANDIN_BENCH}`.", "", *plot, without_title(markdown(int_keys(bench)))]
 
 
 def profile_section(profile_markdown: str | None) -> list[str]:
@@ -190,7 +193,7 @@ def profile_section(profile_markdown: str | None) -> list[str]:
     lines = ["## Why the CPU speed-up stops short of 2x: where a round's time goes", ""]
     if profile_markdown is None:
         return lines + [not_measured(PROFILE)]
-    return lines + [profile_markdown.split("\n", 2)[2].strip()]
+    return lines + [without_title(profile_markdown)]
 
 
 def results_markdown(eval_report: dict | None, calibration: dict | None, calibration_path: Path,

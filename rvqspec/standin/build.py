@@ -262,16 +262,15 @@ def intelligibility(s: Settings, tts) -> dict:
     vocoder, asr = codec_vocoder(s.codec_file), WhisperASR()
     heard = transcripts(runs, sentences, vocoder, asr)
     original = [asr(read_wav(s.manifest.parent / x["wav"]), x["lang"]) for x in sentences]
-    rates, chance, floor = (error_rates(heard, sentences), error_rates(heard, sentences, shift=1),
-                            error_rates(original, sentences))
+    rates = {"wer": error_rates(heard, sentences), "cer": error_rates(heard, sentences, metric=cer),
+             "chance_wer": error_rates(heard, sentences, shift=1),
+             "chance_cer": error_rates(heard, sentences, shift=1, metric=cer),
+             "original_wer": error_rates(original, sentences)}
     figures = {}
     for lang in tts.config.languages:
         chosen = [i for i, x in enumerate(sentences) if x["lang"] == lang]
-        texts, hyps = [sentences[i]["text"] for i in chosen], [heard[i] for i in chosen]
-        figures[lang] = {"sentences": len(chosen), "wer": round(rates[lang], 4), "cer": round(cer(texts, hyps), 4),
-                         "chance_wer": round(chance[lang], 4), "original_wer": round(floor[lang], 4),
-                         "chance_cer": round(cer(texts[1:] + texts[:1], hyps), 4),
-                         "examples": [{"text": t, "heard": h} for t, h in zip(texts[:3], hyps)]}
+        figures[lang] = {"sentences": len(chosen), **{name: round(of[lang], 4) for name, of in rates.items()},
+                         "examples": [{"text": sentences[i]["text"], "heard": heard[i]} for i in chosen[:3]]}
         print(f"{lang}: WER {figures[lang]['wer']:.3f} CER {figures[lang]['cer']:.3f} (chance: WER "
               f"{figures[lang]['chance_wer']:.3f} CER {figures[lang]['chance_cer']:.3f}; original recordings: WER "
               f"{figures[lang]['original_wer']:.3f})")

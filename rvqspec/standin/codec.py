@@ -15,9 +15,9 @@ carry the speech: in 128 dims each of the 16 levels held about as much as the ne
 flat from level 4 on), the first three levels alone were unintelligible (Whisper tiny.en WER 48% with
 c0..c2 vs 32% in 32 dims, 113% vs 65% with c0 alone) and a predictor that cannot guess the deep codes
 sampled them as loud noise (real c0 + predicted c1..c15: WER 110%). In 32 dims the deep levels refine
-a small residual, at the price of the projection itself (WER 10% without quantization vs 8% at 64). Codebooks are fitted greedily: k-means (faiss)
-on the residual left by the levels before, codebooks rounded to float16 before the next level so
-that training and encoding see the same residuals. Encoding needs only torch; faiss is needed only
+a small residual, at the price of the projection itself (WER 10% without quantization vs 8% at 64).
+Codebooks are fitted greedily: k-means (faiss) on the residual left by the levels before, codebooks
+rounded to float16 before the next level so that training and encoding see the same residuals. Encoding needs only torch; faiss is needed only
 to fit. Decoding uses the vocoder when its package is installed, Griffin-Lim otherwise.
 """
 

@@ -25,14 +25,17 @@ class Synthesis:
     codes: Tensor  # [T, 16]
     hidden: Tensor  # [T, H] the talker state that conditioned each frame's predictor
     predictor_calls: int = 0
-    predictor_seconds: float = 0.0  # wall time inside decode_frame (the inner loop)
-    frame_seconds: list[float] = field(default_factory=list)  # the same, per frame
+    frame_seconds: list[float] = field(default_factory=list)  # wall time inside decode_frame (the inner loop)
     talker_seconds: float = 0.0
     accepted: list[int] = field(default_factory=list)  # drafts accepted per speculative round
 
     @property
     def frames(self) -> int:
         return len(self.codes)
+
+    @property
+    def predictor_seconds(self) -> float:
+        return sum(self.frame_seconds)
 
     @property
     def calls_per_frame(self) -> float:
@@ -86,7 +89,6 @@ def synthesize_codes(tts: StandinTTS, text: str, lang: str, sampler: Sampler = S
         inner = time.perf_counter()
         result = decode_frame(tts.predictor, hidden, c0, sampler, generator, drafter=drafter, tree=tree)
         out.frame_seconds.append(time.perf_counter() - inner)
-        out.predictor_seconds += out.frame_seconds[-1]
         out.predictor_calls += result.calls
         out.accepted += [r.accepted for r in result.rounds]
         frame = torch.cat([torch.tensor([c0], device=device), result.codes])
