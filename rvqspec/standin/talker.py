@@ -250,9 +250,8 @@ def save_standin(tts: StandinTTS, folder: str | Path, dtype: torch.dtype = torch
                  extra: dict | None = None) -> None:
     """config.json (upstream nested layout + talker fields) and model.safetensors (official keys) in `dtype`."""
     cast = lambda module: {k: v.to(dtype) for k, v in module.state_dict().items()}  # noqa: E731
-    with torch.device("meta"):
-        predictor = MultiCodeDecoder(tts.predictor.config)
-        talker = Talker(tts.config)
+    # casts of tts in the official layout; built without the meta device (see predictor_from_official)
+    predictor, talker = MultiCodeDecoder(tts.predictor.config), Talker(tts.config)
     predictor.load_state_dict(cast(tts.predictor), assign=True)
     talker.load_state_dict(cast(tts.talker), assign=True)
     stand_in = dict(extra or {}, torch_dtype=str(dtype).removeprefix("torch."))
@@ -270,12 +269,9 @@ def load_standin(folder: str | Path, dtype: torch.dtype | str = torch.float32,
     tensors = read_tensors(folder, {name: shape for _, parts in layout.values() for name, shape in parts}, dtype)
     state = {native: torch.cat([tensors[name] for name, _ in parts]).to(device)
              for native, (_, parts) in layout.items()}
-    with torch.device("meta"):
-        talker = Talker(config)
+    talker = Talker(config)  # built like the predictor (rvqspec.checkpoint.predictor_from_official)
     talker.load_state_dict(state, assign=True)
-    with torch.device(device):
-        talker.make_buffers()
-    return StandinTTS(talker.eval().requires_grad_(False), predictor)
+    return StandinTTS(talker.to(device).eval().requires_grad_(False), predictor)
 
 
 def new_standin(talker: TalkerConfig, predictor: PredictorConfig) -> StandinTTS:
