@@ -362,6 +362,15 @@ def run_quality(args) -> int:
     return 0
 
 
+def run_diagnose(args) -> int:
+    from rvqspec.standin.diagnose import diagnose
+
+    figures = diagnose(Settings(work=Path(args.work)), args.lang, args.limit or None)
+    if args.out:
+        save_json(Path(args.out), figures)
+    return 0
+
+
 def add_cli(subparsers) -> None:
     p = subparsers.add_parser("standin", help="build the stand-in Qwen3-TTS (corpus, codec, model, offsets, trees)")
     sub = p.add_subparsers(dest="standin_command", required=True)
@@ -386,3 +395,10 @@ def add_cli(subparsers) -> None:
     q.add_argument("--work", default="data/standin")
     q.add_argument("--limit", type=int, default=Settings.quality_limit, help="test sentences per language for WER (0: all)")
     q.set_defaults(run=run_quality)
+    d = sub.add_parser("diagnose", help="where intelligibility is lost: WER of recorded codes, truncated, or "
+                                        "completed by the predictor, beside free synthesis")
+    d.add_argument("--work", default="data/standin", help="build folder holding the encoded corpus")
+    d.add_argument("--lang", default="en")
+    d.add_argument("--limit", type=int, default=10, help="test sentences (0: all)")
+    d.add_argument("--out", help="also write the figures to this JSON file")
+    d.set_defaults(run=run_diagnose)
