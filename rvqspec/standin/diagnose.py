@@ -86,6 +86,6 @@ def diagnose(s: "Settings", lang: str = "en", limit: int | None = 10, levels: tu
         heard = [asr(vocoder(codes), lang) if len(codes := codes_of(u)) else "" for u in utts]
         figures["wer"][name], figures["heard"][name] = round(wer(texts, heard), 4), heard[0]
         print(f"{lang} {name}: WER {figures['wer'][name]:.3f}", flush=True)
-    figures["wer"]["chance"] = round(wer(texts[1:] + texts[:1], heard), 4)
-    figures["text"] = texts[0] if texts else ""
+    figures["wer"]["chance"] = round(wer(texts[1:] + texts[:1], heard), 4)  # free synthesis vs another sentence
+    figures["text"] = texts[0]
     return figures
