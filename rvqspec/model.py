@@ -226,19 +226,14 @@ class MultiCodeDecoder(nn.Module):
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.heads = nn.Parameter(torch.empty(c.num_residual_codes, c.vocab_size, c.hidden_size))
         self.head_packs = [PackedWeight() for _ in range(c.num_residual_codes)]
-        self.make_buffers()
-        self.cache: KVCache | None = None
-        self.apply(init_weights)
-        nn.init.normal_(self.heads, std=0.02)
-
-    def make_buffers(self) -> None:
-        """(Re)build the derived, non-checkpoint buffers on the current default device."""
-        c = self.config
-        # Positions in a frame stay below num_code_groups; tree nodes past the frame end are masked
-        # but still need a table row, hence the slack.
+        # Derived, non-checkpoint buffers. Positions in a frame stay below num_code_groups; tree nodes past
+        # the frame end are masked but still need a table row, hence the slack.
         self.rope = RotaryEmbedding(c.head_dim, c.rope_theta, c.num_code_groups + 64)
         offsets = [0] + [c.talker_vocab_size + t * c.vocab_size for t in range(c.num_code_groups - 1)]
         self.register_buffer("table_offset", torch.tensor(offsets), persistent=False)
+        self.cache: KVCache | None = None
+        self.apply(init_weights)
+        nn.init.normal_(self.heads, std=0.02)
 
     @property
     def dtype(self) -> torch.dtype:

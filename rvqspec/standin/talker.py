@@ -130,13 +130,9 @@ class Talker(nn.Module):
                   c.rms_norm_eps) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.codec_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
-        self.make_buffers()
+        self.rope = RotaryEmbedding(c.head_dim, c.rope_theta, c.max_position_embeddings)
         self.cache: KVCache | None = None
         self.apply(init_weights)
-
-    def make_buffers(self) -> None:
-        c = self.config
-        self.rope = RotaryEmbedding(c.head_dim, c.rope_theta, c.max_position_embeddings)
 
     def setup_cache(self, slots: int) -> KVCache:
         c, weight = self.config, self.norm.weight
