@@ -22,10 +22,12 @@ import torch
 from rvqspec.checkpoint import atomic_write, save_json
 from rvqspec.corpus import Corpus, CorpusWriter
 from rvqspec.model import MultiCodeDecoder
+from rvqspec.standin.codec import CodecConfig
 from rvqspec.standin.talker import load_standin
 from rvqspec.standin.train import train_predictor
 
 BATCH_FRAMES = 256
+FRAME_RATE = CodecConfig().frame_rate  # code frames per second of speech
 
 
 def subset_corpus(utterances: list, fraction: float, folder: Path, seed: int = 0) -> Corpus:
@@ -60,7 +62,7 @@ def run(work: Path, fractions: list[float], epochs: int) -> dict:
             report = train_predictor(predictor, train, validation, steps, batch_frames=BATCH_FRAMES, log=lambda _: None)
             frames = train.num_frames("train")
         losses = [h["validation_loss"]["predictor"] for h in report["history"]]
-        rows.append({"fraction": fraction, "frames": frames, "hours": round(frames * 0.08 / 3600, 3),
+        rows.append({"fraction": fraction, "frames": frames, "hours": round(frames / FRAME_RATE / 3600, 3),
                      "epochs": report["epochs"], "best_epoch": report["best_epoch"], "validation_loss": losses,
                      "best_validation_loss": min(losses), "accuracy": greedy_accuracy(predictor, validation),
                      "seconds": round(time.perf_counter() - start)})

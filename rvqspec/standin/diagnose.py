@@ -73,13 +73,14 @@ def diagnose(s: "Settings", lang: str = "en", limit: int | None = 10, levels: tu
                            f"(the stand-in speaks {', '.join(tts.config.languages)})")
     vocoder, asr, generator = codec_vocoder(s.codec_file), WhisperASR(), torch.Generator().manual_seed(s.seed)
     sampler = Sampler()  # the deployed sampler, as in synthesis
+    hidden = {u.id: teacher_forced_hidden(tts, u) for u in utts}  # the talker states, once per sentence
     versions = {"codec": lambda u: u.codes}
     versions |= {f"first {n} levels": (lambda u, n=n: u.codes[:, :n]) for n in levels}
     versions |= {f"recorded {recorded_levels(n)} + model": (lambda u, n=n: complete_levels(
-        tts.predictor, teacher_forced_hidden(tts, u), u.codes, n, sampler, generator)) for n in levels}
+        tts.predictor, hidden[u.id], u.codes, n, sampler, generator)) for n in levels}
     n = max(levels)
     versions |= {f"recorded c0, {f:.0%} of c1..c{n - 1} + model": (lambda u, f=f: complete_levels(
-        tts.predictor, teacher_forced_hidden(tts, u), u.codes, n, sampler, generator, f)) for f in fractions}
+        tts.predictor, hidden[u.id], u.codes, n, sampler, generator, f)) for f in fractions}
     versions["model (AR)"] = lambda u: synthesize_codes(tts, u.text, lang, generator=generator).codes
     texts, figures = [u.text for u in utts], {"lang": lang, "sentences": len(utts), "wer": {}, "heard": {}}
     for name, codes_of in versions.items():
