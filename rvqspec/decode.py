@@ -1,20 +1,27 @@
-"""Decode one frame's residual codes c1..c15: plain autoregressive, or speculative with a draft tree.
+"""Decode the residual codes c1..c15 of a batch of frames: plain autoregressive, or speculative with a tree.
 
-Speculative round (DESIGN section 2), all in `speculative_round`:
- 1. drafts: the drafter reads the hidden state that produced the last code c_k and proposes the
+Every row of a batch goes through the same predictor calls: AR takes 15 calls per batch, a speculative
+round one call per batch whatever each row's progress (k, the codes it has so far). A row whose frame
+is complete rides along as padding until the slowest row finishes. `decode_frame` is the batch of one.
+
+Speculative round (DESIGN section 2), all in `speculative_round`, for every row at once:
+ 1. drafts: the drafter reads the hidden state that produced the row's last code c_k and proposes the
     top-m codes for c_{k+1}..c_{k+K}; the tree picks N of them;
- 2. one model call over [root = c_k, node_1..node_N] with the tree mask gives the verifier's
-    distribution at every node;
+ 2. one model call over [root = c_k, node_1..node_N] per row, with the row's tree mask, positions and
+    embedding tables (gathered by its k), gives the verifier's distribution at every node;
  3. sample-then-match: walking from the root, a fresh draw x ~ p~(node) is taken at the current node
     (exactly AR sampling wherever the walk goes) and the child whose token is x is accepted; the draw at
     the deepest accepted node is the bonus code. The walk runs on the device, one draw per depth, so
     only the nodes on the path reach the heads and the sampler, and the host reads the result once;
- 4. the K/V entries of the root and the accepted nodes are moved to consecutive slots.
+ 4. each row's K/V entries of the root and its accepted nodes are moved to consecutive slots.
 Because every emitted code is a draw from the verifier's p~ given the true prefix, the output has
 exactly the distribution of AR decoding (and greedy codes are identical).
 
-Cache layout: slots 0..G-1 hold committed positions (slot = position); slots G..G+N hold the
-round's tree. Committed: positions 0..k (position p holds c_{p-1}; position 0 the talker state).
+Cache layout (per row): slots 0..G-1 hold committed positions (slot = position); slots G..G+N hold the
+round's tree. Committed: positions 0..k (position p holds c_{p-1}; position 0 the talker state). The
+compaction copies max_depth + 1 entries per row whatever it accepted: entries past its new k land on
+slots that its mask hides until a later round overwrites them, so a round's shapes depend only on
+(B, N) and a row never needs a Python branch of its own.
 """
 
 from dataclasses import dataclass, field
@@ -36,7 +43,7 @@ class RoundStats:
 @dataclass
 class FrameResult:
     codes: Tensor  # [G-1] c1..c15
-    calls: int  # predictor calls, the prefill included
+    calls: int  # predictor calls this frame took part in, the prefill included
     rounds: list[RoundStats] = field(default_factory=list)
 
     @property
@@ -45,17 +52,31 @@ class FrameResult:
 
 
 @dataclass
+class BatchResult:
+    codes: Tensor  # [B, G-1] c1..c15 of every row
+    calls: int  # predictor calls for the whole batch, the prefill included
+    rows: list[FrameResult]  # per row: its codes, the calls it was still decoding in, its rounds
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Codes per call for one row, averaged over rows (a batch of B rows emits B times as many per call)."""
+        return self.codes.numel() / sum(row.calls for row in self.rows)
+
+
+@dataclass
 class TreePlan:
-    """Everything a round needs about the tree, built once per (tree, model, device)."""
+    """Everything a round needs about the tree, built once per (tree, model, device); per-k tables are
+    stacked so that a batch gathers each row's by its k."""
 
     tree: Tree
     parent: Tensor  # [q]
     draft_index: Tensor  # [N] index into the drafter's flattened top-m table [depth, m]
     scratch: Tensor  # [q] cache slots of the tree
-    positions: list[Tensor]  # per k: [q] position ids k+1+depth
-    tables: list[Tensor]  # per k: [q] embedding table of each token (clamped past the last code)
-    masks: list[Tensor]  # per k: [q, G+q] committed slots 0..k, then the tree's ancestors
-    paths: list[list[int]]  # node -> nodes on its path from the root (root first)
+    positions: Tensor  # [G, q] per k: position ids k+1+depth
+    tables: Tensor  # [G, q] per k: embedding table of each token (clamped past the last code)
+    masks: Tensor  # [G, q, G+q] per k: committed slots 0..k, then the tree's ancestors
+    path_slots: Tensor  # [q, max_depth+1] per node: scratch slots of root..node, padded with the node's own
+    path_steps: Tensor  # [max_depth+1] 1, 2, ...: where the path goes, counted from the row's k
 
 
 def plan_for(tree: Tree, model) -> TreePlan:
@@ -67,25 +88,24 @@ def plan_for(tree: Tree, model) -> TreePlan:
 
 
 def build_plan(tree: Tree, groups: int, device: torch.device) -> TreePlan:
-    q = tree.size + 1
-    depth = tree.depth
-    committed = torch.arange(groups)[None, :] <= torch.arange(groups)[:, None]  # [k, slot]: slot <= k
-    masks = [torch.cat([committed[k].expand(q, -1), tree.ancestors], dim=1) for k in range(groups)]
+    q, depth, ks = tree.size + 1, tree.depth, torch.arange(groups)[:, None]
+    committed = torch.arange(groups)[None, :] <= ks  # [k, slot]: slot <= k
+    masks = torch.cat([committed[:, None, :].expand(-1, q, -1), tree.ancestors.expand(groups, -1, -1)], dim=2)
     ancestors = tree.ancestors.tolist()
+    paths = [[a for a in range(q) if ancestors[n][a]] for n in range(q)]
+    paths = [path + path[-1:] * (tree.max_depth + 1 - len(path)) for path in paths]
     return TreePlan(
         tree=tree, parent=tree.parent.to(device),
         draft_index=((depth[1:] - 1) * max(tree.top_m, 1) + tree.rank[1:]).to(device),
         scratch=torch.arange(groups, groups + q, device=device),
-        positions=[(k + 1 + depth).to(device) for k in range(groups)],
-        tables=[(k + depth).clamp(max=groups - 1).to(device) for k in range(groups)],
-        masks=[m.to(device) for m in masks],
-        paths=[[a for a in range(q) if ancestors[n][a]] for n in range(q)])
+        positions=(ks + 1 + depth).to(device), tables=(ks + depth).clamp(max=groups - 1).to(device),
+        masks=masks.to(device), path_slots=(groups + torch.tensor(paths)).to(device),
+        path_steps=torch.arange(1, tree.max_depth + 2, device=device))
 
 
-def check_inputs(model, talker_hidden: Tensor, c0, sampler: Sampler) -> tuple[Tensor, Tensor]:
+def check_frame(model, talker_hidden: Tensor, c0) -> tuple[Tensor, Tensor]:
+    """One frame's inputs as a batch of one: talker_hidden [1, H], c0 [1]."""
     c = model.config
-    if not isinstance(sampler, Sampler):
-        raise RvqspecError(f"sampler must be an rvqspec.Sampler, got {type(sampler).__name__}")
     if not isinstance(talker_hidden, Tensor) or talker_hidden.reshape(-1).shape[0] != c.talker_hidden_size \
             or talker_hidden.dim() not in (1, 2):
         shape = tuple(talker_hidden.shape) if isinstance(talker_hidden, Tensor) else type(talker_hidden).__name__
@@ -94,23 +114,50 @@ def check_inputs(model, talker_hidden: Tensor, c0, sampler: Sampler) -> tuple[Te
     c0 = torch.as_tensor(c0).reshape(-1)
     if c0.numel() != 1 or c0.is_floating_point() or not 0 <= int(c0) < c.talker_vocab_size:
         raise RvqspecError(f"c0 must be one integer code in [0, {c.talker_vocab_size}), got {c0.tolist()}")
-    return talker_hidden.reshape(1, -1).to(model.device), c0.to(model.device)
+    return talker_hidden.reshape(1, -1), c0
 
 
-def prefill(model, talker_hidden: Tensor, c0: Tensor, slots: int) -> Tensor:
-    """Positions 0 (talker state) and 1 (c0); returns h_1 [hidden]."""
-    model.setup_cache(slots)
-    x = torch.cat([model.embed_talker_hidden(talker_hidden), model.embed_codes(c0, torch.zeros_like(c0))])
-    positions = torch.arange(2, device=model.device)
-    mask = torch.arange(slots, device=model.device)[None, :] <= positions[:, None]
-    return model(x[None], positions, mask, positions)[0, 1]
+def check_batch(model, talker_hidden: Tensor, c0, sampler: Sampler) -> tuple[Tensor, Tensor]:
+    """talker_hidden [B, H] and c0 [B] on the model's device, or a clear error (one host read)."""
+    c = model.config
+    if not isinstance(sampler, Sampler):
+        raise RvqspecError(f"sampler must be an rvqspec.Sampler, got {type(sampler).__name__}")
+    if not isinstance(talker_hidden, Tensor) or talker_hidden.dim() != 2 or len(talker_hidden) == 0 \
+            or talker_hidden.shape[1] != c.talker_hidden_size or talker_hidden.is_complex():
+        shape = tuple(talker_hidden.shape) if isinstance(talker_hidden, Tensor) else type(talker_hidden).__name__
+        raise RvqspecError(f"talker_hidden must be [B, {c.talker_hidden_size}] (B frames of the talker's hidden "
+                           f"size), got {shape}")
+    c0 = torch.as_tensor(c0, device=talker_hidden.device).reshape(-1)
+    if c0.shape[0] != len(talker_hidden) or c0.is_floating_point() or c0.dtype == torch.bool:
+        raise RvqspecError(f"c0 must hold one integer code per row of talker_hidden ({len(talker_hidden)}), "
+                           f"got {c0.dtype} {tuple(c0.shape)}")
+    finite = torch.isfinite(talker_hidden).all(1)
+    low, high, bad = torch.stack([c0.min(), c0.max(), (~finite).long().argmax()]).tolist()
+    if not 0 <= low <= high < c.talker_vocab_size:
+        raise RvqspecError(f"c0 codes must lie in [0, {c.talker_vocab_size}), got values in [{low}, {high}]")
+    if not finite[bad]:
+        raise RvqspecError(f"talker_hidden row {bad} is not finite (NaN or inf): the talker's state is broken, so "
+                           "no codes can be decoded for it")
+    return talker_hidden.to(model.device), c0.to(model.device)
 
 
 @torch.inference_mode()
 def decode_frame(model, talker_hidden: Tensor, c0, sampler: Sampler, generator: torch.Generator | None = None,
                  drafter=None, tree: Tree | None = None) -> FrameResult:
     """Codes c1..c15 of one frame. drafter None: plain AR (15 calls); else speculative with `tree`."""
-    talker_hidden, c0 = check_inputs(model, talker_hidden, c0, sampler)
+    talker_hidden, c0 = check_frame(model, talker_hidden, c0)
+    return decode_frames(model, talker_hidden, c0, sampler, generator, drafter, tree).rows[0]
+
+
+@torch.inference_mode()
+def decode_frames(model, talker_hidden: Tensor, c0, sampler: Sampler, generator: torch.Generator | None = None,
+                  drafter=None, tree: Tree | None = None) -> BatchResult:
+    """Codes c1..c15 of B frames (talker_hidden [B, H], c0 [B]) in one batch of predictor calls.
+
+    drafter None: plain AR, 15 calls for the batch; else speculative with `tree`, until every row is done.
+    Each row draws from its own distribution, exactly as it would alone (identical codes when greedy).
+    """
+    talker_hidden, c0 = check_batch(model, talker_hidden, c0, sampler)
     if drafter is None:
         return decode_autoregressive(model, talker_hidden, c0, sampler, generator)
     if tree is None:
@@ -121,88 +168,110 @@ def decode_frame(model, talker_hidden: Tensor, c0, sampler: Sampler, generator: 
     return decode_speculative(model, talker_hidden, c0, sampler, generator, drafter, tree)
 
 
+def prefill(model, cache, talker_hidden: Tensor, c0: Tensor) -> Tensor:
+    """Positions 0 (talker state) and 1 (c0) of every row; returns h_1 [B, hidden]."""
+    x = torch.stack([model.embed_talker_hidden(talker_hidden), model.embed_codes(c0, torch.zeros_like(c0))], dim=1)
+    positions = torch.arange(2, device=model.device)
+    mask = torch.arange(cache.slots, device=model.device)[None, :] <= positions[:, None]
+    return model(x, positions, mask, cache, positions)[:, 1]
+
+
 def decode_autoregressive(model, talker_hidden: Tensor, c0: Tensor, sampler: Sampler,
-                          generator: torch.Generator | None) -> FrameResult:
+                          generator: torch.Generator | None) -> BatchResult:
     groups = model.config.num_code_groups
-    hidden = prefill(model, talker_hidden, c0, groups)
-    codes = [sampler.sample(model.head_logits(hidden[None], 1), generator)]
+    cache = model.new_cache(len(c0), groups)
+    hidden = prefill(model, cache, talker_hidden, c0)
+    codes = [sampler.sample(model.head_logits(hidden, 1), generator)]
     slots = torch.arange(groups, device=model.device)
     masks = slots[None, :] <= slots[:, None]
     for p in range(2, groups):
-        codes.append(autoregressive_step(model, sampler, generator, codes[-1], p, slots, masks))
-    return FrameResult(torch.cat(codes), calls=groups - 1)
+        codes.append(autoregressive_step(model, cache, sampler, generator, codes[-1], p, slots, masks))
+    codes = torch.stack(codes, dim=1)
+    return BatchResult(codes, groups - 1, [FrameResult(row, groups - 1) for row in codes])
 
 
-def autoregressive_step(model, sampler: Sampler, generator, code: Tensor, p: int, slots: Tensor,
+def autoregressive_step(model, cache, sampler: Sampler, generator, code: Tensor, p: int, slots: Tensor,
                         masks: Tensor) -> Tensor:
-    """One AR call: feed c_{p-1} (`code` [1]) at position p (slot p), return c_p [1]. masks[p]: slots <= p."""
+    """One AR call: feed c_{p-1} (`code` [B]) at position p (slot p), return c_p [B]. masks[p]: slots <= p."""
     position = slots[p:p + 1]
-    hidden = model(model.embed_codes(code, position - 1)[None], position, masks[p:p + 1], position)[0]
+    x = model.embed_codes(code, position - 1)[:, None]
+    hidden = model(x, position, masks[p:p + 1], cache, position)[:, 0]
     return sampler.sample(model.head_logits(hidden, p), generator)
 
 
 def decode_speculative(model, talker_hidden: Tensor, c0: Tensor, sampler: Sampler, generator, drafter,
-                       tree: Tree) -> FrameResult:
-    plan = plan_for(tree, model)
-    last = model.config.num_residual_codes
-    hidden = prefill(model, talker_hidden, c0, model.config.num_code_groups + tree.size + 1)
-    codes = [sampler.sample(model.head_logits(hidden[None], 1), generator)]
-    k, calls, rounds = 1, 1, []
-    while k < last:
-        new_codes, hidden, stats = speculative_round(model, plan, sampler, generator, drafter, k, codes[-1][-1:], hidden)
-        codes.append(new_codes)
-        rounds.append(stats)
-        k += len(new_codes)
+                       tree: Tree) -> BatchResult:
+    plan, batch, last = plan_for(tree, model), len(c0), model.config.num_residual_codes
+    cache = model.new_cache(batch, model.config.num_code_groups + tree.size + 1)
+    hidden = prefill(model, cache, talker_hidden, c0)
+    codes = torch.zeros(batch, last + tree.max_depth + 1, dtype=torch.long, device=model.device)  # + scratch
+    codes[:, 0] = sampler.sample(model.head_logits(hidden, 1), generator)
+    k = torch.ones(batch, dtype=torch.long, device=model.device)  # codes emitted per row
+    k_host, rows, calls = [1] * batch, [FrameResult(codes[b, :last], 1) for b in range(batch)], 1
+    while min(k_host) < last:
+        root = codes.gather(1, k[:, None] - 1)[:, 0]
+        draws, hidden, accepted, bonus = speculative_round(model, cache, plan, sampler, generator, drafter, k, k_host,
+                                                           root, hidden)
+        # Draws go to c_{k+1}..; those past what a row emitted land on codes a later round overwrites.
+        codes.scatter_(1, k[:, None] + torch.arange(draws.shape[1], device=k.device), draws)
+        k = (k + 1 + torch.tensor(accepted, device=k.device)).clamp(max=last)
+        for b, row in enumerate(rows):
+            if k_host[b] < last:
+                row.calls += 1
+                row.rounds.append(RoundStats(accepted[b], list(enumerate(tree.paths[bonus[b] - 1], 1))
+                                             if accepted[b] else []))
+                k_host[b] = min(k_host[b] + 1 + accepted[b], last)
         calls += 1
-    return FrameResult(torch.cat(codes), calls=calls, rounds=rounds)
+    return BatchResult(codes[:, :last], calls, rows)
 
 
-def speculative_round(model, plan: TreePlan, sampler: Sampler, generator, drafter, k: int, root: Tensor,
-                      hidden_k: Tensor) -> tuple[Tensor, Tensor, RoundStats]:
-    """One fused draft+verify call. `root` = c_k (not yet fed), `hidden_k` = h_k that produced it.
+def speculative_round(model, cache, plan: TreePlan, sampler: Sampler, generator, drafter, k: Tensor,
+                      k_host: list[int], root: Tensor, hidden_k: Tensor) -> tuple[Tensor, Tensor, list[int], list[int]]:
+    """One fused draft+verify call for every row. Row b has emitted c1..c_{k[b]} (`k_host` the same on the
+    host); `root` [B] = c_k (not yet fed), `hidden_k` [B, H] = the h_k that produced it.
 
-    Returns the codes emitted (accepted drafts, then the bonus unless c15 was reached), the hidden
-    state that produced the last of them, and the round's statistics.
+    Returns the walk's draws [B, d] (row b emits its first accepted + 1 of them, capped at the frame end;
+    accepted drafts equal the draws at their parents), the hidden state that produced each row's last
+    draw [B, H], and per row (host lists) the accepted drafts and the node of the bonus draw.
     """
-    tree, last = plan.tree, model.config.num_residual_codes
+    tree, batch = plan.tree, len(k_host)
     # 1. Drafts from h_k: the top-m candidates per depth, picked by the tree's (depth, rank) nodes.
-    top = drafter.logits(model, hidden_k, k, tree.max_depth).topk(max(tree.top_m, 1), dim=-1).indices
-    tokens = torch.cat([root.view(1), top.reshape(-1)[plan.draft_index]])
-    # 2. Verify the whole tree in one call.
+    top = drafter.logits(model, hidden_k, k_host, tree.max_depth).topk(max(tree.top_m, 1), dim=-1).indices
+    tokens = torch.cat([root[:, None], top.flatten(1)[:, plan.draft_index]], dim=1)  # [B, q]
+    # 2. Verify every row's tree in one call.
     x = model.embed_codes(tokens, plan.tables[k])
-    hidden = model(x[None], plan.positions[k], plan.masks[k], plan.scratch)[0]
-    # 3. Sample-then-match, on the device: one read at the end gives the walk's length and last node.
-    node, draws, found = walk(model, plan, sampler, generator, k, tokens, hidden)
-    depth, bonus_node = torch.stack([found, node]).tolist()
-    path = plan.paths[bonus_node]
-    ends_frame = k + depth == last  # c15 was an accepted draft: no bonus, c15 is never fed
-    emitted = draws[:depth + (not ends_frame)]  # accepted drafts equal the draws at their parents
-    # 4. Keep the K/V of the root and the accepted nodes, at their positions' slots.
-    if not ends_frame:
-        model.cache.move(plan.scratch[path], torch.arange(k + 1, k + 2 + depth, device=tokens.device))
-    stats = RoundStats(depth, [(d + 1, r) for d, r in enumerate(tree.paths[bonus_node - 1])] if depth else [])
-    return emitted, hidden[bonus_node], stats
+    hidden = model(x, plan.positions[k], plan.masks[k], cache, plan.scratch)
+    # 3. Sample-then-match, on the device.
+    node, draws, found = walk(model, plan, sampler, generator, k, k_host, tokens, hidden)
+    # 4. Keep the K/V of the root and the accepted nodes at their positions' slots k+1.. (see module doc).
+    cache.move(plan.path_slots[node], k[:, None] + plan.path_steps)
+    accepted, bonus = torch.stack([found, node]).tolist()  # the round's one host read
+    return draws, hidden[torch.arange(batch, device=node.device), node], accepted, bonus
 
 
-def walk(model, plan: TreePlan, sampler: Sampler, generator, k: int, tokens: Tensor,
+def walk(model, plan: TreePlan, sampler: Sampler, generator, k: Tensor, k_host: list[int], tokens: Tensor,
          hidden: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Walk the tree from the root: draw at the current node (depth d predicts c_{k+1+d}), move to the child
-    holding the draw, stop when none does. Without host reads, so every depth is visited; once stopped,
-    the node stays put and the extra draws are ignored.
+    """Walk every row's tree from the root: draw at the current node (depth d predicts c_{k+1+d}), move to
+    the child holding the draw, stop when none does or the frame ends. Without host reads, so every depth
+    that some row can reach is visited; a stopped row stays put and its extra draws are ignored.
 
-    Returns the last node reached (0-d), the draws along the path ([depth + 1], fewer at the frame end)
-    and the number of accepted drafts (0-d).
+    Returns the last node reached per row [B] (0-d), the draws along the paths [B, d + 1] and the number
+    of accepted drafts per row [B] (0-d).
     """
     tree, last = plan.tree, model.config.num_residual_codes
-    node = found = torch.zeros((), dtype=torch.long, device=tokens.device)
-    alive = torch.ones((), dtype=torch.bool, device=tokens.device)
+    rows = torch.arange(len(k_host), device=tokens.device)
+    node = found = torch.zeros(len(k_host), dtype=torch.long, device=tokens.device)
+    alive = torch.ones(len(k_host), dtype=torch.bool, device=tokens.device)
     draws = []
-    for d in range(min(tree.max_depth, last - k - 1) + 1):
-        draws.append(sampler.sample(model.head_logits(hidden[node][None], k + 1 + d), generator))
-        if d < tree.max_depth:  # children exist (and hold codes <= c_{k+1+d} <= c_last)
+    for d in range(min(tree.max_depth, last - min(k_host) - 1) + 1):
+        codebooks = [min(kb + 1 + d, last) for kb in k_host]  # rows past their frame end draw garbage, pruned
+        draws.append(sampler.sample(model.head_logits(hidden[rows, node], codebooks), generator))
+        if d < tree.max_depth:  # children exist; they hold c_{k+1+d}, which must not pass c_last
             start, end = tree.depth_slices[d + 1]
-            match = (plan.parent[start:end] == node) & (tokens[start:end] == draws[-1]) & alive
-            alive = match.any()  # siblings differ: at most one child matches
-            node = torch.where(alive, start + match.long().argmax(), node)
+            open_rows = alive & (k + 1 + d <= last)
+            match = (plan.parent[start:end] == node[:, None]) & (tokens[:, start:end] == draws[-1][:, None])
+            match &= open_rows[:, None]
+            alive = match.any(1)  # siblings differ: at most one child matches
+            node = torch.where(alive, start + match.long().argmax(1), node)
             found = found + alive
-    return node, torch.cat(draws), found
+    return node, torch.stack(draws, dim=1), found

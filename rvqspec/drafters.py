@@ -51,21 +51,24 @@ class Drafter(nn.Module):
             raise RvqspecError(f"this {self.kind} drafter was trained for a code predictor with {self.identity}, "
                                f"not {model_identity(model)}: train one for this model with `rvqspec train-offsets`")
 
-    def transform(self, hidden: Tensor, position: Tensor | int, j: int) -> Tensor:
+    def transform(self, hidden: Tensor, position: Tensor | list[int], j: int) -> Tensor:
         """The input of the frozen head of codebook position+j (ReusedHeads: unchanged)."""
         return hidden
 
-    def head(self, model, hidden: Tensor, position: Tensor | int, j: int) -> Tensor:
-        """Logits for c_{position+j} from hidden [..., H] at `position`."""
-        return model.head_logits(self.transform(hidden, position, j), position + j)
-
-    def logits(self, model, hidden: Tensor, position: int, depth: int | None = None) -> Tensor:
-        """Draft logits [depth, V] for c_{position+1}.. from h_position [H]; rows past the last code are 0."""
-        depth = depth or self.depth
+    def head(self, model, hidden: Tensor, positions: list[int], j: int) -> Tensor:
+        """Logits [B, V] for c_{positions[b]+j} from hidden [B, H], row b at position positions[b] (codebooks
+        past the last are clamped to it: those rows are pruned by the caller)."""
         last = model.config.num_residual_codes
-        rows = [self.head(model, hidden, position, j) for j in range(1, min(depth, last - position) + 1)]
-        rows += [hidden.new_zeros(model.config.vocab_size)] * (depth - len(rows))
-        return torch.stack(rows)
+        return model.head_logits(self.transform(hidden, positions, j), [min(p + j, last) for p in positions])
+
+    def logits(self, model, hidden: Tensor, positions: list[int], depth: int | None = None) -> Tensor:
+        """Draft logits [B, depth, V] for c_{p+1}..c_{p+depth} from h_p [B, H] (row b at p = positions[b]).
+        Depths past the last code of every row are 0; a row's own depths past it are garbage (pruned)."""
+        depth = depth or self.depth
+        reach = min(depth, model.config.num_residual_codes - min(positions))
+        rows = [self.head(model, hidden, positions, j) for j in range(1, reach + 1)]
+        rows += [hidden.new_zeros(len(positions), model.config.vocab_size)] * (depth - len(rows))
+        return torch.stack(rows, dim=1)
 
     def teacher_forced_logits(self, model, hidden: Tensor, j: int) -> Tensor:
         """Logits [B, P, V] for c_{i+j} from h_i [B, G, H], for i = 1..G-1-j (all positions at once)."""
@@ -135,7 +138,7 @@ class Offsets(Drafter):
         drafter.load_state_dict(tensors)
         return drafter
 
-    def transform(self, hidden: Tensor, position: Tensor | int, j: int) -> Tensor:
+    def transform(self, hidden: Tensor, position: Tensor | list[int], j: int) -> Tensor:
         return hidden + self.offsets[j - 1].to(hidden.dtype)
 
 
@@ -174,19 +177,20 @@ class MedusaHeads(Drafter):
         drafter.load_state_dict(tensors)
         return drafter
 
-    def resblock(self, hidden: Tensor, position: Tensor | int, j: int) -> Tensor:
+    def resblock(self, hidden: Tensor, position: Tensor, j: int) -> Tensor:
+        """hidden [B, H] at positions [B], or [B, P, H] at positions [P] (teacher forcing)."""
         w, b = self.res_weight[position - 1, j - 1], self.res_bias[position - 1, j - 1]
-        if hidden.dim() == 1:
-            return hidden + F.silu(w @ hidden + b)
-        return hidden + F.silu(torch.einsum("bph,pgh->bpg", hidden, w) + b)
+        equation = "bh,bgh->bg" if hidden.dim() == 2 else "bph,pgh->bpg"
+        return hidden + F.silu(torch.einsum(equation, hidden, w) + b)
 
-    def head(self, model, hidden: Tensor, position: int, j: int) -> Tensor:
-        return self.vocab[position - 1, j - 1] @ self.resblock(hidden, position, j)
+    def head(self, model, hidden: Tensor, positions: list[int], j: int) -> Tensor:
+        index = torch.tensor(positions, device=hidden.device).clamp(max=self.vocab.shape[0])
+        return torch.einsum("bh,bvh->bv", self.resblock(hidden, index, j), self.vocab[index - 1, j - 1])
 
     def batched_head(self, model, h: Tensor, positions: Tensor, j: int) -> Tensor:
         return torch.einsum("bph,pvh->bpv", self.resblock(h, positions, j), self.vocab[positions - 1, j - 1])
 
-    def transform(self, hidden: Tensor, position: Tensor | int, j: int) -> Tensor:
+    def transform(self, hidden: Tensor, position: Tensor | list[int], j: int) -> Tensor:
         return hidden  # the ResBlock is applied in head/batched_head, next to its own vocabulary head
 
 

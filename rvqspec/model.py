@@ -65,7 +65,11 @@ class RotaryEmbedding(nn.Module):
         self.sin = emb.sin().to(self.sin.device)
 
     def forward(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
+        """cos, sin [T, head_dim] for positions [T]; [B, 1, T, head_dim] (broadcast over heads) for [B, T]."""
+        cos, sin = self.cos[positions].to(dtype), self.sin[positions].to(dtype)
+        if positions.dim() == 2:
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        return cos, sin
 
 
 # CPU inference multiplies large weights through a prepacked oneDNN copy: for the 1..65-row calls of
@@ -136,13 +140,16 @@ def rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-class KVCache(nn.Module):
-    """Keys and values of every layer in one buffer [layers, 2, 1, kv_heads, slots, head_dim]."""
+class KVCache:
+    """Keys and values of every layer in one buffer [layers, 2, batch, kv_heads, slots, head_dim].
 
-    def __init__(self, layers: int, kv_heads: int, slots: int, head_dim: int, dtype: torch.dtype, device):
-        super().__init__()
-        self.register_buffer("kv", torch.zeros(layers, 2, 1, kv_heads, slots, head_dim, dtype=dtype, device=device),
-                             persistent=False)
+    A cache belongs to one decoding call, never to the model, so that callers sharing a model (threads,
+    requests) cannot overwrite each other's entries. Zero-filled: a masked slot gets weight 0, and 0 times
+    an uninitialised NaN would still be NaN."""
+
+    def __init__(self, layers: int, batch: int, kv_heads: int, slots: int, head_dim: int, dtype: torch.dtype,
+                 device):
+        self.kv = torch.zeros(layers, 2, batch, kv_heads, slots, head_dim, dtype=dtype, device=device)
 
     @property
     def slots(self) -> int:
@@ -154,8 +161,11 @@ class KVCache(nn.Module):
         return self.kv[layer, 0], self.kv[layer, 1]
 
     def move(self, src: Tensor, dst: Tensor) -> None:
-        """Copy the entries at slots `src` to slots `dst` in every layer (KV compaction)."""
-        self.kv.index_copy_(4, dst, self.kv.index_select(4, src))
+        """In every layer and for each row b, copy the entries at slots src[b] to slots dst[b] (KV compaction).
+
+        src, dst: [batch, n]; the n destinations of a row are distinct."""
+        rows = torch.arange(src.shape[0], device=src.device)[:, None]
+        self.kv[:, :, rows, :, dst] = self.kv[:, :, rows, :, src]
 
 
 class Attention(nn.Module):
@@ -231,7 +241,6 @@ class MultiCodeDecoder(nn.Module):
         self.rope = RotaryEmbedding(c.head_dim, c.rope_theta, c.num_code_groups + 64)
         offsets = [0] + [c.talker_vocab_size + t * c.vocab_size for t in range(c.num_code_groups - 1)]
         self.register_buffer("table_offset", torch.tensor(offsets), persistent=False)
-        self.cache: KVCache | None = None
         self.apply(init_weights)
         nn.init.normal_(self.heads, std=0.02)
 
@@ -243,14 +252,10 @@ class MultiCodeDecoder(nn.Module):
     def device(self) -> torch.device:
         return self.norm.weight.device
 
-    def setup_cache(self, slots: int) -> KVCache:
-        """Allocate (or reuse) a static cache with `slots` entries per layer."""
+    def new_cache(self, batch: int, slots: int) -> KVCache:
+        """A fresh static cache of `slots` entries per layer for `batch` rows."""
         c = self.config
-        if self.cache is None or self.cache.slots != slots or self.cache.kv.dtype != self.dtype \
-                or self.cache.kv.device != self.device:
-            self.cache = KVCache(c.num_hidden_layers, c.num_key_value_heads, slots, c.head_dim, self.dtype,
-                                 self.device)
-        return self.cache
+        return KVCache(c.num_hidden_layers, batch, c.num_key_value_heads, slots, c.head_dim, self.dtype, self.device)
 
     def embed_codes(self, codes: Tensor, tables: Tensor) -> Tensor:
         """Input embeddings (projected) of `codes` looked up in `tables` (same shape)."""
@@ -259,24 +264,43 @@ class MultiCodeDecoder(nn.Module):
     def embed_talker_hidden(self, talker_hidden: Tensor) -> Tensor:
         return self.project(talker_hidden.to(self.dtype))
 
-    def forward(self, x: Tensor, positions: Tensor, mask: Tensor | None = None, slots: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, positions: Tensor, mask: Tensor | None = None, cache: KVCache | None = None,
+                slots: Tensor | None = None) -> Tensor:
         """Final-norm hidden states [B, T, hidden] of input embeddings `x` [B, T, hidden].
 
-        With `slots` (cache set up): K/V are written to the cache at `slots` and each query attends to
-        the whole cache under the boolean `mask` [T, slots] (True = attend): this is how one call
-        verifies a whole tree. Without: plain causal attention over the T tokens (training).
+        `positions` are RoPE ids, [T] shared by the rows or [B, T] per row. With a `cache`: K/V are
+        written to it at `slots` [T] and each query attends to the whole cache under the boolean `mask`
+        ([T, slots] shared, or [B, T, slots] per row; True = attend): this is how one call verifies a
+        whole tree. Without: plain causal attention over the T tokens (training).
         """
         cos, sin = self.rope(positions, x.dtype)
-        cache = self.cache if slots is not None else None
         if mask is not None and mask.dtype == torch.bool:  # additive, once per call rather than inside every SDPA
             mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
+        if mask is not None and mask.dim() == 3:  # per row: [B, 1, T, slots], broadcast over the heads
+            mask = mask.unsqueeze(1)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, mask, cache, i, slots)
         return self.norm(x)
 
-    def head_logits(self, hidden: Tensor, codebook: int) -> Tensor:
-        """Logits of codebook `codebook` (1..15) from hidden states [..., hidden]."""
-        return linear(hidden, self.heads[codebook - 1], None, self.head_packs[codebook - 1])
+    def head_logits(self, hidden: Tensor, codebook: int | list[int]) -> Tensor:
+        """Logits of codebook `codebook` (1..15) from hidden states [..., hidden]; or, with one codebook per
+        row (a host list), logits [R, V] of hidden [R, hidden].
+
+        On the CPU rows are grouped by codebook, so that each group goes through its head's packed weight;
+        elsewhere each row gathers its head (one kernel, no host work, the same shapes for every call)."""
+        if isinstance(codebook, int):
+            return linear(hidden, self.heads[codebook - 1], None, self.head_packs[codebook - 1])
+        distinct = sorted(set(codebook))
+        if len(distinct) == 1:
+            return self.head_logits(hidden, distinct[0])
+        if hidden.device.type != "cpu":
+            index = torch.tensor(codebook, device=hidden.device) - 1
+            return torch.einsum("bh,bvh->bv", hidden, self.heads[index])
+        books, logits = torch.tensor(codebook), hidden.new_empty(len(codebook), self.config.vocab_size)
+        for book in distinct:
+            rows = (books == book).nonzero().squeeze(1)
+            logits[rows] = self.head_logits(hidden[rows], book)
+        return logits
 
     def teacher_forced_hidden(self, talker_hidden: Tensor, codes: Tensor) -> Tensor:
         """Hidden states [B, G, hidden] of all G positions of frames with known codes [B, G]."""

@@ -12,7 +12,7 @@ import pytest
 import scipy.stats
 import torch
 
-from rvqspec.decode import decode_frame
+from rvqspec.decode import decode_frame, decode_frames
 from rvqspec.drafters import Drafter, ReusedHeads
 from rvqspec.sampling import Sampler
 from rvqspec.tree import Tree
@@ -25,16 +25,18 @@ FULL = Tree.from_paths([(a,) for a in range(3)] + [(a, b) for a in range(3) for 
 
 
 @functools.cache
-def setup():
+def setup(rows: int = 1):
+    """The model and `rows` frames: talker_hidden [rows, H], c0 [rows] (the first row is the same for any count)."""
     model = tiny_model(seed=3, groups=4, vocab=4, hidden=16, layers=1)
-    talker_hidden, c0 = random_frames(model, 1, seed=4)[0]
-    return model, talker_hidden, c0
+    frames = random_frames(model, 1, seed=4) + random_frames(model, rows - 1, seed=5)
+    return model, torch.stack([h for h, _ in frames]), torch.tensor([c0 for _, c0 in frames])
 
 
 @torch.no_grad()
-def exact_joint(sampler: Sampler) -> torch.Tensor:
-    """AR probability of every (c1, c2, c3), flattened as c1*16 + c2*4 + c3."""
-    model, talker_hidden, c0 = setup()
+def exact_joint(sampler: Sampler, row: int = 0, rows: int = 1) -> torch.Tensor:
+    """AR probability of every (c1, c2, c3) of frame `row`, flattened as c1*16 + c2*4 + c3."""
+    model, talker_hidden, c0 = setup(rows)
+    talker_hidden, c0 = talker_hidden[row], int(c0[row])
     vocab, last = model.config.vocab_size, model.config.num_residual_codes
     outcomes = torch.tensor(list(itertools.product(range(vocab), repeat=last)))
     codes = torch.cat([torch.full((len(outcomes), 1), c0), outcomes], dim=1)
@@ -44,21 +46,28 @@ def exact_joint(sampler: Sampler) -> torch.Tensor:
     return probs
 
 
-def sample_counts(sampler: Sampler, samples: int, seed: int, drafter=None, tree=None, between_frames=None):
-    """Histogram of decoded (c1, c2, c3) over `samples` frames, and the mean accepted drafts per round."""
-    model, talker_hidden, c0 = setup()
-    vocab = model.config.vocab_size
+def sample_counts(sampler: Sampler, samples: int, seed: int, drafter=None, tree=None, between_frames=None,
+                  rows: int = 0):
+    """Histogram of decoded (c1, c2, c3) over `samples` frames, and the mean accepted drafts per round.
+    rows 0: one `decode_frame` at a time; else batches of `rows` frames (`decode_frames`), a histogram per row."""
+    model, talker_hidden, c0 = setup(max(rows, 1))
+    vocab, last = model.config.vocab_size, model.config.num_residual_codes
     generator = torch.Generator().manual_seed(seed)
-    counts = torch.zeros(vocab ** model.config.num_residual_codes, dtype=torch.long)
+    counts = torch.zeros(max(rows, 1), vocab ** last, dtype=torch.long)
+    place = vocab ** torch.arange(last - 1, -1, -1)
     accepted = rounds = 0
     for _ in range(samples):
         if between_frames:
             between_frames()
-        result = decode_frame(model, talker_hidden, c0, sampler, generator, drafter=drafter, tree=tree)
-        counts[sum(int(c) * vocab ** i for i, c in enumerate(reversed(result.codes.tolist())))] += 1
-        accepted += sum(r.accepted for r in result.rounds)
-        rounds += len(result.rounds)
-    return counts, accepted / max(rounds, 1)
+        if rows:
+            result = decode_frames(model, talker_hidden, c0, sampler, generator, drafter=drafter, tree=tree).rows
+        else:
+            result = [decode_frame(model, talker_hidden[0], c0[0], sampler, generator, drafter=drafter, tree=tree)]
+        for row, frame in enumerate(result):
+            counts[row, int((frame.codes * place).sum())] += 1
+            accepted += sum(r.accepted for r in frame.rounds)
+            rounds += len(frame.rounds)
+    return (counts if rows else counts[0]), accepted / max(rounds, 1)
 
 
 def g_test(counts: torch.Tensor, probs: torch.Tensor) -> float:
@@ -92,6 +101,18 @@ def test_speculative_sampling_matches_enumeration(tree, drafter):
     assert pvalue > 1e-3
 
 
+def test_batched_speculative_sampling_matches_enumeration():
+    """Four different frames decoded together: each row follows its own AR distribution."""
+    model = setup()[0]
+    counts, accepted = sample_counts(DEPLOYED, SAMPLES, seed=6, drafter=random_offsets(model, 3, seed=5), tree=FULL,
+                                     rows=4)
+    pvalues = [g_test(counts[row], exact_joint(DEPLOYED, row, 4)) for row in range(4)]
+    print(f"G-test p-values {[f'{p:.3g}' for p in pvalues]} over {SAMPLES} batches, {accepted:.2f} accepted per round")
+    assert accepted > 0.4
+    assert min(pvalues) > 1e-3
+    assert len({tuple(exact_joint(DEPLOYED, row, 4).tolist()) for row in range(4)}) == 4  # four different targets
+
+
 @pytest.mark.parametrize("sampler", [Sampler(temperature=0.5, top_k=3), Sampler(temperature=1.3, top_k=0),
                                      Sampler(temperature=0.9, top_k=0, top_p=0.7),
                                      Sampler(temperature=1.3, top_k=3, top_p=0.8)], ids=str)
@@ -115,23 +136,24 @@ class RoundMarker(Drafter):
         super().__init__(3, None)
         self.reused, self.on_round = ReusedHeads(model), on_round
 
-    def logits(self, model, hidden, position, depth=None):
-        logits = self.reused.logits(model, hidden, position, depth)
-        self.on_round(logits.argmax(-1))  # the chain's drafts: the child of the depth-d node is row d
+    def logits(self, model, hidden, positions, depth=None):
+        logits = self.reused.logits(model, hidden, positions, depth)
+        self.on_round(logits.argmax(-1))  # each row's chain drafts: the child of its depth-d node is column d
         return logits
 
 
 class RoundSampler(Sampler):
-    """The deployed sampler, except for the draws taken inside a speculative round (rows in depth order)."""
+    """The deployed sampler, except for the draws taken inside a speculative round (one call per depth, a
+    draw per row of the batch)."""
 
     def __init__(self):
         super().__init__(**vars(DEPLOYED))
-        object.__setattr__(self, "drafts", None)  # the round's chain drafts; None outside a round
-        object.__setattr__(self, "row", 0)
+        object.__setattr__(self, "drafts", None)  # per row, the round's chain drafts; None outside a round
+        object.__setattr__(self, "depth", 0)
 
     def start_round(self, drafts: torch.Tensor) -> None:
         object.__setattr__(self, "drafts", drafts.tolist())
-        object.__setattr__(self, "row", 0)
+        object.__setattr__(self, "depth", 0)
 
     def end_frame(self) -> None:
         object.__setattr__(self, "drafts", None)
@@ -139,8 +161,10 @@ class RoundSampler(Sampler):
     def sample(self, logits, generator=None):
         if self.drafts is None:
             return super().sample(logits, generator)
-        draws = [self.draw(p, generator) for p in self.probs(logits)]
-        return torch.tensor(draws)
+        depth = self.depth
+        object.__setattr__(self, "depth", depth + 1)
+        return torch.tensor([self.draw(p, drafts[depth] if depth < len(drafts) else None, generator)
+                             for p, drafts in zip(self.probs(logits), self.drafts)])
 
 
 class DraftFavouringSampler(RoundSampler):
@@ -151,9 +175,7 @@ class DraftFavouringSampler(RoundSampler):
         super().__init__()
         object.__setattr__(self, "accept", accept)
 
-    def draw(self, p: torch.Tensor, generator) -> int:
-        child = self.drafts[self.row] if self.row < len(self.drafts) else None
-        object.__setattr__(self, "row", self.row + 1)
+    def draw(self, p: torch.Tensor, child: int | None, generator) -> int:
         if child is not None and torch.rand((), generator=generator) < self.accept(float(p[child])):
             return child
         if child is not None:
@@ -170,22 +192,25 @@ class SharedUniformSampler(RoundSampler):
         super().start_round(drafts)
         object.__setattr__(self, "u", float(torch.rand(())))
 
-    def draw(self, p: torch.Tensor, generator) -> int:
+    def draw(self, p: torch.Tensor, child: int | None, generator) -> int:
         return min(int((p.cumsum(0) < self.u).sum()), len(p) - 1)
 
 
+@pytest.mark.parametrize("rows", [0, 4], ids=["frame", "batch4"])
 @pytest.mark.parametrize("sampler, biased", [
     (lambda: DraftFavouringSampler(lambda p: p), False),
     (lambda: DraftFavouringSampler(lambda p: min(1.0, 2 * p)), True),
     (SharedUniformSampler, True),
 ], ids=["accept-p", "accept-min(1,2p)", "shared-uniform"])
-def test_the_g_test_rejects_biased_rules(sampler, biased):
-    """The biased rules run inside the real engine (its tree, walk and cache); only the draws change."""
+def test_the_g_test_rejects_biased_rules(sampler, biased, rows):
+    """The biased rules run inside the real engine (its tree, walk and cache); only the draws change. In a
+    batch, every row must be accepted (unbiased) or rejected (biased) on its own."""
     torch.manual_seed(0)  # SharedUniformSampler's uniforms
     sampler = sampler()
     drafter = RoundMarker(setup()[0], sampler.start_round)
     counts, accepted = sample_counts(sampler, SAMPLES, seed=2, drafter=drafter, tree=CHAIN,
-                                     between_frames=sampler.end_frame)
-    pvalue = g_test(counts, exact_joint(DEPLOYED))
-    print(f"G-test p-value {pvalue:.3g} over {SAMPLES} frames, {accepted:.2f} drafts accepted per round")
-    assert pvalue < 1e-6 if biased else pvalue > 1e-3
+                                     between_frames=sampler.end_frame, rows=rows)
+    counts = counts.reshape(-1, counts.shape[-1])
+    pvalues = [g_test(counts[row], exact_joint(DEPLOYED, row, max(rows, 1))) for row in range(len(counts))]
+    print(f"G-test p-values {[f'{p:.3g}' for p in pvalues]} over {SAMPLES} frames, {accepted:.2f} accepted per round")
+    assert max(pvalues) < 1e-6 if biased else min(pvalues) > 1e-3

@@ -35,14 +35,14 @@ def test_teacher_forced_logits_match_single_position_logits(model, make):
         assert batched.shape == (hidden.shape[0], last - j, model.config.vocab_size)
         for b in range(hidden.shape[0]):
             for i in range(1, last + 1 - j):
-                single = drafter.logits(model, hidden[b, i], i)[j - 1]
+                single = drafter.logits(model, hidden[b, i][None], [i])[0, j - 1]
                 torch.testing.assert_close(batched[b, i - 1], single, rtol=1e-12, atol=1e-12)
 
 
 def test_logits_rows_past_the_last_code_are_zero(model):
     drafter = random_offsets(model, 3)
     h = teacher_forced_hidden(model)[0, 14]
-    rows = drafter.logits(model, h, 14, 3)
+    rows = drafter.logits(model, h[None], [14], 3)[0]
     assert rows.shape == (3, model.config.vocab_size)
     torch.testing.assert_close(rows[0], model.head_logits(h + drafter.offsets[0], 15))
     assert not rows[1:].any()
@@ -53,15 +53,16 @@ def test_offsets_use_the_head_of_the_drafted_codebook(model):
     h = teacher_forced_hidden(model)[1, 5]
     for j in range(1, 4):
         expected = model.heads[5 + j - 1] @ (h + drafter.offsets[j - 1])
-        torch.testing.assert_close(drafter.logits(model, h, 5)[j - 1], expected)
+        torch.testing.assert_close(drafter.logits(model, h[None], [5])[0, j - 1], expected)
 
 
 def test_untrained_medusa_drafts_like_reused_heads(model):
     medusa, reused = MedusaHeads.for_model(model, 3), ReusedHeads(model, 3)
     hidden = teacher_forced_hidden(model)[0]
     for i in range(1, model.config.num_code_groups):
-        torch.testing.assert_close(medusa.logits(model, hidden[i], i), reused.logits(model, hidden[i], i))
-    assert not torch.equal(random_medusa(model).logits(model, hidden[3], 3), reused.logits(model, hidden[3], 3))
+        torch.testing.assert_close(medusa.logits(model, hidden[i][None], [i]), reused.logits(model, hidden[i][None], [i]))
+    assert not torch.equal(random_medusa(model).logits(model, hidden[3][None], [3]),
+                           reused.logits(model, hidden[3][None], [3]))
 
 
 @pytest.mark.parametrize("kind", [Offsets, MedusaHeads])

@@ -109,10 +109,11 @@ def test_cached_steps_equal_the_causal_pass(config):
     hidden, codes = frames(config, 1)
     expected = model.teacher_forced_hidden(hidden, codes)[0]
     groups = config.num_code_groups
-    model.setup_cache(groups)
+    cache = model.new_cache(1, groups)
     slots = torch.arange(groups)
     x = torch.cat([model.embed_talker_hidden(hidden), model.embed_codes(codes[0, :-1], slots[:-1])])
-    steps = [model(x[None, p:p + 1], slots[p:p + 1], (slots <= p)[None], slots[p:p + 1])[0, 0] for p in range(groups)]
+    steps = [model(x[None, p:p + 1], slots[p:p + 1], (slots <= p)[None], cache, slots[p:p + 1])[0, 0]
+             for p in range(groups)]
     torch.testing.assert_close(torch.stack(steps), expected, rtol=1e-6, atol=1e-6)  # float64, but RMSNorm rounds to float32 (as upstream)
 
 
@@ -123,14 +124,14 @@ def test_any_query_order_positions_and_slots():
     hidden, codes = frames(CONFIG, 1)
     expected = model.teacher_forced_hidden(hidden, codes)[0]
     groups = CONFIG.num_code_groups
-    model.setup_cache(groups + 3)
+    cache = model.new_cache(1, groups + 3)
     positions = torch.arange(groups)
     x = torch.cat([model.embed_talker_hidden(hidden), model.embed_codes(codes[0, :-1], positions[:-1])])
     order = positions.flip(0)
     slots = torch.randperm(groups + 3, generator=torch.Generator().manual_seed(0))[:groups]
     visible = torch.zeros(groups, groups + 3, dtype=torch.bool)  # slots[j] holds position j: seen from positions >= j
     visible[:, slots] = positions[None, :] <= order[:, None]
-    out = model(x[order][None], order, visible, slots[order])[0]
+    out = model(x[order][None], order, visible, cache, slots[order])[0]
     torch.testing.assert_close(out, expected[order], rtol=1e-6, atol=1e-6)  # float64, but RMSNorm rounds to float32 (as upstream)
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rvqspec import decode
-from rvqspec.decode import decode_frame
+from rvqspec.decode import decode_frame, decode_frames
 from rvqspec.drafters import Drafter, ReusedHeads
 from rvqspec.errors import RvqspecError
 from rvqspec.sampling import Sampler
@@ -20,7 +20,7 @@ class OracleDrafter(Drafter):
     """Knows the frame's greedy codes and ranks the true code at random: often first, sometimes absent.
 
     It makes every tree node win now and then (deep paths, frame ends, late siblings), which random
-    weights alone rarely do. `codes` (c1..c15 of the frame) must be set before each frame.
+    weights alone rarely do. `codes` (per row of the batch, c1..c15 of its frame) must be set before each batch.
     """
 
     kind = "oracle"
@@ -29,19 +29,20 @@ class OracleDrafter(Drafter):
     def __init__(self, depth: int, seed: int = 0):
         super().__init__(depth, None)
         self.generator = torch.Generator().manual_seed(seed)
-        self.codes: list[int] = []
+        self.codes: list[list[int]] = []
 
-    def logits(self, model, hidden, position: int, depth: int | None = None) -> torch.Tensor:
+    def logits(self, model, hidden, positions: list[int], depth: int | None = None) -> torch.Tensor:
         depth, vocab = depth or self.depth, model.config.vocab_size
-        scores = torch.empty(depth, vocab, dtype=torch.float64)
-        for j in range(depth):
-            order = torch.randperm(vocab, generator=self.generator).tolist()
-            if position + j < len(self.codes):
-                truth = self.codes[position + j]  # c_{position+1+j}
-                rank = self.RANKS[int(torch.randint(len(self.RANKS), (1,), generator=self.generator))]
-                order.remove(truth)
-                order.insert(vocab if rank is None else rank, truth)
-            scores[j, order] = torch.arange(vocab, 0, -1, dtype=torch.float64)
+        scores = torch.empty(len(positions), depth, vocab, dtype=torch.float64)
+        for b, position in enumerate(positions):
+            for j in range(depth):
+                order = torch.randperm(vocab, generator=self.generator).tolist()
+                if position + j < len(self.codes[b]):
+                    truth = self.codes[b][position + j]  # c_{position+1+j}
+                    rank = self.RANKS[int(torch.randint(len(self.RANKS), (1,), generator=self.generator))]
+                    order.remove(truth)
+                    order.insert(vocab if rank is None else rank, truth)
+                scores[b, j, order] = torch.arange(vocab, 0, -1, dtype=torch.float64)
         return scores
 
 
@@ -131,7 +132,7 @@ def test_greedy_codes_equal_autoregressive(name):
         reference = greedy_reference(groups, per_tree * len(trees))
         for t, tree in enumerate(trees.values()):
             for h, c0, ar in reference[t * per_tree:(t + 1) * per_tree]:
-                drafter.codes = ar.tolist()  # only the oracle reads it
+                drafter.codes = [ar.tolist()]  # only the oracle reads it
                 result = decode_frame(model(groups), h, c0, GREEDY, drafter=drafter, tree=tree)
                 assert torch.equal(result.codes, ar), (name, groups, tree.paths)
                 check_rounds(result, tree, groups - 1)
@@ -142,6 +143,32 @@ def test_greedy_codes_equal_autoregressive(name):
     assert accepted > frames  # drafts were accepted, so acceptance and compaction were exercised
     if name.startswith("oracle"):
         assert deepest == 5
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_batched_greedy_codes_equal_autoregressive(name):
+    """decode_frames over batches of 1..8 rows (ragged progress: rows finish in different rounds) gives every
+    row its AR codes, and each row's own statistics add up."""
+    make, trees = DRAFTERS[name]
+    frames, ragged = 0, 0
+    for groups, per_tree in FRAMES_PER_TREE.items():
+        drafter = make(model(groups))
+        reference = greedy_reference(groups, per_tree * len(trees))
+        start = 0
+        for t, tree in enumerate(trees.values()):
+            for batch in (1 + (t + groups) % 8, 8 - (t + groups) % 8):  # every size 1..8, 9 rows per tree
+                rows = [reference[(start + i) % len(reference)] for i in range(batch)]
+                start += batch
+                drafter.codes = [ar.tolist() for _, _, ar in rows]
+                result = decode_frames(model(groups), torch.stack([h for h, _, _ in rows]),
+                                       torch.tensor([c0 for _, c0, _ in rows]), GREEDY, drafter=drafter, tree=tree)
+                assert torch.equal(result.codes, torch.stack([ar for _, _, ar in rows])), (name, groups, tree.paths)
+                for row in result.rows:
+                    check_rounds(row, tree, groups - 1)
+                assert result.calls == max(row.calls for row in result.rows)
+                ragged += len({row.calls for row in result.rows}) > 1
+                frames += batch
+    assert frames >= 200 and ragged >= 20  # x 5 drafters: over 1,000 frames in batches
 
 
 @pytest.mark.parametrize("tree", [default_tree(16), Tree.chain(3)], ids=["default16", "chain3"])

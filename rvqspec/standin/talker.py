@@ -136,7 +136,8 @@ class Talker(nn.Module):
 
     def setup_cache(self, slots: int) -> KVCache:
         c, weight = self.config, self.norm.weight
-        self.cache = KVCache(c.num_hidden_layers, c.num_key_value_heads, slots, c.head_dim, weight.dtype, weight.device)
+        self.cache = KVCache(c.num_hidden_layers, 1, c.num_key_value_heads, slots, c.head_dim, weight.dtype,
+                             weight.device)
         return self.cache
 
     def forward(self, x: Tensor, positions: Tensor, mask: Tensor | None = None, slots: Tensor | None = None) -> Tensor:
@@ -147,8 +148,6 @@ class Talker(nn.Module):
             raise RvqspecError(f"RoPE position {int(positions.max())} exceeds the talker's "
                                f"{self.config.max_position_embeddings}: use a shorter text")
         cos, sin = self.rope(positions, x.dtype)
-        if positions.dim() == 2:  # [B, T, D] -> [B, 1, T, D], broadcast over the heads
-            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         cache = self.cache if slots is not None else None
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, mask, cache, i, slots)
