@@ -29,6 +29,7 @@ import torch
 
 from rvqspec.checkpoint import atomic_write, save_json
 from rvqspec.config import QWEN3_TTS_0_6B, QWEN3_TTS_1_7B
+from rvqspec.device_file import update_device_file
 from rvqspec.controlled import ControlledPredictor, calibrate_strength, controlled_predictor
 from rvqspec.decode import autoregressive_step, decode_frame, plan_for, speculative_round
 from rvqspec.drafters import ReusedHeads
@@ -41,7 +42,6 @@ PAPER_ACCEPTANCE = {16: 2.25, 32: 2.47, 64: 2.60}  # tokens/step, paper section 
 ARCHS = {"0.6b": QWEN3_TTS_0_6B, "1.7b": QWEN3_TTS_1_7B}
 SIZES = (4, 8, 16, 32, 64)
 TIMED_K = 7  # rounds are timed mid-frame, where every depth of a depth-3 tree is still in the frame
-DEVICE_FORMAT = "rvqspec-device/1"
 
 
 @dataclass(frozen=True)
@@ -66,12 +66,15 @@ def quick_plan(archs, dtypes, threads, sizes) -> Plan:
 
 # ---------------------------------------------------------------------------------------------- timing
 
-def clocks() -> tuple[float, float]:
+def clocks(device: torch.device | None = None) -> tuple[float, float]:
+    """Wall and process CPU time, after the device's queued work (an accelerator runs asynchronously)."""
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
     return time.perf_counter(), time.process_time()
 
 
-def elapsed_ms(start: tuple[float, float]) -> tuple[float, float]:
-    wall, cpu = clocks()
+def elapsed_ms(start: tuple[float, float], device: torch.device | None = None) -> tuple[float, float]:
+    wall, cpu = clocks(device)
     return (wall - start[0]) * 1e3, (cpu - start[1]) * 1e3
 
 
@@ -80,28 +83,38 @@ def medians(samples: list[tuple[float, float]]) -> dict:
             "repeats": len(samples)}
 
 
+def timed_ks(batch: int) -> list[int]:
+    """Each row's k in a timed round: TIMED_K for one row; a batch spreads its rows over TIMED_K-2..TIMED_K+2,
+    as ragged progress does (rows at different codebooks need different heads)."""
+    return [TIMED_K - 2 + (b + 2) % 5 for b in range(batch)]
+
+
 @torch.inference_mode()
 def call_latency(model: MultiCodeDecoder, drafter, trees: dict[int, Tree], sampler: Sampler, rounds: int,
-                 warmup: int = 2) -> dict:
-    """Median wall and CPU ms of one AR step and of one speculative round per tree, interleaved in rounds."""
-    c, generator = model.config, torch.Generator().manual_seed(0)
-    slots = torch.arange(c.num_code_groups)
+                 warmup: int = 2, batch: int = 1) -> dict:
+    """Median wall and CPU ms of one AR step and of one speculative round per tree for `batch` rows,
+    interleaved in rounds."""
+    c, generator = model.config, torch.Generator(model.device).manual_seed(0)
+    slots = torch.arange(c.num_code_groups, device=model.device)
     masks = slots[None, :] <= slots[:, None]
-    code, hidden = torch.ones(1, dtype=torch.long), torch.randn(c.hidden_size).to(model.dtype)
+    code = torch.ones(batch, dtype=torch.long, device=model.device)
+    hidden = torch.randn(batch, c.hidden_size, device=model.device).to(model.dtype)
+    ks = timed_ks(batch)
+    k = torch.tensor(ks, device=model.device)
     samples: dict = {"ar": []} | {n: [] for n in trees}
     for r in range(warmup + rounds):
-        model.setup_cache(c.num_code_groups)
-        start = clocks()
-        autoregressive_step(model, sampler, generator, code, TIMED_K + 1, slots, masks)
+        cache = model.new_cache(batch, c.num_code_groups)
+        start = clocks(model.device)
+        autoregressive_step(model, cache, sampler, generator, code, TIMED_K + 1, slots, masks)
         if r >= warmup:
-            samples["ar"].append(elapsed_ms(start))
+            samples["ar"].append(elapsed_ms(start, model.device))
         for n, tree in trees.items():
             plan = plan_for(tree, model)
-            model.setup_cache(c.num_code_groups + tree.size + 1)
-            start = clocks()
-            speculative_round(model, plan, sampler, generator, drafter, TIMED_K, code, hidden)
+            cache = model.new_cache(batch, c.num_code_groups + tree.size + 1)
+            start = clocks(model.device)
+            speculative_round(model, cache, plan, sampler, generator, drafter, k, ks, code, hidden)
             if r >= warmup:
-                samples[n].append(elapsed_ms(start))
+                samples[n].append(elapsed_ms(start, model.device))
     ar = medians(samples["ar"])
     spec = {n: medians(samples[n]) | {"overhead": medians(samples[n])["wall_ms"] / ar["wall_ms"] - 1,
                                       "overhead_cpu": medians(samples[n])["cpu_ms"] / ar["cpu_ms"] - 1}
@@ -116,15 +129,16 @@ def frame_speedup(model: MultiCodeDecoder, drafter, tree: Tree, frames: list, sa
     per-frame times, tokens/step. The speculative decodes draw from their own generator seeded `seed`, as
     `rvqspec.controlled.tokens_per_step` does: on the same frames they repeat its draws."""
     decode_frame(model, *frames[0], sampler, drafter=drafter, tree=tree)  # warm-up: plan, packs
-    generators = {False: torch.Generator().manual_seed(seed + 1), True: torch.Generator().manual_seed(seed)}
+    generators = {False: torch.Generator(model.device).manual_seed(seed + 1),
+                  True: torch.Generator(model.device).manual_seed(seed)}
     times: dict = {"ar": [], "spec": []}
     calls = 0
     for i, (h, c0) in enumerate(frames):
         for spec in (False, True) if i % 2 == 0 else (True, False):
-            start = clocks()
+            start = clocks(model.device)
             result = decode_frame(model, h, c0, sampler, generators[spec], drafter=drafter if spec else None,
                                   tree=tree if spec else None)
-            times["spec" if spec else "ar"].append(elapsed_ms(start))
+            times["spec" if spec else "ar"].append(elapsed_ms(start, model.device))
             calls += result.calls if spec else 0
     ar_ms, spec_ms = medians(times["ar"]), medians(times["spec"])
     return {"frames": len(frames), "tokens_per_step": len(frames) * model.config.num_residual_codes / calls,
@@ -219,7 +233,7 @@ def stand_in_frames(model: MultiCodeDecoder, corpus: str | None, count: int) -> 
 
 
 def run_bench(plan: Plan, trees: dict[int, Tree], calibration: dict | None, model_path: str | None,
-              drafter_spec: str, corpus: str | None, log=print) -> dict:
+              drafter_spec: str, corpus: str | None, log=print, device: str = "cpu") -> dict:
     sampler = Sampler()
     tokens, source = tokens_per_step_source(calibration)
     threads_before = torch.get_num_threads()
@@ -232,10 +246,10 @@ def run_bench(plan: Plan, trees: dict[int, Tree], calibration: dict | None, mode
             for dtype in plan.dtypes:
                 strengths: dict = {}  # per dtype, whose numerics change the draws: N -> (strength, tokens/step)
                 if name == "stand-in":
-                    model = MultiCodeDecoder.from_pretrained(what, dtype)
+                    model = MultiCodeDecoder.from_pretrained(what, dtype, device)
                     predictor = None
                 else:
-                    predictor = controlled_predictor(what, dtype=dtype)
+                    predictor = controlled_predictor(what, dtype=dtype, device=device)
                     model = predictor.model
                 for threads in plan.threads:
                     torch.set_num_threads(threads)
@@ -327,44 +341,11 @@ def summarize(report: dict, tokens: dict[int, float]) -> None:
 
 # ---------------------------------------------------------------------------------------------- device choice
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("RVQSPEC_CACHE") or Path.home() / ".cache" / "rvqspec")
-
-
-def read_device_file() -> dict | None:
-    path = cache_dir() / "device.json"
-    if not path.is_file():
-        return None
-    try:
-        info = json.loads(path.read_text())
-        if info.get("format") != DEVICE_FORMAT or not isinstance(info.get("tree_size"), int):
-            raise ValueError
-    except (json.JSONDecodeError, ValueError, AttributeError):
-        raise RvqspecError(f"{path} is not a device file written by `rvqspec bench`: delete it or rerun "
-                           "`rvqspec bench`") from None
-    return info
-
-
-def chosen_tree_size(default: int = 16) -> int:
-    """The tree size N `rvqspec bench` chose for this device ($RVQSPEC_CACHE/device.json), else `default`."""
-    info = read_device_file()
-    return info["tree_size"] if info else default
-
-
-def paper_acceptance_speedup() -> dict | None:
-    """The realized speed-up of the real 0.6B architecture at the paper's acceptance on this device, if benchmarked."""
-    info = read_device_file()
-    return info.get("paper_acceptance") if info else None
-
-
 def write_device_file(report: dict) -> Path | None:
     if report["chosen"] is None:
         return None
-    path = cache_dir() / "device.json"
-    save_json(path, {"format": DEVICE_FORMAT, **report["chosen"], "paper_acceptance": report["paper_acceptance"],
-                     "machine": report["machine"]["cpu"], "written_by": "rvqspec bench",
-                     "date": report["machine"]["date"]})
-    return path
+    return update_device_file({**report["chosen"], "paper_acceptance": report["paper_acceptance"],
+                               "machine": report["machine"]["cpu"], "date": report["machine"]["date"]})
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -488,11 +469,39 @@ def parse_list(text: str, kind, allowed=None, what: str = "value") -> list:
 def command_line(args) -> str:
     """The invocation, for the report (options at their values, flags when set)."""
     words = ["rvqspec bench"]
-    for name in ("archs", "model", "calibration", "trees", "drafter", "corpus", "sizes", "dtype", "threads", "rounds"):
+    for name in ("archs", "model", "calibration", "trees", "drafter", "corpus", "sizes", "dtype", "threads", "rounds",
+                 "batch", "device"):
         value = getattr(args, name)
         if value is not None:
             words.append(f"--{name} {value if value != '' else repr(value)}")
     return " ".join(words + ["--quick"] * args.quick)
+
+
+def run_batch(args, dtypes: list[str], threads: list[int]) -> int:
+    from rvqspec import bench_batch
+
+    batches = parse_list(args.batch, int, None, "batch")
+    if any(b < 1 for b in batches):
+        raise RvqspecError(f"--batch must be batch sizes >= 1, got {args.batch!r}")
+    if args.model or args.calibration or args.trees:
+        raise RvqspecError("--batch benchmarks the real 0.6B architecture at the paper's acceptance: drop --model, "
+                           "--calibration and --trees")
+    plan = (bench_batch.quick_batch_plan if args.quick else bench_batch.BatchPlan)(batches, dtypes, threads,
+                                                                                   args.device)
+    if args.rounds:
+        plan = bench_batch.BatchPlan(**(plan.__dict__ | {"latency_rounds": args.rounds}))
+    report = bench_batch.run_batch_bench(plan, (lambda *a, **k: None) if args.json else print)
+    report["command"] = command_line(args)
+    paths = bench_batch.write_reports(report, Path(args.out), "bench-batch-quick" if args.quick else "bench-batch")
+    device = None if args.no_device_file else bench_batch.write_device_latency(report)
+    if args.json:
+        print(json.dumps({"batch_policy_speedup": report["batch_policy_speedup"],
+                          "batch_policy_speedup_by_setting": report["batch_policy_speedup_by_setting"],
+                          "switch_to_ar_at": {f"{s['dtype']}/{s['threads']}t": s["switch_to_ar_at"]
+                                              for s in report["settings"]}, "report": str(paths[0])}))
+        return 0
+    print(f"wrote {', '.join(map(str, paths))}" + (f"; latency tables -> {device}" if device else ""))
+    return 0
 
 
 def run(args) -> int:
@@ -503,6 +512,10 @@ def run(args) -> int:
     threads = parse_list(args.threads, int, None, "threads")
     if any(t < 1 for t in threads):
         raise RvqspecError(f"--threads must be >= 1, got {args.threads!r}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise RvqspecError(f"--device {args.device}: no CUDA device is available here (use --device cpu)")
+    if args.batch:
+        return run_batch(args, dtypes, threads)
     sizes = parse_list(args.sizes, int, None, "sizes")
     if any(n < 1 for n in sizes):
         raise RvqspecError(f"--sizes must be tree sizes >= 1, got {args.sizes!r}")
@@ -520,7 +533,7 @@ def run(args) -> int:
         plan = Plan(**(plan.__dict__ | {"latency_rounds": args.rounds}))
     drafter = args.drafter or ((calibration or {}).get("drafter") or {}).get("spec", "reused")
     log = (lambda *a, **k: None) if args.json else print
-    report = run_bench(plan, trees, calibration, args.model, drafter, args.corpus, log)
+    report = run_bench(plan, trees, calibration, args.model, drafter, args.corpus, log, args.device)
     report["trees"] = trees_dir or "default_tree(N)"
     report["command"] = command_line(args)
     paths = write_reports(report, Path(args.out), "bench-quick" if args.quick else "bench")
@@ -548,7 +561,10 @@ def add_cli(subparsers) -> None:
     p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="tree sizes N")
     p.add_argument("--dtype", default="bfloat16,float32", help="comma-separated dtypes (--quick: the first)")
     p.add_argument("--threads", default="1,2", help="comma-separated torch thread counts (--quick: the first)")
-    p.add_argument("--rounds", type=int, help="latency rounds (default 20, quick 5)")
+    p.add_argument("--rounds", type=int, help="latency rounds (default 20, quick 5; --batch: 10, quick 4)")
+    p.add_argument("--batch", help="batched decoding instead: comma-separated batch sizes (e.g. 1,2,4,8,16); frames/s "
+                                   "of our AR, the decoding policy and upstream, latency tables for the policy")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (--batch, and the real architectures)")
     p.add_argument("--quick", action="store_true", help="one dtype/thread setting, fewer repeats (< 3 minutes)")
     p.add_argument("--out", default="benchmarks/results", help="folder for bench.{json,md,png}")
     p.add_argument("--no-device-file", action="store_true", help="do not write the chosen N to the device file")

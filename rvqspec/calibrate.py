@@ -28,6 +28,7 @@ from rvqspec.decode import decode_frame
 from rvqspec.drafters import DEFAULT_DEPTH, Drafter, ReusedHeads
 from rvqspec.errors import RvqspecError
 from rvqspec.model import MultiCodeDecoder
+from rvqspec.policy import calls_distribution
 from rvqspec.sampling import Sampler
 from rvqspec.tree import Tree, grow_tree
 
@@ -85,22 +86,7 @@ def measure_acceptance(model: MultiCodeDecoder, drafter: Drafter, talker_hidden:
 
 def predicted_calls(tree: Tree, per_position: Tensor) -> float:
     """Expected predictor calls for one frame (prefill included) with `tree`, see the module docstring."""
-    last = per_position.shape[0] + 1
-    parent, depth, rank = tree.parent.tolist(), tree.depth.tolist(), tree.rank.tolist()
-    remaining_calls = [0.0] * (last + 1)  # [k]: expected calls to finish once c1..c_k are emitted
-    for k in range(last - 1, 0, -1):
-        left = last - k
-        value = [1.0]
-        for n in range(1, len(parent)):
-            d = depth[n]
-            value.append(value[parent[n]] * float(per_position[k - 1, d - 1, rank[n]]) if d <= left else 0.0)
-        reach = [sum(v for v, d in zip(value, depth) if d == level) for level in range(left + 2)]  # P(D >= level)
-        expected = 1.0
-        for accepted in range(left + 1):  # D accepted drafts, then a bonus unless c15 was reached
-            p = reach[accepted] - (reach[accepted + 1] if accepted < left else 0.0)
-            expected += p * remaining_calls[min(k + accepted + 1, last)]
-        remaining_calls[k] = expected
-    return 1.0 + remaining_calls[1]
+    return sum(calls * p for calls, p in enumerate(calls_distribution(tree, per_position)))
 
 
 def measure_tree(model: MultiCodeDecoder, drafter: Drafter, tree: Tree, talker_hidden: Tensor, c0: Tensor,

@@ -59,7 +59,8 @@ class ControlledPredictor:
 
 @torch.no_grad()
 def controlled_predictor(config: PredictorConfig, strength: float = 0.0, seed: int = 0,
-                         dtype: torch.dtype | str = torch.float32) -> ControlledPredictor:
+                         dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu"
+                         ) -> ControlledPredictor:
     """A random-weight MultiCodeDecoder of `config` with controlled embeddings and heads (see module doc)."""
     torch.manual_seed(seed)
     model = MultiCodeDecoder(config).eval()
@@ -69,8 +70,8 @@ def controlled_predictor(config: PredictorConfig, strength: float = 0.0, seed: i
                                              codes.repeat(c.num_code_groups - 1, 1)]))
     directions = model.project(codes)
     directions = directions / directions.norm(dim=-1, keepdim=True)
-    model = model.to(resolve_dtype(dtype))
-    predictor = ControlledPredictor(model, directions.to(model.dtype))
+    model = model.to(torch.device(device), resolve_dtype(dtype))
+    predictor = ControlledPredictor(model, directions.to(model.device, model.dtype))
     predictor.set_strength(strength)
     return predictor
 
@@ -78,7 +79,7 @@ def controlled_predictor(config: PredictorConfig, strength: float = 0.0, seed: i
 def tokens_per_step(predictor: ControlledPredictor, tree: Tree, frames: list[tuple[Tensor, int]],
                     sampler: Sampler, seed: int = 0) -> float:
     """Codes emitted per predictor call over `frames`, speculative decoding with ReusedHeads and `tree`."""
-    model, generator = predictor.model, torch.Generator().manual_seed(seed)
+    model, generator = predictor.model, torch.Generator(predictor.model.device).manual_seed(seed)
     drafter = ReusedHeads(model)
     calls = sum(decode_frame(model, h, c0, sampler, generator, drafter=drafter, tree=tree).calls for h, c0 in frames)
     return len(frames) * model.config.num_residual_codes / calls

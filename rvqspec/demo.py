@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from rvqspec.bench import chosen_tree_size, paper_acceptance_speedup, read_device_file
+from rvqspec.device_file import chosen_tree_size, paper_acceptance_speedup, read_device_file
 from rvqspec.drafters import Offsets
 from rvqspec.errors import RvqspecError
 from rvqspec.sampling import Sampler

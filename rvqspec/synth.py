@@ -84,7 +84,7 @@ def load_drafting(args):
             raise RvqspecError("--no-spec decodes autoregressively: drop --offsets/--tree, or drop --no-spec")
         return None, None
     drafter = Drafter.load(args.offsets) if args.offsets else ReusedHeads()
-    return drafter, Tree.load(args.tree) if args.tree else None
+    return drafter, Tree.load(args.tree) if args.tree else "auto"
 
 
 def synthesize(tts, handle, text: str, out: str | Path, **speech_args) -> dict:
@@ -97,9 +97,10 @@ def synthesize(tts, handle, text: str, out: str | Path, **speech_args) -> dict:
     seconds = time.perf_counter() - start
     write_wav(out, wavs[0], sample_rate)
     stats = handle.stats
+    sizes = [n for n in stats.tree_sizes if n]
     return {"out": str(out), "audio_seconds": len(wavs[0]) / sample_rate, "sample_rate": sample_rate,
             "frames": stats.frames, "calls_per_frame": stats.calls_per_frame, "tokens_per_step": stats.tokens_per_step,
-            "speculative": handle.drafter is not None, "tree_nodes": handle.tree.size if handle.tree else 0,
+            "speculative": bool(sizes), "tree_nodes": max(sizes, default=0), "decoding": handle.explain(1),
             "wall_seconds": seconds}
 
 
@@ -113,7 +114,7 @@ def run_synth(args) -> int:
     torch.manual_seed(args.seed)
     report = synthesize(tts, handle, args.text, args.out, language=args.language, speaker=args.speaker,
                         instruct=args.instruct, ref_audio=args.ref_audio, ref_text=args.ref_text)
-    mode = f"speculative, tree of {report['tree_nodes']} nodes" if report["speculative"] else "autoregressive"
+    mode = report["decoding"]
     print(f"wrote {report['out']}: {report['audio_seconds']:.2f} s of audio at {report['sample_rate']} Hz, "
           f"{report['frames']} frames in {report['wall_seconds']:.1f} s")
     print(f"code predictor ({mode}): {report['calls_per_frame']:.2f} calls/frame, "
@@ -196,7 +197,8 @@ def add_cli(subparsers) -> None:
     p.add_argument("--ref-text", help="Base models: its transcript (in-context cloning; without it, x-vector only)")
     p.add_argument("--no-spec", action="store_true", help="plain autoregressive decoding (15 calls a frame)")
     p.add_argument("--offsets", help="trained drafter file (offsets or Medusa heads); default: reused heads")
-    p.add_argument("--tree", help="tree JSON (rvqspec calibrate); default: a 16-node prior tree")
+    p.add_argument("--tree", help="tree JSON (rvqspec calibrate); default: the decoding policy chooses AR or a "
+                                     "prior tree from this device's measured latencies")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(run=run_synth)
 

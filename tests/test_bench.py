@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from rvqspec import bench, cli
+from rvqspec import bench, cli, device_file
 from rvqspec.errors import RvqspecError
 from rvqspec.tree import default_tree
 from tests.tiny import tiny_config, tiny_model
@@ -52,7 +52,7 @@ def test_report_arithmetic_and_choice():
 
 
 def test_cli_json_reports_and_device_file(tmp_path, capsys):
-    assert bench.chosen_tree_size(24) == 24 and bench.paper_acceptance_speedup() is None
+    assert device_file.chosen_tree_size(24) == 24 and device_file.paper_acceptance_speedup() is None
     code = cli.main(["bench", "--archs", "0.6b", "--dtype", "float32", "--threads", "1", "--sizes", "4,32",
                      "--quick", "--out", str(tmp_path / "out"), "--json"])
     assert code == 0
@@ -63,8 +63,8 @@ def test_cli_json_reports_and_device_file(tmp_path, capsys):
     assert {p.name for p in (tmp_path / "out").iterdir()} == {"bench-quick.json", "bench-quick.md", "bench-quick.png"}
     assert (tmp_path / "out" / "bench-quick.png").read_bytes()[:4] == b"\x89PNG"
     assert "| 0.6b float32 1t |" in (tmp_path / "out" / "bench-quick.md").read_text()
-    assert bench.chosen_tree_size(24) == 32 == printed["chosen"]["tree_size"]
-    assert bench.paper_acceptance_speedup()["speedup"] == printed["speedup_at_paper_acceptance"]
+    assert device_file.chosen_tree_size(24) == 32 == printed["chosen"]["tree_size"]
+    assert device_file.paper_acceptance_speedup()["speedup"] == printed["speedup_at_paper_acceptance"]
 
 
 def test_calibration_report_supplies_tokens_per_step(tmp_path):
@@ -83,7 +83,7 @@ def test_corrupt_device_file_is_an_error(tmp_path):
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "device.json").write_text("{not json")
     with pytest.raises(RvqspecError, match="rerun `rvqspec bench`"):
-        bench.chosen_tree_size()
+        device_file.chosen_tree_size()
 
 
 @pytest.mark.parametrize("args, problem", [

@@ -9,8 +9,8 @@
 How it hooks in: for every frame, upstream's talker (`Qwen3TTSTalkerForConditionalGeneration.forward`) calls
 `talker.code_predictor.generate(inputs_embeds=cat(past_hidden, codec_embedding(c0)), max_new_tokens=15,
 do_sample=, top_k=, top_p=, temperature=, ...)` and reads only `.sequences` [B, 15]. `accelerate` replaces
-that one method, on that instance, with `rvqspec.decode_frame` over a MultiCodeDecoder that holds a copy of
-the predictor's weights. Every generate entry point (custom voice, voice design, voice clone) goes through
+that one method, on that instance, with `rvqspec.decode_frames` (all B rows at once) over a MultiCodeDecoder
+that holds a copy of the predictor's weights. Every generate entry point (custom voice, voice design, voice clone) goes through
 it and nothing else changes: the codes are drawn from upstream's distribution (greedy: the same codes).
 
 For `rvqspec corpus from-audio`, the module also rebuilds the talker's hidden state per frame of known codes
@@ -22,24 +22,24 @@ import importlib
 import importlib.machinery
 import sys
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from rvqspec.checkpoint import official_layout, predictor_from_official
 from rvqspec.config import config_from_upstream
-from rvqspec.decode import FrameResult, decode_frame
+from rvqspec.decode import BatchResult, decode_frames
 from rvqspec.errors import RvqspecError
 from rvqspec.model import MultiCodeDecoder
 from rvqspec.sampling import Sampler
-from rvqspec.tree import Tree, default_tree
+from rvqspec.policy import Policy
+from rvqspec.tree import Tree
 
 # Only qwen_tts's 25 Hz tokenizer imports these, when the package is imported: torchaudio has no build that
 # loads beside torch 2.13, and sox wraps a system binary. The 12 Hz models never call them.
 UNLOADABLE_MODULES = ("torchaudio", "torchaudio.compliance", "torchaudio.compliance.kaldi", "sox")
 HANDLE = "_rvqspec_acceleration"  # attribute of an accelerated talker that holds its Acceleration
-DEFAULT_TREE_NODES = 16
 # Arguments upstream's talker passes that ask for outputs it never reads; any other one goes to upstream.
 IGNORED_GENERATE_ARGS = {"output_hidden_states", "return_dict_in_generate"}
 
@@ -85,49 +85,85 @@ def predictor_from_upstream(talker) -> MultiCodeDecoder:
 
 
 @dataclass
-class Stats:
-    """Counters over the frames rvqspec decoded (cumulative until `reset`)."""
+class RowStats:
+    """One row of the batches (the i-th text of the generate call): frames and the calls it took part in."""
 
     frames: int = 0
-    calls: int = 0  # predictor calls, prefills included
-    codes: int = 0
+    calls: int = 0
 
-    def add(self, result: FrameResult) -> None:
-        self.frames += 1
+
+@dataclass
+class Stats:
+    """Counters over the frames rvqspec decoded (cumulative until `reset`). A step decodes one frame of every
+    row of the batch at once, in `calls` predictor calls for the whole batch."""
+
+    steps: int = 0
+    frames: int = 0  # rows x steps
+    calls: int = 0  # predictor calls for whole batches, prefills included
+    codes: int = 0
+    row_calls: int = 0  # calls summed over rows: what each row alone would have made
+    rows: list[RowStats] = field(default_factory=list)
+    tree_sizes: dict[int, int] = field(default_factory=dict)  # steps per tree size N (0: AR)
+
+    def add(self, result: BatchResult, tree_size: int) -> None:
+        self.steps += 1
+        self.frames += len(result.rows)
         self.calls += result.calls
-        self.codes += len(result.codes)
+        self.codes += result.codes.numel()
+        self.row_calls += sum(row.calls for row in result.rows)
+        self.rows += [RowStats() for _ in range(len(result.rows) - len(self.rows))]
+        for stats, row in zip(self.rows, result.rows):
+            stats.frames += 1
+            stats.calls += row.calls
+        self.tree_sizes[tree_size] = self.tree_sizes.get(tree_size, 0) + 1
 
     def reset(self) -> None:
-        self.frames = self.calls = self.codes = 0
+        self.__init__()
 
     @property
     def tokens_per_step(self) -> float:
-        return self.codes / self.calls if self.calls else 0.0
+        """Codes per predictor call seen from one row (a batch of B rows emits B times as many per call)."""
+        return self.codes / self.row_calls if self.row_calls else 0.0
 
     @property
     def calls_per_frame(self) -> float:
-        return self.calls / self.frames if self.frames else 0.0
+        """Predictor calls per batched step (15 for AR, whatever the batch)."""
+        return self.calls / self.steps if self.steps else 0.0
 
     def __str__(self) -> str:
-        return (f"{self.frames} frames, {self.calls_per_frame:.2f} predictor calls/frame, "
-                f"{self.tokens_per_step:.2f} tokens/step")
+        sizes = ", ".join(f"{'AR' if n == 0 else f'N={n}'} x{count}" for n, count in sorted(self.tree_sizes.items()))
+        rows = f" in batches of up to {len(self.rows)}" if len(self.rows) > 1 else ""
+        return (f"{self.frames} frames{rows}, {self.calls_per_frame:.2f} predictor calls/frame, "
+                f"{self.tokens_per_step:.2f} tokens/step ({sizes})")
 
 
 class Acceleration:
     """What `accelerate` returns: `stats` after a generate call, `undo()` to restore upstream's predictor."""
 
-    def __init__(self, talker, drafter, tree: Tree | None, generator: torch.Generator | None):
+    def __init__(self, talker, drafter, tree: Tree | str | None, generator: torch.Generator | None,
+                 calibration: str | None = None):
         self.talker, self.drafter, self.tree, self.generator = talker, drafter, tree, generator
+        self.calibration = calibration
         self.stats = Stats()
         self.decoder = predictor_from_upstream(talker)
+        self.policy: Policy | None = None
         if drafter is not None:
             drafter.check_model(self.decoder)
-            tree.check_fits(drafter.depth)
+            if isinstance(tree, Tree):
+                tree.check_fits(drafter.depth)
+            else:
+                self.policy = self.make_policy()
         predictor = talker.code_predictor
         self.replaced_instance_method = "generate" in vars(predictor)
         self.upstream_generate = predictor.generate
         predictor.generate = self.generate
         setattr(talker, HANDLE, self)
+
+    def make_policy(self) -> Policy:
+        policy = Policy.for_model(self.decoder, self.calibration)
+        for tree in policy.trees.values():
+            tree.check_fits(self.drafter.depth)
+        return policy
 
     def undo(self) -> None:
         """Give the talker its own `code_predictor.generate` back."""
@@ -141,24 +177,37 @@ class Acceleration:
         delattr(self.talker, HANDLE)
 
     def current_decoder(self) -> MultiCodeDecoder:
-        """The decoder, rebuilt if the upstream model moved to another device or dtype since `accelerate`."""
+        """The decoder, rebuilt if the upstream model moved to another device or dtype since `accelerate` (and the
+        policy with it: the latency of another device or dtype differs)."""
         weight = self.talker.code_predictor.lm_head[0].weight
         if (self.decoder.device, self.decoder.dtype) != (weight.device, weight.dtype):
             self.decoder = predictor_from_upstream(self.talker)
+            if self.policy is not None:
+                self.policy = self.make_policy()
         return self.decoder
 
-    def c0_codes(self, c0_embeds: Tensor) -> list[int] | None:
+    def tree_for(self, batch: int) -> Tree | None:
+        """The fixed tree, or the policy's choice for this batch size (None: plain AR)."""
+        if self.drafter is None:
+            return None
+        return self.policy.tree_for(batch) if self.policy is not None else self.tree
+
+    def explain(self, batch: int = 1) -> str:
+        """What decodes a batch of `batch` frames, and why."""
+        if self.drafter is None:
+            return "AR: no drafter"
+        if self.policy is None:
+            return f"speculative with the fixed tree of {self.tree.size} nodes"
+        return self.policy.explain(batch)
+
+    def c0_codes(self, c0_embeds: Tensor) -> Tensor | None:
         """Recover each row's c0 from its embedding: upstream passes `codec_embedding(c0)`, not c0. Two codes
         with equal embeddings are interchangeable (c0 reaches the predictor only through its embedding)."""
         table = self.talker.get_input_embeddings().weight
-        codes = []
-        for row in c0_embeds:
-            match = (table == row).all(-1).nonzero()
-            if not len(match):
-                return None
-            codes.append(int(match[0]))
-        return codes
-
+        match = (table[None] == c0_embeds[:, None]).all(-1)  # [B, vocab]
+        if not match.any(1).all():
+            return None
+        return match.long().argmax(1)
     def sampler(self, do_sample, top_k, top_p, temperature) -> Sampler:
         """The caller's settings; those left None fall back to the predictor's generation_config, as in HF."""
         config = self.talker.code_predictor.generation_config
@@ -185,37 +234,42 @@ class Acceleration:
 
         sampler = self.sampler(do_sample, top_k, top_p, temperature)
         decoder = self.current_decoder()
-        rows = []
-        for hidden, code in zip(inputs_embeds[:, 0], c0):
-            result = decode_frame(decoder, hidden, code, sampler, self.generator, self.drafter, self.tree)
-            self.stats.add(result)
-            rows.append(result.codes)
-        sequences = torch.stack(rows).to(inputs_embeds.device)
+        tree = self.tree_for(len(c0))
+        result = decode_frames(decoder, inputs_embeds[:, 0], c0, sampler, self.generator,
+                               self.drafter if tree is not None else None, tree)
+        self.stats.add(result, tree.size if tree is not None else 0)
+        sequences = result.codes.to(inputs_embeds.device)
         as_dict = kwargs.get("return_dict_in_generate")
         if as_dict is None:
             as_dict = self.talker.code_predictor.generation_config.return_dict_in_generate
         return GenerateDecoderOnlyOutput(sequences=sequences) if as_dict else sequences
 
 
-def accelerate(model, drafter=None, tree: Tree | None = None,
-               generator: torch.Generator | None = None) -> Acceleration:
-    """Route the code predictor of a qwen-tts model through `rvqspec.decode_frame` until `undo()`.
+def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator: torch.Generator | None = None,
+               calibration: str | None = None) -> Acceleration:
+    """Route the code predictor of a qwen-tts model through `rvqspec.decode_frames` until `undo()`.
 
-    `model`: a `qwen_tts.Qwen3TTSModel`, its `.model`, or its `.model.talker`. No drafter: plain AR (15
-    calls a frame); with a drafter (`rvqspec.Offsets.load(path)`, `rvqspec.ReusedHeads()`, ...): speculative
-    over `tree` (default: `default_tree(16)`). Sampling settings come from each generate call; draws use
-    `generator`, or torch's global RNG like upstream. Call it after moving or fine-tuning the model: it
-    copies the predictor's weights (a later device or dtype change is followed, an in-place edit is not).
+    `model`: a `qwen_tts.Qwen3TTSModel`, its `.model`, or its `.model.talker`. Each batched frame step of the
+    talker is one `decode_frames` call for all its rows. No drafter: plain AR (15 calls per step); with a
+    drafter (`rvqspec.Offsets.load(path)`, `rvqspec.ReusedHeads()`, ...): `tree="auto"` lets the decoding
+    policy (`rvqspec.policy`) pick AR or a tree per batch size, from the call latencies `rvqspec bench --batch`
+    measured on this device and the acceptance of `calibration` (an `rvqspec calibrate` folder; default: the
+    prior of `default_tree`); a `Tree` decodes every step speculatively with it. Sampling settings come from
+    each generate call; draws use `generator`, or torch's global RNG like upstream. Call it after moving or
+    fine-tuning the model: it copies the predictor's weights (a later device or dtype change is followed, an
+    in-place edit is not).
     """
     talker = find_talker(model)
     if getattr(talker, HANDLE, None) is not None:
         raise RvqspecError("this model is already accelerated: call handle.undo() (or deaccelerate(model)) first")
-    if drafter is None and tree is not None:
+    if not (tree is None or tree == "auto" or isinstance(tree, Tree)):
+        raise RvqspecError(f"tree must be an rvqspec.Tree, 'auto' (the decoding policy) or None, got {tree!r}")
+    if drafter is None and isinstance(tree, Tree):
         raise RvqspecError("a tree was given without a drafter: pass drafter=rvqspec.ReusedHeads() or "
                            "rvqspec.Offsets.load(path) to decode speculatively, or drop the tree for plain AR")
     if drafter is not None and tree is None:
-        tree = default_tree(DEFAULT_TREE_NODES)
-    return Acceleration(talker, drafter, tree, generator)
+        raise RvqspecError("a drafter was given with tree=None: pass tree='auto' (the decoding policy) or a Tree")
+    return Acceleration(talker, drafter, tree, generator, calibration)
 
 
 def deaccelerate(model) -> None:
@@ -296,3 +350,22 @@ def teacher_forced_hidden(talker, prompt: dict[str, Tensor], codes: Tensor) -> T
                           use_cache=False).last_hidden_state
     start = prompt["inputs_embeds"].shape[1] - 1
     return hidden[0, start:start + len(codes)]
+
+
+def upstream_code_predictor(model: MultiCodeDecoder) -> torch.nn.Module:
+    """Upstream's own code predictor (`Qwen3TTSTalkerCodePredictorModelForConditionalGeneration`) holding a copy
+    of `model`'s weights, on its device and dtype: the reference that benchmarks time ours against."""
+    from rvqspec.checkpoint import official_state_dict
+    from rvqspec.config import upstream_config_dict
+
+    import_qwen_tts()
+    from qwen_tts.core.models.configuration_qwen3_tts import Qwen3TTSTalkerConfig
+    from qwen_tts.core.models.modeling_qwen3_tts import Qwen3TTSTalkerCodePredictorModelForConditionalGeneration
+
+    talker_config = Qwen3TTSTalkerConfig(**upstream_config_dict(model.config)["talker_config"])
+    predictor = Qwen3TTSTalkerCodePredictorModelForConditionalGeneration(talker_config.code_predictor_config,
+                                                                         talker_config)
+    prefix = "talker.code_predictor."
+    predictor.load_state_dict({key.removeprefix(prefix): value for key, value in official_state_dict(model).items()
+                               if key.startswith(prefix)})
+    return predictor.to(model.device, model.dtype).eval().requires_grad_(False)

@@ -1,0 +1,258 @@
+"""`rvqspec bench --batch 1,2,4,8,16`: batched decoding on the real 0.6B architecture, frames per second of
+(a) our batched AR, (b) the decoding policy's choice and (c) upstream's batched `code_predictor.generate` on
+the same weights, at the paper's acceptance (acceptance-controlled heads, `rvqspec.controlled`).
+
+Per setting (dtype x threads), in one process:
+1. the latency table: ms per call at (B, N) for every batch B and N in 0 (an AR step), 4..64 (a speculative
+   round, rows spread over neighbouring k as ragged progress spreads them), interleaved rounds, medians;
+2. acceptance: the heads' peak strength bisected per N = 16, 32, 64 until tokens/step matches the paper's
+   (2.25, 2.47, 2.60), once per dtype;
+3. the policy (`rvqspec.policy`) from that table and a distribution of calls fitted to those tokens/step
+   chooses N per B;
+4. frames: per B, the same `repeats` batches of frames decoded by (a), (b), (c) in turn, medians of the batch
+   times; frames/s = B / median. Where the policy chose AR, (b) is (a): the same code, so its time is reused.
+The latency tables go to the device file, where the policy reads them.
+"""
+
+import os
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rvqspec.bench import PAPER_ACCEPTANCE, call_latency, clocks, elapsed_ms, machine
+from rvqspec.checkpoint import atomic_write, save_json
+from rvqspec.config import QWEN3_TTS_0_6B
+from rvqspec.controlled import ControlledPredictor, calibrate_strength, controlled_predictor
+from rvqspec.decode import decode_frames
+from rvqspec.device_file import update_device_file
+from rvqspec.drafters import ReusedHeads
+from rvqspec.policy import LatencyTable, Policy, fitted_acceptance, setting_key
+from rvqspec.sampling import Sampler
+from rvqspec.tree import default_tree
+
+LATENCY_SIZES = (4, 8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    batches: list[int]
+    dtypes: list[str]
+    threads: list[int]
+    device: str = "cpu"
+    latency_rounds: int = 10
+    repeats: int = 9
+    calibration_iterations: int = 8
+    calibration_frames: int = 16
+
+
+def quick_batch_plan(batches, dtypes, threads, device) -> BatchPlan:
+    """Both dtypes at the first thread count, fewer repeats: under 5 minutes on 2 shared cores."""
+    return BatchPlan(batches, dtypes, threads[:1], device, latency_rounds=4, repeats=5, calibration_iterations=6,
+                     calibration_frames=8)
+
+
+def sync_upstream_heads(upstream, model) -> None:
+    """Give upstream's predictor the controlled predictor's current heads (the rest was copied at the start)."""
+    with torch.no_grad():
+        for head, weight in zip(upstream.lm_head, model.heads):
+            head.weight.copy_(weight)
+
+
+def upstream_frames(upstream, model, talker_hidden, c0, sampler: Sampler) -> torch.Tensor:
+    """Upstream's per-frame call, as its talker makes it: generate(inputs_embeds=[B, 2, H], max_new_tokens=15)."""
+    prompt = torch.stack([talker_hidden, model.code_embed(c0)], dim=1)
+    return upstream.generate(inputs_embeds=prompt, max_new_tokens=model.config.num_residual_codes, do_sample=True,
+                             top_k=sampler.top_k, top_p=sampler.top_p, temperature=sampler.temperature)
+
+
+@torch.inference_mode()
+def time_batches(predictor: ControlledPredictor, upstream, batch: int, size: int, strength: float | None,
+                 repeats: int, sampler: Sampler) -> dict:
+    """Median ms of decoding `repeats` batches of `batch` frames with (a) our AR, (b) the policy's tree N = `size`
+    (0: AR, timed once as (a)), (c) upstream; the same frames for all three, interleaved."""
+    model, drafter = predictor.model, ReusedHeads(predictor.model)
+    tree = default_tree(size) if size else None
+    if strength is not None:
+        predictor.set_strength(strength)
+        if upstream is not None:
+            sync_upstream_heads(upstream, model)
+    generator = torch.Generator(model.device).manual_seed(batch)
+    inputs = []
+    for r in range(repeats + 1):
+        frames = predictor.frames(batch, seed=1000 * batch + r)
+        inputs.append((torch.stack([h for h, _ in frames]).to(model.device), torch.tensor([c for _, c in frames],
+                                                                                           device=model.device)))
+    runs = {"ar": lambda h, c: decode_frames(model, h, c, sampler, generator)}
+    if size:
+        runs["policy"] = lambda h, c: decode_frames(model, h, c, sampler, generator, drafter, tree)
+    if upstream is not None:
+        runs["upstream"] = lambda h, c: upstream_frames(upstream, model, h, c, sampler)
+    times = {name: [] for name in runs}
+    calls = codes = 0
+    for r, (hidden, c0) in enumerate(inputs):  # the first batch warms every path up
+        for name, run in runs.items():
+            start = clocks(model.device)
+            out = run(hidden, c0)
+            if r:
+                times[name].append(elapsed_ms(start, model.device)[0])
+                if name == "policy":
+                    calls += sum(row.calls for row in out.rows)
+                    codes += out.codes.numel()
+    ms = {name: statistics.median(values) for name, values in times.items()}
+    ms.setdefault("policy", ms["ar"])
+    fps = {name: 1e3 * batch / value for name, value in ms.items()}
+    return {"batch": batch, "tree_size": size, "ms": ms, "frames_per_second": fps,
+            "policy_tokens_per_step": codes / calls if calls else 1.0,
+            "policy_over_ar": fps["policy"] / fps["ar"],
+            "policy_over_upstream": fps["policy"] / fps["upstream"] if "upstream" in fps else None,
+            "ar_over_upstream": fps["ar"] / fps["upstream"] if "upstream" in fps else None}
+
+
+def measure_setting(predictor: ControlledPredictor, upstream, plan: BatchPlan, strengths: dict, sampler: Sampler,
+                    dtype: str, threads: int, log) -> dict:
+    model = predictor.model
+    trees = {n: default_tree(n) for n in LATENCY_SIZES}
+    drafter = ReusedHeads(model)
+    ms = {}
+    for batch in plan.batches:
+        latency = call_latency(model, drafter, trees, sampler, plan.latency_rounds, batch=batch)
+        ms[batch] = {0: latency["ar"]["wall_ms"]} | {n: latency["spec"][n]["wall_ms"] for n in trees}
+        log(f"  B={batch}: AR step {ms[batch][0]:.2f} ms; round " +
+            ", ".join(f"N={n} {ms[batch][n]:.2f}" for n in trees) + " ms")
+    frames = predictor.frames(plan.calibration_frames, seed=1)
+    for n in PAPER_ACCEPTANCE:
+        if n not in strengths:
+            strengths[n] = calibrate_strength(predictor, trees[n], PAPER_ACCEPTANCE[n], sampler, frames,
+                                              plan.calibration_iterations)
+            log(f"  N={n}: peak strength {strengths[n][0]:.3f} gives {strengths[n][1]:.3f} tokens/step")
+    table = LatencyTable(ms, "measured in this run")
+    paper_trees = {n: trees[n] for n in PAPER_ACCEPTANCE}
+    acceptance = {n: fitted_acceptance(tree, strengths[n][1], model.config.num_code_groups)
+                  for n, tree in paper_trees.items()}
+    policy = Policy.build(model, paper_trees, acceptance, table)
+    rows = []
+    for batch in plan.batches:
+        size = policy.choose(batch)
+        row = time_batches(predictor, upstream, batch, size, strengths[size][0] if size else None, plan.repeats,
+                           sampler)
+        row["predicted_policy_over_ar"] = policy.predicted_speedup(batch, size) if size else 1.0
+        row["why"] = policy.explain(batch)
+        rows.append(row)
+        log(f"  B={batch}: {'AR' if not size else f'N={size}'}; frames/s AR {row['frames_per_second']['ar']:.1f}, "
+            f"policy {row['frames_per_second']['policy']:.1f} ({row['policy_over_ar']:.2f}x, predicted "
+            f"{row['predicted_policy_over_ar']:.2f}x)" + (f", upstream {row['frames_per_second']['upstream']:.1f}"
+                                                           if upstream is not None else ""))
+    switch = next((r["batch"] for r in rows if r["tree_size"] == 0), None)
+    return {"dtype": dtype, "threads": threads, "device": plan.device, "key": setting_key(model),
+            "latency_ms": {str(b): {str(n): v for n, v in row.items()} for b, row in ms.items()},
+            "strengths": {str(n): list(v) for n, v in strengths.items()}, "frames": rows, "switch_to_ar_at": switch}
+
+
+def run_batch_bench(plan: BatchPlan, log=print) -> dict:
+    from rvqspec.integrations.qwen_tts import upstream_code_predictor
+
+    sampler = Sampler()
+    report = {"machine": machine(), "plan": plan.__dict__, "architecture": "Qwen3-TTS 0.6B code predictor",
+              "sampler": {"temperature": sampler.temperature, "top_k": sampler.top_k}, "settings": []}
+    threads_before = torch.get_num_threads()
+    try:
+        for dtype in plan.dtypes:
+            predictor = controlled_predictor(QWEN3_TTS_0_6B, dtype=dtype, device=plan.device)
+            try:
+                upstream = upstream_code_predictor(predictor.model)
+            except Exception as e:  # the reference is an optional extra: report without it
+                log(f"upstream qwen-tts unavailable ({e}): timing ours only")
+                upstream = None
+            strengths: dict = {}
+            for threads in plan.threads:
+                torch.set_num_threads(threads)
+                log(f"0.6b {dtype} {threads} thread(s) on {plan.device}:")
+                report["settings"].append(measure_setting(predictor, upstream, plan, strengths, sampler, dtype,
+                                                          threads, log))
+            del predictor, upstream
+    finally:
+        torch.set_num_threads(threads_before)
+    report["machine"]["load_after"] = os.getloadavg()
+    first = report["settings"][0]
+    report["batch_policy_speedup"] = {str(r["batch"]): r["policy_over_ar"] for r in first["frames"]}
+    report["batch_policy_speedup_by_setting"] = {
+        f"{s['dtype']}/{s['threads']}t": {str(r["batch"]): r["policy_over_ar"] for r in s["frames"]}
+        for s in report["settings"]}
+    return report
+
+
+def latency_entries(report: dict) -> dict:
+    """The device file's latency tables from a report: {setting key: {"ms": ..., "measured_on": ...}}."""
+    where = f"{report['machine']['cpu']}, {report['machine']['date']}"
+    return {s["key"]: {"ms": s["latency_ms"], "measured_on": f"{s['key']} on {where}"} for s in report["settings"]}
+
+
+def markdown(report: dict) -> str:
+    m = report["machine"]
+    lines = ["# rvqspec bench --batch", "",
+             f"`{report.get('command', 'rvqspec bench --batch')}`: {report['architecture']} (random weights, "
+             f"acceptance controlled to the paper's tokens/step), {m['cpu']}, torch {m['torch']}, {m['date']}, load "
+             f"{m['load_before'][0]:.1f} before, {m['load_after'][0]:.1f} after. Frames/s = B / median time of one "
+             "batched frame (15 codes per row), the same batches for every method, interleaved; ratios are from "
+             "one run.", ""]
+    for s in report["settings"]:
+        lines += [f"## {s['dtype']}, {s['threads']} thread(s), {s['device']}", "",
+                  "| B | policy | frames/s AR (ours) | frames/s policy | frames/s upstream | policy / AR | predicted "
+                  "| policy / upstream | tokens/step |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in s["frames"]:
+            fps = r["frames_per_second"]
+            upstream = f"{fps['upstream']:.1f}" if "upstream" in fps else "-"
+            versus = f"{r['policy_over_upstream']:.2f}x" if r["policy_over_upstream"] else "-"
+            choice = f"N={r['tree_size']}" if r["tree_size"] else "AR"
+            lines.append(f"| {r['batch']} | {choice} | {fps['ar']:.1f} | {fps['policy']:.1f} | {upstream} | "
+                         f"{r['policy_over_ar']:.2f}x | {r['predicted_policy_over_ar']:.2f}x | {versus} | "
+                         f"{r['policy_tokens_per_step']:.2f} |")
+        switch = s["switch_to_ar_at"]
+        lines += ["", f"The policy switches to AR at B = {switch}." if switch else
+                  "The policy keeps speculating at every measured B.", "",
+                  "Latency per call (ms, median), N = 0 an AR step:", "",
+                  "| B | " + " | ".join(f"N={n}" for n in next(iter(s["latency_ms"].values()))) + " |",
+                  "|---|" + "---|" * len(next(iter(s["latency_ms"].values())))]
+        lines += [f"| {b} | " + " | ".join(f"{v:.2f}" for v in row.values()) + " |" for b, row in s["latency_ms"].items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(report: dict, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, s in enumerate(report["settings"]):
+        batches = [r["batch"] for r in s["frames"]]
+        name = f"{s['dtype']} {s['threads']}t"
+        for method, style in (("policy", "o-"), ("ar", "s--"), ("upstream", "^:")):
+            values = [r["frames_per_second"].get(method) for r in s["frames"]]
+            if None not in values:
+                ax.plot(batches, values, style, color=f"C{i}", label=f"{name} {method}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("batch size B")
+    ax.set_ylabel("frames per second")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(f"{report['architecture']}, {report['machine']['cpu']}", fontsize=9)
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    plt.close(fig)
+
+
+def write_reports(report: dict, out: Path, name: str) -> list[Path]:
+    paths = [out / f"{name}.json", out / f"{name}.md", out / f"{name}.png"]
+    save_json(paths[0], report)
+    atomic_write(paths[1], lambda tmp: Path(tmp).write_text(markdown(report)))
+    plot(report, paths[2])
+    return paths
+
+
+def write_device_latency(report: dict) -> Path:
+    return update_device_file({"latency": latency_entries(report)})

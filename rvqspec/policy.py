@@ -1,0 +1,232 @@
+"""The decoding policy: for a batch of B frames, plain AR (N = 0) or the tree of N nodes that decodes the
+most frames per second, predicted from measured call latencies and the drafts' acceptance.
+
+    frame time (B, 0) = 15 x latency(B, 0)                                 (prefill + 14 AR steps)
+    frame time (B, N) = latency(B, 0) + (E[max over B rows of calls] - 1) x latency(B, N)
+
+A batch runs until its slowest row is done, so the speculative term uses the distribution of a frame's
+calls (from the per-position acceptance: `calls_distribution`), not its mean: P(max <= c) = P(calls <= c)^B.
+latency(B, N) is ms per call at batch B (N = 0: an AR step), measured by `rvqspec bench --batch` on this
+device and stored in the device file; without one, the built-in table measured on the development
+machines (`latency_default.json`) with a larger margin; without either, AR. Speculation is chosen only
+when it is predicted `margin` faster than AR.
+"""
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from rvqspec.device_file import read_device_file
+from rvqspec.errors import RvqspecError
+from rvqspec.tree import PRIOR_ACCEPTANCE, Tree, default_tree
+
+SIZES = (4, 8, 16, 32, 64)
+BATCHES = (1, 2, 4, 8, 16)
+MEASURED_MARGIN = 0.05  # speculation must be predicted 5% faster than AR on a table measured here
+DEFAULT_MARGIN = 0.15  # ... and 15% on the built-in table of another machine
+DEFAULT_TABLES = Path(__file__).with_name("latency_default.json")
+
+
+def calls_distribution(tree: Tree, per_position: Tensor) -> list[float]:
+    """P(a frame takes c predictor calls), c = 0..G-1, the prefill included, with `tree` and the acceptance
+    per_position[k-1][d-1][r] = P(the rank-r draft at depth d wins | its parent did) for drafts from h_k.
+
+    A node's acceptance is the product along its path (depths independent, as in the tree growth); nodes past
+    the last code are pruned and the last code gets no bonus (DESIGN section 2)."""
+    last = per_position.shape[0] + 1
+    depths_known, ranks_known = per_position.shape[1], per_position.shape[2]
+    parent, depth, rank = tree.parent.tolist(), tree.depth.tolist(), tree.rank.tolist()
+    remaining = [[0.0] * (last + 1) for _ in range(last + 1)]  # [k][c]: P(c more calls | c1..c_k emitted)
+    remaining[last][0] = 1.0
+    for k in range(last - 1, 0, -1):
+        left, value = last - k, [1.0]
+        for n in range(1, len(parent)):
+            d, r = depth[n], rank[n]
+            known = d <= min(left, depths_known) and r < ranks_known
+            value.append(value[parent[n]] * float(per_position[k - 1, d - 1, r]) if known else 0.0)
+        reach = [sum(v for v, d in zip(value, depth) if d == level) for level in range(left + 2)]  # P(D >= level)
+        for accepted in range(left + 1):  # D accepted drafts, then a bonus unless the last code was reached
+            p = reach[accepted] - (reach[accepted + 1] if accepted < left else 0.0)
+            after = remaining[min(k + accepted + 1, last)]
+            for calls in range(last):
+                remaining[k][calls + 1] += p * after[calls]
+    return [0.0] + remaining[1][:last]  # the prefill call, then the rounds
+
+
+def expected_calls(distribution: list[float], batch: int = 1) -> float:
+    """E[max over `batch` independent rows of their calls]."""
+    cumulative, total = 0.0, 0.0
+    for p in distribution[:-1]:
+        cumulative += p
+        total += 1 - min(cumulative, 1.0) ** batch
+    return total
+
+
+def uniform_acceptance(pooled: Tensor, groups: int) -> Tensor:
+    """Per-position acceptance [G-2, K, m] with the same a[d][r] at every position."""
+    return pooled[None].expand(groups - 2, -1, -1)
+
+
+def fitted_acceptance(tree: Tree, tokens_per_step: float, groups: int) -> Tensor:
+    """The prior's acceptance profile (`tree.PRIOR_ACCEPTANCE`), scaled until `tree` predicts `tokens_per_step`:
+    for settings that know only tokens/step (the paper's figures), a distribution of calls to go with it."""
+    def predicted(scale: float) -> float:
+        acceptance = uniform_acceptance(PRIOR_ACCEPTANCE * scale, groups)
+        distribution = calls_distribution(tree, acceptance)
+        return (groups - 1) / sum(c * p for c, p in enumerate(distribution))
+
+    low, high = 0.0, 1.0 / float(PRIOR_ACCEPTANCE.sum(-1).max())  # the ranks of a depth share one draw
+    if not predicted(low) <= tokens_per_step <= predicted(high):
+        raise RvqspecError(f"tokens/step {tokens_per_step} is out of reach for a tree of {tree.size} nodes")
+    for _ in range(40):
+        middle = (low + high) / 2
+        low, high = (middle, high) if predicted(middle) < tokens_per_step else (low, middle)
+    return uniform_acceptance(PRIOR_ACCEPTANCE * low, groups)
+
+
+def setting_key(model) -> str:
+    """Which latency table fits `model` here: device, dtype, threads (CPU) and the predictor's architecture."""
+    c, device = model.config, model.device
+    threads = f"{torch.get_num_threads()}t" if device.type == "cpu" else device.type
+    arch = f"h{c.hidden_size}-l{c.num_hidden_layers}-v{c.vocab_size}-g{c.num_code_groups}"
+    return f"{device.type}/{str(model.dtype).removeprefix('torch.')}/{threads}/{arch}"
+
+
+@dataclass
+class LatencyTable:
+    ms: dict[int, dict[int, float]]  # batch -> N -> ms per call (N = 0: an AR step)
+    source: str
+    margin: float = MEASURED_MARGIN
+
+    @classmethod
+    def from_json(cls, entry: dict, source: str, margin: float) -> "LatencyTable":
+        return cls({int(b): {int(n): float(ms) for n, ms in row.items()} for b, row in entry["ms"].items()}, source,
+                   margin)
+
+    def to_json(self) -> dict:
+        return {"ms": {str(b): {str(n): ms for n, ms in row.items()} for b, row in self.ms.items()}}
+
+    @property
+    def sizes(self) -> list[int]:
+        return sorted(set.intersection(*(set(row) for row in self.ms.values())) - {0})
+
+    def at(self, batch: int, size: int) -> float:
+        """ms per call, linear in the batch between measured sizes; past the largest, per-row cost constant."""
+        batches = sorted(self.ms)
+        if batch >= batches[-1]:
+            return self.ms[batches[-1]][size] * batch / batches[-1]
+        above = next(b for b in batches if b >= batch)
+        below = max((b for b in batches if b <= batch), default=above)
+        if above == below:
+            return self.ms[above][size]
+        share = (batch - below) / (above - below)
+        return self.ms[below][size] * (1 - share) + self.ms[above][size] * share
+
+
+def find_latency_table(key: str) -> LatencyTable | None:
+    """This device's table for `key` (the device file), else the built-in one for the key, else None. A CPU
+    setting with another thread count falls back to the nearest measured count."""
+    info = read_device_file() or {}
+    for tables, source, margin in ((info.get("latency", {}), "measured on this device by `rvqspec bench --batch`",
+                                    MEASURED_MARGIN),
+                                   (json.loads(DEFAULT_TABLES.read_text()), "built-in (development machines)",
+                                    DEFAULT_MARGIN)):
+        entry = tables.get(key) or nearest_threads(tables, key)
+        if entry:
+            return LatencyTable.from_json(entry, f"{source}: {entry.get('measured_on', key)}", margin)
+    return None
+
+
+def nearest_threads(tables: dict, key: str) -> dict | None:
+    device, dtype, threads, arch = key.split("/")
+    if not threads.endswith("t"):
+        return None
+    candidates = [(abs(int(k.split("/")[2][:-1]) - int(threads[:-1])), k) for k in tables
+                  if k.split("/")[::3] == [device, arch] and k.split("/")[1] == dtype and k.split("/")[2].endswith("t")]
+    return tables[min(candidates)[1]] if candidates else None
+
+
+@dataclass
+class Policy:
+    latency: LatencyTable | None  # None: nothing measured for this setting, so always AR
+    trees: dict[int, Tree]  # candidate trees by N
+    calls: dict[int, list[float]]  # N -> distribution of a frame's calls with that tree
+    groups: int
+    choices: dict[int, int] = field(default_factory=dict)  # batch -> N, memoised
+
+    @classmethod
+    def build(cls, model, trees: dict[int, Tree], acceptance: dict[int, Tensor],
+              latency: LatencyTable | None = None) -> "Policy":
+        """`acceptance[N]`: per-position acceptance [G-2, K, m] of tree N's drafts; `latency`: default, the
+        table for `model` on this device (`find_latency_table`)."""
+        latency = latency if latency is not None else find_latency_table(setting_key(model))
+        calls = {n: calls_distribution(tree, acceptance[n]) for n, tree in trees.items()}
+        return cls(latency, trees, calls, model.config.num_code_groups)
+
+    @classmethod
+    def for_model(cls, model, calibration: str | Path | None = None, latency: LatencyTable | None = None) -> "Policy":
+        """Candidates from an `rvqspec calibrate` folder (its trees and measured per-position acceptance), else
+        `default_tree(N)` for N in SIZES with the prior acceptance they were grown from."""
+        groups = model.config.num_code_groups
+        if calibration is None:
+            trees = {n: default_tree(n) for n in SIZES}
+            return cls.build(model, trees, {n: uniform_acceptance(PRIOR_ACCEPTANCE, groups) for n in trees}, latency)
+        folder = Path(calibration)
+        try:
+            report = json.loads((folder / "report.json").read_text())
+            per_position = torch.tensor(report["acceptance_per_position"], dtype=torch.float64)
+            trees = {int(t["budget"]): Tree.load(folder / t["file"]) for t in report["trees"]}
+        except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            raise RvqspecError(f"{folder} is not an `rvqspec calibrate` folder (report.json with "
+                               f"acceptance_per_position and its tree-N*.json): {e}") from None
+        if per_position.shape[0] != groups - 2:
+            raise RvqspecError(f"{folder} was calibrated for {per_position.shape[0] + 2} codebooks, not {groups}")
+        return cls.build(model, trees, {n: per_position for n in trees}, latency)
+
+    def candidates(self) -> list[int]:
+        return [n for n in sorted(self.trees) if self.latency and n in self.latency.sizes]
+
+    def frame_ms(self, batch: int, size: int) -> float:
+        """Predicted ms to decode a batch of `batch` frames with tree N = `size` (0: AR)."""
+        ar_step = self.latency.at(batch, 0)
+        if size == 0:
+            return (self.groups - 1) * ar_step
+        return ar_step + (expected_calls(self.calls[size], batch) - 1) * self.latency.at(batch, size)
+
+    def choose(self, batch: int) -> int:
+        """N for a batch of `batch` frames; 0 = AR."""
+        if batch not in self.choices:
+            sizes = self.candidates()
+            best = min(sizes, key=lambda n: self.frame_ms(batch, n), default=0)
+            pays = best and self.frame_ms(batch, 0) >= (1 + self.latency.margin) * self.frame_ms(batch, best)
+            self.choices[batch] = best if pays else 0
+        return self.choices[batch]
+
+    def tree_for(self, batch: int) -> Tree | None:
+        size = self.choose(batch)
+        return self.trees[size] if size else None
+
+    def predicted_speedup(self, batch: int, size: int) -> float:
+        return self.frame_ms(batch, 0) / self.frame_ms(batch, size)
+
+    def explain(self, batch: int) -> str:
+        """Why, in one line: e.g. "AR: speculation predicted at best 0.84x (N=32, 1.55 tokens/step)"."""
+        if self.latency is None:
+            return "AR: no call latency measured for this device and dtype (run `rvqspec bench --batch`)"
+        sizes = self.candidates()
+        if not sizes:
+            return "AR: no candidate tree has a measured latency"
+        size = self.choose(batch)
+        shown = size or max(sizes, key=lambda n: self.predicted_speedup(batch, n))
+        tokens = (self.groups - 1) / sum(c * p for c, p in enumerate(self.calls[shown]))
+        figure = f"{self.predicted_speedup(batch, shown):.2f}x (N={shown}, {tokens:.2f} tokens/step, batch {batch})"
+        what = f"speculative N={size}: predicted {figure}" if size else f"AR: speculation predicted at best {figure}"
+        return f"{what}; latency {self.latency.source}"
+
+
+def check_tree_choice(tree) -> None:
+    if not (tree is None or tree == "auto" or isinstance(tree, Tree)):
+        raise RvqspecError(f"tree must be an rvqspec.Tree, 'auto' (the policy) or None, got {tree!r}")
