@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the upstream model builder shared wit
 
 import rvqspec  # noqa: E402
 from rvqspec.checkpoint import atomic_write, save_json  # noqa: E402
-from rvqspec.decode import autoregressive_step  # noqa: E402
+from rvqspec.decode import autoregressive_step, prefill  # noqa: E402
 from rvqspec.inspect_cmd import parameter_counts  # noqa: E402
 from rvqspec.integrations.qwen_tts import predictor_from_upstream  # noqa: E402
 from upstream_models import upstream_generate, upstream_model_like  # noqa: E402
@@ -63,11 +63,13 @@ def profile(run, top: int) -> dict:
 def single_token_call(model: rvqspec.MultiCodeDecoder, hidden: torch.Tensor, c0: int):
     """A closure running decode's own AR step at position 2 (c1 in, c2 drawn) after a real prefill."""
     groups = model.config.num_code_groups
-    rvqspec.decode_frame(model, hidden, c0, SAMPLER)  # leaves a filled cache of `groups` slots
+    cache = model.new_cache(1, groups)
+    with torch.inference_mode():
+        prefill(model, cache, hidden[None].to(model.dtype), torch.tensor([c0]))
     slots = torch.arange(groups)
     masks = slots[None, :] <= slots[:, None]
     code = torch.tensor([7])
-    return torch.inference_mode()(lambda: autoregressive_step(model, SAMPLER, None, code, 2, slots, masks))
+    return torch.inference_mode()(lambda: autoregressive_step(model, cache, SAMPLER, None, code, 2, slots, masks))
 
 
 def measure(args) -> dict:

@@ -38,37 +38,40 @@ def op_kind(name: str) -> str:
     return next((kind for kind, keys in OP_KINDS.items() if any(k in leaf for k in keys)), "elementwise and other")
 
 
-def pieces(model, drafter, tree, sampler, generator) -> dict:
-    """Closures, one per timed piece, over the same state the engine uses at k = TIMED_K."""
+def pieces(model, cache, drafter, tree, sampler, generator) -> dict:
+    """Closures, one per timed piece, over the same state the engine uses at k = TIMED_K (a batch of one)."""
     c, plan, k = model.config, plan_for(tree, model), TIMED_K
-    slots = torch.arange(model.cache.slots)  # one cache for all pieces: AR masks cover the tree's slots too
+    slots = torch.arange(cache.slots)  # one cache for all pieces: AR masks cover the tree's slots too
     masks = slots[None, :] <= slots[:, None]
-    code, hidden_k = torch.ones(1, dtype=torch.long), torch.randn(c.hidden_size).to(model.dtype)
-    top = drafter.logits(model, hidden_k, k, tree.max_depth).topk(max(tree.top_m, 1), dim=-1).indices
-    tokens = torch.cat([code, top.reshape(-1)[plan.draft_index]])
-    x = model.embed_codes(tokens, plan.tables[k])
+    code, hidden_k = torch.ones(1, dtype=torch.long), torch.randn(1, c.hidden_size).to(model.dtype)
+    ks, k_row = [k], torch.tensor([k])
+    top = drafter.logits(model, hidden_k, ks, tree.max_depth).topk(max(tree.top_m, 1), dim=-1).indices
+    tokens = torch.cat([code[:, None], top.flatten(1)[:, plan.draft_index]], dim=1)
+    x = model.embed_codes(tokens, plan.tables[k_row])
     position = slots[k + 1:k + 2]
-    x1 = model.embed_codes(code, position - 1)[None]
-    hidden = model(x[None], plan.positions[k], plan.masks[k], plan.scratch)[0]
-    accepted = torch.arange(k + 1, k + 3)
+    x1 = model.embed_codes(code, position - 1)[:, None]
+    hidden = model(x, plan.positions[k_row], plan.masks[k_row], cache, plan.scratch)
+    node = torch.zeros(1, dtype=torch.long)
     return {
-        "ar: forward q=1": lambda: model(x1, position, masks[k + 1:k + 2], position),
-        "ar: head + sample": lambda: sampler.sample(model.head_logits(hidden[:1], k + 1), generator),
-        "ar: whole step": lambda: autoregressive_step(model, sampler, generator, code, k + 1, slots, masks),
-        "round: drafts": lambda: drafter.logits(model, hidden_k, k, tree.max_depth).topk(max(tree.top_m, 1), dim=-1),
-        f"round: forward q={tree.size + 1}": lambda: model(x[None], plan.positions[k], plan.masks[k], plan.scratch),
-        "round: walk": lambda: torch.stack(walk(model, plan, sampler, generator, k, tokens, hidden)[::2]).tolist(),
-        "round: cache move": lambda: model.cache.move(plan.scratch[:2], accepted),
-        "round: whole": lambda: speculative_round(model, plan, sampler, generator, drafter, k, code, hidden_k),
+        "ar: forward q=1": lambda: model(x1, position, masks[k + 1:k + 2], cache, position),
+        "ar: head + sample": lambda: sampler.sample(model.head_logits(hidden[:, 0], k + 1), generator),
+        "ar: whole step": lambda: autoregressive_step(model, cache, sampler, generator, code, k + 1, slots, masks),
+        "round: drafts": lambda: drafter.logits(model, hidden_k, ks, tree.max_depth).topk(max(tree.top_m, 1), dim=-1),
+        f"round: forward q={tree.size + 1}": lambda: model(x, plan.positions[k_row], plan.masks[k_row], cache,
+                                                           plan.scratch),
+        "round: walk": lambda: torch.stack(walk(model, plan, sampler, generator, k_row, ks, tokens,
+                                                hidden)[::2]).tolist(),
+        "round: cache move": lambda: cache.move(plan.path_slots[node], k_row[:, None] + plan.path_steps),
+        "round: whole": lambda: speculative_round(model, cache, plan, sampler, generator, drafter, k_row, ks, code,
+                                                  hidden_k),
     }
 
 
 @torch.inference_mode()
-def time_pieces(model, funcs: dict, repeats: int, cache_slots: int) -> dict:
+def time_pieces(funcs: dict, repeats: int) -> dict:
     samples = {name: [] for name in funcs}
     for r in range(repeats + 2):
         for name, func in funcs.items():
-            model.setup_cache(cache_slots)
             start = clocks()
             func()
             if r >= 2:
@@ -155,11 +158,10 @@ def main() -> None:
     info = machine()
     model = controlled_predictor(ARCHS[args.arch], dtype=args.dtype).model
     tree, sampler, generator = default_tree(args.size), Sampler(), torch.Generator().manual_seed(0)
-    slots = model.config.num_code_groups + tree.size + 1
+    cache = model.new_cache(1, model.config.num_code_groups + tree.size + 1)
     with torch.inference_mode():
-        model.setup_cache(slots)
-        funcs = pieces(model, ReusedHeads(model), tree, sampler, generator)
-    times = time_pieces(model, funcs, args.repeats, slots)
+        funcs = pieces(model, cache, ReusedHeads(model), tree, sampler, generator)
+    times = time_pieces(funcs, args.repeats)
     ops = forward_ops({"ar": funcs["ar: forward q=1"], "round": funcs[f"round: forward q={args.size + 1}"]})
     tokens = PAPER_ACCEPTANCE[args.size]
     settings = vars(args) | {"k": TIMED_K, "tokens_per_step": tokens}

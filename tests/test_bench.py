@@ -113,3 +113,42 @@ def test_a_checkpoint_is_benchmarked_as_the_stand_in(tmp_path, capsys):
     assert stand_in["tree_size"] == 16 and "random talker states" in stand_in["frames_from"]
     assert printed["stand_in_speedup"] == stand_in["realized_speedup"] == printed["speedup"]
     assert printed["speedup_at_paper_acceptance"] is None and printed["chosen"]["model"] == "stand-in"
+
+
+def test_batch_bench_json_reports_and_device_latency(tmp_path, capsys, monkeypatch):
+    from rvqspec import bench_batch
+    from rvqspec.policy import find_latency_table
+
+    monkeypatch.setattr(bench_batch, "QWEN3_TTS_0_6B", TINY_ARCHS["0.6b"])
+    code = cli.main(["bench", "--batch", "1,3", "--dtype", "float32", "--threads", "1", "--quick", "--rounds", "2",
+                     "--out", str(tmp_path / "out"), "--json"])
+    assert code == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert set(printed["batch_policy_speedup"]) == {"1", "3"}
+    report = json.loads((tmp_path / "out" / "bench-batch-quick.json").read_text())
+    setting = report["settings"][0]
+    assert set(setting["latency_ms"]) == {"1", "3"}
+    assert all(set(row) == {"0", "4", "8", "16", "32", "64"} for row in setting["latency_ms"].values())
+    for row in setting["frames"]:
+        fps = row["frames_per_second"]
+        assert row["policy_over_ar"] == pytest.approx(fps["policy"] / fps["ar"])
+        assert printed["batch_policy_speedup"][str(row["batch"])] == row["policy_over_ar"]
+        assert row["tree_size"] in (0, 16, 32, 64) and set(fps) == {"ar", "policy", "upstream"}
+        if row["tree_size"] == 0:  # AR chosen: the policy is our AR, timed once
+            assert row["policy_over_ar"] == 1.0 and row["why"].startswith("AR")
+    assert "| B | policy |" in (tmp_path / "out" / "bench-batch-quick.md").read_text()
+    assert (tmp_path / "out" / "bench-batch-quick.png").read_bytes()[:4] == b"\x89PNG"
+    latency = find_latency_table(setting["key"])  # the device file now holds this setting's table
+    assert latency is not None and latency.ms[3][0] == setting["latency_ms"]["3"]["0"]
+
+
+@pytest.mark.parametrize("args, problem", [
+    (["--batch", "0,2"], "--batch must be batch sizes >= 1"),
+    (["--batch", "x"], "--batch must be a comma-separated list"),
+    (["--batch", "1", "--model", "m"], "drop --model"),
+    (["--device", "cuda:7"] if not torch.cuda.is_available() else ["--batch", "-1"], "--device cuda:7|--batch must"),
+])
+def test_bad_batch_arguments_are_one_line_errors(args, problem, capsys, tmp_path):
+    assert cli.main(["bench", "--out", str(tmp_path), *args]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and any(p in err for p in problem.split("|"))

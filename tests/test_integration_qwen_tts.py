@@ -85,6 +85,81 @@ def test_waveform_of_each_entry_point_unchanged_when_greedy(tmp_path):
         np.testing.assert_array_equal(wavs[0], reference[0], err_msg=kind)
 
 
+class CountingDecoder:
+    """Counts the MultiCodeDecoder's forward calls (each is one predictor call for the whole batch)."""
+
+    def __init__(self, handle):
+        self.calls, self.forward = 0, handle.decoder.forward
+
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return self.forward(*args, **kwargs)
+
+        handle.decoder.forward = counted
+
+
+@pytest.mark.parametrize("drafter", [None, ReusedHeads()], ids=["ar", "speculative"])
+def test_a_batch_of_texts_through_each_entry_point_is_upstream_and_one_call_per_step(tmp_path, drafter):
+    """Three texts in one generate call (a batch of 3 rows per frame step), greedy: the same waveforms as
+    upstream's batched generate, and at most 15 predictor calls per batched step (AR: exactly 15)."""
+    write_wav(tmp_path / "ref.wav", 0.5, seed=3)
+    texts, languages = ["hi there", "a longer sentence to say", "yes"], ["english"] * 3
+    calls = {"custom_voice": lambda tts: tts.generate_custom_voice(text=texts, speaker=["tiny"] * 3,
+                                                                   language=languages, max_new_tokens=6, **GREEDY),
+             "voice_design": lambda tts: tts.generate_voice_design(text=texts, instruct=["calm", "fast", "low"],
+                                                                   language=languages, max_new_tokens=6, **GREEDY),
+             "base": lambda tts: tts.generate_voice_clone(text=texts, language=languages, max_new_tokens=6,
+                                                          ref_audio=str(tmp_path / "ref.wav"), ref_text="hello",
+                                                          **GREEDY)}
+    for kind, call in calls.items():
+        tts = tiny_qwen3_tts(seed=1, model_type=kind)
+        reference, _ = call(tts)
+        handle = accelerate(tts, drafter=drafter, tree=default_tree(8) if drafter else None)
+        counter = CountingDecoder(handle)
+        try:
+            wavs, _ = call(tts)
+        finally:
+            handle.undo()
+        assert len(wavs) == 3 and handle.stats.steps > 0 and len(handle.stats.rows) == 3, kind
+        for ours, theirs in zip(wavs, reference):
+            np.testing.assert_array_equal(ours, theirs, err_msg=kind)
+        assert counter.calls == handle.stats.calls <= 15 * handle.stats.steps, kind
+        assert handle.stats.frames == sum(row.frames for row in handle.stats.rows)
+        if drafter is None:
+            assert handle.stats.calls == 15 * handle.stats.steps and handle.stats.tree_sizes == {0: handle.stats.steps}
+        else:
+            assert handle.stats.tree_sizes == {8: handle.stats.steps}
+            assert handle.stats.row_calls == sum(row.calls for row in handle.stats.rows) < 15 * handle.stats.frames
+
+
+def test_the_policy_decides_per_batch_size(tts, tmp_path, monkeypatch):
+    """tree='auto' (the default with a drafter): the policy's choice for each batch size decodes it, from the
+    latency table of this model's setting in the device file; the codes stay upstream's."""
+    from rvqspec.device_file import update_device_file
+    from rvqspec.policy import setting_key
+
+    monkeypatch.setenv("RVQSPEC_CACHE", str(tmp_path))
+    key = setting_key(predictor_from_upstream(tts.model.talker))
+    # Rounds as cheap as AR steps for one row, 20x dearer for three: speculate alone, AR in a batch of three.
+    table = {"1": {"0": 1.0} | {str(n): 1.0 for n in (4, 8, 16, 32, 64)},
+             "4": {"0": 1.0} | {str(n): 20.0 for n in (4, 8, 16, 32, 64)}}
+    update_device_file({"latency": {key: {"ms": table}}})
+    reference, _ = talker_codes(tts.model)
+    handle = accelerate(tts, drafter=ReusedHeads())
+    try:
+        assert torch.equal(talker_codes(tts.model)[0], reference)
+        single = dict(handle.stats.tree_sizes)
+        handle.stats.reset()
+        tts.generate_custom_voice(text=["hi there", "hello", "yes"], speaker="tiny", language="english",
+                                  max_new_tokens=4, **GREEDY)
+        batched = dict(handle.stats.tree_sizes)
+    finally:
+        handle.undo()
+    assert list(single) == [handle.policy.choose(1)] and handle.policy.choose(1) > 0
+    assert batched == {0: handle.stats.steps} and handle.policy.choose(3) == 0
+    assert "AR: speculation predicted at best" in handle.explain(3) and "measured on this device" in handle.explain(3)
+
+
 def test_undo_restores_upstream_generate(tts):
     predictor = tts.model.talker.code_predictor
     reference, _ = talker_codes(tts.model)

@@ -1,0 +1,137 @@
+"""The decoding policy: the distribution of a frame's calls, the batch's expected calls, latency tables, the choice."""
+
+import json
+
+import pytest
+import torch
+
+from rvqspec.calibrate import predicted_calls
+from rvqspec.decode import decode_frames
+from rvqspec.device_file import update_device_file
+from rvqspec.drafters import ReusedHeads
+from rvqspec.policy import (LatencyTable, Policy, calls_distribution, expected_calls, find_latency_table,
+                            fitted_acceptance, setting_key, uniform_acceptance)
+from rvqspec.sampling import Sampler
+from rvqspec.tree import PRIOR_ACCEPTANCE, Tree, default_tree
+from tiny import random_frames, tiny_model
+
+GROUPS = 16
+SIZES = (4, 8, 16, 32, 64)
+
+
+def acceptance(value: float) -> torch.Tensor:
+    """Every draft of rank 0 wins with probability `value`, no other rank ever does."""
+    pooled = torch.zeros(3, 4)
+    pooled[:, 0] = value
+    return uniform_acceptance(pooled, GROUPS)
+
+
+def test_calls_distribution_extremes_and_mean():
+    chain = Tree.chain(3)
+    assert calls_distribution(chain, acceptance(1.0))[5] == pytest.approx(1.0)  # prefill + 4 rounds of 4 - ... = 5
+    assert calls_distribution(chain, acceptance(0.0))[15] == pytest.approx(1.0)  # one code per call
+    for n in SIZES:
+        tree, per_position = default_tree(n), uniform_acceptance(PRIOR_ACCEPTANCE, GROUPS)
+        distribution = calls_distribution(tree, per_position)
+        assert sum(distribution) == pytest.approx(1.0)
+        assert sum(c * p for c, p in enumerate(distribution)) == pytest.approx(predicted_calls(tree, per_position))
+
+
+def test_expected_calls_of_a_batch_is_the_slowest_row():
+    distribution = calls_distribution(default_tree(16), acceptance(0.6))
+    mean = sum(c * p for c, p in enumerate(distribution))
+    batches = [expected_calls(distribution, b) for b in (1, 2, 4, 8, 16)]
+    assert batches[0] == pytest.approx(mean) and batches == sorted(batches) and batches[-1] < 15
+    certain = calls_distribution(Tree.chain(3), acceptance(1.0))
+    assert expected_calls(certain, 16) == pytest.approx(5.0)
+    # By simulation: the max over rows of independent draws from the distribution.
+    draws = torch.multinomial(torch.tensor(distribution), 8 * 20000, replacement=True,
+                              generator=torch.Generator().manual_seed(0)).view(20000, 8)
+    assert draws.max(1).values.double().mean().item() == pytest.approx(expected_calls(distribution, 8), abs=0.03)
+
+
+def test_fitted_acceptance_hits_the_tokens_per_step():
+    for n, tokens in ((16, 2.25), (32, 2.47), (64, 2.60)):
+        tree = default_tree(n)
+        assert 15 / predicted_calls(tree, fitted_acceptance(tree, tokens, GROUPS)) == pytest.approx(tokens, abs=1e-4)
+
+
+def table(ar: float, round_ms: dict[int, float], batches=(1, 16)) -> LatencyTable:
+    return LatencyTable({b: {0: ar * (1 + b / 100)} | {n: ms * b for n, ms in round_ms.items()} for b in batches},
+                        "fake")
+
+
+def policy(latency: LatencyTable, value: float = 0.7) -> Policy:
+    model = tiny_model(groups=GROUPS)
+    trees = {n: default_tree(n) for n in SIZES}
+    return Policy.build(model, trees, {n: acceptance(value) for n in SIZES}, latency)
+
+
+def test_the_policy_picks_the_n_of_most_predicted_frames_per_second():
+    latency = table(1.0, {4: 1.1, 8: 1.2, 16: 1.4, 32: 2.0, 64: 3.0})
+    chosen = policy(latency)
+    for batch in (1, 3, 16):
+        best = max(SIZES, key=lambda n: batch / chosen.frame_ms(batch, n))
+        assert chosen.choose(batch) in (best, 0)
+    assert chosen.choose(1) == max(SIZES, key=lambda n: 1 / chosen.frame_ms(1, n)) > 0
+    assert chosen.predicted_speedup(1, chosen.choose(1)) > 1.05
+    assert chosen.choose(16) == 0  # rounds cost 16x at B=16 while AR steps barely grow: AR
+    assert chosen.tree_for(16) is None and chosen.tree_for(1).size == chosen.choose(1)
+    assert chosen.explain(16).startswith("AR: speculation predicted at best")
+
+
+def test_the_policy_chooses_ar_when_nothing_beats_it():
+    assert policy(table(1.0, {n: 10.0 for n in SIZES})).choose(1) == 0  # rounds far dearer than steps
+    assert policy(table(1.0, {n: 1.0 for n in SIZES}), value=0.0).choose(1) == 0  # no draft is ever accepted
+    # Predicted 1.03x: within the margin, so AR.
+    marginal = policy(table(1.0, {n: 1.0 for n in SIZES}), value=0.0)
+    marginal.latency.ms[1] = {0: 1.0} | {n: (15 / 1.03 - 1) / 14 for n in SIZES}  # prefill + 14 rounds
+    assert marginal.predicted_speedup(1, 4) == pytest.approx(1.03) and marginal.choose(1) == 0
+    unmeasured = Policy.build(tiny_model(groups=GROUPS), {4: default_tree(4)}, {4: acceptance(0.9)}, None)
+    unmeasured.latency = None
+    assert unmeasured.choose(1) == 0 and "no call latency measured" in unmeasured.explain(1)
+
+
+def test_latency_table_interpolates_and_extrapolates():
+    latency = LatencyTable({1: {0: 1.0, 4: 2.0}, 4: {0: 4.0, 4: 8.0}}, "fake")
+    assert latency.at(1, 4) == 2.0 and latency.at(2, 0) == pytest.approx(2.0) and latency.at(3, 4) == pytest.approx(6.0)
+    assert latency.at(8, 0) == pytest.approx(8.0)  # past the largest batch: the per-row cost stays
+    assert latency.sizes == [4]
+
+
+def test_find_latency_table_prefers_this_device_then_nearest_threads(tmp_path, monkeypatch):
+    monkeypatch.setenv("RVQSPEC_CACHE", str(tmp_path))
+    model = tiny_model(groups=GROUPS, dtype=torch.float32)
+    key = setting_key(model)
+    assert key.startswith("cpu/float32/1t/h32-l2-v16-g16")
+    assert find_latency_table(key) is None  # no device file, no built-in table for this tiny architecture
+    other_threads = key.replace("/1t/", "/4t/")
+    update_device_file({"latency": {other_threads: {"ms": {"1": {"0": 2.0, "4": 3.0}}}}})
+    found = find_latency_table(key)
+    assert found.ms == {1: {0: 2.0, 4: 3.0}} and "this device" in found.source
+    update_device_file({"latency": {key: {"ms": {"1": {"0": 1.0, "4": 1.5}}}}})
+    assert find_latency_table(key).ms == {1: {0: 1.0, 4: 1.5}}
+    assert set(json.loads((tmp_path / "device.json").read_text())["latency"]) == {key, other_threads}
+
+
+def test_built_in_tables_parse():
+    from rvqspec.policy import DEFAULT_TABLES
+
+    for key, entry in json.loads(DEFAULT_TABLES.read_text()).items():
+        latency = LatencyTable.from_json(entry, key, 0.15)
+        assert latency.sizes and all(0 in row for row in latency.ms.values())
+
+
+def test_policy_choices_decode_the_same_codes():
+    """Whatever N the policy picks per batch size, greedy codes are AR's."""
+    model = tiny_model(groups=GROUPS)
+    chosen = policy(table(1.0, {4: 1.1, 8: 1.2, 16: 1.4, 32: 2.0, 64: 3.0}), value=0.5)
+    frames = random_frames(model, 6, seed=3)
+    hidden, c0 = torch.stack([h for h, _ in frames]), torch.tensor([c for _, c in frames])
+    greedy = Sampler(do_sample=False)
+    ar = decode_frames(model, hidden, c0, greedy).codes
+    for batch in (1, 6):
+        tree = chosen.tree_for(batch)
+        result = decode_frames(model, hidden[:batch], c0[:batch], greedy, drafter=ReusedHeads(model) if tree else None,
+                               tree=tree)
+        assert torch.equal(result.codes, ar[:batch])
