@@ -147,6 +147,11 @@ def frame_speedup(model: MultiCodeDecoder, drafter, tree: Tree, frames: list, sa
             "realized_speedup_cpu": ar_ms["cpu_ms"] / spec_ms["cpu_ms"]}
 
 
+def latency_row(latency: dict) -> dict[int, float]:
+    """A `call_latency` result as one row of a policy latency table: N -> ms per call (N = 0: the AR step)."""
+    return {0: latency["ar"]["wall_ms"]} | {n: value["wall_ms"] for n, value in latency["spec"].items()}
+
+
 def predicted(tokens_per_step: float, overhead: float) -> float:
     return tokens_per_step / (1 + overhead)
 

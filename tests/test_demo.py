@@ -11,17 +11,20 @@ from rvqspec.cli import main
 from rvqspec.drafters import Offsets
 from rvqspec.standin import codec
 from rvqspec.standin.talker import save_standin
-from rvqspec.tree import default_tree
+from rvqspec.tree import PRIOR_ACCEPTANCE, default_tree
 from tests.test_standin_model import tiny_codec, tiny_standin
+from tests.tiny import tiny_config
 
 
 @pytest.fixture(autouse=True)
 def isolated(monkeypatch, tmp_path):
     """Decode with the Griffin-Lim fallback (what a machine without the vocoder extra uses: fast and light),
-    and read the bench's device file from an empty cache unless a test writes one."""
+    read the bench's device file from an empty cache, and run the live real-architecture comparison on a tiny
+    architecture of the same structure."""
     monkeypatch.setattr(codec, "hifigan", lambda: None)
     monkeypatch.setenv("RVQSPEC_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(demo, "COMMITTED_BENCH", tmp_path / "no-bench.json")
+    monkeypatch.setattr(demo, "REAL_ARCH", tiny_config(vocab=64, hidden=32))
+    monkeypatch.setattr(demo, "REAL_FRAMES", 2)
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +36,10 @@ def assets(tmp_path_factory):
     Offsets.for_model(tts.predictor).save(folder / "offsets.safetensors")
     for size in (4, 16):
         default_tree(size).save(folder / "trees" / f"tree-N{size}.json")
+    acceptance = PRIOR_ACCEPTANCE[None].expand(tts.predictor.config.num_code_groups - 2, -1, -1).tolist()
+    (folder / "trees" / "report.json").write_text(json.dumps({
+        "acceptance_per_position": acceptance,
+        "trees": [{"budget": size, "file": f"tree-N{size}.json"} for size in (4, 16)]}))
     return folder
 
 
@@ -46,36 +53,24 @@ def test_demo_json_on_a_tiny_stand_in(assets, tmp_path, capsys):
     assert report["ar_calls_per_frame"] == 15 and report["ar_tokens_per_step"] == 1
     assert 1 <= report["calls_per_frame"] <= 15
     assert report["tokens_per_step"] == pytest.approx(15 / report["calls_per_frame"])
-    assert report["speedup"] > 0 and 0 < report["mean_top1"] <= 1 and report["tree_nodes"] == 16
-    assert report["vocoder"] == "griffin-lim" and report["real_0_6b_at_paper_acceptance"] is None
+    assert report["speedup"] > 0 and 0 < report["mean_top1"] <= 1 and report["tree_nodes"] in (4, 16)
+    assert report["vocoder"] == "griffin-lim"
+    policy = report["policy"]
+    assert policy["tree_size"] in (0, 4, 16) and "latency measured live by the demo" in policy["why"]
+    if policy["tree_size"]:
+        assert report["tree_nodes"] == policy["tree_size"] and policy["why"].startswith("speculative")
+    else:
+        assert "deploys AR" in report["tree_source"] and policy["why"].startswith("AR: speculation predicted")
+    real = report["real_0_6b"]
+    assert real["frames"] == 2 and real["tree_size"] in (0, 32) and real["target_tokens_per_step"] == 2.47
+    assert real["speedup"] == pytest.approx(real["frames_per_second"]["policy"] / real["frames_per_second"]["ar"])
 
 
-def test_demo_uses_the_benchmarked_tree_size_and_reports_the_real_model(assets, tmp_path, capsys):
-    real = {"model": "0.6b (random weights, acceptance controlled)", "dtype": "bfloat16", "threads": 2,
-            "tree_size": 32, "target_tokens_per_step": 2.47, "tokens_per_step": 2.46, "calls_per_frame": 6.1,
-            "speedup": 1.91, "predicted_speedup": 2.0}
-    (tmp_path / "cache").mkdir()
-    (tmp_path / "cache" / "device.json").write_text(json.dumps(
-        {"format": "rvqspec-device/1", "tree_size": 4, "paper_acceptance": real}))
-    assert main(["demo", "Hi.", "--assets", str(assets), "--out", str(tmp_path), "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
-    assert report["tree_nodes"] == 4 and report["real_0_6b_at_paper_acceptance"] == real
-    assert main(["demo", "Hi.", "--assets", str(assets), "--out", str(tmp_path)]) == 0
-    assert "NOT THE STAND-IN" in capsys.readouterr().out
-
-
-def test_demo_quotes_the_committed_bench_run_until_this_device_is_benchmarked(assets, tmp_path, capsys,
-                                                                            monkeypatch):
-    real = {"dtype": "bfloat16", "threads": 2, "tree_size": 32, "tokens_per_step": 2.49, "calls_per_frame": 6.0,
-            "speedup": 1.77}
-    committed = tmp_path / "bench.json"
-    committed.write_text(json.dumps({"paper_acceptance": real, "machine": {"cpu": "Some CPU", "cores": 2,
-                                                                           "date": "2026-11-30"}}))
-    monkeypatch.setattr(demo, "COMMITTED_BENCH", committed)
+def test_demo_text_names_the_policy_and_the_live_real_comparison(assets, tmp_path, capsys):
     assert main(["demo", "Hi.", "--assets", str(assets), "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
-    assert "on the development machine (Some CPU, 2 cores, 2026-11-30" in printed and "speed-up 1.77x" in printed
-    assert "not this one: run `rvqspec bench`" in printed
+    assert "decoding policy for the stand-in on this machine:" in printed
+    assert "NOT THE STAND-IN, measured live now" in printed and "frames/s against AR's" in printed
 
 
 def test_demo_text_report(assets, tmp_path, capsys):

@@ -154,3 +154,16 @@ def test_seeded_sampling_is_reproducible_and_in_range():
     draws = [decode_frame(model, hidden[0], codes[0, 0], sampler, torch.Generator().manual_seed(3)).codes
              for _ in range(2)]
     assert torch.equal(draws[0], draws[1]) and 0 <= draws[0].min() and draws[0].max() < CONFIG.vocab_size
+
+
+def test_per_row_heads_grouped_and_gathered_agree():
+    """Rows at different codebooks: the CPU path (grouped by codebook, packed weights) and the accelerator path
+    (one gather of each row's head) give every row its own head's logits."""
+    model = random_model()
+    hidden = torch.randn(6, CONFIG.hidden_size, dtype=model.dtype, generator=torch.Generator().manual_seed(0))
+    books = [3, 1, 3, 5, 2, 1]
+    expected = torch.stack([model.heads[b - 1] @ h for h, b in zip(hidden, books)])
+    torch.testing.assert_close(model.grouped_head_logits(hidden, books), expected)
+    torch.testing.assert_close(model.gathered_head_logits(hidden, books), expected)
+    torch.testing.assert_close(model.head_logits(hidden, books), expected)
+    torch.testing.assert_close(model.head_logits(hidden, [4] * 6), hidden @ model.heads[3].T)

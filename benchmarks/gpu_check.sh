@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The GPU check: one prepared run on a lent GPU machine (never in CI; CI has no GPU).
+#   1. the engine's tests on that machine: tests/test_cuda.py (batched greedy identity and the exact sampled
+#      distribution on CUDA) and the CPU engine tests under that machine's own torch;
+#   2. `rvqspec bench --batch` on the GPU (latency table per (B, N), frames/s of our batched AR and the policy);
+#   3. `rvqspec bench` on the GPU (per-call latency, acceptance-controlled speed-up of the 0.6B architecture).
+# Its packages are the image's own (no install there): rvqspec runs from the checkout. Reports go to $OUT
+# (the device tool's folder) or benchmarks/results/gpu: gpu-check.log, bench-batch.*, bench.*, cache/device.json.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-benchmarks/results/gpu}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 RVQSPEC_CACHE=$OUT/cache
+PY=${PYTHON:-python3}
+LOG=$OUT/gpu-check.log
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  $PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(), 'cuda', torch.version.cuda)"
+  echo "== tests"
+  $PY -m pytest -q -p no:cacheprovider -n 8 tests/test_cuda.py tests/test_speculative.py tests/test_distribution.py \
+      tests/test_properties.py tests/test_policy.py tests/test_model.py tests/test_tree.py tests/test_drafters.py
+  echo "== rvqspec bench --batch (GPU)"
+  $PY -m rvqspec.cli bench --batch 1,2,4,8,16 --device cuda --dtype bfloat16,float32 --threads 1 --out "$OUT"
+  echo "== rvqspec bench (GPU)"
+  $PY -m rvqspec.cli bench --archs 0.6b --device cuda --dtype bfloat16,float32 --threads 1 --out "$OUT"
+} 2>&1 | tee "$LOG"
