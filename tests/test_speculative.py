@@ -43,7 +43,7 @@ class OracleDrafter(Drafter):
                     order.remove(truth)
                     order.insert(vocab if rank is None else rank, truth)
                 scores[b, j, order] = torch.arange(vocab, 0, -1, dtype=torch.float64)
-        return scores
+        return scores.to(hidden.device)
 
 
 # Two tiny models: the real 16 codebooks, and 6 codebooks where many rounds hit the frame end.
