@@ -7,8 +7,8 @@ Per setting (dtype x threads), in one process:
    round, rows spread over neighbouring k as ragged progress spreads them), interleaved rounds, medians;
 2. acceptance: the heads' peak strength bisected per N = 16, 32, 64 until tokens/step matches the paper's
    (2.25, 2.47, 2.60), once per dtype;
-3. the policy (`rvqspec.policy`) from that table and a distribution of calls fitted to those tokens/step
-   chooses N per B;
+3. the policy (`rvqspec.policy`) from that table and the calls each calibration frame took at that
+   acceptance (as a calibration report gives them) chooses N per B;
 4. frames: per B, the same `repeats` batches of frames decoded by (a), (b), (c) in turn, medians of the batch
    times; frames/s = B / median. Where the policy chose AR, (b) is (a): the same code, so its time is reused.
 The latency tables go to the device file, where the policy reads them.
@@ -24,11 +24,11 @@ import torch
 from rvqspec.bench import PAPER_ACCEPTANCE, call_latency, clocks, elapsed_ms, latency_row, machine
 from rvqspec.checkpoint import atomic_write, save_json
 from rvqspec.config import QWEN3_TTS_0_6B
-from rvqspec.controlled import ControlledPredictor, calibrate_strength, controlled_predictor
+from rvqspec.controlled import ControlledPredictor, calibrate_strength, controlled_predictor, frame_calls
 from rvqspec.decode import decode_frames
 from rvqspec.device_file import update_device_file
 from rvqspec.drafters import ReusedHeads
-from rvqspec.policy import LatencyTable, Policy, fitted_acceptance, setting_key
+from rvqspec.policy import LatencyTable, Policy, measured_distribution, setting_key
 from rvqspec.sampling import Sampler
 from rvqspec.tree import default_tree
 
@@ -128,14 +128,14 @@ def measure_setting(predictor: ControlledPredictor, upstream, plan: BatchPlan, s
     frames = predictor.frames(plan.calibration_frames, seed=1)
     for n in PAPER_ACCEPTANCE:
         if n not in strengths:
-            strengths[n] = calibrate_strength(predictor, trees[n], PAPER_ACCEPTANCE[n], sampler, frames,
-                                              plan.calibration_iterations)
-            log(f"  N={n}: peak strength {strengths[n][0]:.3f} gives {strengths[n][1]:.3f} tokens/step")
-    table = LatencyTable(ms, "measured in this run")
+            strength, tokens = calibrate_strength(predictor, trees[n], PAPER_ACCEPTANCE[n], sampler, frames,
+                                                  plan.calibration_iterations)
+            strengths[n] = (strength, tokens, frame_calls(predictor, trees[n], frames, sampler))
+            log(f"  N={n}: peak strength {strength:.3f} gives {tokens:.3f} tokens/step")
+    # The policy sees what a user's calibration gives it: each frame's calls at that acceptance.
     paper_trees = {n: trees[n] for n in PAPER_ACCEPTANCE}
-    acceptance = {n: fitted_acceptance(tree, strengths[n][1], model.config.num_code_groups)
-                  for n, tree in paper_trees.items()}
-    policy = Policy.build(model, paper_trees, acceptance, table)
+    calls = {n: measured_distribution(strengths[n][2], model.config.num_code_groups) for n in paper_trees}
+    policy = Policy.build(model, paper_trees, calls, LatencyTable(ms, "measured in this run"))
     rows = []
     for batch in plan.batches:
         size = policy.choose(batch)
@@ -151,7 +151,8 @@ def measure_setting(predictor: ControlledPredictor, upstream, plan: BatchPlan, s
     switch = next((r["batch"] for r in rows if r["tree_size"] == 0), None)
     return {"dtype": dtype, "threads": threads, "device": plan.device, "key": setting_key(model),
             "latency_ms": {str(b): {str(n): v for n, v in row.items()} for b, row in ms.items()},
-            "strengths": {str(n): list(v) for n, v in strengths.items()}, "frames": rows, "switch_to_ar_at": switch}
+            "strengths": {str(n): {"strength": v[0], "tokens_per_step": v[1], "frame_calls": v[2]}
+                          for n, v in strengths.items()}, "frames": rows, "switch_to_ar_at": switch}
 
 
 def run_batch_bench(plan: BatchPlan, log=print) -> dict:

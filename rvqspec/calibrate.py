@@ -91,11 +91,12 @@ def predicted_calls(tree: Tree, per_position: Tensor) -> float:
 
 def measure_tree(model: MultiCodeDecoder, drafter: Drafter, tree: Tree, talker_hidden: Tensor, c0: Tensor,
                  sampler: Sampler, generator: torch.Generator | None = None) -> dict:
-    """Tokens/step, calls/frame and tokens/round of actually decoding the frames with `tree`."""
-    calls = sum(decode_frame(model, h, c, sampler, generator, drafter, tree).calls for h, c in zip(talker_hidden, c0))
-    frames, codes = len(c0), len(c0) * model.config.num_residual_codes
+    """Tokens/step, calls/frame and tokens/round of actually decoding the frames with `tree`, and each frame's
+    calls (the decoding policy takes a batch's slowest row from their distribution)."""
+    per_frame = [decode_frame(model, h, c, sampler, generator, drafter, tree).calls for h, c in zip(talker_hidden, c0)]
+    calls, frames, codes = sum(per_frame), len(c0), len(c0) * model.config.num_residual_codes
     return {"measured_tokens_per_step": codes / calls, "measured_calls_per_frame": calls / frames,
-            "measured_tokens_per_round": (codes - frames) / max(calls - frames, 1)}
+            "measured_tokens_per_round": (codes - frames) / max(calls - frames, 1), "measured_frame_calls": per_frame}
 
 
 def load_drafter(spec: str, model: MultiCodeDecoder, depth: int) -> Drafter:
@@ -143,7 +144,7 @@ def calibrate(model_path: str | Path, drafter_spec: str, corpus_path: str | Path
                "predicted_tokens_per_round": tree.meta["predicted_tokens_per_round"],
                "predicted_tokens_per_step": model.config.num_residual_codes / predicted_calls(tree, acceptance.per_position)}
         row.update(measure_tree(model, drafter, tree, eval_hidden, eval_codes[:, 0], sampler, generator))
-        tree.meta.update({k: v for k, v in row.items() if k not in ("budget", "file")},
+        tree.meta.update({k: v for k, v in row.items() if k not in ("budget", "file", "measured_frame_calls")},
                          drafter=drafter.kind, sampler=asdict(sampler))
         tree.save(out / row["file"])
         report["trees"].append(row)

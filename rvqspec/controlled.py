@@ -76,13 +76,19 @@ def controlled_predictor(config: PredictorConfig, strength: float = 0.0, seed: i
     return predictor
 
 
+def frame_calls(predictor: ControlledPredictor, tree: Tree, frames: list[tuple[Tensor, int]], sampler: Sampler,
+                seed: int = 0) -> list[int]:
+    """Predictor calls of each frame of `frames`, speculative decoding with ReusedHeads and `tree`."""
+    model, generator = predictor.model, torch.Generator(predictor.model.device).manual_seed(seed)
+    drafter = ReusedHeads(model)
+    return [decode_frame(model, h, c0, sampler, generator, drafter=drafter, tree=tree).calls for h, c0 in frames]
+
+
 def tokens_per_step(predictor: ControlledPredictor, tree: Tree, frames: list[tuple[Tensor, int]],
                     sampler: Sampler, seed: int = 0) -> float:
     """Codes emitted per predictor call over `frames`, speculative decoding with ReusedHeads and `tree`."""
-    model, generator = predictor.model, torch.Generator(predictor.model.device).manual_seed(seed)
-    drafter = ReusedHeads(model)
-    calls = sum(decode_frame(model, h, c0, sampler, generator, drafter=drafter, tree=tree).calls for h, c0 in frames)
-    return len(frames) * model.config.num_residual_codes / calls
+    calls = frame_calls(predictor, tree, frames, sampler, seed)
+    return len(frames) * predictor.model.config.num_residual_codes / sum(calls)
 
 
 def calibrate_strength(predictor: ControlledPredictor, tree: Tree, target: float, sampler: Sampler,

@@ -23,11 +23,11 @@ import torch
 
 from rvqspec.bench import PAPER_ACCEPTANCE, call_latency, latency_row
 from rvqspec.config import QWEN3_TTS_0_6B
-from rvqspec.controlled import calibrate_strength, controlled_predictor
+from rvqspec.controlled import calibrate_strength, controlled_predictor, frame_calls
 from rvqspec.drafters import Offsets, ReusedHeads
 from rvqspec.errors import RvqspecError
 from rvqspec.model import MKLDNN_BF16
-from rvqspec.policy import LatencyTable, Policy, fitted_acceptance
+from rvqspec.policy import LatencyTable, Policy, measured_distribution
 from rvqspec.sampling import Sampler
 from rvqspec.tree import Tree, default_tree
 
@@ -72,10 +72,9 @@ def real_architecture_comparison() -> dict:
     target = PAPER_ACCEPTANCE[32]
     timed = [(h[0], int(c0)) for h, c0 in (batch_inputs(predictor, 1, r) for r in range(frames + 1))]
     strength, tokens = calibrate_strength(predictor, tree, target, sampler, timed, iterations=6, low=3.0, high=12.0)
-    groups = predictor.model.config.num_code_groups
+    calls = measured_distribution(frame_calls(predictor, tree, timed, sampler), predictor.model.config.num_code_groups)
     policy = live_policy(predictor.model, ReusedHeads(predictor.model),
-                         Policy.build(predictor.model, {32: tree}, {32: fitted_acceptance(tree, tokens, groups)},
-                                      LatencyTable({}, "")), rounds=3)
+                         Policy.build(predictor.model, {32: tree}, {32: calls}, LatencyTable({}, "")), rounds=3)
     size = policy.choose(1)
     row = time_batches(predictor, None, 1, size, strength if size else None, frames, sampler)
     return {"model": "Qwen3-TTS 0.6B code predictor architecture (random weights, acceptance controlled)",

@@ -56,6 +56,14 @@ def calls_distribution(tree: Tree, per_position: Tensor) -> list[float]:
     return [0.0] + remaining[1][:last]  # the prefill call, then the rounds
 
 
+def measured_distribution(calls: list[int], groups: int) -> list[float]:
+    """P(a frame takes c calls), c = 0..G-1, from the calls that decoded frames took (a histogram)."""
+    counts = [0] * groups
+    for c in calls:
+        counts[c] += 1
+    return [n / len(calls) for n in counts]
+
+
 def expected_calls(distribution: list[float], batch: int = 1) -> float:
     """E[max over `batch` independent rows of their calls]."""
     cumulative, total = 0.0, 0.0
@@ -68,22 +76,6 @@ def expected_calls(distribution: list[float], batch: int = 1) -> float:
 def uniform_acceptance(pooled: Tensor, groups: int) -> Tensor:
     """Per-position acceptance [G-2, K, m] with the same a[d][r] at every position."""
     return pooled[None].expand(groups - 2, -1, -1)
-
-
-def fitted_acceptance(tree: Tree, tokens_per_step: float, groups: int) -> Tensor:
-    """The prior's acceptance profile (`tree.PRIOR_ACCEPTANCE`), scaled until `tree` predicts `tokens_per_step`:
-    for settings that know only tokens/step (the paper's figures), a distribution of calls to go with it. A
-    figure beyond what the profile reaches with `tree` gets the profile's nearest end."""
-    def predicted(scale: float) -> float:
-        acceptance = uniform_acceptance(PRIOR_ACCEPTANCE * scale, groups)
-        distribution = calls_distribution(tree, acceptance)
-        return (groups - 1) / sum(c * p for c, p in enumerate(distribution))
-
-    low, high = 0.0, 1.0 / float(PRIOR_ACCEPTANCE.sum(-1).max())  # the ranks of a depth share one draw
-    for _ in range(40):
-        middle = (low + high) / 2
-        low, high = (middle, high) if predicted(middle) < tokens_per_step else (low, middle)
-    return uniform_acceptance(PRIOR_ACCEPTANCE * (high if predicted(high) <= tokens_per_step else low), groups)
 
 
 def setting_key(model) -> str:
@@ -157,33 +149,38 @@ class Policy:
     choices: dict[int, int] = field(default_factory=dict)  # batch -> N, memoised
 
     @classmethod
-    def build(cls, model, trees: dict[int, Tree], acceptance: dict[int, Tensor],
+    def build(cls, model, trees: dict[int, Tree], calls: dict[int, list[float]],
               latency: LatencyTable | None = None) -> "Policy":
-        """`acceptance[N]`: per-position acceptance [G-2, K, m] of tree N's drafts; `latency`: default, the
-        table for `model` on this device (`find_latency_table`)."""
+        """`calls[N]`: the distribution of a frame's calls with tree N (`calls_distribution` from the acceptance,
+        or `measured_distribution` of decoded frames); `latency`: default, the table for `model` on this device
+        (`find_latency_table`)."""
         latency = latency if latency is not None else find_latency_table(setting_key(model))
-        calls = {n: calls_distribution(tree, acceptance[n]) for n, tree in trees.items()}
         return cls(latency, trees, calls, model.config.num_code_groups)
 
     @classmethod
     def for_model(cls, model, calibration: str | Path | None = None, latency: LatencyTable | None = None) -> "Policy":
-        """Candidates from an `rvqspec calibrate` folder (its trees and measured per-position acceptance), else
-        `default_tree(N)` for N in SIZES with the prior acceptance they were grown from."""
+        """Candidates from an `rvqspec calibrate` folder: its trees, each with the calls its held-out frames took
+        (or, in reports without them, the distribution predicted from the measured per-position acceptance);
+        else `default_tree(N)` for N in SIZES with the prior acceptance they were grown from."""
         groups = model.config.num_code_groups
         if calibration is None:
             trees = {n: default_tree(n) for n in SIZES}
-            return cls.build(model, trees, {n: uniform_acceptance(PRIOR_ACCEPTANCE, groups) for n in trees}, latency)
+            prior = uniform_acceptance(PRIOR_ACCEPTANCE, groups)
+            return cls.build(model, trees, {n: calls_distribution(tree, prior) for n, tree in trees.items()}, latency)
         folder = Path(calibration)
         try:
             report = json.loads((folder / "report.json").read_text())
             per_position = torch.tensor(report["acceptance_per_position"], dtype=torch.float64)
-            trees = {int(t["budget"]): Tree.load(folder / t["file"]) for t in report["trees"]}
+            rows = {int(t["budget"]): t for t in report["trees"]}
+            trees = {n: Tree.load(folder / row["file"]) for n, row in rows.items()}
         except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             raise RvqspecError(f"{folder} is not an `rvqspec calibrate` folder (report.json with "
                                f"acceptance_per_position and its tree-N*.json): {e}") from None
         if per_position.shape[0] != groups - 2:
             raise RvqspecError(f"{folder} was calibrated for {per_position.shape[0] + 2} codebooks, not {groups}")
-        return cls.build(model, trees, {n: per_position for n in trees}, latency)
+        calls = {n: (measured_distribution(rows[n]["measured_frame_calls"], groups) if rows[n].get("measured_frame_calls")
+                     else calls_distribution(tree, per_position)) for n, tree in trees.items()}
+        return cls.build(model, trees, calls, latency)
 
     def candidates(self) -> list[int]:
         return [n for n in sorted(self.trees) if self.latency and n in self.latency.sizes]

@@ -9,8 +9,9 @@ from rvqspec.calibrate import predicted_calls
 from rvqspec.decode import decode_frames
 from rvqspec.device_file import update_device_file
 from rvqspec.drafters import ReusedHeads
+from rvqspec.errors import RvqspecError
 from rvqspec.policy import (LatencyTable, Policy, calls_distribution, expected_calls, find_latency_table,
-                            fitted_acceptance, setting_key, uniform_acceptance)
+                            measured_distribution, setting_key, uniform_acceptance)
 from rvqspec.sampling import Sampler
 from rvqspec.tree import PRIOR_ACCEPTANCE, Tree, default_tree
 from tiny import random_frames, tiny_model
@@ -50,10 +51,27 @@ def test_expected_calls_of_a_batch_is_the_slowest_row():
     assert draws.max(1).values.double().mean().item() == pytest.approx(expected_calls(distribution, 8), abs=0.03)
 
 
-def test_fitted_acceptance_hits_the_tokens_per_step():
-    for n, tokens in ((16, 2.25), (32, 2.47), (64, 2.60)):
-        tree = default_tree(n)
-        assert 15 / predicted_calls(tree, fitted_acceptance(tree, tokens, GROUPS)) == pytest.approx(tokens, abs=1e-4)
+def test_measured_distribution_is_the_histogram_of_frame_calls():
+    distribution = measured_distribution([5, 6, 6, 15], GROUPS)
+    assert len(distribution) == GROUPS and distribution[5] == 0.25 and distribution[6] == 0.5
+    assert expected_calls(distribution, 1) == pytest.approx(8.0)
+    assert expected_calls(distribution, 1000) == pytest.approx(15.0, abs=1e-6)  # some row surely takes 15
+
+
+def test_a_calibration_folder_supplies_trees_and_frame_calls(tmp_path):
+    model = tiny_model(groups=GROUPS)
+    per_position = uniform_acceptance(PRIOR_ACCEPTANCE, GROUPS).tolist()
+    rows = [{"budget": 4, "file": "tree-N4.json", "measured_frame_calls": [7, 8, 9]},
+            {"budget": 8, "file": "tree-N8.json"}]  # a report from before frame calls were recorded
+    for n in (4, 8):
+        default_tree(n).save(tmp_path / f"tree-N{n}.json")
+    (tmp_path / "report.json").write_text(json.dumps({"acceptance_per_position": per_position, "trees": rows}))
+    chosen = Policy.for_model(model, tmp_path, table(1.0, {4: 1.0, 8: 1.0}))
+    assert set(chosen.trees) == {4, 8} and chosen.calls[4] == measured_distribution([7, 8, 9], GROUPS)
+    assert chosen.calls[8] == pytest.approx(calls_distribution(default_tree(8), torch.tensor(per_position)))
+    (tmp_path / "report.json").write_text("{}")
+    with pytest.raises(RvqspecError, match="not an `rvqspec calibrate` folder"):
+        Policy.for_model(model, tmp_path)
 
 
 def table(ar: float, round_ms: dict[int, float], batches=(1, 16)) -> LatencyTable:
@@ -64,7 +82,7 @@ def table(ar: float, round_ms: dict[int, float], batches=(1, 16)) -> LatencyTabl
 def policy(latency: LatencyTable, value: float = 0.7) -> Policy:
     model = tiny_model(groups=GROUPS)
     trees = {n: default_tree(n) for n in SIZES}
-    return Policy.build(model, trees, {n: acceptance(value) for n in SIZES}, latency)
+    return Policy.build(model, trees, {n: calls_distribution(trees[n], acceptance(value)) for n in SIZES}, latency)
 
 
 def test_the_policy_picks_the_n_of_most_predicted_frames_per_second():
@@ -87,7 +105,8 @@ def test_the_policy_chooses_ar_when_nothing_beats_it():
     marginal = policy(table(1.0, {n: 1.0 for n in SIZES}), value=0.0)
     marginal.latency.ms[1] = {0: 1.0} | {n: (15 / 1.03 - 1) / 14 for n in SIZES}  # prefill + 14 rounds
     assert marginal.predicted_speedup(1, 4) == pytest.approx(1.03) and marginal.choose(1) == 0
-    unmeasured = Policy.build(tiny_model(groups=GROUPS), {4: default_tree(4)}, {4: acceptance(0.9)}, None)
+    unmeasured = Policy.build(tiny_model(groups=GROUPS), {4: default_tree(4)},
+                              {4: calls_distribution(default_tree(4), acceptance(0.9))}, None)
     unmeasured.latency = None
     assert unmeasured.choose(1) == 0 and "no call latency measured" in unmeasured.explain(1)
 
