@@ -18,12 +18,13 @@ from pathlib import Path
 import torch
 import torch._inductor.config as inductor_config
 
-from rvqspec.bench import ARCHS, PAPER_ACCEPTANCE, clocks, elapsed_ms, machine
+from rvqspec.bench import ARCHS
 from rvqspec.checkpoint import atomic_write, save_json
-from rvqspec.controlled import calibrate_strength, controlled_predictor
+from rvqspec.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor
 from rvqspec.decode import decode_frame
 from rvqspec.drafters import ReusedHeads
 from rvqspec.sampling import Sampler
+from rvqspec.timing import clocks, elapsed_ms, machine
 from rvqspec.tree import default_tree
 
 WAYS = ("eager AR", "eager spec", "compiled AR", "compiled spec")

@@ -21,12 +21,13 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from rvqspec.bench import ARCHS, PAPER_ACCEPTANCE, TIMED_K, clocks, elapsed_ms, machine
+from rvqspec.bench import ARCHS
 from rvqspec.checkpoint import atomic_write, save_json
-from rvqspec.controlled import controlled_predictor
+from rvqspec.controlled import PAPER_ACCEPTANCE, controlled_predictor
 from rvqspec.decode import autoregressive_step, plan_for, speculative_round, walk
 from rvqspec.drafters import ReusedHeads
 from rvqspec.sampling import Sampler
+from rvqspec.timing import TIMED_K, clocks, elapsed_ms, machine
 from rvqspec.tree import default_tree
 
 OP_KINDS = {"matmul": ("linear", "mm", "addmm", "bmm", "matmul"),

@@ -17,31 +17,26 @@ slower than 1 (measured here under load ~9); passive workers sleep instead.
 """
 
 import json
-import math
 import os
-import platform
-import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from rvqspec.checkpoint import atomic_write, save_json
+from rvqspec.checkpoint import atomic_write
 from rvqspec.config import QWEN3_TTS_0_6B, QWEN3_TTS_1_7B
+from rvqspec.controlled import PAPER_ACCEPTANCE, ControlledPredictor, calibrate_strength, controlled_predictor
+from rvqspec.decode import decode_frame
 from rvqspec.device_file import update_device_file
-from rvqspec.controlled import ControlledPredictor, calibrate_strength, controlled_predictor
-from rvqspec.decode import autoregressive_step, decode_frame, plan_for, speculative_round
 from rvqspec.drafters import ReusedHeads
 from rvqspec.errors import RvqspecError
 from rvqspec.model import MultiCodeDecoder, resolve_dtype
 from rvqspec.sampling import Sampler
+from rvqspec.timing import TIMED_K, call_latency, clocks, elapsed_ms, machine, medians, write_reports
 from rvqspec.tree import Tree, default_tree
 
-PAPER_ACCEPTANCE = {16: 2.25, 32: 2.47, 64: 2.60}  # tokens/step, paper section 3.4
 ARCHS = {"0.6b": QWEN3_TTS_0_6B, "1.7b": QWEN3_TTS_1_7B}
 SIZES = (4, 8, 16, 32, 64)
-TIMED_K = 7  # rounds are timed mid-frame, where every depth of a depth-3 tree is still in the frame
 
 
 @dataclass(frozen=True)
@@ -66,62 +61,6 @@ def quick_plan(archs, dtypes, threads, sizes) -> Plan:
 
 # ---------------------------------------------------------------------------------------------- timing
 
-def clocks(device: torch.device | None = None) -> tuple[float, float]:
-    """Wall and process CPU time, after the device's queued work (an accelerator runs asynchronously)."""
-    if device is not None and device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter(), time.process_time()
-
-
-def elapsed_ms(start: tuple[float, float], device: torch.device | None = None) -> tuple[float, float]:
-    wall, cpu = clocks(device)
-    return (wall - start[0]) * 1e3, (cpu - start[1]) * 1e3
-
-
-def medians(samples: list[tuple[float, float]]) -> dict:
-    return {"wall_ms": statistics.median(s[0] for s in samples), "cpu_ms": statistics.median(s[1] for s in samples),
-            "repeats": len(samples)}
-
-
-def timed_ks(batch: int) -> list[int]:
-    """Each row's k in a timed round: TIMED_K for one row; a batch spreads its rows over TIMED_K-2..TIMED_K+2,
-    as ragged progress does (rows at different codebooks need different heads)."""
-    return [TIMED_K - 2 + (b + 2) % 5 for b in range(batch)]
-
-
-@torch.inference_mode()
-def call_latency(model: MultiCodeDecoder, drafter, trees: dict[int, Tree], sampler: Sampler, rounds: int,
-                 warmup: int = 2, batch: int = 1) -> dict:
-    """Median wall and CPU ms of one AR step and of one speculative round per tree for `batch` rows,
-    interleaved in rounds."""
-    c, generator = model.config, torch.Generator(model.device).manual_seed(0)
-    slots = torch.arange(c.num_code_groups, device=model.device)
-    masks = slots[None, :] <= slots[:, None]
-    code = torch.ones(batch, dtype=torch.long, device=model.device)
-    hidden = torch.randn(batch, c.hidden_size, device=model.device).to(model.dtype)
-    ks = timed_ks(batch)
-    k = torch.tensor(ks, device=model.device)
-    samples: dict = {"ar": []} | {n: [] for n in trees}
-    for r in range(warmup + rounds):
-        cache = model.new_cache(batch, c.num_code_groups)
-        start = clocks(model.device)
-        autoregressive_step(model, cache, sampler, generator, code, TIMED_K + 1, slots, masks)
-        if r >= warmup:
-            samples["ar"].append(elapsed_ms(start, model.device))
-        for n, tree in trees.items():
-            plan = plan_for(tree, model)
-            cache = model.new_cache(batch, c.num_code_groups + tree.size + 1)
-            start = clocks(model.device)
-            speculative_round(model, cache, plan, sampler, generator, drafter, k, ks, code, hidden)
-            if r >= warmup:
-                samples[n].append(elapsed_ms(start, model.device))
-    ar = medians(samples["ar"])
-    spec = {n: medians(samples[n]) | {"overhead": medians(samples[n])["wall_ms"] / ar["wall_ms"] - 1,
-                                      "overhead_cpu": medians(samples[n])["cpu_ms"] / ar["cpu_ms"] - 1}
-            for n in trees}
-    return {"ar": ar, "spec": spec}
-
-
 @torch.inference_mode()
 def frame_speedup(model: MultiCodeDecoder, drafter, tree: Tree, frames: list, sampler: Sampler,
                   seed: int = 0) -> dict:
@@ -145,11 +84,6 @@ def frame_speedup(model: MultiCodeDecoder, drafter, tree: Tree, frames: list, sa
             "calls_per_frame": calls / len(frames), "ar_frame": ar_ms, "spec_frame": spec_ms,
             "realized_speedup": ar_ms["wall_ms"] / spec_ms["wall_ms"],
             "realized_speedup_cpu": ar_ms["cpu_ms"] / spec_ms["cpu_ms"]}
-
-
-def latency_row(latency: dict) -> dict[int, float]:
-    """A `call_latency` result as one row of a policy latency table: N -> ms per call (N = 0: the AR step)."""
-    return {0: latency["ar"]["wall_ms"]} | {n: value["wall_ms"] for n, value in latency["spec"].items()}
 
 
 def predicted(tokens_per_step: float, overhead: float) -> float:
@@ -298,22 +232,6 @@ def measure_setting(name, model, predictor, dtype, threads, trees, tokens, plan,
     return setting
 
 
-def machine() -> dict:
-    return {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "load_before": os.getloadavg(),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def summarize(report: dict, tokens: dict[int, float]) -> None:
     """Chosen N (best predicted speed-up over settings), the realized 0.6B figure, the stand-in's; the
     top-level keys other tools read (`tokens_per_step`, `calls_per_frame`, `speedup`)."""
@@ -450,14 +368,6 @@ def plot(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write_reports(report: dict, out: Path, name: str) -> list[Path]:
-    paths = [out / f"{name}.json", out / f"{name}.md", out / f"{name}.png"]
-    save_json(paths[0], report)
-    atomic_write(paths[1], lambda tmp: Path(tmp).write_text(markdown(report)))
-    plot(report, paths[2])
-    return paths
-
-
 # ---------------------------------------------------------------------------------------------- CLI
 
 def parse_list(text: str, kind, allowed=None, what: str = "value") -> list:
@@ -472,10 +382,11 @@ def parse_list(text: str, kind, allowed=None, what: str = "value") -> list:
 
 
 def command_line(args) -> str:
-    """The invocation, for the report (options at their values, flags when set)."""
+    """The invocation, for the report (options at their values, flags when set; --batch runs name theirs)."""
     words = ["rvqspec bench"]
-    for name in ("archs", "model", "calibration", "trees", "drafter", "corpus", "sizes", "dtype", "threads", "rounds",
-                 "batch", "device"):
+    names = ("batch", "dtype", "threads", "device", "rounds") if args.batch else \
+        ("archs", "model", "calibration", "trees", "drafter", "corpus", "sizes", "dtype", "threads", "rounds", "device")
+    for name in names:
         value = getattr(args, name)
         if value is not None:
             words.append(f"--{name} {value if value != '' else repr(value)}")
@@ -497,7 +408,8 @@ def run_batch(args, dtypes: list[str], threads: list[int]) -> int:
         plan = bench_batch.BatchPlan(**(plan.__dict__ | {"latency_rounds": args.rounds}))
     report = bench_batch.run_batch_bench(plan, (lambda *a, **k: None) if args.json else print)
     report["command"] = command_line(args)
-    paths = bench_batch.write_reports(report, Path(args.out), "bench-batch-quick" if args.quick else "bench-batch")
+    paths = write_reports(report, Path(args.out), "bench-batch-quick" if args.quick else "bench-batch",
+                          bench_batch.markdown, bench_batch.plot)
     device = None if args.no_device_file else bench_batch.write_device_latency(report)
     if args.json:
         print(json.dumps({"batch_policy_speedup": report["batch_policy_speedup"],
@@ -541,7 +453,7 @@ def run(args) -> int:
     report = run_bench(plan, trees, calibration, args.model, drafter, args.corpus, log, args.device)
     report["trees"] = trees_dir or "default_tree(N)"
     report["command"] = command_line(args)
-    paths = write_reports(report, Path(args.out), "bench-quick" if args.quick else "bench")
+    paths = write_reports(report, Path(args.out), "bench-quick" if args.quick else "bench", markdown, plot)
     device = None if args.no_device_file else write_device_file(report)
     if args.json:
         print(json.dumps({k: report[k] for k in ("tokens_per_step", "calls_per_frame", "speedup",

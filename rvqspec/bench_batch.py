@@ -21,15 +21,16 @@ from pathlib import Path
 
 import torch
 
-from rvqspec.bench import PAPER_ACCEPTANCE, call_latency, clocks, elapsed_ms, latency_row, machine
-from rvqspec.checkpoint import atomic_write, save_json
+from rvqspec.checkpoint import atomic_write
 from rvqspec.config import QWEN3_TTS_0_6B
-from rvqspec.controlled import ControlledPredictor, calibrate_strength, controlled_predictor, frame_calls
+from rvqspec.controlled import (PAPER_ACCEPTANCE, ControlledPredictor, calibrate_strength, controlled_predictor,
+                                frame_calls)
 from rvqspec.decode import decode_frames
 from rvqspec.device_file import update_device_file
 from rvqspec.drafters import ReusedHeads
 from rvqspec.policy import LatencyTable, Policy, measured_distribution, setting_key
 from rvqspec.sampling import Sampler
+from rvqspec.timing import call_latency, clocks, elapsed_ms, latency_row, machine
 from rvqspec.tree import default_tree
 
 LATENCY_SIZES = (4, 8, 16, 32, 64)
@@ -249,14 +250,6 @@ def plot(report: dict, path) -> None:
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     plt.close(fig)
-
-
-def write_reports(report: dict, out: Path, name: str) -> list[Path]:
-    paths = [out / f"{name}.json", out / f"{name}.md", out / f"{name}.png"]
-    save_json(paths[0], report)
-    atomic_write(paths[1], lambda tmp: Path(tmp).write_text(markdown(report)))
-    plot(report, paths[2])
-    return paths
 
 
 def write_device_latency(report: dict) -> Path:

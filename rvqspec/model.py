@@ -12,6 +12,7 @@ Table t (0..15) embeds code c_t: table 0 is the talker's c0 table, table t>=1 up
 with `heads[p-1]`; position 0 carries the talker's hidden state.
 """
 
+import threading
 from pathlib import Path
 
 import torch
@@ -83,20 +84,23 @@ MKLDNN_BF16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkld
 
 
 class PackedWeight:
-    """A oneDNN-prepacked copy of a weight, rebuilt whenever the weight changes (new storage or in-place write)."""
+    """A oneDNN-prepacked copy of a weight, rebuilt whenever the weight changes (new storage or in-place write).
+    The lock lets threads that share a model see a packed copy and its source change together."""
 
     def __init__(self) -> None:
         self.source: Tensor | None = None  # holds the packed storage, so a new weight cannot reuse its address
         self.version = -1
         self.packed: Tensor | None = None
+        self.lock = threading.Lock()
 
     def get(self, weight: Tensor) -> Tensor:
-        source = self.source
-        if source is None or weight.data_ptr() != source.data_ptr() or weight.shape != source.shape \
-                or weight._version != self.version:
-            self.source, self.version = weight.detach(), weight._version
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.source, PACK_ROWS_HINT)
-        return self.packed
+        with self.lock:
+            source = self.source
+            if source is None or weight.data_ptr() != source.data_ptr() or weight.shape != source.shape \
+                    or weight._version != self.version:
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS_HINT)
+                self.source, self.version = weight.detach(), weight._version
+            return self.packed
 
     def __reduce__(self):  # copies and pickles start empty and pack on first use
         return PackedWeight, ()

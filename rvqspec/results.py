@@ -9,6 +9,9 @@ Inputs (a missing one leaves its section saying which command measures it):
 - benchmarks/results/standin/bench.json `rvqspec bench` of the stand-in alone, at its own calibrated
                                         acceptance (STANDIN_BENCH below)
 - benchmarks/results/round-profile.md   benchmarks/round_profile.py (where a round's time goes)
+- benchmarks/results/bench-batch.json   `rvqspec bench --batch` (batched decoding: the policy vs batched AR
+                                        and upstream); gpu/bench-batch.json the same on a lent GPU
+                                        (benchmarks/gpu_check.sh)
 """
 
 import json
@@ -84,7 +87,7 @@ def eval_sections(report: dict | None) -> list[str]:
 
 
 def calibration_section(report: dict | None, path: Path) -> list[str]:
-    from rvqspec.bench import PAPER_ACCEPTANCE
+    from rvqspec.controlled import PAPER_ACCEPTANCE
 
     lines = ["## Calibration: predicted vs measured tokens/step per tree budget", ""]
     if report is None:
@@ -127,7 +130,8 @@ def paper_rows(sizes: list[int]) -> list[str]:
 
 
 def bench_section(bench: dict | None, bench_dir: Path, out: Path) -> list[str]:
-    from rvqspec.bench import PAPER_ACCEPTANCE, markdown, setting_name
+    from rvqspec.bench import markdown, setting_name
+    from rvqspec.controlled import PAPER_ACCEPTANCE
 
     lines = ["## Latency per call, speed-up vs tree size N, chosen N (Figure 4)", ""]
     if bench is None:
@@ -174,6 +178,46 @@ def bench_section(bench: dict | None, bench_dir: Path, out: Path) -> list[str]:
     return lines + ["", "### Details from `rvqspec bench`", "", without_title(markdown(bench))]
 
 
+def batch_section(reports: dict[str, dict | None], results_dir: Path, out: Path) -> list[str]:
+    """Batched decoding: the policy's frames/s over our batched AR and over upstream's batched generate, per B."""
+    from rvqspec.bench_batch import markdown
+
+    lines = ["## Batched decoding: the decoding policy against batched AR", ""]
+    measured = {where: report for where, report in reports.items() if report}
+    if not measured:
+        return lines + [not_measured("OMP_WAIT_POLICY=PASSIVE rvqspec bench --batch 1,2,4,8,16")]
+    lines += ["Frames per second of a batch of B frames (15 codes per row), the real 0.6B architecture at the paper's "
+              "acceptance (acceptance-controlled heads): the policy's choice (N, or AR) over our batched AR, and over "
+              "upstream qwen-tts's batched `code_predictor.generate` on the same weights where it was installed. "
+              "Targets: policy / AR >= 1.0 at every B, policy >= upstream, >= 1.7 at B = 1.", "",
+              "| where | setting | " + " | ".join(f"B={b}" for b in (1, 2, 4, 8, 16)) + " | switches to AR at |",
+              "|---|---|" + "---|" * 6]
+    for where, report in measured.items():
+        for setting in report["settings"]:
+            cells = {}
+            for r in setting["frames"]:
+                choice = f"N={r['tree_size']}" if r["tree_size"] else "AR"
+                versus = f", {r['policy_over_upstream']:.2f}x upstream" if r["policy_over_upstream"] else ""
+                cells[r["batch"]] = f"{r['policy_over_ar']:.2f}x ({choice}{versus})"
+            lines.append(f"| {where} | {setting['dtype']} {setting['threads']}t | " +
+                         " | ".join(cells.get(b, "") for b in (1, 2, 4, 8, 16)) +
+                         f" | {setting['switch_to_ar_at'] or 'never'} |")
+    gpu_bench = read_json(results_dir / "gpu" / "bench.json")
+    if gpu_bench:
+        from rvqspec.bench import markdown as bench_markdown
+
+        lines += ["", "### GPU (H200): one stream, `rvqspec bench` (benchmarks/gpu_check.sh)", "",
+                  without_title(bench_markdown(int_keys(gpu_bench)))]
+    for where, report in measured.items():
+        folder = results_dir if where == "CPU" else results_dir / "gpu"
+        figure = folder / "bench-batch.png"
+        lines += ["", f"### {where}: details from `{report.get('command', 'rvqspec bench --batch')}`", ""]
+        if figure.is_file():
+            lines += [f"![frames/s against batch size]({link(figure, out)})", ""]
+        lines.append(without_title(markdown(report)))
+    return lines
+
+
 def standin_bench_section(bench: dict | None, bench_dir: Path, out: Path) -> list[str]:
     """The stand-in's own bench run: its calls are tiny, so this shows how far per-round overhead eats the
     calls it saves (realized inner-loop speed-up beside the ceiling tokens/step / (1 + overhead))."""
@@ -198,7 +242,7 @@ def profile_section(profile_markdown: str | None) -> list[str]:
 
 def results_markdown(eval_report: dict | None, calibration: dict | None, calibration_path: Path,
                      bench: dict | None, bench_dir: Path, out: Path, standin_bench: dict | None = None,
-                     profile_markdown: str | None = None) -> str:
+                     profile_markdown: str | None = None, batch: dict[str, dict | None] | None = None) -> str:
     return "\n".join([
         "# Results", "",
         f"Generated by `{COMMAND}` from the JSON written by `rvqspec eval`, `rvqspec bench` and `rvqspec calibrate` "
@@ -208,7 +252,8 @@ def results_markdown(eval_report: dict | None, calibration: dict | None, calibra
         "stand-in (a small model trained here on CPU, far less confident than the real one, hence its lower "
         "acceptance) and for the real 0.6B/1.7B architectures with random weights (latency), see DESIGN section 5.",
         "", *eval_sections(eval_report), "", *calibration_section(calibration, calibration_path), "",
-        *bench_section(bench, bench_dir, out), "", *profile_section(profile_markdown), "",
+        *bench_section(bench, bench_dir, out), "", *batch_section(batch or {}, bench_dir, out), "",
+        *profile_section(profile_markdown), "",
         *standin_bench_section(standin_bench, bench_dir / "standin", out), ""])
 
 
@@ -218,7 +263,9 @@ def regenerate(results_dir: Path = RESULTS_DIR, calibration_path: Path | None = 
     calibration_path = calibration_path or TREES_DIR / "report.json"
     text = results_markdown(read_json(results_dir / "eval.json"), read_json(calibration_path),
                             relative(calibration_path), read_json(results_dir / "bench.json"), results_dir, out,
-                            read_json(results_dir / "standin" / "bench.json"), read_text(results_dir / "round-profile.md"))
+                            read_json(results_dir / "standin" / "bench.json"), read_text(results_dir / "round-profile.md"),
+                            {"CPU": read_json(results_dir / "bench-batch.json"),
+                             "GPU (H200)": read_json(results_dir / "gpu" / "bench-batch.json")})
     atomic_write(out, lambda tmp: Path(tmp).write_text(text))
     return text
 

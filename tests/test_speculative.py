@@ -10,7 +10,7 @@ from rvqspec.decode import decode_frame, decode_frames
 from rvqspec.drafters import Drafter, ReusedHeads
 from rvqspec.errors import RvqspecError
 from rvqspec.sampling import Sampler
-from rvqspec.tree import PRIOR_ACCEPTANCE, Tree, default_tree, grow_tree
+from rvqspec.tree import Tree, default_tree, grow_tree
 from tiny import random_frames, random_medusa, random_offsets, tiny_model
 
 GREEDY = Sampler(do_sample=False)
@@ -234,3 +234,31 @@ def test_speculative_input_errors():
         decode_frame(m, h, c0, GREEDY, drafter=ReusedHeads(m), tree=Tree.chain(4))
     with pytest.raises(RvqspecError, match="only 32 codes"):
         decode_frame(m, h, c0, GREEDY, drafter=ReusedHeads(m), tree=Tree.from_paths([(0,), (32,)]))
+
+
+def test_threads_sharing_one_model_get_their_own_codes():
+    """The KV cache belongs to the call: two threads decoding with one model (AR beside speculative, batches beside
+    single frames) get exactly the codes each gets alone."""
+    import threading
+
+    m = tiny_model(seed=4, groups=16, vocab=16, dtype=torch.float32)
+    frames = random_frames(m, 40, seed=9)
+    hidden, c0 = torch.stack([h for h, _ in frames]), torch.tensor([c for _, c in frames])
+    jobs = {"ar": dict(), "spec": dict(drafter=ReusedHeads(m), tree=default_tree(16))}
+    alone = {name: decode_frames(m, hidden, c0, GREEDY, **kwargs).codes for name, kwargs in jobs.items()}
+    results: dict = {name: [] for name in jobs}
+
+    def work(name: str) -> None:
+        for i in range(0, 40, 5):
+            rows = slice(i, i + 5) if i % 10 else slice(i, i + 1)
+            results[name].append((rows, decode_frames(m, hidden[rows], c0[rows], GREEDY, **jobs[name]).codes))
+
+    threads = [threading.Thread(target=work, args=(name,)) for name in jobs for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for name, done in results.items():
+        assert len(done) == 16
+        for rows, codes in done:
+            assert torch.equal(codes, alone[name][rows])

@@ -1,0 +1,28 @@
+"""Write the decoding policy's built-in latency tables (rvqspec/latency_default.json) from `rvqspec bench --batch`
+reports: the tables a machine that has not run the bench falls back on (with a larger margin, see rvqspec.policy).
+
+    python benchmarks/latency_default.py benchmarks/results/bench-batch.json benchmarks/results/gpu/bench-batch.json
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+from rvqspec.bench_batch import latency_entries
+from rvqspec.checkpoint import save_json
+from rvqspec.policy import DEFAULT_TABLES
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("reports", nargs="+", help="bench-batch.json files")
+    args = parser.parse_args()
+    tables = {}
+    for report in args.reports:
+        tables |= latency_entries(json.loads(Path(report).read_text()))
+    save_json(DEFAULT_TABLES, dict(sorted(tables.items())))
+    print(f"wrote {DEFAULT_TABLES}: {', '.join(sorted(tables))}")
+
+
+if __name__ == "__main__":
+    main()
