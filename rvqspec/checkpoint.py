@@ -1,7 +1,9 @@
-"""Official Qwen3-TTS checkpoint layout <-> our MultiCodeDecoder, and atomic safetensors IO.
+"""The official Qwen3-TTS checkpoint layout (official keys <-> our MultiCodeDecoder's), reading just the
+predictor's tensors from safetensors, and atomic file writes (safetensors, JSON, anything).
 
-Only the predictor's tensors (and the talker's c0 table) are read, tensor by tensor, so loading the
-predictor of a full 0.6B/1.7B checkpoint never materialises the talker.
+A leaf module: it builds no model (`MultiCodeDecoder.from_official` does), so everything that writes files
+can import it. Only the predictor's tensors (and the talker's c0 table) are read, tensor by tensor, so
+loading the predictor of a full 0.6B/1.7B checkpoint never materialises the talker.
 """
 
 import json
@@ -13,7 +15,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from rvqspec.config import PredictorConfig, load_config, upstream_config_dict
+from rvqspec.config import PredictorConfig, upstream_config_dict
 from rvqspec.errors import RvqspecError
 
 PREDICTOR = "talker.code_predictor."
@@ -102,35 +104,8 @@ def read_tensors(folder: Path, wanted: dict[str, tuple[int, ...]], dtype: torch.
     return out
 
 
-def load_predictor(folder: str | Path, dtype: torch.dtype, device: torch.device):
-    folder = Path(folder)
-    if not folder.is_dir():
-        problem = "is a file, not a folder" if folder.exists() else "does not exist"
-        raise RvqspecError(f"checkpoint folder {folder} {problem}: pass the folder that holds config.json and "
-                           "*.safetensors")
-    config = load_config(folder)
-    layout = official_layout(config)
-    wanted = {name: shape for _, parts in layout.values() for name, shape in parts}
-    return predictor_from_official(config, read_tensors(folder, wanted, dtype), device)
-
-
-def predictor_from_official(config: PredictorConfig, tensors: dict[str, torch.Tensor], device: torch.device):
-    """A MultiCodeDecoder (eval, frozen) from tensors under official key names (taken out of `tensors`)."""
-    from rvqspec.model import MultiCodeDecoder
-
-    state = {}
-    for native, (how, parts) in official_layout(config).items():
-        pieces = [tensors.pop(name) for name, _ in parts]
-        state[native] = torch.stack(pieces) if how == "stack" else torch.cat(pieces)
-    # Built on the CPU with its random init, then given the tensors. A meta-device build skips the init, but
-    # its device context imports torch._dynamo: as slow as the init at the 0.6B size, ~1.5 s more for the stand-in.
-    model = MultiCodeDecoder(config)
-    model.load_state_dict({k: v.to(device) for k, v in state.items()}, assign=True)
-    return model.to(device).eval().requires_grad_(False)  # .to: the derived buffers (RoPE tables, offsets)
-
-
 def official_state_dict(model) -> dict[str, torch.Tensor]:
-    """The model's tensors under official key names (the inverse of `load_predictor`)."""
+    """The model's tensors under official key names (the inverse of `MultiCodeDecoder.from_pretrained`)."""
     state = model.state_dict()
     out = {}
     for native, (how, parts) in official_layout(model.config).items():

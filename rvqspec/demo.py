@@ -40,7 +40,7 @@ REAL_FRAMES = 6  # frames per mode in the live comparison on the real architectu
 
 
 def default_assets() -> Path:
-    from rvqspec.standin.build import ASSETS
+    from rvqspec.standin.settings import ASSETS
 
     return ASSETS
 

@@ -19,18 +19,18 @@ Every figure is a mean over seeds with its spread (sample std, min, max). Output
 eval.md in --out (eval-quick.* with --quick), written atomically.
 """
 
-import hashlib
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch import Tensor
 
 from rvqspec.checkpoint import atomic_write, save_json
 from rvqspec.errors import RvqspecError
+from rvqspec.standin.quality import WhisperASR, codec_vocoder, error_rates, transcripts
+from rvqspec.standin.settings import MODEL_DIR, OFFSETS_FILE, TREES_DIR, Settings
+from rvqspec.standin.synth import Run, first_per_lang, synthesize_all, test_sentences
 
 DRAFTERS = ("reused", "offsets", "medusa")
 TABLE3_DRAFTER = "offsets"  # the paper's speculative decoder
@@ -52,8 +52,6 @@ PAPER_TABLE3 = {"en": (2.45, 4.25, 3.99), "de": (2.46, 6.4, 5.58), "es": (2.44, 
 
 
 def medusa_command(model: Path, out: Path = MEDUSA_DIR) -> str:
-    from rvqspec.standin.build import Settings
-
     return (f"rvqspec train-offsets --drafter medusa --model {model} --corpus {Settings().code_corpus('train')} "
             f"--out {out}")
 
@@ -61,33 +59,6 @@ def medusa_command(model: Path, out: Path = MEDUSA_DIR) -> str:
 # ---------------------------------------------------------------- inputs
 
 
-def first_per_lang(sentences: list[dict], per_lang: int | None) -> list[int]:
-    """Indices of the first `per_lang` sentences of each language (all with None)."""
-    seen: dict[str, int] = {}
-    picked = []
-    for i, s in enumerate(sentences):
-        seen[s["lang"]] = seen.get(s["lang"], 0) + 1
-        if per_lang is None or seen[s["lang"]] <= per_lang:
-            picked.append(i)
-    return picked
-
-
-def test_sentences(manifest: Path, langs: list[str], per_lang: int | None) -> list[dict]:
-    """The test split of the stand-in's corpus: the first `per_lang` sentences of each language."""
-    from rvqspec.standin.corpus import read_manifest
-
-    if not manifest.is_file():
-        raise RvqspecError(f"no corpus manifest at {manifest}: build the corpus with `rvqspec standin corpus` "
-                           "or pass --manifest")
-    rows = [r for r in read_manifest(manifest) if r["split"] == "test"]
-    picked = []
-    for lang in langs:
-        of_lang = [r for r in rows if r["lang"] == lang]
-        if not of_lang:
-            raise RvqspecError(f"the test split of {manifest} has no {lang!r} sentences: "
-                               f"use --langs with some of {', '.join(sorted({r['lang'] for r in rows}))}")
-        picked += of_lang[:per_lang]
-    return picked
 
 
 def load_tree(spec: str, trees_dir: Path):
@@ -165,36 +136,6 @@ def parameter_count(module) -> int:
 # ---------------------------------------------------------------- synthesis
 
 
-@dataclass
-class Run:
-    """One free-running synthesis of one sentence."""
-
-    codes: Tensor  # [T, 16]
-    calls: int  # predictor calls, the prefill of every frame included
-
-    @property
-    def frames(self) -> int:
-        return len(self.codes)
-
-
-def stream_seed(*parts) -> int:
-    """Independent random stream per (seed, mode, sentence): AR and speculative never share draws."""
-    return int(hashlib.sha256(":".join(map(str, parts)).encode()).hexdigest()[:15], 16)
-
-
-def synthesize_all(tts, sentences: list[dict], seed: int, mode: str, drafter, tree,
-                   max_frames: int | None = None) -> list[Run]:
-    from rvqspec.standin.synth import synthesize_codes
-
-    runs = []
-    for sentence in sentences:
-        generator = torch.Generator().manual_seed(stream_seed(seed, mode, sentence["id"]))
-        out = synthesize_codes(tts, sentence["text"], sentence["lang"], generator=generator, drafter=drafter,
-                               tree=tree if drafter is not None else None, max_frames=max_frames)
-        runs.append(Run(out.codes, out.predictor_calls))
-    return runs
-
-
 def tokens_per_step(runs: list[Run]) -> float:
     codes = sum(r.frames * (r.codes.shape[1] - 1) for r in runs)
     return codes / max(sum(r.calls for r in runs), 1)
@@ -210,47 +151,6 @@ def spread(values: list[float | None]) -> dict | None:
 
 
 # ---------------------------------------------------------------- quality
-
-
-class WhisperASR:
-    """Transcribes with the stand-in's Whisper helpers, one model per language, loaded once."""
-
-    def __init__(self):
-        self.models = {}
-
-    def __call__(self, wav: np.ndarray, lang: str) -> str:
-        from rvqspec.standin.quality import load_whisper, transcribe
-
-        if lang not in self.models:
-            self.models[lang] = load_whisper(lang)
-        return transcribe(self.models[lang], wav, lang)
-
-
-def codec_vocoder(path: Path | None = None):
-    """codes [T, 16] -> 16 kHz waveform through the codec (default: the shipped one; HiFi-GAN, or Griffin-Lim
-    without it)."""
-    from rvqspec.standin.codec import ASSET, MelRVQCodec
-
-    codec = MelRVQCodec.load(path or ASSET)
-    return lambda codes: codec.decode(codes).numpy()
-
-
-def transcripts(runs: list[Run], sentences: list[dict], vocoder, asr) -> list[str]:
-    return [asr(vocoder(run.codes), s["lang"]) if run.frames else "" for run, s in zip(runs, sentences)]
-
-
-def error_rates(hyps: list[str], sentences: list[dict], shift: int = 0, metric=None) -> dict[str, float]:
-    """Per language: WER (fraction; `metric` another scorer, e.g. `quality.cer`) of the transcripts `hyps` against
-    the sentences' texts. `shift` 1 scores each transcript against the next sentence of its language instead: the
-    chance level of speech unrelated to the text."""
-    from rvqspec.standin.quality import wer
-
-    rates = {}
-    for lang in dict.fromkeys(s["lang"] for s in sentences):
-        texts = [s["text"] for s in sentences if s["lang"] == lang]
-        rates[lang] = (metric or wer)(texts[shift:] + texts[:shift],
-                                      [h for h, s in zip(hyps, sentences) if s["lang"] == lang])
-    return rates
 
 
 # ---------------------------------------------------------------- two-sample test
@@ -512,7 +412,6 @@ def report_markdown(report: dict) -> str:
 
 
 def run(args) -> int:
-    from rvqspec.standin.build import OFFSETS_FILE, TREES_DIR, Settings
     from rvqspec.standin.talker import load_standin
 
     torch.set_num_threads(args.threads)
@@ -554,7 +453,6 @@ def run(args) -> int:
 
 
 def add_cli(subparsers) -> None:
-    from rvqspec.standin.build import MODEL_DIR
 
     p = subparsers.add_parser("eval", help="the paper's Tables 2-3 and a distribution check on the stand-in "
                                            "(free-running synthesis of the test sentences)")

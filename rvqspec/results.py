@@ -258,7 +258,7 @@ def results_markdown(eval_report: dict | None, calibration: dict | None, calibra
 
 
 def regenerate(results_dir: Path = RESULTS_DIR, calibration_path: Path | None = None, out: Path = OUT) -> str:
-    from rvqspec.standin.build import TREES_DIR
+    from rvqspec.standin.settings import TREES_DIR
 
     calibration_path = calibration_path or TREES_DIR / "report.json"
     text = results_markdown(read_json(results_dir / "eval.json"), read_json(calibration_path),

@@ -10,8 +10,9 @@ from rvqspec.cli import main
 from rvqspec.drafters import MedusaHeads, Offsets, ReusedHeads
 from rvqspec import eval as rvqspec_eval
 from rvqspec.drafters import model_fingerprint
-from rvqspec.eval import (Run, error_rates, evaluate, transcripts, holm, load_drafters, merge_rare, report_markdown,
-                          two_sample_test)
+from rvqspec.eval import evaluate, holm, load_drafters, merge_rare, report_markdown, two_sample_test
+from rvqspec.standin.quality import error_rates, transcripts
+from rvqspec.standin.synth import Run
 from rvqspec.standin.corpus import write_manifest
 from rvqspec.standin.talker import save_standin
 from rvqspec.tree import default_tree

@@ -5,7 +5,8 @@ import torch
 from rvqspec.checkpoint import save_json
 from rvqspec.cli import main
 from rvqspec.drafters import Offsets, ReusedHeads
-from rvqspec.eval import Run, distribution_check, table2_row, table3
+from rvqspec.eval import distribution_check, table2_row, table3
+from rvqspec.standin.synth import Run
 from rvqspec.results import regenerate
 
 

@@ -9,7 +9,7 @@ import torch
 from rvqspec.drafters import Offsets
 from rvqspec.model import MultiCodeDecoder
 from rvqspec.sampling import Sampler
-from rvqspec.standin.build import ASSET_LIMIT_BYTES, ASSETS, BUDGETS, MODEL_DIR, OFFSETS_FILE, TREES_DIR
+from rvqspec.standin.settings import ASSET_LIMIT_BYTES, ASSETS, BUDGETS, MODEL_DIR, OFFSETS_FILE, TREES_DIR
 from rvqspec.standin.codec import MelRVQCodec, griffin_lim
 from rvqspec.standin.synth import synthesize_codes
 from rvqspec.standin.talker import load_standin

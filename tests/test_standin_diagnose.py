@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from rvqspec import eval as rvqspec_eval
 from rvqspec.cli import main
 from rvqspec.decode import decode_frame
 from rvqspec.errors import RvqspecError
 from rvqspec.sampling import Sampler
-from rvqspec.standin import synth
-from rvqspec.standin.build import Settings, build, load_utterances
+from rvqspec.standin import quality, synth
+from rvqspec.standin.build import build
+from rvqspec.standin.settings import Settings, load_utterances
 from rvqspec.standin.diagnose import complete_levels, diagnose
 from rvqspec.standin.talker import save_standin
 from rvqspec.standin.train import Utterance, teacher_forced_hidden
@@ -76,10 +76,10 @@ def test_diagnose_routes_each_version_to_the_recogniser(tmp_path, monkeypatch):
         decoded.append(codes)
         return np.zeros(codes.shape[1])
 
-    monkeypatch.setattr(rvqspec_eval, "codec_vocoder", lambda path: vocoder)
+    monkeypatch.setattr(quality, "codec_vocoder", lambda path: vocoder)
     synthesized = torch.zeros(4, 16, dtype=torch.long)  # free synthesis is tested elsewhere; here only its routing
     monkeypatch.setattr(synth, "synthesize_codes", lambda tts, text, lang, generator: SimpleNamespace(codes=synthesized))
-    monkeypatch.setattr(rvqspec_eval, "WhisperASR", lambda: lambda wav, lang: "Satz 0 en." if len(wav) == 16 else "")
+    monkeypatch.setattr(quality, "WhisperASR", lambda: lambda wav, lang: "Satz 0 en." if len(wav) == 16 else "")
     figures = diagnose(s, "en", limit=3, levels=(1, 3), fractions=(0.5,))
     recorded = [u.codes for u in load_utterances(s, "test") if u.lang == "en"]
     # test sentences "Satz 0/1/2 en."; heard "Satz 0 en." from 16 levels: 2 of 9 words wrong; truncated: nothing

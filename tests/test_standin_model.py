@@ -15,7 +15,8 @@ from rvqspec.errors import RvqspecError
 from rvqspec.model import MultiCodeDecoder
 from rvqspec.sampling import Sampler
 from rvqspec.standin.audio import write_wav
-from rvqspec.standin.build import Settings, build
+from rvqspec.standin.build import build
+from rvqspec.standin.settings import Settings
 from rvqspec.standin.codec import CodecConfig, MelRVQCodec
 from rvqspec.standin.synth import synthesize_codes
 from rvqspec.standin.talker import (StandinTTS, TalkerConfig, load_standin, new_standin, predictor_config_for,
@@ -249,7 +250,7 @@ def test_training_keeps_the_epoch_with_the_best_validation_loss():
 
 
 def test_intelligibility_scores_against_the_text_the_chance_level_and_the_recordings(tmp_path, monkeypatch):
-    from rvqspec import eval as rvqspec_eval
+    from rvqspec.standin import quality
     from rvqspec.standin.build import intelligibility
 
     tiny_speech_corpus(tmp_path / "corpus", per_split=2)
@@ -259,8 +260,8 @@ def test_intelligibility_scores_against_the_text_the_chance_level_and_the_record
         def __call__(self, wav, lang):
             return texts.get(lang, "")
 
-    monkeypatch.setattr(rvqspec_eval, "WhisperASR", HearsOneSentence)
-    monkeypatch.setattr(rvqspec_eval, "codec_vocoder", lambda path: lambda codes: np.zeros(len(codes) * 1280))
+    monkeypatch.setattr(quality, "WhisperASR", HearsOneSentence)
+    monkeypatch.setattr(quality, "codec_vocoder", lambda path: lambda codes: np.zeros(len(codes) * 1280))
     figures = intelligibility(Settings(work=tmp_path, quality_limit=2), tiny_standin(seed=3))
     assert list(figures) == ["en", "de", "es", "ru"] and figures["en"]["sentences"] == 2
     # en: test texts "Satz 0 en.", "Satz 1 en."; heard "Satz 0 en." twice: 1 of 6 words wrong, chance the same

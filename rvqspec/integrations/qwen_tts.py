@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from rvqspec.checkpoint import official_layout, predictor_from_official
+from rvqspec.checkpoint import official_layout, official_state_dict
 from rvqspec.config import config_from_upstream
 from rvqspec.decode import BatchResult, decode_frames
 from rvqspec.errors import RvqspecError
 from rvqspec.model import MultiCodeDecoder
-from rvqspec.sampling import Sampler
 from rvqspec.policy import Policy
+from rvqspec.sampling import Sampler
 from rvqspec.tree import Tree
 
 # Only qwen_tts's 25 Hz tokenizer imports these, when the package is imported: torchaudio has no build that
@@ -81,7 +81,7 @@ def predictor_from_upstream(talker) -> MultiCodeDecoder:
     config = config_from_upstream({"talker_config": talker.config.to_dict()})
     wanted = {name for _, parts in official_layout(config).values() for name, _ in parts}
     tensors = {f"talker.{key}": value for key, value in talker.state_dict().items() if f"talker.{key}" in wanted}
-    return predictor_from_official(config, tensors, talker.code_predictor.lm_head[0].weight.device)
+    return MultiCodeDecoder.from_official(config, tensors, talker.code_predictor.lm_head[0].weight.device)
 
 
 @dataclass
@@ -355,7 +355,6 @@ def teacher_forced_hidden(talker, prompt: dict[str, Tensor], codes: Tensor) -> T
 def upstream_code_predictor(model: MultiCodeDecoder) -> torch.nn.Module:
     """Upstream's own code predictor (`Qwen3TTSTalkerCodePredictorModelForConditionalGeneration`) holding a copy
     of `model`'s weights, on its device and dtype: the reference that benchmarks time ours against."""
-    from rvqspec.checkpoint import official_state_dict
     from rvqspec.config import upstream_config_dict
 
     import_qwen_tts()

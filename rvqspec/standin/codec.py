@@ -216,7 +216,7 @@ class MelRVQCodec:
         from safetensors import safe_open
 
         if not Path(path).exists():
-            raise RvqspecError(f"codec file {path} not found: build it with python -m rvqspec.standin.codec train")
+            raise RvqspecError(f"codec file {path} not found: build it with `rvqspec standin build --from codec --to codec`")
         with safe_open(str(path), framework="pt") as f:
             raw = json.loads(f.metadata()["config"])
             cfg = CodecConfig(**{**raw, "mel": MelConfig(**raw["mel"])})
@@ -284,38 +284,3 @@ def train_codec(manifest: str | Path = "data/standin/corpus/manifest.jsonl", out
     codec.save(out)
     print(f"saved {out} ({Path(out).stat().st_size / 1e6:.2f} MB) after {time.time() - t0:.0f} s")
     return codec
-
-
-def main(argv: list[str] | None = None) -> None:
-    import argparse
-
-    p = argparse.ArgumentParser(description="Train or evaluate the stand-in mel-RVQ codec.")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    t = sub.add_parser("train")
-    t.add_argument("--manifest", default="data/standin/corpus/manifest.jsonl")
-    t.add_argument("--out", default=str(ASSET))
-    t.add_argument("--codebooks", type=int, default=16)
-    t.add_argument("--codebook-size", type=int, default=512)
-    t.add_argument("--dim", type=int, default=CodecConfig.dim)
-    r = sub.add_parser("report")
-    r.add_argument("--manifest", default="data/standin/corpus/manifest.jsonl")
-    r.add_argument("--codec", default=str(ASSET))
-    r.add_argument("--langs", default="en")
-    r.add_argument("--limit", type=int, default=None, help="at most this many test sentences per language")
-    r.add_argument("--out", default="data/standin/codec_report.json")
-    args = p.parse_args(argv)
-    torch.set_num_threads(1)
-    if args.cmd == "train":
-        cfg = CodecConfig(num_codebooks=args.codebooks, codebook_size=args.codebook_size, dim=args.dim)
-        train_codec(args.manifest, args.out, cfg)
-    else:
-        from rvqspec.standin.quality import codec_report
-
-        report = codec_report(args.manifest, args.codec, tuple(args.langs.split(",")), limit=args.limit)
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=2))
-        print(json.dumps(report, indent=2))
-
-
-if __name__ == "__main__":
-    main()

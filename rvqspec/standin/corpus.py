@@ -14,7 +14,6 @@ wav, duration, voice) is written atomically at the end.
     python -m rvqspec.standin.corpus --out data/standin/corpus --hours 3.4
 """
 
-import argparse
 import hashlib
 import io
 import json
@@ -22,13 +21,12 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
 
 from rvqspec.errors import RvqspecError
-from rvqspec.standin.audio import SAMPLE_RATE, resample, trim_silence, write_wav
+from rvqspec.standin.audio import resample, trim_silence, write_wav
 
 FORTUNES = Path("/usr/share/games/fortunes")
 # lang -> (fortune folder, apt package, letters a sentence may use besides ' ,.;!?-)
@@ -224,19 +222,3 @@ def summary(rows: list[dict]) -> str:
             lines.append(f"{lang:6}{split:12}{len(sel):>10}{sum(r['duration'] for r in sel) / 3600:>8.3f}")
     lines.append(f"{'all':18}{len(rows):>10}{sum(r['duration'] for r in rows) / 3600:>8.3f}")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="data/standin/corpus")
-    p.add_argument("--hours", type=float, default=3.4, help="total hours, shared equally between languages")
-    p.add_argument("--langs", default=",".join(LANGS))
-    args = p.parse_args(argv)
-    t0 = time.time()
-    manifest = build_corpus(args.out, args.hours, tuple(args.langs.split(",")))
-    print(summary(read_manifest(manifest)))
-    print(f"manifest: {manifest} ({time.time() - t0:.0f} s)")
-
-
-if __name__ == "__main__":
-    main()

@@ -27,7 +27,7 @@ from rvqspec.model import MultiCodeDecoder
 from rvqspec.sampling import Sampler
 
 if TYPE_CHECKING:
-    from rvqspec.standin.build import Settings
+    from rvqspec.standin.settings import Settings
 
 
 @torch.no_grad()
@@ -59,9 +59,8 @@ def diagnose(s: "Settings", lang: str = "en", limit: int | None = 10, levels: tu
              fractions: tuple[float, ...] = (0.25, 0.5, 0.75)) -> dict:
     """WER of each version above for the first `limit` test sentences of `lang` (Settings `s`: work folder
     with the encoded corpus, shipped model and codec)."""
-    from rvqspec.eval import WhisperASR, codec_vocoder
-    from rvqspec.standin.build import load_utterances
-    from rvqspec.standin.quality import wer
+    from rvqspec.standin.quality import WhisperASR, codec_vocoder, wer
+    from rvqspec.standin.settings import load_utterances
     from rvqspec.standin.synth import synthesize_codes
     from rvqspec.standin.talker import load_standin
     from rvqspec.standin.train import teacher_forced_hidden

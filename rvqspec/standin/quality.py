@@ -19,6 +19,7 @@ import torch
 from rvqspec.errors import RvqspecError
 from rvqspec.standin.audio import read_wav
 from rvqspec.standin.codec import ASSET, MelRVQCodec, stacked_log_mel, vocode
+from rvqspec.standin.synth import Run
 
 WHISPER_BASE_DIR = Path("data/whisper-base")
 
@@ -120,3 +121,41 @@ def codec_report(manifest: str | Path = "data/standin/corpus/manifest.jsonl", co
             "examples": [{"text": t, **{n: h[i] for n, h in hyps.items()}} for i, t in enumerate(texts[:3])],
         }
     return report
+
+
+# ---------------------------------------------------------------- transcripts of synthesized speech
+
+
+class WhisperASR:
+    """Transcribes with the stand-in's Whisper helpers, one model per language, loaded once."""
+
+    def __init__(self):
+        self.models = {}
+
+    def __call__(self, wav: np.ndarray, lang: str) -> str:
+        if lang not in self.models:
+            self.models[lang] = load_whisper(lang)
+        return transcribe(self.models[lang], wav, lang)
+
+
+def codec_vocoder(path: Path | None = None):
+    """codes [T, 16] -> 16 kHz waveform through the codec (default: the shipped one; HiFi-GAN, or Griffin-Lim
+    without it)."""
+    codec = MelRVQCodec.load(path or ASSET)
+    return lambda codes: codec.decode(codes).numpy()
+
+
+def transcripts(runs: list[Run], sentences: list[dict], vocoder, asr) -> list[str]:
+    return [asr(vocoder(run.codes), s["lang"]) if run.frames else "" for run, s in zip(runs, sentences)]
+
+
+def error_rates(hyps: list[str], sentences: list[dict], shift: int = 0, metric=None) -> dict[str, float]:
+    """Per language: WER (fraction; `metric` another scorer, e.g. `quality.cer`) of the transcripts `hyps` against
+    the sentences' texts. `shift` 1 scores each transcript against the next sentence of its language instead: the
+    chance level of speech unrelated to the text."""
+    rates = {}
+    for lang in dict.fromkeys(s["lang"] for s in sentences):
+        texts = [s["text"] for s in sentences if s["lang"] == lang]
+        rates[lang] = (metric or wer)(texts[shift:] + texts[:shift],
+                                      [h for h, s in zip(hyps, sentences) if s["lang"] == lang])
+    return rates

@@ -5,8 +5,10 @@ and a tree); everything else is identical, so the two modes differ only in predi
 The talker keeps a static KV cache: one prefill over [lang, bytes, bos], then one call per frame.
 """
 
+import hashlib
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -14,6 +16,7 @@ from torch import Tensor
 from rvqspec.decode import decode_frame
 from rvqspec.errors import RvqspecError
 from rvqspec.sampling import Sampler
+from rvqspec.standin.corpus import read_manifest
 from rvqspec.standin.talker import StandinTTS
 from rvqspec.tree import Tree
 
@@ -101,3 +104,61 @@ def synthesize_codes(tts: StandinTTS, text: str, lang: str, sampler: Sampler = S
     if frames:
         out.codes, out.hidden = torch.stack(frames).cpu(), torch.stack(states).float().cpu()
     return out
+
+
+# ---------------------------------------------------------------- the test sentences, synthesized free-running
+
+
+def first_per_lang(sentences: list[dict], per_lang: int | None) -> list[int]:
+    """Indices of the first `per_lang` sentences of each language (all with None)."""
+    seen: dict[str, int] = {}
+    picked = []
+    for i, s in enumerate(sentences):
+        seen[s["lang"]] = seen.get(s["lang"], 0) + 1
+        if per_lang is None or seen[s["lang"]] <= per_lang:
+            picked.append(i)
+    return picked
+
+
+def test_sentences(manifest: Path, langs: list[str], per_lang: int | None) -> list[dict]:
+    """The test split of the stand-in's corpus: the first `per_lang` sentences of each language."""
+    if not manifest.is_file():
+        raise RvqspecError(f"no corpus manifest at {manifest}: build the corpus with `rvqspec standin corpus` "
+                           "or pass --manifest")
+    rows = [r for r in read_manifest(manifest) if r["split"] == "test"]
+    picked = []
+    for lang in langs:
+        of_lang = [r for r in rows if r["lang"] == lang]
+        if not of_lang:
+            raise RvqspecError(f"the test split of {manifest} has no {lang!r} sentences: "
+                               f"use --langs with some of {', '.join(sorted({r['lang'] for r in rows}))}")
+        picked += of_lang[:per_lang]
+    return picked
+
+
+@dataclass
+class Run:
+    """One free-running synthesis of one sentence."""
+
+    codes: Tensor  # [T, 16]
+    calls: int  # predictor calls, the prefill of every frame included
+
+    @property
+    def frames(self) -> int:
+        return len(self.codes)
+
+
+def stream_seed(*parts) -> int:
+    """Independent random stream per (seed, mode, sentence): AR and speculative never share draws."""
+    return int(hashlib.sha256(":".join(map(str, parts)).encode()).hexdigest()[:15], 16)
+
+
+def synthesize_all(tts, sentences: list[dict], seed: int, mode: str, drafter, tree,
+                   max_frames: int | None = None) -> list[Run]:
+    runs = []
+    for sentence in sentences:
+        generator = torch.Generator().manual_seed(stream_seed(seed, mode, sentence["id"]))
+        out = synthesize_codes(tts, sentence["text"], sentence["lang"], generator=generator, drafter=drafter,
+                               tree=tree if drafter is not None else None, max_frames=max_frames)
+        runs.append(Run(out.codes, out.predictor_calls))
+    return runs

@@ -245,7 +245,7 @@ def save_standin(tts: StandinTTS, folder: str | Path, dtype: torch.dtype = torch
                  extra: dict | None = None) -> None:
     """config.json (upstream nested layout + talker fields) and model.safetensors (official keys) in `dtype`."""
     cast = lambda module: {k: v.to(dtype) for k, v in module.state_dict().items()}  # noqa: E731
-    # casts of tts in the official layout; built without the meta device (see predictor_from_official)
+    # casts of tts in the official layout; built without the meta device (see MultiCodeDecoder.from_official)
     predictor, talker = MultiCodeDecoder(tts.predictor.config), Talker(tts.config)
     predictor.load_state_dict(cast(tts.predictor), assign=True)
     talker.load_state_dict(cast(tts.talker), assign=True)
@@ -264,7 +264,7 @@ def load_standin(folder: str | Path, dtype: torch.dtype | str = torch.float32,
     tensors = read_tensors(folder, {name: shape for _, parts in layout.values() for name, shape in parts}, dtype)
     state = {native: torch.cat([tensors[name] for name, _ in parts]).to(device)
              for native, (_, parts) in layout.items()}
-    talker = Talker(config)  # built like the predictor (rvqspec.checkpoint.predictor_from_official)
+    talker = Talker(config)  # built like the predictor (MultiCodeDecoder.from_official)
     talker.load_state_dict(state, assign=True)
     return StandinTTS(talker.to(device).eval().requires_grad_(False), predictor)
 

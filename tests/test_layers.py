@@ -1,0 +1,65 @@
+"""The package is acyclic: no module of rvqspec/ imports another that (transitively) imports it back, counting
+the imports inside functions (which only hide a cycle, they do not cut it)."""
+
+import ast
+from pathlib import Path
+
+import rvqspec
+
+PACKAGE = Path(rvqspec.__file__).parent
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports() -> dict[str, set[str]]:
+    """Module -> the rvqspec modules it imports anywhere in its body (`from rvqspec.x import y` counts x, and
+    x.y where y is a module)."""
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "rvqspec":
+                found.add(node.module)
+                found |= {f"{node.module}.{alias.name}" for alias in node.names} & set(modules)
+            elif isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names if alias.name.split(".")[0] == "rvqspec"}
+        graph[name] = (found & set(modules)) - {name}
+    return graph
+
+
+def cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle, as the list of modules along it, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = 2
+        path.pop()
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+def test_no_module_imports_another_in_a_cycle():
+    graph = {name: deps - {"rvqspec"} for name, deps in imports().items() if name != "rvqspec"}
+    assert len(graph) > 30
+    assert cycle(graph) is None, " -> ".join(cycle(graph))
+
+
+def test_the_cycle_finder_finds_a_planted_cycle():
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert cycle({"a": {"b"}, "b": set()}) is None
