@@ -30,6 +30,7 @@ from rvqspec.decode import decode_frame
 from rvqspec.device_file import update_device_file
 from rvqspec.drafters import ReusedHeads
 from rvqspec.errors import RvqspecError
+from rvqspec.flags import drafter_flag, model_flag
 from rvqspec.model import MultiCodeDecoder, resolve_dtype
 from rvqspec.sampling import Sampler
 from rvqspec.timing import TIMED_K, call_latency, clocks, elapsed_ms, machine, medians, write_reports
@@ -467,13 +468,15 @@ def run(args) -> int:
 
 def add_cli(subparsers) -> None:
     p = subparsers.add_parser("bench", help="per-call latency sweep, speed-up vs tree size, acceptance-controlled "
-                                            "runs; chooses the tree size N for this device")
+                                            "runs; chooses the tree size N for this device",
+                              parents=[model_flag(required=False, help="also benchmark this checkpoint folder (e.g. "
+                                                  "the stand-in; with --calibration: alone)"),
+                                       drafter_flag(default=None, help="drafter for --model: 'reused' or a trained "
+                                                    "file (default: the calibration's, else reused)")])
     p.add_argument("--archs", default="0.6b,1.7b", help="real architectures (random weights): 0.6b, 1.7b, or ''")
-    p.add_argument("--model", help="also benchmark this checkpoint folder (e.g. the stand-in; with --calibration: alone)")
     p.add_argument("--calibration", help="`rvqspec calibrate` report.json (or its folder): tokens/step per N "
                                          "instead of the paper's acceptance; its trees, drafter and corpus for --model")
     p.add_argument("--trees", help="folder of tree-N{N}.json (default: default_tree(N))")
-    p.add_argument("--drafter", help="drafter for --model: 'reused' or an offsets/medusa file")
     p.add_argument("--corpus", help="code corpus whose validation frames --model decodes")
     p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="tree sizes N")
     p.add_argument("--dtype", default="bfloat16,float32", help="comma-separated dtypes (--quick: the first)")

@@ -27,6 +27,7 @@ from rvqspec.corpus import Corpus, check_codes
 from rvqspec.decode import decode_frame
 from rvqspec.drafters import DEFAULT_DEPTH, Drafter, ReusedHeads
 from rvqspec.errors import RvqspecError
+from rvqspec.flags import drafter_flag, model_flag
 from rvqspec.model import MultiCodeDecoder
 from rvqspec.policy import calls_distribution
 from rvqspec.sampling import Sampler
@@ -199,9 +200,8 @@ def run(args) -> int:
 
 def add_cli(subparsers) -> None:
     p = subparsers.add_parser("calibrate", help="measure draft acceptance, grow sparse trees, report predicted "
-                                                "vs measured tokens/step")
-    p.add_argument("--model", required=True, help="checkpoint folder of the code predictor")
-    p.add_argument("--drafter", required=True, help="drafter file (offsets/medusa .safetensors) or 'reused'")
+                                                "vs measured tokens/step",
+                              parents=[model_flag(), drafter_flag(required=True, default=None)])
     p.add_argument("--corpus", required=True, help="code corpus folder")
     p.add_argument("--budgets", default="4,8,16,32,64", help="tree sizes N, comma-separated")
     p.add_argument("--out", required=True, help="folder for tree-N*.json and report.{json,md}")

@@ -7,19 +7,42 @@ import sys
 from rvqspec.errors import RvqspecError
 
 # Modules that register subcommands, in the order `rvqspec --help` lists them.
-COMMAND_MODULES = ["rvqspec.demo", "rvqspec.train", "rvqspec.calibrate", "rvqspec.synth", "rvqspec.standin.build", "rvqspec.eval", "rvqspec.bench", "rvqspec.results", "rvqspec.inspect_cmd"]
+COMMAND_MODULES = ["rvqspec.demo", "rvqspec.train", "rvqspec.calibrate", "rvqspec.synth", "rvqspec.standin.build",
+                   "rvqspec.eval", "rvqspec.bench", "rvqspec.results", "rvqspec.inspect_cmd"]
+# Modules that add a command to the `rvqspec corpus` group.
+CORPUS_MODULES = ["rvqspec.synth", "rvqspec.standin.build"]
+
+
+class UsageError(Exception):
+    pass
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, except that a bad argument is one line on stderr (`rvqspec CMD: error: ...`, exit 2), not a usage
+    block: the same shape as every other error of the CLI."""
+
+    def error(self, message: str):
+        raise UsageError(f"{self.prog}: error: {message}")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rvqspec", description=__doc__.splitlines()[0])
+    parser = Parser(prog="rvqspec", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).add_cli(subparsers)
+    corpus = subparsers.add_parser("corpus", help="build corpora: speech (the stand-in's), codes from audio")
+    group = corpus.add_subparsers(dest="corpus_command", required=True)
+    for name in CORPUS_MODULES:
+        importlib.import_module(name).add_corpus_cli(group)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as e:
+        print(e, file=sys.stderr)
+        return 2
     try:
         return args.run(args) or 0
     except RvqspecError as e:

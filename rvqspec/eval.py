@@ -19,6 +19,7 @@ Every figure is a mean over seeds with its spread (sample std, min, max). Output
 eval.md in --out (eval-quick.* with --quick), written atomically.
 """
 
+import argparse
 import json
 import time
 from pathlib import Path
@@ -28,11 +29,12 @@ import torch
 
 from rvqspec.checkpoint import atomic_write, save_json
 from rvqspec.errors import RvqspecError
+from rvqspec.flags import KINDS, drafter_spec, model_flag
 from rvqspec.standin.quality import WhisperASR, codec_vocoder, error_rates, transcripts
 from rvqspec.standin.settings import MODEL_DIR, OFFSETS_FILE, TREES_DIR, Settings
 from rvqspec.standin.synth import Run, first_per_lang, synthesize_all, test_sentences
 
-DRAFTERS = ("reused", "offsets", "medusa")
+DRAFTERS = KINDS  # Table 2 rows
 TABLE3_DRAFTER = "offsets"  # the paper's speculative decoder
 DEFAULT_NODES = 32  # the paper's operating point for Tables 2 and 3 (2.47 tokens/step at N = 32)
 MANIFEST = Path("data/standin/corpus/manifest.jsonl")
@@ -72,30 +74,34 @@ def load_tree(spec: str, trees_dir: Path):
     return Tree.load(path)
 
 
-def load_drafters(names: list[str], model, model_dir: Path, offsets: Path, medusa: Path,
-                  corpus: Path | None) -> tuple[dict, dict]:
-    """The drafters to measure, and for each one that cannot be had, the command that makes it. Medusa heads
-    missing (or trained for an earlier build of the model) are trained on the code corpus `corpus` (None: not)."""
-    from rvqspec.drafters import MedusaHeads, Offsets, ReusedHeads, model_fingerprint
+def load_drafters(specs: list[str], model, model_dir: Path, corpus: Path | None,
+                  offsets: Path = OFFSETS_FILE, medusa: Path = MEDUSA_DIR / "medusa.safetensors"
+                  ) -> tuple[dict, dict, dict]:
+    """The drafters to measure (Table 2 rows by kind), for each one that cannot be had the command that makes it,
+    and the file each came from. A spec is a kind (offsets: the shipped file; medusa: `medusa`, trained on the
+    code corpus `corpus` when missing or made for an earlier build of the model, unless `corpus` is None) or a
+    trained drafter file, which stands for its kind."""
+    from rvqspec.drafters import Drafter, MedusaHeads, Offsets, ReusedHeads, model_fingerprint
 
-    drafters, missing = {}, {}
-    for name in names:
-        if name not in DRAFTERS:
-            raise RvqspecError(f"unknown drafter {name!r} in --drafters: use some of {', '.join(DRAFTERS)}")
-        if name == "reused":
-            drafters[name] = ReusedHeads(model)
-        elif name == "offsets":
+    drafters, missing, files = {}, {}, {}
+    for spec in specs:
+        if spec not in DRAFTERS:
+            drafter = Drafter.load(spec, model)
+            drafters[drafter.kind], files[drafter.kind] = drafter, spec
+        elif spec == "reused":
+            drafters[spec] = ReusedHeads(model)
+        elif spec == "offsets":
             if offsets.is_file():
-                drafters[name] = Offsets.load(offsets, model)
+                drafters[spec], files[spec] = Offsets.load(offsets, model), str(offsets)
             else:
-                missing[name] = "rvqspec standin build --from offsets --to calibrate"
+                missing[spec] = "rvqspec standin build --from offsets --to calibrate"
         elif medusa.is_file() and MedusaHeads.load(medusa, model).fingerprint == model_fingerprint(model):
-            drafters[name] = MedusaHeads.load(medusa, model)
+            drafters[spec], files[spec] = MedusaHeads.load(medusa, model), str(medusa)
         elif corpus is not None:
-            drafters[name] = train_medusa_heads(model, model_dir, corpus, medusa)
+            drafters[spec], files[spec] = train_medusa_heads(model, model_dir, corpus, medusa), str(medusa)
         else:
-            missing[name] = medusa_command(model_dir, medusa.parent)
-    return drafters, missing
+            missing[spec] = medusa_command(model_dir, medusa.parent)
+    return drafters, missing, files
 
 
 def train_medusa_heads(model, model_dir: Path, corpus: Path, out_file: Path):
@@ -411,6 +417,15 @@ def report_markdown(report: dict) -> str:
 # ---------------------------------------------------------------- CLI
 
 
+def drafter_list(text: str) -> list[str]:
+    """--drafters: comma-separated drafter specs (`rvqspec.flags`), checked at parse time."""
+    check = drafter_spec(KINDS + ("file",))
+    specs = [check(spec.strip()) for spec in text.split(",") if spec.strip()]
+    if not specs:
+        raise argparse.ArgumentTypeError("--drafters needs at least one of reused, offsets, medusa or a drafter file")
+    return specs
+
+
 def run(args) -> int:
     from rvqspec.standin.talker import load_standin
 
@@ -429,15 +444,14 @@ def run(args) -> int:
     tree = load_tree(args.tree, Path(args.trees) if args.trees else TREES_DIR)
     tts = load_standin(model_dir)
     corpus = None if quick else Path(args.corpus) if args.corpus else Settings().code_corpus("train")
-    drafters, missing = load_drafters(args.drafters.split(","), tts.predictor, model_dir,
-                                      Path(args.offsets or OFFSETS_FILE), Path(args.medusa), corpus)
+    drafters, missing, files = load_drafters(args.drafters, tts.predictor, model_dir, corpus)
     asr = None if args.no_asr else WhisperASR()
     vocoder = codec_vocoder(Path(args.codec) if args.codec else None) if asr else None
     report = evaluate(tts, sentences, drafters, tree, seeds, vocoder, asr, missing,
                       wer_per_lang)
     report["model"] = str(model_dir)
     if "medusa" in drafters:
-        report["medusa"] = {"file": args.medusa, "training": medusa_training(Path(args.medusa))}
+        report["medusa"] = {"file": files["medusa"], "training": medusa_training(Path(files["medusa"]))}
     report["command"] = "rvqspec eval --quick" if quick else "rvqspec eval"
     report["settings"] = {k: v for k, v in vars(args).items() if k not in ("run", "command", "json")}
     name = "eval-quick" if quick else "eval"
@@ -455,12 +469,12 @@ def run(args) -> int:
 def add_cli(subparsers) -> None:
 
     p = subparsers.add_parser("eval", help="the paper's Tables 2-3 and a distribution check on the stand-in "
-                                           "(free-running synthesis of the test sentences)")
-    p.add_argument("--model", default=str(MODEL_DIR), help="stand-in model folder")
-    p.add_argument("--drafters", default=",".join(DRAFTERS), help="comma-separated: reused, offsets, medusa")
-    p.add_argument("--offsets", help="offsets file (default: the shipped one)")
-    p.add_argument("--medusa", default=str(MEDUSA_DIR / "medusa.safetensors"),
-                   help=f"Medusa heads file; trained ({MEDUSA_STEPS} batches of 32 frames) when missing or stale")
+                                           "(free-running synthesis of the test sentences)",
+                              parents=[model_flag(required=False, default=str(MODEL_DIR), help="stand-in model folder")])
+    p.add_argument("--drafters", type=drafter_list, default=list(DRAFTERS),
+                   help="comma-separated Table 2 rows, each reused, offsets (the shipped file), medusa (trained, "
+                        f"{MEDUSA_STEPS} batches of 32 frames, into {MEDUSA_DIR} when missing or stale) or a trained "
+                        "drafter FILE standing for its kind")
     p.add_argument("--corpus", help="code corpus to train Medusa heads on (default: the stand-in's train split)")
     p.add_argument("--tree", default=str(DEFAULT_NODES), help="tree size N of a shipped tree, or a tree file")
     p.add_argument("--trees", help="folder of the calibrated trees (default: the shipped ones)")

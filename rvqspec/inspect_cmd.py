@@ -6,6 +6,7 @@ so this is also the quick way to validate a checkpoint before a long job.
 
 import json
 
+from rvqspec.flags import model_flag
 from rvqspec.model import MultiCodeDecoder
 
 
@@ -22,8 +23,8 @@ def parameter_counts(model: MultiCodeDecoder) -> dict[str, int]:
 
 
 def run(args) -> int:
-    model = MultiCodeDecoder.from_pretrained(args.model_dir, dtype=args.dtype)
-    report = {"folder": str(args.model_dir), "dtype": str(model.dtype).removeprefix("torch."),
+    model = MultiCodeDecoder.from_pretrained(args.model, dtype=args.dtype)
+    report = {"folder": str(args.model), "dtype": str(model.dtype).removeprefix("torch."),
               "config": model.config.to_dict(), "parameters": parameter_counts(model)}
     if args.json:
         print(json.dumps(report))
@@ -37,8 +38,8 @@ def run(args) -> int:
 
 
 def add_cli(subparsers) -> None:
-    p = subparsers.add_parser("inspect", help="load a checkpoint's code predictor; print its config and sizes")
-    p.add_argument("model_dir", help="checkpoint folder (config.json + *.safetensors), official or stand-in")
+    p = subparsers.add_parser("inspect", help="load a checkpoint's code predictor; print its config and sizes",
+                              parents=[model_flag()])
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)

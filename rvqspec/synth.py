@@ -17,6 +17,7 @@ import torch
 
 from rvqspec.checkpoint import atomic_write
 from rvqspec.errors import RvqspecError
+from rvqspec.flags import drafter_flag, model_flag
 from rvqspec.model import resolve_dtype
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")
@@ -80,10 +81,10 @@ def load_drafting(args):
     from rvqspec.tree import Tree
 
     if args.no_spec:
-        if args.offsets or args.tree:
-            raise RvqspecError("--no-spec decodes autoregressively: drop --offsets/--tree, or drop --no-spec")
+        if args.drafter != "reused" or args.tree:
+            raise RvqspecError("--no-spec decodes autoregressively: drop --drafter/--tree, or drop --no-spec")
         return None, None
-    drafter = Drafter.load(args.offsets) if args.offsets else ReusedHeads()
+    drafter = ReusedHeads() if args.drafter == "reused" else Drafter.load(args.drafter)
     return drafter, Tree.load(args.tree) if args.tree else "auto"
 
 
@@ -178,8 +179,6 @@ def run_from_audio(args) -> int:
 
 
 def add_model_args(p) -> None:
-    p.add_argument("--model", required=True,
-                   help="checkpoint folder, or a Hugging Face repo id already in the local cache")
     p.add_argument("--language", default="Auto", help="language name as qwen-tts spells it (e.g. English), or Auto")
     p.add_argument("--speaker", help="CustomVoice models: one of the model's speakers")
     p.add_argument("--instruct", help="VoiceDesign models: the voice description (CustomVoice 1.7B: a style)")
@@ -188,23 +187,26 @@ def add_model_args(p) -> None:
 
 
 def add_cli(subparsers) -> None:
+    model = model_flag(help="checkpoint folder, or a Hugging Face repo id already in the local cache")
     p = subparsers.add_parser("synth", help="text to wav with a Qwen3-TTS checkpoint through qwen-tts, "
-                                            "code predictor decoded by rvqspec")
+                                            "code predictor decoded by rvqspec", parents=[model, drafter_flag()])
     add_model_args(p)
     p.add_argument("--text", required=True)
     p.add_argument("--out", required=True, help="output .wav")
     p.add_argument("--ref-audio", help="Base (voice clone) models: reference recording")
     p.add_argument("--ref-text", help="Base models: its transcript (in-context cloning; without it, x-vector only)")
     p.add_argument("--no-spec", action="store_true", help="plain autoregressive decoding (15 calls a frame)")
-    p.add_argument("--offsets", help="trained drafter file (offsets or Medusa heads); default: reused heads")
     p.add_argument("--tree", help="tree JSON (rvqspec calibrate); default: the decoding policy chooses AR or a "
                                      "prior tree from this device's measured latencies")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(run=run_synth)
 
-    corpus = subparsers.add_parser("corpus", help="build code corpora").add_subparsers(dest="corpus_command",
-                                                                                         required=True)
-    p = corpus.add_parser("from-audio", help="code corpus from recordings + transcripts, with a Qwen3-TTS checkpoint")
+
+def add_corpus_cli(corpus) -> None:
+    """`rvqspec corpus from-audio`."""
+    model = model_flag(help="checkpoint folder, or a Hugging Face repo id already in the local cache")
+    p = corpus.add_parser("from-audio", help="code corpus from recordings + transcripts, with a Qwen3-TTS checkpoint",
+                          parents=[model])
     add_model_args(p)
     p.add_argument("--audio", required=True, help="folder of audio files, each with its transcript in <name>.txt")
     p.add_argument("--out", required=True, help="corpus folder to write")

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from rvqspec.flags import drafter_flag, model_flag
 from rvqspec.checkpoint import atomic_write, save_json
 from rvqspec.corpus import Corpus, check_codes
 from rvqspec.drafters import DEFAULT_DEPTH, Drafter, ReusedHeads, make_drafter, model_fingerprint
@@ -270,11 +271,12 @@ def run(args) -> int:
 
 def add_cli(subparsers) -> None:
     p = subparsers.add_parser("train-offsets", help="train offsets (or Medusa heads) on a code corpus; "
-                                                    "works under torchrun for several processes")
-    p.add_argument("--model", required=True, help="checkpoint folder of the code predictor (frozen)")
+                                                    "works under torchrun for several processes",
+                              parents=[model_flag(help="checkpoint folder of the code predictor (frozen)"),
+                                       drafter_flag(("offsets", "medusa"), default="offsets",
+                                                    help="the kind to train: offsets or medusa")])
     p.add_argument("--corpus", required=True, help="code corpus folder (rvqspec.corpus format)")
     p.add_argument("--out", required=True, help="output folder for checkpoints and metrics")
-    p.add_argument("--drafter", choices=["offsets", "medusa"], default="offsets")
     p.add_argument("--depth", type=int, default=DEFAULT_DEPTH, help="K, codes drafted ahead")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=32, help="global batch, in frames")

@@ -193,7 +193,7 @@ def test_sampler_of_the_wrong_type(model):
 
 def test_cli_prints_one_line_and_exits_2(folder, capsys):
     (folder / "model.safetensors").write_bytes(b"\0" * 16)
-    assert main(["inspect", str(folder)]) == 2
+    assert main(["inspect", "--model", str(folder)]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1
     assert err.startswith("rvqspec inspect: error: ") and "is not a readable safetensors file" in err
@@ -201,7 +201,7 @@ def test_cli_prints_one_line_and_exits_2(folder, capsys):
 
 def test_cli_process_exit_code_and_no_traceback(tmp_path):
     missing = tmp_path / "nonexistent"
-    done = subprocess.run([sys.executable, "-m", "rvqspec.cli", "inspect", str(missing)], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "rvqspec.cli", "inspect", "--model", str(missing)], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == f"rvqspec inspect: error: checkpoint folder {missing} does not exist: pass the folder that " \
@@ -209,7 +209,7 @@ def test_cli_process_exit_code_and_no_traceback(tmp_path):
 
 
 def test_cli_inspect_reports_the_checkpoint(folder, model, capsys):
-    assert main(["inspect", str(folder), "--json"]) == 0
+    assert main(["inspect", "--model", str(folder), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["config"] == CONFIG.to_dict()
     assert report["parameters"]["total"] == sum(p.numel() for p in model.parameters())

@@ -118,7 +118,7 @@ def tiny_assets(tmp_path):
 def test_cli_quick_run_writes_json_and_markdown(tiny_assets, capsys):
     d = tiny_assets
     code = main(["eval", "--quick", "--no-asr", "--model", str(d / "model"),
-                 "--offsets", str(d / "offsets.safetensors"), "--medusa", str(d / "none" / "medusa.safetensors"),
+                 "--drafters", f"reused,{d / 'offsets.safetensors'},medusa",
                  "--trees", str(d / "trees"), "--tree", "4",
                  "--manifest", str(d / "manifest.jsonl"), "--langs", "en,de", "--out", str(d / "out")])
     assert code == 0
@@ -149,14 +149,18 @@ def test_medusa_heads_are_trained_when_missing_or_stale(tiny_assets, monkeypatch
     write_corpus(tts, random_utterances(40), d / "corpus")  # ids u0..u39: u31 is the validation split
     model = tts.predictor
     medusa = d / "medusa" / "medusa.safetensors"
-    drafters, missing = load_drafters(["medusa"], model, d / "model", d / "none", medusa, corpus=None)
+    drafters, missing, _ = load_drafters(["medusa"], model, d / "model", None, d / "none", medusa)
     assert not drafters and "train-offsets --drafter medusa" in missing["medusa"]
-    drafters, missing = load_drafters(["medusa"], model, d / "model", d / "none", medusa, corpus=d / "corpus")
+    drafters, missing, files = load_drafters(["medusa"], model, d / "model", d / "corpus", d / "none", medusa)
     heads = drafters["medusa"]
     assert not missing and medusa.is_file() and heads.fingerprint == model_fingerprint(model)
+    assert files == {"medusa": str(medusa)}
     assert rvqspec_eval.medusa_training(medusa) == "2 batches of 32 frames"
     assert heads.res_bias.abs().sum() > 0  # trained: Adam moved the zero-initialised ResBlocks
-    assert torch.equal(load_drafters(["medusa"], model, d / "model", d / "none", medusa, None)[0]["medusa"].res_bias,
+    assert torch.equal(load_drafters(["medusa"], model, d / "model", None, d / "none", medusa)[0]["medusa"].res_bias,
                        heads.res_bias)  # reused as is
     other = tiny_standin(seed=5).predictor  # same sizes, other weights: the file is stale, so retrained
-    assert load_drafters(["medusa"], other, d / "model", d / "none", medusa, None)[1]
+    assert load_drafters(["medusa"], other, d / "model", None, d / "none", medusa)[1]
+    # A drafter file stands for its kind.
+    drafters, missing, files = load_drafters([str(medusa), "reused"], model, d / "model", None, d / "none", medusa)
+    assert list(drafters) == ["medusa", "reused"] and not missing and files == {"medusa": str(medusa)}

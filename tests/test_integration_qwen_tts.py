@@ -324,7 +324,7 @@ def test_synth_cli_refuses_offsets_of_another_model(checkpoint, tmp_path, monkey
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     Offsets.for_model(MultiCodeDecoder(tiny_config(hidden=32, vocab=32))).save(tmp_path / "offsets.safetensors")
     assert main(["synth", "--model", str(checkpoint), "--text", "hi", "--speaker", "tiny", "--out",
-                 str(tmp_path / "out.wav"), "--device", "cpu", "--offsets", str(tmp_path / "offsets.safetensors")]) == 2
+                 str(tmp_path / "out.wav"), "--device", "cpu", "--drafter", str(tmp_path / "offsets.safetensors")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "trained for a code predictor" in err and not (tmp_path / "out.wav").exists()
 
@@ -387,7 +387,7 @@ def test_resolve_model_finds_cached_snapshot_offline(tmp_path, monkeypatch):
      "not on disk .*huggingface-cli download Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"),
     (["synth", "--model", "{tmp}", "--text", "hi", "--out", "{tmp}/o.wav", "--no-spec", "--tree", "t.json"],
      "--no-spec decodes autoregressively"),
-    (["synth", "--model", "{tmp}", "--text", "hi", "--out", "{tmp}/o.wav", "--offsets", "{tmp}/none.safetensors"],
+    (["synth", "--model", "{tmp}", "--text", "hi", "--out", "{tmp}/o.wav", "--drafter", "{tmp}/none.safetensors"],
      "drafter file .* does not exist"),
     (["corpus", "from-audio", "--model", "{tmp}", "--audio", "{tmp}/none", "--out", "{tmp}/c"],
      "audio folder .* does not exist"),

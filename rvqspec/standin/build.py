@@ -288,6 +288,14 @@ def run_diagnose(args) -> int:
     return 0
 
 
+def add_corpus_cli(corpus) -> None:
+    """`rvqspec corpus speech`: the stand-in's offline speech corpus (its build's first stage, alone)."""
+    c = corpus.add_parser("speech", help="the stand-in's offline speech corpus (fortunes read by piper and espeak-ng)")
+    c.add_argument("--work", default="data/standin", help="build folder (the corpus goes to WORK/corpus)")
+    c.add_argument("--hours", type=float, default=3.4, help="corpus size, shared equally by the languages")
+    c.set_defaults(run=run_corpus)
+
+
 def add_cli(subparsers) -> None:
     p = subparsers.add_parser("standin", help="build the stand-in Qwen3-TTS (corpus, codec, model, offsets, trees)")
     sub = p.add_subparsers(dest="standin_command", required=True)
@@ -304,10 +312,6 @@ def add_cli(subparsers) -> None:
     b.add_argument("--offsets-epochs", type=int, default=Settings.offsets_epochs)
     b.add_argument("--seed", type=int, default=0)
     b.set_defaults(run=run_build)
-    c = sub.add_parser("corpus", help="build only the speech corpus")
-    c.add_argument("--work", default="data/standin")
-    c.add_argument("--hours", type=float, default=3.4)
-    c.set_defaults(run=run_corpus)
     q = sub.add_parser("quality", help="held-out confidence per codebook and Whisper WER/CER of the shipped model")
     q.add_argument("--work", default="data/standin")
     q.add_argument("--limit", type=int, default=Settings.quality_limit, help="test sentences per language for WER (0: all)")

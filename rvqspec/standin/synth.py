@@ -123,7 +123,7 @@ def first_per_lang(sentences: list[dict], per_lang: int | None) -> list[int]:
 def test_sentences(manifest: Path, langs: list[str], per_lang: int | None) -> list[dict]:
     """The test split of the stand-in's corpus: the first `per_lang` sentences of each language."""
     if not manifest.is_file():
-        raise RvqspecError(f"no corpus manifest at {manifest}: build the corpus with `rvqspec standin corpus` "
+        raise RvqspecError(f"no corpus manifest at {manifest}: build the corpus with `rvqspec corpus speech` "
                            "or pass --manifest")
     rows = [r for r in read_manifest(manifest) if r["split"] == "test"]
     picked = []
