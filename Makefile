@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 QWEN_TTS := qwen-tts==0.1.1
+# The torch build the project is tested with (a CPU build, from the local wheel); the package itself asks only torch>=2.5.
+TORCH := torch==2.13.0
 
 .PHONY: install demo test bench clean
 
@@ -10,7 +12,8 @@ install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -e '.[test,ref,standin]'
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e '.[test,ref,standin,train,bench,demo]' $(TORCH)
 	$(PY) -m pip install -q --no-deps $(QWEN_TTS)
 	touch $@
 

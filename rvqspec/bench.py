@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from rvqspec.checkpoint import atomic_write
+from rvqspec.bench_report import batch_markdown, batch_plot, markdown, plot
 from rvqspec.config import QWEN3_TTS_0_6B, QWEN3_TTS_1_7B
 from rvqspec.controlled import PAPER_ACCEPTANCE, ControlledPredictor, calibrate_strength, controlled_predictor
 from rvqspec.decode import decode_frame
@@ -272,103 +272,6 @@ def write_device_file(report: dict) -> Path | None:
                                "machine": report["machine"]["cpu"], "date": report["machine"]["date"]})
 
 
-# ---------------------------------------------------------------------------------------------- report
-
-def setting_name(s: dict) -> str:
-    return f"{s['model']} {s['dtype']} {s['threads']}t"
-
-
-def markdown(report: dict) -> str:
-    m, sizes = report["machine"], report["plan"]["sizes"]
-    lines = ["# rvqspec bench", "", f"`{report.get('command', 'rvqspec bench')}` (OMP_WAIT_POLICY={m['omp_wait_policy']}), "
-             f"{m['cpu']}, {m['cores']} cores, torch {m['torch']}, {m['date']}. Load average (1 min) "
-             f"{m['load_before'][0]:.1f} before, {m['load_after'][0]:.1f} after: the machine is shared, so "
-             "absolute times vary; the ratios come from interleaved measurements in one run.", "",
-             f"Per-call latency, median of {report['plan']['latency_rounds']} interleaved rounds (wall clock). A step is "
-             "all the engine does per call (AR: embed, model, head, sample; speculative: drafts, model over "
-             f"q=N+1, tree walk, cache move). Timed at k={report['timed_k']}.", "",
-             "| setting | AR step ms | " + " | ".join(f"N={n} ms (overhead)" for n in sizes) + " |",
-             "|---|---|" + "---|" * len(sizes)]
-    for s in report["settings"]:
-        lat = s["latency"]
-        lines.append(f"| {setting_name(s)} | {lat['ar']['wall_ms']:.2f} | " + " | ".join(
-            f"{lat['spec'][n]['wall_ms']:.2f} ({lat['spec'][n]['overhead']:+.0%})" for n in sizes) + " |")
-    lines += ["", f"Overhead from CPU time instead (less sensitive to other jobs taking the cores):", "",
-              "| setting | " + " | ".join(f"N={n}" for n in sizes) + " |", "|---|" + "---|" * len(sizes)]
-    for s in report["settings"]:
-        lines.append(f"| {setting_name(s)} | " + " | ".join(
-            f"{s['latency']['spec'][n]['overhead_cpu']:+.0%}" for n in sizes) + " |")
-    tokens = report["tokens_per_step_by_size"]
-    shown = [n for n in sizes if n in tokens]
-    lines += ["", f"Predicted speed-up tokens/step / (1 + overhead), tokens/step from {report['tokens_per_step_source']}:",
-              "", "| setting | " + " | ".join(f"N={n} ({tokens[n]:.2f} tok/step)" for n in shown) + " |",
-              "|---|" + "---|" * len(shown)]
-    for s in report["settings"]:
-        lines.append(f"| {setting_name(s)} | " + " | ".join(f"{s['predicted_speedup'][n]:.2f}x" for n in shown) + " |")
-    controlled = [(s, r) for s in report["settings"] for r in s["controlled"]]
-    if controlled:
-        lines += ["", "Acceptance-controlled runs (real architecture, random layers, heads peaked with a bisected "
-                  "strength; ReusedHeads drafts; deployed sampler). Whole frames with `decode_frame`, AR and "
-                  "speculative alternately; realized = median AR frame / median speculative frame:", "",
-                  "| setting | N | target tok/step | achieved tok/step | AR frame ms | spec frame ms | "
-                  "predicted | realized (wall) | realized (CPU) |", "|---|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {setting_name(s)} | {r['tree_size']} | {r['target_tokens_per_step']:.2f} | "
-                  f"{r['tokens_per_step']:.2f} | {r['ar_frame']['wall_ms']:.1f} | {r['spec_frame']['wall_ms']:.1f} | "
-                  f"{r['predicted_speedup']:.2f}x | {r['realized_speedup']:.2f}x | {r['realized_speedup_cpu']:.2f}x |"
-                  for s, r in controlled]
-    for s in report["settings"]:
-        if s["stand_in"]:
-            r = s["stand_in"]
-            lines += ["", f"Stand-in ({setting_name(s)}, N={r['tree_size']}, frames from {r['frames_from']}): "
-                      f"{r['tokens_per_step']:.3f} tokens/step, realized {r['realized_speedup']:.2f}x, ceiling "
-                      f"tokens/step / (1 + overhead) {r['ceiling']:.2f}x."]
-    if report["chosen"]:
-        c = report["chosen"]
-        lines += ["", f"Chosen for this device: N = {c['tree_size']} ({c['model']}, {c['dtype']}, {c['threads']} "
-                  f"thread(s), predicted {c['predicted_speedup']:.2f}x)."]
-    if report["paper_acceptance"]:
-        p = report["paper_acceptance"]
-        lines += [f"Realized speed-up of the 0.6B architecture at the paper's acceptance, best setting: "
-                  f"{p['speedup']:.2f}x ({p['dtype']}, {p['threads']} thread(s), N = {p['tree_size']}, "
-                  f"{p['tokens_per_step']:.2f} tokens/step; predicted {p['predicted_speedup']:.2f}x)."]
-    return "\n".join(lines) + "\n"
-
-
-def plot(report: dict, path: Path) -> None:
-    """Figure 4 style: verify overhead and speed-up vs tree size, acceptance as the grey dashed ceiling."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    sizes, tokens = report["plan"]["sizes"], report["tokens_per_step_by_size"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for i, s in enumerate(report["settings"]):
-        color = f"C{i % 10}"
-        left.plot(sizes, [s["latency"]["spec"][n]["overhead"] * 100 for n in sizes], "o-", color=color,
-                  label=setting_name(s))
-        shown = [n for n in sizes if n in s["predicted_speedup"]]
-        right.plot(shown, [s["predicted_speedup"][n] for n in shown], "o-", color=color, label=setting_name(s))
-        runs = s["controlled"] + ([s["stand_in"]] if s["stand_in"] else [])
-        right.plot([r["tree_size"] for r in runs], [r["realized_speedup"] for r in runs], "*", color=color,
-                   markersize=11)
-    shown = [n for n in sizes if n in tokens]
-    right.plot(shown, [tokens[n] for n in shown], "--", color="grey", label="tokens/step (ceiling)")
-    right.axhline(1.0, color="black", linewidth=0.6)
-    for ax, label in ((left, "verify overhead (%)"), (right, "speed-up over AR (x)")):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(sizes, [str(n) for n in sizes])
-        ax.set_xlabel("sparse tree size N")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-    right.set_title("lines: tokens/step / (1 + overhead); stars: realized", fontsize=9)
-    left.set_title(f"{report['machine']['cpu']}", fontsize=9)
-    left.legend(fontsize=7)
-    fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
-    plt.close(fig)
-
-
 # ---------------------------------------------------------------------------------------------- CLI
 
 def parse_list(text: str, kind, allowed=None, what: str = "value") -> list:
@@ -410,7 +313,7 @@ def run_batch(args, dtypes: list[str], threads: list[int]) -> int:
     report = bench_batch.run_batch_bench(plan, (lambda *a, **k: None) if args.json else print)
     report["command"] = command_line(args)
     paths = write_reports(report, Path(args.out), "bench-batch-quick" if args.quick else "bench-batch",
-                          bench_batch.markdown, bench_batch.plot)
+                          batch_markdown, batch_plot)
     device = None if args.no_device_file else bench_batch.write_device_latency(report)
     if args.json:
         print(json.dumps({"batch_policy_speedup": report["batch_policy_speedup"],

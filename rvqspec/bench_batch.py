@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 
-from rvqspec.checkpoint import atomic_write
 from rvqspec.config import QWEN3_TTS_0_6B
 from rvqspec.controlled import (PAPER_ACCEPTANCE, ControlledPredictor, calibrate_strength, controlled_predictor,
                                 frame_calls)
@@ -193,63 +192,6 @@ def latency_entries(report: dict) -> dict:
     """The device file's latency tables from a report: {setting key: {"ms": ..., "measured_on": ...}}."""
     where = f"{report['machine']['cpu']}, {report['machine']['date']}"
     return {s["key"]: {"ms": s["latency_ms"], "measured_on": f"{s['key']} on {where}"} for s in report["settings"]}
-
-
-def markdown(report: dict) -> str:
-    m = report["machine"]
-    lines = ["# rvqspec bench --batch", "",
-             f"`{report.get('command', 'rvqspec bench --batch')}`: {report['architecture']} (random weights, "
-             f"acceptance controlled to the paper's tokens/step), {m['cpu']}, torch {m['torch']}, {m['date']}, load "
-             f"{m['load_before'][0]:.1f} before, {m['load_after'][0]:.1f} after. Frames/s = B / median time of one "
-             "batched frame (15 codes per row), the same batches for every method, interleaved; ratios are from "
-             "one run.", ""]
-    for s in report["settings"]:
-        lines += [f"## {s['dtype']}, {s['threads']} thread(s), {s['device']}", "",
-                  "| B | policy | frames/s AR (ours) | frames/s policy | frames/s upstream | policy / AR | predicted "
-                  "| policy / upstream | tokens/step |", "|---|---|---|---|---|---|---|---|---|"]
-        for r in s["frames"]:
-            fps = r["frames_per_second"]
-            upstream = f"{fps['upstream']:.1f}" if "upstream" in fps else "-"
-            versus = f"{r['policy_over_upstream']:.2f}x" if r["policy_over_upstream"] else "-"
-            choice = f"N={r['tree_size']}" if r["tree_size"] else "AR"
-            lines.append(f"| {r['batch']} | {choice} | {fps['ar']:.1f} | {fps['policy']:.1f} | {upstream} | "
-                         f"{r['policy_over_ar']:.2f}x | {r['predicted_policy_over_ar']:.2f}x | {versus} | "
-                         f"{r['policy_tokens_per_step']:.2f} |")
-        switch = s["switch_to_ar_at"]
-        lines += ["", f"The policy switches to AR at B = {switch}." if switch else
-                  "The policy keeps speculating at every measured B.", "",
-                  "Latency per call (ms, median), N = 0 an AR step:", "",
-                  "| B | " + " | ".join(f"N={n}" for n in next(iter(s["latency_ms"].values()))) + " |",
-                  "|---|" + "---|" * len(next(iter(s["latency_ms"].values())))]
-        lines += [f"| {b} | " + " | ".join(f"{v:.2f}" for v in row.values()) + " |" for b, row in s["latency_ms"].items()]
-        lines.append("")
-    return "\n".join(lines)
-
-
-def plot(report: dict, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for i, s in enumerate(report["settings"]):
-        batches = [r["batch"] for r in s["frames"]]
-        name = f"{s['dtype']} {s['threads']}t"
-        for method, style in (("policy", "o-"), ("ar", "s--"), ("upstream", "^:")):
-            values = [r["frames_per_second"].get(method) for r in s["frames"]]
-            if None not in values:
-                ax.plot(batches, values, style, color=f"C{i}", label=f"{name} {method}")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("batch size B")
-    ax.set_ylabel("frames per second")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    ax.set_title(f"{report['architecture']}, {report['machine']['cpu']}", fontsize=9)
-    fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
-    plt.close(fig)
 
 
 def write_device_latency(report: dict) -> Path:

@@ -52,7 +52,6 @@ class PredictorConfig:
 
 QWEN3_TTS_0_6B = PredictorConfig()
 QWEN3_TTS_1_7B = PredictorConfig(talker_hidden_size=2048)
-PRESETS = {"0.6b": QWEN3_TTS_0_6B, "1.7b": QWEN3_TTS_1_7B}
 
 
 def config_from_upstream(upstream: dict) -> PredictorConfig:

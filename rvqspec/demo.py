@@ -25,7 +25,7 @@ from rvqspec.config import QWEN3_TTS_0_6B
 from rvqspec.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor, frame_calls
 from rvqspec.drafters import Offsets, ReusedHeads
 from rvqspec.errors import RvqspecError
-from rvqspec.model import MKLDNN_BF16
+from rvqspec.packing import MKLDNN_BF16
 from rvqspec.policy import LatencyTable, Policy, measured_distribution
 from rvqspec.sampling import Sampler
 from rvqspec.timing import call_latency, latency_row

@@ -12,7 +12,6 @@ Table t (0..15) embeds code c_t: table 0 is the talker's c0 table, table t>=1 up
 with `heads[p-1]`; position 0 carries the talker's hidden state.
 """
 
-import threading
 from pathlib import Path
 
 import torch
@@ -22,6 +21,7 @@ from torch import Tensor, nn
 from rvqspec.checkpoint import official_layout, read_tensors, save_predictor
 from rvqspec.config import PredictorConfig, load_config
 from rvqspec.errors import RvqspecError
+from rvqspec.packing import Linear, PackedWeight, linear
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64}
@@ -72,64 +72,6 @@ class RotaryEmbedding(nn.Module):
         if positions.dim() == 2:
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         return cos, sin
-
-
-# CPU inference multiplies large weights through a prepacked oneDNN copy: for the 1..65-row calls of
-# decoding, PyTorch's default bf16 path re-lays out the weight on every call and MKL's fp32 GEMM is slow
-# for 2..65 rows (benchmarks/packed_linear.py, 6144x1024: bf16 1.4-2x faster at 1-65 rows, fp32 1.1-1.9x
-# at 5-65 rows but slower for 1 row, which stays on MKL's GEMV). oneDNN costs ~20 us per call, more than
-# small products take, hence the size floor.
-PACK_MIN_ELEMENTS = 1 << 20
-PACK_ROWS_HINT = 32  # oneDNN chooses the packed layout for this many rows
-MKLDNN_BF16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-
-
-class PackedWeight:
-    """A oneDNN-prepacked copy of a weight, rebuilt whenever the weight changes (new storage or in-place write).
-    The lock lets threads that share a model see a packed copy and its source change together."""
-
-    def __init__(self) -> None:
-        self.source: Tensor | None = None  # holds the packed storage, so a new weight cannot reuse its address
-        self.version = -1
-        self.packed: Tensor | None = None
-        self.lock = threading.Lock()
-
-    def get(self, weight: Tensor) -> Tensor:
-        with self.lock:
-            source = self.source
-            if source is None or weight.data_ptr() != source.data_ptr() or weight.shape != source.shape \
-                    or weight._version != self.version:
-                self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS_HINT)
-                self.source, self.version = weight.detach(), weight._version
-            return self.packed
-
-    def __reduce__(self):  # copies and pickles start empty and pack on first use
-        return PackedWeight, ()
-
-
-def use_packed(x: Tensor, weight: Tensor) -> bool:
-    if x.device.type != "cpu" or torch.is_grad_enabled() or weight.numel() < PACK_MIN_ELEMENTS \
-            or not torch.backends.mkldnn.enabled or x.dtype != weight.dtype or torch.compiler.is_compiling():
-        return False
-    return (x.dtype == torch.bfloat16 and MKLDNN_BF16) or (x.dtype == torch.float32 and x.numel() > x.shape[-1])
-
-
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None, pack: PackedWeight) -> Tensor:
-    """F.linear, through the prepacked copy in `pack` where that is faster."""
-    if use_packed(x, weight):
-        return torch.ops.mkldnn._linear_pointwise(x, pack.get(weight), bias, "none", [], "")
-    return F.linear(x, weight, bias)
-
-
-class Linear(nn.Linear):
-    """nn.Linear with the prepacked CPU inference path of `linear` (same parameters and state dict)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.pack = PackedWeight()
-
-    def forward(self, x: Tensor) -> Tensor:
-        return linear(x, self.weight, self.bias, self.pack)
 
 
 def init_weights(module: nn.Module) -> None:

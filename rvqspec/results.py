@@ -130,7 +130,7 @@ def paper_rows(sizes: list[int]) -> list[str]:
 
 
 def bench_section(bench: dict | None, bench_dir: Path, out: Path) -> list[str]:
-    from rvqspec.bench import markdown, setting_name
+    from rvqspec.bench_report import markdown, setting_name
     from rvqspec.controlled import PAPER_ACCEPTANCE
 
     lines = ["## Latency per call, speed-up vs tree size N, chosen N (Figure 4)", ""]
@@ -180,7 +180,7 @@ def bench_section(bench: dict | None, bench_dir: Path, out: Path) -> list[str]:
 
 def batch_section(reports: dict[str, dict | None], results_dir: Path, out: Path) -> list[str]:
     """Batched decoding: the policy's frames/s over our batched AR and over upstream's batched generate, per B."""
-    from rvqspec.bench_batch import markdown
+    from rvqspec.bench_report import batch_markdown, markdown
 
     lines = ["## Batched decoding: the decoding policy against batched AR", ""]
     measured = {where: report for where, report in reports.items() if report}
@@ -204,24 +204,22 @@ def batch_section(reports: dict[str, dict | None], results_dir: Path, out: Path)
                          f" | {setting['switch_to_ar_at'] or 'never'} |")
     gpu_bench = read_json(results_dir / "gpu" / "bench.json")
     if gpu_bench:
-        from rvqspec.bench import markdown as bench_markdown
-
         lines += ["", "### GPU (H200): one stream, `rvqspec bench` (benchmarks/gpu_check.sh)", "",
-                  without_title(bench_markdown(int_keys(gpu_bench)))]
+                  without_title(markdown(int_keys(gpu_bench)))]
     for where, report in measured.items():
         folder = results_dir if where == "CPU" else results_dir / "gpu"
         figure = folder / "bench-batch.png"
         lines += ["", f"### {where}: details from `{report.get('command', 'rvqspec bench --batch')}`", ""]
         if figure.is_file():
             lines += [f"![frames/s against batch size]({link(figure, out)})", ""]
-        lines.append(without_title(markdown(report)))
+        lines.append(without_title(batch_markdown(report)))
     return lines
 
 
 def standin_bench_section(bench: dict | None, bench_dir: Path, out: Path) -> list[str]:
     """The stand-in's own bench run: its calls are tiny, so this shows how far per-round overhead eats the
     calls it saves (realized inner-loop speed-up beside the ceiling tokens/step / (1 + overhead))."""
-    from rvqspec.bench import markdown
+    from rvqspec.bench_report import markdown
 
     lines = ["## The stand-in on this CPU: inner-loop speed-up at its own acceptance", ""]
     if bench is None:

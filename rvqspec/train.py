@@ -26,7 +26,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
-from tqdm import tqdm
 
 from rvqspec.flags import drafter_flag, model_flag
 from rvqspec.checkpoint import atomic_write, save_json
@@ -142,6 +141,34 @@ def save_checkpoint(out: Path, state: dict) -> None:
     atomic_write(out / "last.pt", lambda tmp: torch.save(state, tmp))
 
 
+class NoBar:
+    """Stands in for a tqdm bar that is off, or whose package (the `train` extra) is not installed."""
+
+    def __init__(self, iterable):
+        self.iterable = iterable
+
+    def __iter__(self):
+        return iter(self.iterable)
+
+    def set_postfix(self, **kwargs) -> None:
+        pass
+
+    @staticmethod
+    def write(text: str, file=None) -> None:
+        print(text, file=file)
+
+
+def progress_bar(iterable, show: bool, **kwargs):
+    """A tqdm bar over `iterable` when `show` and tqdm is installed, else the iterable as it is."""
+    if show:
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            return NoBar(iterable)
+        return tqdm(iterable, **kwargs)
+    return NoBar(iterable)
+
+
 def train(model_path: str | Path, corpus_path: str | Path, out: str | Path, settings: TrainSettings = TrainSettings(),
           epochs: int = 1, max_steps: int | None = None, resume: bool = False, force: bool = False,
           dtype: str = "float32", device: str | None = None, progress: bool = True) -> dict:
@@ -218,8 +245,8 @@ def run_training(model_path, corpus_path, out: Path, settings: TrainSettings, ep
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         saved_sum = state["epoch_loss_sum"] if done else 0.0
         batches = corpus.batches("train", batch_size, settings.seed, epoch, rank, world_size, skip=done, drop_last=True)
-        bar = tqdm(batches, total=steps_per_epoch, initial=done, desc=f"epoch {epoch + 1}/{epochs}",
-                   disable=not progress or rank != 0, file=sys.stderr)
+        bar = progress_bar(batches, progress and rank == 0, total=steps_per_epoch, initial=done,
+                           desc=f"epoch {epoch + 1}/{epochs}", file=sys.stderr)
         for codes, hidden in bar:
             check_codes(codes, model)
             losses, _ = step_fn(hidden.to(device), codes.to(device))
@@ -250,7 +277,7 @@ def run_training(model_path, corpus_path, out: Path, settings: TrainSettings, ep
         if progress and rank == 0:
             accuracy = " ".join(f"{a:.3f}" for a in validation["accuracy"])
             baseline = " ".join(f"{a:.3f}" for a in metrics["baseline"]["accuracy"])
-            tqdm.write(f"epoch {epoch + 1}: train loss {record['train_loss']:.4f}, val loss {validation['loss']:.4f}, "
+            bar.write(f"epoch {epoch + 1}: train loss {record['train_loss']:.4f}, val loss {validation['loss']:.4f}, "
                        f"top-1 per depth {accuracy} (reused heads {baseline})", file=sys.stderr)
         if max_steps is not None and step >= max_steps:
             break

@@ -1,0 +1,44 @@
+"""The package installs beside a user's torch with its base dependencies alone (torch, safetensors, numpy: no
+plots, audio, recognisers or progress bars) and decodes a frame from a checkpoint folder."""
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SCRIPT = """
+import importlib.util, sys, tempfile, torch
+import rvqspec
+from rvqspec.cli import build_parser
+for extra in ("matplotlib", "soundfile", "tqdm", "scipy", "transformers", "faster_whisper"):
+    assert importlib.util.find_spec(extra) is None, extra + " was installed with the base dependencies"
+config = rvqspec.PredictorConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, head_dim=8, vocab_size=16, talker_hidden_size=32,
+                                 talker_vocab_size=20)
+folder = tempfile.mkdtemp()
+rvqspec.MultiCodeDecoder(config).save_pretrained(folder)
+model = rvqspec.MultiCodeDecoder.from_pretrained(folder)
+greedy = rvqspec.Sampler(do_sample=False)
+ar = rvqspec.decode_frame(model, torch.randn(32), 3, greedy)
+spec = rvqspec.decode_frame(model, torch.randn(32), 3, greedy, drafter=rvqspec.ReusedHeads(), tree=rvqspec.default_tree(8))
+assert ar.codes.shape == (15,) and ar.calls == 15 and 1 <= spec.calls <= 15
+build_parser()  # every subcommand registers without the extras
+print("decoded", ar.codes.tolist(), "from", rvqspec.__file__)
+"""
+
+
+def test_base_install_decodes_a_frame(tmp_path):
+    base = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    torch_build = re.search(r"^TORCH := (\S+)", (ROOT / "Makefile").read_text(), re.M).group(1)  # the tested build
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    subprocess.run(pip + [*base, torch_build, "setuptools>=68"], check=True)
+    subprocess.run(pip + ["--no-deps", "--no-build-isolation", str(ROOT)], check=True, cwd=tmp_path)
+    done = subprocess.run([python, "-c", SCRIPT], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "decoded" in done.stdout and str(venv) in done.stdout  # the installed copy, not the checkout
