@@ -129,6 +129,14 @@ def atomic_write(path: str | Path, write) -> None:
             os.unlink(tmp)
 
 
+def relative_path(path: str | Path) -> Path:
+    """`path` relative to the working directory when it lies below it, for reports (readable on another machine)."""
+    try:
+        return Path(path).resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        return Path(path)
+
+
 def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
     atomic_write(path, lambda tmp: save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata))
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rvqspec.checkpoint import atomic_write, save_json
+from rvqspec.checkpoint import atomic_write, relative_path, save_json
 from rvqspec.errors import RvqspecError
 from rvqspec.flags import KINDS, drafter_spec, model_flag
 from rvqspec.standin.quality import WhisperASR, codec_vocoder, error_rates, transcripts
@@ -449,7 +449,7 @@ def run(args) -> int:
     vocoder = codec_vocoder(Path(args.codec) if args.codec else None) if asr else None
     report = evaluate(tts, sentences, drafters, tree, seeds, vocoder, asr, missing,
                       wer_per_lang)
-    report["model"] = str(model_dir)
+    report["model"] = str(relative_path(model_dir))
     if "medusa" in drafters:
         report["medusa"] = {"file": files["medusa"], "training": medusa_training(Path(files["medusa"]))}
     report["command"] = "rvqspec eval --quick" if quick else "rvqspec eval"

@@ -18,7 +18,7 @@ import json
 import os
 from pathlib import Path
 
-from rvqspec.checkpoint import atomic_write
+from rvqspec.checkpoint import atomic_write, relative_path
 from rvqspec.errors import RvqspecError
 
 RESULTS_DIR = Path("benchmarks/results")
@@ -75,7 +75,7 @@ def eval_sections(report: dict | None) -> list[str]:
                 "## Table 3: per language, AR vs speculative", "", table3, "", missing, "",
                 "## Distribution check on real decoding", "", missing]
     return ["## Table 2: drafters (tokens/step, added parameters)", "",
-            f"Stand-in model `{report.get('model', '?')}`, free-running synthesis of the held-out test sentences "
+            f"Stand-in model `{relative_path(report.get('model', '?'))}`, free-running synthesis of the held-out test sentences "
             f"({report['sampler']}). From `{report.get('command', 'rvqspec eval')}`.", "", table2_markdown(report), "",
             "## Table 3: per language, AR vs speculative", "", table3_markdown(report), "",
             "## Distribution check on real decoding", "",
@@ -260,20 +260,12 @@ def regenerate(results_dir: Path = RESULTS_DIR, calibration_path: Path | None = 
 
     calibration_path = calibration_path or TREES_DIR / "report.json"
     text = results_markdown(read_json(results_dir / "eval.json"), read_json(calibration_path),
-                            relative(calibration_path), read_json(results_dir / "bench.json"), results_dir, out,
+                            relative_path(calibration_path), read_json(results_dir / "bench.json"), results_dir, out,
                             read_json(results_dir / "standin" / "bench.json"), read_text(results_dir / "round-profile.md"),
                             {"CPU": read_json(results_dir / "bench-batch.json"),
                              "GPU (H200)": read_json(results_dir / "gpu" / "bench-batch.json")})
     atomic_write(out, lambda tmp: Path(tmp).write_text(text))
     return text
-
-
-def relative(path: Path) -> Path:
-    """`path` relative to the working directory when it lies below it (readable, machine-independent)."""
-    try:
-        return Path(path).resolve().relative_to(Path.cwd().resolve())
-    except ValueError:
-        return Path(path)
 
 
 def link(target: Path, markdown_file: Path) -> str:
