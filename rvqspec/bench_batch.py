@@ -48,8 +48,9 @@ class BatchPlan:
 
 
 def quick_batch_plan(batches, dtypes, threads, device) -> BatchPlan:
-    """Both dtypes at the first thread count, fewer repeats: under 5 minutes on 2 shared cores."""
-    return BatchPlan(batches, dtypes, threads[:1], device, latency_rounds=4, repeats=5, calibration_iterations=6,
+    """The first dtype and thread count, fewer repeats, like `rvqspec bench --quick`: about 1.5 minutes on 2 shared
+    cores (both default dtypes: 4.5 minutes, float32's rounds being slow)."""
+    return BatchPlan(batches, dtypes[:1], threads[:1], device, latency_rounds=4, repeats=5, calibration_iterations=6,
                      calibration_frames=8)
 
 
