@@ -5,7 +5,9 @@ most frames per second, predicted from measured call latencies and the drafts' a
     frame time (B, N) = latency(B, 0) + (E[max over B rows of calls] - 1) x latency(B, N)
 
 A batch runs until its slowest row is done, so the speculative term uses the distribution of a frame's
-calls (from the per-position acceptance: `calls_distribution`), not its mean: P(max <= c) = P(calls <= c)^B.
+calls, not its mean: P(max <= c) = P(calls <= c)^B. The distribution is measured (each held-out frame's calls
+in an `rvqspec calibrate` report: `measured_distribution`) or, where no frames were decoded, predicted from
+the per-position acceptance (`calls_distribution`).
 latency(B, N) is ms per call at batch B (N = 0: an AR step), measured by `rvqspec bench --batch` on this
 device and stored in the device file; without one, the built-in table measured on the development
 machines (`latency_default.json`) with a larger margin; without either, AR. Speculation is chosen only
@@ -96,9 +98,6 @@ class LatencyTable:
     def from_json(cls, entry: dict, source: str, margin: float) -> "LatencyTable":
         return cls({int(b): {int(n): float(ms) for n, ms in row.items()} for b, row in entry["ms"].items()}, source,
                    margin)
-
-    def to_json(self) -> dict:
-        return {"ms": {str(b): {str(n): ms for n, ms in row.items()} for b, row in self.ms.items()}}
 
     @property
     def sizes(self) -> list[int]:
@@ -221,8 +220,3 @@ class Policy:
         figure = f"{self.predicted_speedup(batch, shown):.2f}x (N={shown}, {tokens:.2f} tokens/step, batch {batch})"
         what = f"speculative N={size}: predicted {figure}" if size else f"AR: speculation predicted at best {figure}"
         return f"{what}; latency {self.latency.source}"
-
-
-def check_tree_choice(tree) -> None:
-    if not (tree is None or tree == "auto" or isinstance(tree, Tree)):
-        raise RvqspecError(f"tree must be an rvqspec.Tree, 'auto' (the policy) or None, got {tree!r}")
