@@ -107,6 +107,9 @@ def load_drafter(spec: str, model: MultiCodeDecoder, depth: int) -> Drafter:
     return drafter.to(model.device, model.dtype)
 
 
+MAX_BUDGET = 1024  # a verify call over 1,025 tokens is far past any speed-up; tree growth is quadratic in N
+
+
 def parse_budgets(text: str) -> list[int]:
     try:
         budgets = sorted({int(b) for b in text.split(",") if b.strip()})
@@ -114,6 +117,9 @@ def parse_budgets(text: str) -> list[int]:
         budgets = []
     if not budgets or budgets[0] < 1:
         raise RvqspecError(f"--budgets must be a comma-separated list of tree sizes >= 1 (e.g. 4,8,16), got {text!r}")
+    if budgets[-1] > MAX_BUDGET:
+        raise RvqspecError(f"--budgets {budgets[-1]} is more nodes than a verify call can use: tree sizes are at most "
+                           f"{MAX_BUDGET} (the paper's devices choose 16-32)")
     return budgets
 
 

@@ -80,13 +80,25 @@ def open_safetensors(file: Path):
         raise RvqspecError(f"{file} is not a readable safetensors file ({e}): re-download or rebuild the checkpoint") from None
 
 
-def read_tensors(folder: Path, wanted: dict[str, tuple[int, ...]], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Read just the `wanted` tensors, checking their shapes; errors name every missing tensor."""
+def shown(names: list[str], limit: int = 6) -> str:
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def read_tensors(folder: Path, wanted: dict[str, tuple[int, ...]], dtype: torch.dtype,
+                 all_of: str | None = None) -> dict[str, torch.Tensor]:
+    """Read just the `wanted` tensors, checking their shapes; errors name every missing tensor. With `all_of`
+    (a key prefix), every tensor under it must be wanted: one left over means config.json describes a smaller
+    model than the weights (fewer layers or code groups), which would load silently cut down."""
     files = tensor_files(folder)
     missing = [name for name in wanted if name not in files]
     if missing:
-        shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
-        raise RvqspecError(f"checkpoint {folder} lacks {len(missing)} tensor(s) the code predictor needs: {shown}")
+        raise RvqspecError(f"checkpoint {folder} lacks {len(missing)} tensor(s) the code predictor needs: "
+                           f"{shown(missing)}")
+    unused = sorted(name for name in files if all_of and name.startswith(all_of) and name not in wanted)
+    if unused:
+        raise RvqspecError(f"config.json and the weights in {folder} disagree: {len(unused)} code-predictor tensor(s) "
+                           f"are not part of the model config.json describes ({shown(unused, 3)}): fix config.json "
+                           "(num_hidden_layers, num_code_groups, ...) or use the config.json these weights came with")
     out: dict[str, torch.Tensor] = {}
     by_file: dict[Path, list[str]] = {}
     for name in wanted:

@@ -14,6 +14,7 @@ model, not for Qwen3-TTS.
 """
 
 import json
+import os
 import statistics
 import time
 from dataclasses import replace
@@ -258,8 +259,8 @@ def print_engine_report(r: dict) -> None:
 
 
 def run(args) -> int:
-    if args.threads < 1:
-        raise RvqspecError(f"--threads must be >= 1, got {args.threads}")
+    if not 1 <= args.threads <= (os.cpu_count() or 1):
+        raise RvqspecError(f"--threads must be between 1 and this machine's {os.cpu_count()} cores, got {args.threads}")
     torch.set_num_threads(args.threads)
     if args.assets is None and not (default_assets() / "model" / "model.safetensors").is_file():
         report = run_engine_demo(seed=args.seed) | {"real_0_6b": real_architecture_comparison()}

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rvqspec.checkpoint import official_layout, read_tensors, save_predictor
+from rvqspec.checkpoint import PREDICTOR, official_layout, read_tensors, save_predictor
 from rvqspec.config import PredictorConfig, load_config
 from rvqspec.errors import RvqspecError
 from rvqspec.packing import Linear, PackedWeight, linear
@@ -278,7 +278,8 @@ class MultiCodeDecoder(nn.Module):
                                "*.safetensors")
         config = load_config(folder)
         wanted = {name: shape for _, parts in official_layout(config).values() for name, shape in parts}
-        return cls.from_official(config, read_tensors(folder, wanted, resolve_dtype(dtype)), torch.device(device))
+        tensors = read_tensors(folder, wanted, resolve_dtype(dtype), all_of=PREDICTOR)
+        return cls.from_official(config, tensors, torch.device(device))
 
     @classmethod
     def from_official(cls, config: PredictorConfig, tensors: dict[str, Tensor], device: torch.device

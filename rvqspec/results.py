@@ -274,6 +274,11 @@ def link(target: Path, markdown_file: Path) -> str:
 
 
 def run(args) -> int:
+    if not Path(args.results).is_dir():
+        raise RvqspecError(f"--results {args.results} is not a folder: pass the folder holding eval.json and bench.json "
+                           "(default benchmarks/results)")
+    if args.calibration and not Path(args.calibration).is_file():
+        raise RvqspecError(f"--calibration {args.calibration} does not exist: pass a calibration report.json")
     regenerate(Path(args.results), Path(args.calibration) if args.calibration else None, Path(args.out))
     print(f"wrote {args.out}")
     return 0

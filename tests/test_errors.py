@@ -213,3 +213,36 @@ def test_cli_inspect_reports_the_checkpoint(folder, model, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["config"] == CONFIG.to_dict()
     assert report["parameters"]["total"] == sum(p.numel() for p in model.parameters())
+
+
+def test_config_describing_a_smaller_model_than_the_weights_is_refused(tmp_path):
+    """config.json with fewer layers or code groups than the weights would load a cut-down predictor silently."""
+    from rvqspec.model import MultiCodeDecoder
+    from tiny import tiny_model
+
+    tiny_model(layers=2, dtype=torch.float32).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    for field, value in (("num_hidden_layers", 1), ("num_code_groups", 3)):
+        edited = json.loads(json.dumps(config))
+        edited["talker_config"]["code_predictor_config"][field] = value
+        (tmp_path / "config.json").write_text(json.dumps(edited))
+        with pytest.raises(RvqspecError, match="config.json and the weights .* disagree"):
+            MultiCodeDecoder.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert MultiCodeDecoder.from_pretrained(tmp_path).config.num_hidden_layers == 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["results", "--results", "{tmp}/typo", "--out", "{tmp}/X.md"], "is not a folder"),
+    (["results", "--calibration", "{tmp}/none.json", "--out", "{tmp}/X.md"], "does not exist"),
+    (["standin", "build", "--from", "quality", "--to", "corpus", "--work", "{tmp}/w"], "comes after --to"),
+    (["calibrate", "--model", "m", "--drafter", "reused", "--corpus", "c", "--out", "{tmp}/o", "--budgets", "100000"],
+     "at most 1024"),
+    (["demo", "--threads", "100000"], "between 1 and this machine's"),
+])
+def test_inputs_that_lost_data_or_hung_are_refused_first(argv, message, tmp_path, capsys):
+    (tmp_path / "X.md").write_text("mine")
+    assert main([a.format(tmp=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+    assert (tmp_path / "X.md").read_text() == "mine"  # nothing of the user's was touched

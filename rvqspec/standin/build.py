@@ -217,6 +217,9 @@ def build(s: Settings, first: str = "corpus", last: str = "quality", force: tupl
     for name in (first, last, *force):
         if name not in STAGES:
             raise RvqspecError(f"unknown stage {name!r}: stages are {', '.join(names)}")
+    if names.index(first) > names.index(last):
+        raise RvqspecError(f"--from {first} comes after --to {last}: no stage to run (stages in order: "
+                           f"{', '.join(names)})")
     torch.set_num_threads(1)  # the machine is shared; every figure below is for one thread
     log_path = s.work / "build.json"
     log = json.loads(log_path.read_text()) if log_path.is_file() else {"stages": {}}
