@@ -30,7 +30,7 @@ from rvqspec.decode import decode_frame
 from rvqspec.device_file import update_device_file
 from rvqspec.drafters import ReusedHeads
 from rvqspec.errors import RvqspecError
-from rvqspec.flags import drafter_flag, model_flag
+from rvqspec import flags
 from rvqspec.model import MultiCodeDecoder, resolve_dtype
 from rvqspec.sampling import Sampler
 from rvqspec.timing import TIMED_K, call_latency, clocks, elapsed_ms, machine, medians, write_reports
@@ -372,9 +372,9 @@ def run(args) -> int:
 def add_cli(subparsers) -> None:
     p = subparsers.add_parser("bench", help="per-call latency sweep, speed-up vs tree size, acceptance-controlled "
                                             "runs; chooses the tree size N for this device",
-                              parents=[model_flag(required=False, help="also benchmark this checkpoint folder (e.g. "
+                              parents=[flags.model_flag(required=False, help="also benchmark this checkpoint folder (e.g. "
                                                   "the stand-in; with --calibration: alone)"),
-                                       drafter_flag(default=None, help="drafter for --model: 'reused' or a trained "
+                                       flags.drafter_flag(default=None, help="drafter for --model: 'reused' or a trained "
                                                     "file (default: the calibration's, else reused)")])
     p.add_argument("--archs", default="0.6b,1.7b", help="real architectures (random weights): 0.6b, 1.7b, or ''")
     p.add_argument("--calibration", help="`rvqspec calibrate` report.json (or its folder): tokens/step per N "
@@ -384,12 +384,12 @@ def add_cli(subparsers) -> None:
     p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="tree sizes N")
     p.add_argument("--dtype", default="bfloat16,float32", help="comma-separated dtypes (--quick: the first)")
     p.add_argument("--threads", default="1,2", help="comma-separated torch thread counts (--quick: the first)")
-    p.add_argument("--rounds", type=int, help="latency rounds (default 20, quick 5; --batch: 10, quick 4)")
+    p.add_argument("--rounds", type=flags.positive_int, help="latency rounds (default 20, quick 5; --batch: 10, quick 4)")
     p.add_argument("--batch", help="batched decoding instead: comma-separated batch sizes (e.g. 1,2,4,8,16); frames/s "
                                    "of our AR, the decoding policy and upstream, latency tables for the policy")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (--batch, and the real architectures)")
+    p.add_argument("--device", type=flags.device, default="cpu", help="cpu or cuda (--batch, and the real architectures)")
     p.add_argument("--quick", action="store_true", help="one dtype/thread setting, fewer repeats (< 3 minutes)")
-    p.add_argument("--out", default="benchmarks/results", help="folder for bench.{json,md,png}")
+    p.add_argument("--out", type=flags.out_folder, default="benchmarks/results", help="folder for bench.{json,md,png}")
     p.add_argument("--no-device-file", action="store_true", help="do not write the chosen N to the device file")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)

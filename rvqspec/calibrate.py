@@ -27,7 +27,7 @@ from rvqspec.corpus import Corpus, check_codes
 from rvqspec.decode import decode_frame
 from rvqspec.drafters import DEFAULT_DEPTH, Drafter, ReusedHeads
 from rvqspec.errors import RvqspecError
-from rvqspec.flags import drafter_flag, model_flag
+from rvqspec import flags
 from rvqspec.model import MultiCodeDecoder
 from rvqspec.policy import calls_distribution
 from rvqspec.sampling import Sampler
@@ -207,20 +207,20 @@ def run(args) -> int:
 def add_cli(subparsers) -> None:
     p = subparsers.add_parser("calibrate", help="measure draft acceptance, grow sparse trees, report predicted "
                                                 "vs measured tokens/step",
-                              parents=[model_flag(), drafter_flag(required=True, default=None)])
+                              parents=[flags.model_flag(), flags.drafter_flag(required=True, default=None)])
     p.add_argument("--corpus", required=True, help="code corpus folder")
     p.add_argument("--budgets", default="4,8,16,32,64", help="tree sizes N, comma-separated")
-    p.add_argument("--out", required=True, help="folder for tree-N*.json and report.{json,md}")
-    p.add_argument("--frames", type=int, default=1000, help="frames for the acceptance statistics")
-    p.add_argument("--eval-frames", type=int, default=200, help="held-out frames decoded per tree")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--depth", type=int, default=DEFAULT_DEPTH, help="K for 'reused' (files carry their own)")
-    p.add_argument("--temperature", type=float, default=0.9)
-    p.add_argument("--top-k", type=int, default=50)
+    p.add_argument("--out", required=True, type=flags.out_folder, help="folder for tree-N*.json and report.{json,md}")
+    p.add_argument("--frames", type=flags.positive_int, default=1000, help="frames for the acceptance statistics")
+    p.add_argument("--eval-frames", type=flags.positive_int, default=200, help="held-out frames decoded per tree")
+    p.add_argument("--seed", type=flags.seed, default=0)
+    p.add_argument("--depth", type=flags.positive_int, default=DEFAULT_DEPTH, help="K for 'reused' (files carry their own)")
+    p.add_argument("--temperature", type=flags.positive_float, default=0.9)
+    p.add_argument("--top-k", type=flags.non_negative_int, default=50)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--greedy", action="store_true", help="do_sample=False")
-    p.add_argument("--validation-fraction", type=float, default=0.05)
+    p.add_argument("--validation-fraction", type=flags.fraction, default=0.05)
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--device", type=flags.device, default=None, help="default: cuda if available, else cpu")
     p.add_argument("--json", action="store_true", help="print the per-tree figures as one JSON object")
     p.set_defaults(run=run)

@@ -128,17 +128,28 @@ def official_state_dict(model) -> dict[str, torch.Tensor]:
 
 
 def atomic_write(path: str | Path, write) -> None:
-    """Call write(tmp_path), then rename over `path`: a crash never leaves a half-written file."""
+    """Call write(tmp_path), then rename over `path`: a crash never leaves a half-written file. The file gets the
+    permissions the umask gives a new file (not the temporary file's 0600), and an error names `path`, not the
+    hidden temporary file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(path)) from None  # the errno picks the subclass (PermissionError...)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def current_umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it: put it straight back
+    os.umask(mask)
+    return mask
 
 
 def relative_path(path: str | Path) -> Path:

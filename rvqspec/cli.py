@@ -22,7 +22,12 @@ class Parser(argparse.ArgumentParser):
     block: the same shape as every other error of the CLI."""
 
     def error(self, message: str):
-        raise UsageError(f"{self.prog}: error: {message}")
+        raise UsageError(one_line(f"{self.prog}: error: {message}"))
+
+
+def one_line(message: str) -> str:
+    """A message as one line, whatever the user's values held (a newline in a path or a number)."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,10 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args) or 0
     except RvqspecError as e:
-        print(f"rvqspec {args.command}: error: {e}", file=sys.stderr)
+        print(one_line(f"rvqspec {args.command}: error: {e}"), file=sys.stderr)
         return 2
     except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
-        print(f"rvqspec {args.command}: error: {e.strerror or e}: {e.filename}", file=sys.stderr)
+        print(one_line(f"rvqspec {args.command}: error: {e.strerror or e}: {e.filename}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"rvqspec {args.command}: interrupted", file=sys.stderr)

@@ -14,7 +14,6 @@ model, not for Qwen3-TTS.
 """
 
 import json
-import os
 import statistics
 import time
 from dataclasses import replace
@@ -26,6 +25,7 @@ from rvqspec.config import QWEN3_TTS_0_6B
 from rvqspec.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor, frame_calls
 from rvqspec.drafters import Offsets, ReusedHeads
 from rvqspec.errors import RvqspecError
+from rvqspec import flags
 from rvqspec.packing import MKLDNN_BF16
 from rvqspec.policy import LatencyTable, Policy, measured_distribution
 from rvqspec.sampling import Sampler
@@ -259,8 +259,6 @@ def print_engine_report(r: dict) -> None:
 
 
 def run(args) -> int:
-    if not 1 <= args.threads <= (os.cpu_count() or 1):
-        raise RvqspecError(f"--threads must be between 1 and this machine's {os.cpu_count()} cores, got {args.threads}")
     torch.set_num_threads(args.threads)
     if args.assets is None and not (default_assets() / "model" / "model.safetensors").is_file():
         report = run_engine_demo(seed=args.seed) | {"real_0_6b": real_architecture_comparison()}
@@ -279,9 +277,9 @@ def add_cli(subparsers) -> None:
     p = subparsers.add_parser("demo", help="speak a sentence with the shipped stand-in TTS, AR and speculative")
     p.add_argument("text", nargs="?", default=None, help="text to speak (default: a pangram in --lang)")
     p.add_argument("--lang", default="en", help="language: en, de, es or ru")
-    p.add_argument("--out", default="demo_out", help="folder for the two wav files")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the stand-in's calls are tiny, "
+    p.add_argument("--out", type=flags.out_folder, default="demo_out", help="folder for the two wav files")
+    p.add_argument("--seed", type=flags.seed, default=0)
+    p.add_argument("--threads", type=flags.threads, default=1, help="torch threads (default 1: the stand-in's calls are tiny, "
                                                            "more threads mostly add synchronisation)")
     p.add_argument("--assets", default=None, help="stand-in folder (model/, codec, offsets, trees/); "
                                                   "default: the one shipped in the package")

@@ -29,12 +29,12 @@ import torch
 
 from rvqspec.checkpoint import atomic_write, relative_path, save_json
 from rvqspec.errors import RvqspecError
-from rvqspec.flags import KINDS, drafter_spec, model_flag
+from rvqspec import flags
 from rvqspec.standin.quality import WhisperASR, codec_vocoder, error_rates, transcripts
 from rvqspec.standin.settings import MODEL_DIR, OFFSETS_FILE, TREES_DIR, Settings
 from rvqspec.standin.synth import Run, first_per_lang, synthesize_all, test_sentences
 
-DRAFTERS = KINDS  # Table 2 rows
+DRAFTERS = flags.KINDS  # Table 2 rows
 TABLE3_DRAFTER = "offsets"  # the paper's speculative decoder
 DEFAULT_NODES = 32  # the paper's operating point for Tables 2 and 3 (2.47 tokens/step at N = 32)
 MANIFEST = Path("data/standin/corpus/manifest.jsonl")
@@ -419,7 +419,7 @@ def report_markdown(report: dict) -> str:
 
 def drafter_list(text: str) -> list[str]:
     """--drafters: comma-separated drafter specs (`rvqspec.flags`), checked at parse time."""
-    check = drafter_spec(KINDS + ("file",))
+    check = flags.drafter_spec(flags.KINDS + ("file",))
     specs = [check(spec.strip()) for spec in text.split(",") if spec.strip()]
     if not specs:
         raise argparse.ArgumentTypeError("--drafters needs at least one of reused, offsets, medusa or a drafter file")
@@ -470,7 +470,7 @@ def add_cli(subparsers) -> None:
 
     p = subparsers.add_parser("eval", help="the paper's Tables 2-3 and a distribution check on the stand-in "
                                            "(free-running synthesis of the test sentences)",
-                              parents=[model_flag(required=False, default=str(MODEL_DIR), help="stand-in model folder")])
+                              parents=[flags.model_flag(required=False, default=str(MODEL_DIR), help="stand-in model folder")])
     p.add_argument("--drafters", type=drafter_list, default=list(DRAFTERS),
                    help="comma-separated Table 2 rows, each reused, offsets (the shipped file), medusa (trained, "
                         f"{MEDUSA_STEPS} batches of 32 frames, into {MEDUSA_DIR} when missing or stale) or a trained "
@@ -479,16 +479,16 @@ def add_cli(subparsers) -> None:
     p.add_argument("--tree", default=str(DEFAULT_NODES), help="tree size N of a shipped tree, or a tree file")
     p.add_argument("--trees", help="folder of the calibrated trees (default: the shipped ones)")
     p.add_argument("--codec", help="codec file that decodes the model's codes (default: the shipped one)")
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--sentences", type=int, default=8, help="test sentences per language (0: all)")
-    p.add_argument("--wer-sentences", type=int, default=3,
+    p.add_argument("--seeds", type=flags.positive_int, default=3)
+    p.add_argument("--sentences", type=flags.non_negative_int, default=8, help="test sentences per language (0: all)")
+    p.add_argument("--wer-sentences", type=flags.non_negative_int, default=3,
                    help="of those, how many per language are vocoded and transcribed for WER (0: all)")
     p.add_argument("--langs", default="en,de,es,ru")
     p.add_argument("--manifest", default=str(MANIFEST), help="the stand-in corpus manifest (test split)")
-    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--out", type=flags.out_folder, default="benchmarks/results")
     p.add_argument("--quick", action="store_true",
                    help="3 sentences per language (WER on 1), one seed, no Medusa training: about 3 minutes")
     p.add_argument("--no-asr", action="store_true", help="skip vocoding and Whisper (no WER)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--threads", type=flags.threads, default=1, help="torch threads")
     p.add_argument("--json", action="store_true", help="print Tables 2 and 3 as one JSON object")
     p.set_defaults(run=run)

@@ -6,6 +6,8 @@
 """
 
 import argparse
+import math
+import os
 from pathlib import Path
 
 KINDS = ("reused", "offsets", "medusa")
@@ -43,3 +45,68 @@ def drafter_flag(allowed: tuple[str, ...] = ("reused", "file"), required: bool =
     parent = argparse.ArgumentParser(add_help=False)
     parent.add_argument("--drafter", type=drafter_spec(allowed), required=required, default=default, help=help)
     return parent
+
+
+# Argument types that refuse bad values at parse time (one line, exit 2), before any work starts.
+
+def bounded_int(low: int, high: int | None = None):
+    def check(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{value} is out of range: use " +
+                                             (f"{low}..{high}" if high is not None else f"an integer >= {low}"))
+        return value
+    check.__name__ = "integer"
+    return check
+
+
+positive_int = bounded_int(1)
+non_negative_int = bounded_int(0)
+seed = bounded_int(0, 2 ** 63 - 1)  # torch generators take a signed 64-bit seed
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text} must be a finite number > 0")
+    return value
+
+
+def fraction(text: str) -> float:
+    value = positive_float(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"{text} must lie strictly between 0 and 1")
+    return value
+
+
+def threads(text: str) -> int:
+    """A torch thread count this machine has cores for (OpenMP crashes far beyond them)."""
+    return bounded_int(1, os.cpu_count() or 1)(text)
+
+
+def device(text: str) -> str:
+    """cpu, cuda or cuda:N, refused when this machine has no such device."""
+    import torch
+
+    if text == "cpu":
+        return text
+    if text.split(":")[0] == "cuda":
+        count = torch.cuda.device_count()
+        index = text.partition(":")[2]
+        if count and (not index or (index.isdigit() and int(index) < count)):
+            return text
+        raise argparse.ArgumentTypeError(f"{text}: this machine has {count} CUDA device(s) (use cpu)")
+    raise argparse.ArgumentTypeError(f"{text!r} is not a device: use cpu or cuda[:N]")
+
+
+def out_folder(text: str) -> str:
+    """An output folder: refused when it names an existing file."""
+    if Path(text).exists() and not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a folder: name a folder to write into")
+    return text

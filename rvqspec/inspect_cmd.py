@@ -6,7 +6,7 @@ so this is also the quick way to validate a checkpoint before a long job.
 
 import json
 
-from rvqspec.flags import model_flag
+from rvqspec import flags
 from rvqspec.model import MultiCodeDecoder
 
 
@@ -39,7 +39,7 @@ def run(args) -> int:
 
 def add_cli(subparsers) -> None:
     p = subparsers.add_parser("inspect", help="load a checkpoint's code predictor; print its config and sizes",
-                              parents=[model_flag()])
+                              parents=[flags.model_flag()])
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)

@@ -17,7 +17,7 @@ import torch
 
 from rvqspec.checkpoint import atomic_write
 from rvqspec.errors import RvqspecError
-from rvqspec.flags import drafter_flag, model_flag
+from rvqspec import flags
 from rvqspec.model import resolve_dtype
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")
@@ -182,14 +182,14 @@ def add_model_args(p) -> None:
     p.add_argument("--language", default="Auto", help="language name as qwen-tts spells it (e.g. English), or Auto")
     p.add_argument("--speaker", help="CustomVoice models: one of the model's speakers")
     p.add_argument("--instruct", help="VoiceDesign models: the voice description (CustomVoice 1.7B: a style)")
-    p.add_argument("--device", help="default: cuda if available, else cpu")
+    p.add_argument("--device", type=flags.device, help="default: cuda if available, else cpu")
     p.add_argument("--dtype", help="default: bfloat16 on cuda, float32 on cpu")
 
 
 def add_cli(subparsers) -> None:
-    model = model_flag(help="checkpoint folder, or a Hugging Face repo id already in the local cache")
+    model = flags.model_flag(help="checkpoint folder, or a Hugging Face repo id already in the local cache")
     p = subparsers.add_parser("synth", help="text to wav with a Qwen3-TTS checkpoint through qwen-tts, "
-                                            "code predictor decoded by rvqspec", parents=[model, drafter_flag()])
+                                            "code predictor decoded by rvqspec", parents=[model, flags.drafter_flag()])
     add_model_args(p)
     p.add_argument("--text", required=True)
     p.add_argument("--out", required=True, help="output .wav")
@@ -198,18 +198,18 @@ def add_cli(subparsers) -> None:
     p.add_argument("--no-spec", action="store_true", help="plain autoregressive decoding (15 calls a frame)")
     p.add_argument("--tree", help="tree JSON (rvqspec calibrate); default: the decoding policy chooses AR or a "
                                      "prior tree from this device's measured latencies")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=flags.seed, default=0)
     p.set_defaults(run=run_synth)
 
 
 def add_corpus_cli(corpus) -> None:
     """`rvqspec corpus from-audio`."""
-    model = model_flag(help="checkpoint folder, or a Hugging Face repo id already in the local cache")
+    model = flags.model_flag(help="checkpoint folder, or a Hugging Face repo id already in the local cache")
     p = corpus.add_parser("from-audio", help="code corpus from recordings + transcripts, with a Qwen3-TTS checkpoint",
                           parents=[model])
     add_model_args(p)
     p.add_argument("--audio", required=True, help="folder of audio files, each with its transcript in <name>.txt")
-    p.add_argument("--out", required=True, help="corpus folder to write")
+    p.add_argument("--out", required=True, type=flags.out_folder, help="corpus folder to write")
     p.add_argument("--hidden-dtype", default="float16", help="storage of the hidden states: float16, bfloat16, float32")
     p.add_argument("--overwrite", action="store_true", help="replace a corpus already in --out")
     p.set_defaults(run=run_from_audio)

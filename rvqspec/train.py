@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from rvqspec.flags import drafter_flag, model_flag
+from rvqspec import flags
 from rvqspec.checkpoint import atomic_write, save_json
 from rvqspec.corpus import Corpus, check_codes
 from rvqspec.drafters import DEFAULT_DEPTH, Drafter, ReusedHeads, make_drafter, model_fingerprint
@@ -299,21 +299,21 @@ def run(args) -> int:
 def add_cli(subparsers) -> None:
     p = subparsers.add_parser("train-offsets", help="train offsets (or Medusa heads) on a code corpus; "
                                                     "works under torchrun for several processes",
-                              parents=[model_flag(help="checkpoint folder of the code predictor (frozen)"),
-                                       drafter_flag(("offsets", "medusa"), default="offsets",
+                              parents=[flags.model_flag(help="checkpoint folder of the code predictor (frozen)"),
+                                       flags.drafter_flag(("offsets", "medusa"), default="offsets",
                                                     help="the kind to train: offsets or medusa")])
     p.add_argument("--corpus", required=True, help="code corpus folder (rvqspec.corpus format)")
-    p.add_argument("--out", required=True, help="output folder for checkpoints and metrics")
-    p.add_argument("--depth", type=int, default=DEFAULT_DEPTH, help="K, codes drafted ahead")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--batch-size", type=int, default=32, help="global batch, in frames")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--seed", type=int, default=0, help="data order (and Medusa init)")
-    p.add_argument("--validation-fraction", type=float, default=0.05, help="share of utterances held out")
-    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (resumable)")
+    p.add_argument("--out", required=True, type=flags.out_folder, help="output folder for checkpoints and metrics")
+    p.add_argument("--depth", type=flags.positive_int, default=DEFAULT_DEPTH, help="K, codes drafted ahead")
+    p.add_argument("--epochs", type=flags.positive_int, default=1)
+    p.add_argument("--batch-size", type=flags.positive_int, default=32, help="global batch, in frames")
+    p.add_argument("--lr", type=flags.positive_float, default=1e-3)
+    p.add_argument("--seed", type=flags.seed, default=0, help="data order (and Medusa init)")
+    p.add_argument("--validation-fraction", type=flags.fraction, default=0.05, help="share of utterances held out")
+    p.add_argument("--max-steps", type=flags.positive_int, default=None, help="stop after this many steps (resumable)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--force", action="store_true", help="start over even if --out holds a run")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32", help="model and drafter dtype")
-    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--device", type=flags.device, default=None, help="default: cuda if available, else cpu")
     p.add_argument("--quiet", action="store_true", help="no progress bar or epoch lines")
     p.set_defaults(run=run)

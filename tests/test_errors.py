@@ -238,7 +238,7 @@ def test_config_describing_a_smaller_model_than_the_weights_is_refused(tmp_path)
     (["standin", "build", "--from", "quality", "--to", "corpus", "--work", "{tmp}/w"], "comes after --to"),
     (["calibrate", "--model", "m", "--drafter", "reused", "--corpus", "c", "--out", "{tmp}/o", "--budgets", "100000"],
      "at most 1024"),
-    (["demo", "--threads", "100000"], "between 1 and this machine's"),
+    (["demo", "--threads", "100000"], "--threads: 100000 is out of range"),
 ])
 def test_inputs_that_lost_data_or_hung_are_refused_first(argv, message, tmp_path, capsys):
     (tmp_path / "X.md").write_text("mine")
@@ -246,3 +246,25 @@ def test_inputs_that_lost_data_or_hung_are_refused_first(argv, message, tmp_path
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err
     assert (tmp_path / "X.md").read_text() == "mine"  # nothing of the user's was touched
+
+
+def test_written_files_follow_the_umask_and_errors_name_the_target(tmp_path):
+    import errno
+    import os
+
+    from rvqspec.checkpoint import atomic_write
+
+    previous = os.umask(0o027)
+    try:
+        save_json(tmp_path / "a.json", {"x": 1})
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o640
+
+    def full_disk(tmp):
+        raise OSError(errno.ENOSPC, "No space left on device", tmp)
+
+    with pytest.raises(OSError) as raised:
+        atomic_write(tmp_path / "b.json", full_disk)
+    assert raised.value.filename == str(tmp_path / "b.json") and raised.value.errno == errno.ENOSPC
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]  # no temporary file left behind

@@ -107,7 +107,7 @@ def test_cli_errors_name_the_problem(data, tmp_path, capsys):
             writer.add(f"u{i}", "en", torch.full((4, 16), 99), torch.zeros(4, 48))
     assert "vocabularies" in cli_error(capsys, "--model", model_dir, "--corpus", tmp_path / "big-codes", "--out",
                                        tmp_path / "o", "--validation-fraction", 0.5, "--batch-size", 8)
-    assert "multiple of" in cli_error(capsys, "--model", model_dir, "--corpus", corpus_dir, "--out", tmp_path / "o",
-                                      "--batch-size", 0)
+    assert "--batch-size: 0 is out of range" in cli_error(capsys, "--model", model_dir, "--corpus", corpus_dir, "--out",
+                                                          tmp_path / "o", "--batch-size", 0)
     assert "fewer than one batch" in cli_error(capsys, "--model", model_dir, "--corpus", corpus_dir, "--out",
                                                tmp_path / "o", "--batch-size", 100_000)
