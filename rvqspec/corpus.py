@@ -67,7 +67,8 @@ class CorpusWriter:
         self.path = Path(path)
         if (self.path / "index.json").exists():
             if not overwrite:
-                raise RvqspecError(f"{self.path} already holds a corpus: pick another folder or pass overwrite=True")
+                raise RvqspecError(f"{self.path} already holds a corpus: pick another folder or pass --overwrite "
+                                   "(overwrite=True from Python)")
             for old in [self.path / "index.json", *self.path.glob("shard-*.safetensors")]:
                 old.unlink()
         if hidden_dtype not in HIDDEN_DTYPES.values():

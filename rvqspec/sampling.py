@@ -18,6 +18,8 @@ class Sampler:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.do_sample, bool):
+            raise RvqspecError(f"do_sample must be True or False, got {self.do_sample!r}")
         if self.do_sample and not self.temperature > 0:
             raise RvqspecError(f"temperature must be > 0 when sampling, got {self.temperature} "
                                "(use do_sample=False for greedy decoding)")

@@ -125,11 +125,18 @@ def load_checkpoint(out: Path, settings: TrainSettings, identity: dict, resume: 
         if last.exists() and not force:
             raise RvqspecError(f"{out} already holds a training run: pass --resume to continue it, --force to start "
                                "over, or another --out")
+        ours = [p.name for p in (out / "metrics.json", drafter_file(out, settings.drafter)) if p.exists()]
+        if ours and not force:
+            raise RvqspecError(f"{out} already holds {', '.join(ours)} (no run to resume): pass another --out, or "
+                               "--force to overwrite them")
         return None
     if not last.is_file():
         raise RvqspecError(f"nothing to resume: {last} does not exist (drop --resume to start a new run)")
-    state = torch.load(last, map_location="cpu", weights_only=True)
-    if state.get("format") != CHECKPOINT_FORMAT:
+    try:
+        state = torch.load(last, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated or foreign: torch raises several types
+        raise RvqspecError(f"{last} cannot be read ({type(e).__name__}): it is damaged; start over with --force") from None
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise RvqspecError(f"{last} is not an rvqspec training checkpoint")
     if state["settings"] != asdict(settings) or state["identity"] != identity:
         raise RvqspecError(f"{last} was trained with {state['settings']} on {state['identity']}, not "

@@ -67,7 +67,11 @@ class Tree:
 
     @classmethod
     def from_paths(cls, paths, meta: dict | None = None) -> "Tree":
-        return cls([tuple(p) for p in paths], dict(meta or {}))
+        try:
+            return cls([tuple(p) for p in paths], dict(meta or {}))
+        except TypeError:
+            raise RvqspecError(f"invalid tree paths {paths!r}: expected a list of rank sequences like [[0], [1], [0, 0]]"
+                               ) from None
 
     @classmethod
     def chain(cls, depth: int) -> "Tree":
@@ -81,7 +85,7 @@ class Tree:
             raise RvqspecError(f"tree file {path} does not exist")
         try:
             obj = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise RvqspecError(f"tree file {path} is not valid JSON: {e}") from None
         if not isinstance(obj, dict) or obj.get("format") != FORMAT or not isinstance(obj.get("paths"), list):
             raise RvqspecError(f"{path} is not an rvqspec tree: expected {{\"format\": \"{FORMAT}\", \"paths\": [...]}}")
@@ -95,6 +99,9 @@ class Tree:
 
 def validate_paths(paths: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
     """Check the paths form a tree and return them in breadth-first order."""
+    if not paths:
+        raise RvqspecError("a tree needs at least one node: use a tree of size >= 1, or decode without a drafter for "
+                           "plain AR")
     seen = set()
     for path in paths:
         if not path or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in path):

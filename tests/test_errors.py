@@ -268,3 +268,19 @@ def test_written_files_follow_the_umask_and_errors_name_the_target(tmp_path):
         atomic_write(tmp_path / "b.json", full_disk)
     assert raised.value.filename == str(tmp_path / "b.json") and raised.value.errno == errno.ENOSPC
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]  # no temporary file left behind
+
+
+def test_refused_instead_of_accepted(tmp_path):
+    """Inputs that used to be accepted silently: empty trees, a non-boolean do_sample, malformed tree files."""
+    from rvqspec.tree import Tree, default_tree
+
+    for make in (lambda: Tree.from_paths([]), lambda: default_tree(0), lambda: Tree.chain(0)):
+        with pytest.raises(RvqspecError, match="at least one node"):
+            make()
+    with pytest.raises(RvqspecError, match="do_sample must be True or False"):
+        Sampler(do_sample="no")
+    for name, content in (("latin1.json", "\xff\xfe{".encode("latin-1")),
+                          ("ints.json", json.dumps({"format": "rvqspec-tree/1", "paths": [5]}).encode())):
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(RvqspecError, match="not valid JSON|invalid tree paths"):
+            Tree.load(tmp_path / name)

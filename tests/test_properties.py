@@ -26,7 +26,7 @@ def model(groups: int, seed: int):
 def trees(draw, max_depth: int = 4, max_size: int = 24) -> Tree:
     """Any valid tree: each new node hangs under a random existing node (or the root) at a random rank."""
     paths: set[tuple[int, ...]] = set()
-    for _ in range(draw(st.integers(0, max_size))):
+    for _ in range(draw(st.integers(1, max_size))):
         parent = draw(st.sampled_from([()] + sorted(p for p in paths if len(p) < max_depth)))
         paths.add(parent + (draw(st.integers(0, VOCAB - 1)),))
     return Tree.from_paths(paths)

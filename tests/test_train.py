@@ -111,3 +111,17 @@ def test_cli_errors_name_the_problem(data, tmp_path, capsys):
                                                           tmp_path / "o", "--batch-size", 0)
     assert "fewer than one batch" in cli_error(capsys, "--model", model_dir, "--corpus", corpus_dir, "--out",
                                                tmp_path / "o", "--batch-size", 100_000)
+
+
+def test_files_of_the_user_are_not_overwritten_and_a_damaged_checkpoint_is_named(data, tmp_path, capsys):
+    model_dir, corpus_dir = data
+    (tmp_path / "metrics.json").write_text("mine")
+    args = ("--model", model_dir, "--corpus", corpus_dir, "--out", tmp_path, "--validation-fraction", FRACTION,
+            "--batch-size", 16, "--quiet", "--max-steps", 1)
+    assert "already holds metrics.json" in cli_error(capsys, *args)
+    assert (tmp_path / "metrics.json").read_text() == "mine"
+    assert main(["train-offsets", *map(str, args), "--force"]) == 0  # asked for: overwritten
+    capsys.readouterr()
+    last = tmp_path / "last.pt"
+    last.write_bytes(last.read_bytes()[:100])  # a run killed while copying, a disk error...
+    assert "cannot be read" in cli_error(capsys, *args, "--resume")

@@ -54,12 +54,12 @@ def test_breadth_first_order_and_buffers():
     assert torch.equal(tree.ancestors, expected)
 
 
-def test_chain_and_empty_tree():
+def test_chain_and_one_node_tree():
     chain = Tree.chain(3)
     assert chain.paths == [(0,), (0, 0), (0, 0, 0)]
     assert chain.parent.tolist() == [0, 0, 1, 2] and chain.top_m == 1
-    empty = Tree.from_paths([])
-    assert (empty.size, empty.max_depth, empty.depth_slices) == (0, 0, [(0, 1)])
+    one = Tree.from_paths([(2,)])  # the smallest tree (an empty one is refused: tests/test_errors.py)
+    assert (one.size, one.max_depth, one.depth_slices, one.top_m) == (1, 1, [(0, 1), (1, 2)], 3)
 
 
 def test_save_load_round_trip(tmp_path):
