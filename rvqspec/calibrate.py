@@ -25,7 +25,7 @@ from torch import Tensor
 from rvqspec.checkpoint import atomic_write, save_json
 from rvqspec.corpus import Corpus, check_codes
 from rvqspec.decode import decode_frame
-from rvqspec.drafters import DEFAULT_DEPTH, Drafter, ReusedHeads
+from rvqspec.drafters import DEFAULT_DEPTH, Drafter, ReusedHeads, check_depth
 from rvqspec.errors import RvqspecError
 from rvqspec import flags
 from rvqspec.model import MultiCodeDecoder
@@ -102,6 +102,7 @@ def measure_tree(model: MultiCodeDecoder, drafter: Drafter, tree: Tree, talker_h
 
 def load_drafter(spec: str, model: MultiCodeDecoder, depth: int) -> Drafter:
     if spec == "reused":
+        check_depth(depth, model)
         return ReusedHeads(model, depth)
     drafter = Drafter.load(spec, model)
     return drafter.to(model.device, model.dtype)

@@ -34,6 +34,11 @@ from rvqspec.sampling import Sampler
 from rvqspec.tree import Tree
 
 
+# Talker states are normed (|x| of order 1-100); past this the predictor's float32 norms overflow (x^2 summed over
+# the hidden size), and the draws would fail on NaN probabilities.
+MAX_HIDDEN = 1e15
+
+
 @dataclass
 class RoundStats:
     accepted: int  # drafts accepted in this round
@@ -131,13 +136,13 @@ def check_batch(model, talker_hidden: Tensor, c0, sampler: Sampler) -> tuple[Ten
     if c0.shape[0] != len(talker_hidden) or c0.is_floating_point() or c0.dtype == torch.bool:
         raise RvqspecError(f"c0 must hold one integer code per row of talker_hidden ({len(talker_hidden)}), "
                            f"got {c0.dtype} {tuple(c0.shape)}")
-    finite = torch.isfinite(talker_hidden).all(1)
+    finite = (talker_hidden.abs() < MAX_HIDDEN).all(1)  # NaN compares False
     low, high, bad = torch.stack([c0.min(), c0.max(), (~finite).long().argmax()]).tolist()
     if not 0 <= low <= high < c.talker_vocab_size:
         raise RvqspecError(f"c0 codes must lie in [0, {c.talker_vocab_size}), got values in [{low}, {high}]")
     if not finite[bad]:
-        raise RvqspecError(f"talker_hidden row {bad} is not finite (NaN or inf): the talker's state is broken, so "
-                           "no codes can be decoded for it")
+        raise RvqspecError(f"talker_hidden row {bad} is not finite or out of range (NaN, inf or |x| >= {MAX_HIDDEN:.0e}): "
+                           "the talker's state is broken, so no codes can be decoded for it")
     return talker_hidden.to(model.device), c0.to(model.device)
 
 

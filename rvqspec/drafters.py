@@ -194,8 +194,17 @@ class MedusaHeads(Drafter):
         return hidden  # the ResBlock is applied in head/batched_head, next to its own vocabulary head
 
 
+def check_depth(depth: int, model) -> None:
+    """A draft depth K the model's frame has room for: drafts from h_1 reach c_{1+K} <= c_last."""
+    deepest = model.config.num_residual_codes - 1
+    if not 1 <= depth <= deepest:
+        raise RvqspecError(f"draft depth {depth} does not fit a frame of {model.config.num_residual_codes} residual "
+                           f"codes: use a depth of 1..{deepest}")
+
+
 def make_drafter(kind: str, model, depth: int = DEFAULT_DEPTH) -> Drafter:
     """A fresh (untrained) drafter of `kind` for `model`."""
+    check_depth(depth, model)
     makers = {"reused": lambda: ReusedHeads(model, depth), "offsets": lambda: Offsets.for_model(model, depth),
               "medusa": lambda: MedusaHeads.for_model(model, depth)}
     if kind not in makers:

@@ -259,11 +259,16 @@ def regenerate(results_dir: Path = RESULTS_DIR, calibration_path: Path | None = 
     from rvqspec.standin.settings import TREES_DIR
 
     calibration_path = calibration_path or TREES_DIR / "report.json"
-    text = results_markdown(read_json(results_dir / "eval.json"), read_json(calibration_path),
-                            relative_path(calibration_path), read_json(results_dir / "bench.json"), results_dir, out,
-                            read_json(results_dir / "standin" / "bench.json"), read_text(results_dir / "round-profile.md"),
-                            {"CPU": read_json(results_dir / "bench-batch.json"),
-                             "GPU (H200)": read_json(results_dir / "gpu" / "bench-batch.json")})
+    try:
+        text = results_markdown(read_json(results_dir / "eval.json"), read_json(calibration_path),
+                                relative_path(calibration_path), read_json(results_dir / "bench.json"), results_dir,
+                                out, read_json(results_dir / "standin" / "bench.json"),
+                                read_text(results_dir / "round-profile.md"),
+                                {"CPU": read_json(results_dir / "bench-batch.json"),
+                                 "GPU (H200)": read_json(results_dir / "gpu" / "bench-batch.json")})
+    except (KeyError, TypeError, IndexError, AttributeError) as e:  # nothing is written: `out` stays as it was
+        raise RvqspecError(f"a report in {results_dir} (or {calibration_path}) is not one that rvqspec eval, bench or "
+                           f"calibrate wrote ({type(e).__name__}: {e}): rerun the command that writes it") from None
     atomic_write(out, lambda tmp: Path(tmp).write_text(text))
     return text
 

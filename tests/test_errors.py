@@ -239,6 +239,7 @@ def test_config_describing_a_smaller_model_than_the_weights_is_refused(tmp_path)
     (["calibrate", "--model", "m", "--drafter", "reused", "--corpus", "c", "--out", "{tmp}/o", "--budgets", "100000"],
      "at most 1024"),
     (["demo", "--threads", "100000"], "--threads: 100000 is out of range"),
+    (["eval", "--manifest", "{tmp}/X.md", "--out", "{tmp}/o", "--no-asr"], "is not a corpus manifest"),
 ])
 def test_inputs_that_lost_data_or_hung_are_refused_first(argv, message, tmp_path, capsys):
     (tmp_path / "X.md").write_text("mine")
@@ -284,3 +285,36 @@ def test_refused_instead_of_accepted(tmp_path):
         (tmp_path / name).write_bytes(content)
         with pytest.raises(RvqspecError, match="not valid JSON|invalid tree paths"):
             Tree.load(tmp_path / name)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 1e30])
+def test_a_broken_talker_state_is_refused_by_row_and_spoils_nothing(value):
+    from rvqspec.decode import decode_frames
+    from tiny import random_frames, tiny_model
+
+    model = tiny_model()
+    frames = random_frames(model, 2)
+    hidden, c0 = torch.stack([h for h, _ in frames]), torch.tensor([c for _, c in frames])
+    before = decode_frames(model, hidden, c0, Sampler(do_sample=False)).codes
+    broken = hidden.clone()
+    broken[1, 3] = value
+    with pytest.raises(RvqspecError, match="talker_hidden row 1 is not finite or out of range"):
+        decode_frames(model, broken, c0, Sampler())
+    assert torch.equal(decode_frames(model, hidden, c0, Sampler(do_sample=False)).codes, before)
+
+
+def test_a_foreign_or_damaged_report_is_named_and_nothing_is_written(tmp_path, capsys):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "eval.json").write_text(json.dumps({"something": "else"}))
+    (tmp_path / "X.md").write_text("mine")
+    assert main(["results", "--results", str(tmp_path / "results"), "--out", str(tmp_path / "X.md")]) == 2
+    assert "is not one that rvqspec eval, bench or calibrate wrote" in capsys.readouterr().err
+    assert (tmp_path / "X.md").read_text() == "mine"
+
+
+def test_draft_depth_beyond_the_frame_is_refused(tmp_path, capsys):
+    from rvqspec.drafters import make_drafter
+    from tiny import tiny_model
+
+    with pytest.raises(RvqspecError, match="draft depth 20 does not fit a frame of 15"):
+        make_drafter("offsets", tiny_model(), depth=20)

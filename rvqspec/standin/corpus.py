@@ -194,8 +194,16 @@ def write_manifest(path: Path, rows: list[dict]) -> None:
 
 
 def read_manifest(path: str | Path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The rows of a corpus manifest (JSON lines), or a clear error naming the file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RvqspecError(f"{path} is not a corpus manifest (JSON lines: {e}): pass the manifest.jsonl that "
+                           "`rvqspec corpus speech` writes") from None
+    if not all(isinstance(r, dict) and {"lang", "split", "text"} <= set(r) for r in rows):
+        raise RvqspecError(f"{path} is not a corpus manifest: every line must be an object with lang, split and text")
+    return rows
 
 
 def build_corpus(out_dir: str | Path = "data/standin/corpus", hours_target: float = 3.4, langs: tuple[str, ...] = tuple(LANGS)) -> Path:
