@@ -401,3 +401,28 @@ def test_cli_errors_are_one_line(tmp_path, monkeypatch, capsys, argv, message):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("rvqspec ")
     assert re.search(message, err), err
+
+
+def test_an_accelerated_model_serves_two_threads(tts):
+    """The decoder's state belongs to each call: two threads generating with one accelerated model get the codes
+    each gets alone (greedy), AR and speculative."""
+    import threading
+
+    for drafter in (None, ReusedHeads()):
+        handle = accelerate(tts, drafter=drafter, tree=default_tree(8) if drafter else None)
+        try:
+            alone = {text: talker_codes(tts.model, text)[0] for text in ("hello there", "a different sentence")}
+            results = []
+
+            def work(text: str) -> None:
+                for _ in range(3):
+                    results.append((text, talker_codes(tts.model, text)[0]))
+
+            threads = [threading.Thread(target=work, args=(text,)) for text in alone]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        finally:
+            handle.undo()
+        assert len(results) == 6 and all(torch.equal(codes, alone[text]) for text, codes in results)
