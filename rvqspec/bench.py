@@ -145,7 +145,15 @@ def load_calibration(path: str | None) -> dict | None:
     if not complete:
         raise RvqspecError(f"{file} is not an `rvqspec calibrate` report (expected trees[].budget and "
                            "trees[].measured_tokens_per_step): rerun `rvqspec calibrate`")
-    return report | {"path": str(file)}
+    # Its paths are relative to its folder (absolute in reports written before that): resolve them from here.
+    report = report | {"path": str(file)}
+    for key in ("model", "corpus"):
+        if report.get(key):
+            report[key] = str(file.parent / report[key])
+    spec = (report.get("drafter") or {}).get("spec")
+    if spec and spec != "reused":
+        report["drafter"] = report["drafter"] | {"spec": str(file.parent / spec)}
+    return report
 
 
 def load_trees(sizes: list[int], folder: str | None) -> dict[int, Tree]:

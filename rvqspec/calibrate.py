@@ -16,6 +16,7 @@ frames with `decode_frame` and the tree, under the same sampler.
 """
 
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -141,8 +142,10 @@ def calibrate(model_path: str | Path, drafter_spec: str, corpus_path: str | Path
     acceptance = measure_acceptance(model, drafter, hidden, codes[:, 0], sampler, top_m, generator)
     eval_codes, eval_hidden = corpus.sample("validation", eval_frames, seed + 1)
     check_codes(eval_codes, model)
-    report = {"model": str(model_path), "drafter": {"spec": drafter_spec, "kind": drafter.kind, "depth": drafter.depth},
-              "corpus": str(corpus_path), "sampler": asdict(sampler), "seed": seed,
+    report = {"model": beside(model_path, out),
+              "drafter": {"spec": drafter_spec if drafter_spec == "reused" else beside(drafter_spec, out),
+                          "kind": drafter.kind, "depth": drafter.depth},
+              "corpus": beside(corpus_path, out), "sampler": asdict(sampler), "seed": seed,
               "frames": acceptance.frames, "eval_frames": len(eval_codes),
               "acceptance": acceptance.pooled.tolist(), "acceptance_per_position": acceptance.per_position.tolist(),
               "target_top1": acceptance.top1.tolist(), "target_entropy_nats": acceptance.entropy.tolist(), "trees": []}
@@ -159,6 +162,12 @@ def calibrate(model_path: str | Path, drafter_spec: str, corpus_path: str | Path
     save_json(out / "report.json", report)
     atomic_write(out / "report.md", lambda tmp: Path(tmp).write_text(report_markdown(report)))
     return report
+
+
+def beside(path: str | Path, folder: Path) -> str:
+    """`path` relative to the report's folder: the report works from any working directory and moves with its
+    inputs (`rvqspec bench --calibration` resolves it against the report's folder)."""
+    return os.path.relpath(Path(path).resolve(), Path(folder).resolve())
 
 
 def report_markdown(report: dict) -> str:

@@ -106,7 +106,12 @@ def device(text: str) -> str:
 
 
 def out_folder(text: str) -> str:
-    """An output folder: refused when it names an existing file."""
-    if Path(text).exists() and not Path(text).is_dir():
+    """An output folder: refused when it names an existing file, or when it cannot be written (checked on the
+    nearest folder that exists), so that the error comes before the work, not after."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a file, not a folder: name a folder to write into")
+    existing = next(p for p in (path.absolute(), *path.absolute().parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text}: cannot write into {existing} (permissions): pick a writable folder")
     return text

@@ -157,7 +157,11 @@ def corpus_from_audio(tts, folder: str | Path, out: str | Path, language: str = 
     with CorpusWriter(out, talker.config.hidden_size, talker.config.num_code_groups, hidden_dtype=hidden_dtype,
                       meta=meta, overwrite=overwrite) as writer:
         for path, text in items:
-            wav, sample_rate = librosa.load(path, sr=None, mono=True)
+            try:
+                wav, sample_rate = librosa.load(path, sr=None, mono=True)
+            except Exception as e:  # decoders raise many types; the corpus is not written (the writer aborts)
+                raise RvqspecError(f"{path} cannot be decoded as audio ({type(e).__name__}): convert it to wav, or "
+                                   "remove it and its transcript") from None
             codes = tts.model.speech_tokenizer.encode(wav, sr=sample_rate).audio_codes[0]
             prompt = talker_prompt(tts, text, language=language, speaker=speaker, instruct=instruct,
                                    ref_audio=(wav, sample_rate))

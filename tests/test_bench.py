@@ -1,6 +1,7 @@
 """`rvqspec bench` on tiny stand-ins for the real architectures: report structure, arithmetic, device file, errors."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -152,3 +153,23 @@ def test_bad_batch_arguments_are_one_line_errors(args, problem, capsys, tmp_path
     assert cli.main(["bench", "--out", str(tmp_path), *args]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and any(p in err for p in problem.split("|"))
+
+
+def test_a_calibration_report_works_from_any_folder(tmp_path, monkeypatch):
+    """calibrate stores its inputs relative to the report's folder; bench resolves them there, whatever the cwd."""
+    from rvqspec.calibrate import beside
+
+    folder = tmp_path / "runs" / "trees"
+    (tmp_path / "runs" / "offsets.safetensors").parent.mkdir(parents=True)
+    (tmp_path / "runs" / "offsets.safetensors").write_bytes(b"x")
+    (tmp_path / "corpus").mkdir()
+    folder.mkdir()
+    report = {"model": beside(tmp_path / "model", folder), "corpus": beside(tmp_path / "corpus", folder),
+              "drafter": {"spec": beside(tmp_path / "runs" / "offsets.safetensors", folder)},
+              "trees": [{"budget": 4, "measured_tokens_per_step": 1.5}]}
+    assert report["corpus"] == "../../corpus"
+    (folder / "report.json").write_text(json.dumps(report))
+    monkeypatch.chdir(tmp_path / "corpus")  # another working directory
+    loaded = bench.load_calibration(str(folder))
+    assert Path(loaded["corpus"]).resolve() == (tmp_path / "corpus").resolve()
+    assert Path(loaded["drafter"]["spec"]).resolve() == (tmp_path / "runs" / "offsets.safetensors").resolve()

@@ -318,3 +318,12 @@ def test_draft_depth_beyond_the_frame_is_refused(tmp_path, capsys):
 
     with pytest.raises(RvqspecError, match="draft depth 20 does not fit a frame of 15"):
         make_drafter("offsets", tiny_model(), depth=20)
+
+
+def test_an_unwritable_out_folder_is_refused_before_the_work(tmp_path, capsys, monkeypatch):
+    import os
+
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if str(path) == str(tmp_path) else real(path, mode))
+    assert main(["demo", "--out", str(tmp_path / "new" / "wavs")]) == 2  # the nearest existing folder is checked
+    assert f"cannot write into {tmp_path}" in capsys.readouterr().err

@@ -368,6 +368,15 @@ def test_corpus_from_audio_needs_transcripts(tmp_path, tts):
         corpus_from_audio(tts, tmp_path, tmp_path / "corpus")
 
 
+def test_corpus_from_audio_names_an_undecodable_file_and_writes_no_corpus(tmp_path, tts):
+    (tmp_path / "clips").mkdir()
+    (tmp_path / "clips" / "bad.wav").write_bytes(b"RIFF not really a wave file")
+    (tmp_path / "clips" / "bad.txt").write_text("hello")
+    with pytest.raises(RvqspecError, match=r"bad\.wav cannot be decoded as audio"):
+        corpus_from_audio(tts, tmp_path / "clips", tmp_path / "corpus")
+    assert not (tmp_path / "corpus" / "index.json").exists()
+
+
 def test_resolve_model_finds_cached_snapshot_offline(tmp_path, monkeypatch):
     import huggingface_hub.constants
 
