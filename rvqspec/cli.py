@@ -53,8 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     except RvqspecError as e:
         print(one_line(f"rvqspec {args.command}: error: {e}"), file=sys.stderr)
         return 2
-    except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
-        print(one_line(f"rvqspec {args.command}: error: {e.strerror or e}: {e.filename}"), file=sys.stderr)
+    except OSError as e:  # a path the user gave cannot be read or written (missing, a file, permissions, disk full)
+        where = f": {e.filename}" if e.filename else ""
+        print(one_line(f"rvqspec {args.command}: error: {e.strerror or e}{where}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"rvqspec {args.command}: interrupted", file=sys.stderr)

@@ -105,6 +105,17 @@ def device(text: str) -> str:
     raise argparse.ArgumentTypeError(f"{text!r} is not a device: use cpu or cuda[:N]")
 
 
+def out_file(text: str) -> str:
+    """An output file: refused when it names a folder, or when its folder cannot be made (a file is in the way)."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder: name the file to write")
+    blocking = next((p for p in path.absolute().parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise argparse.ArgumentTypeError(f"{text}: {blocking} is a file, so no folder can hold the output")
+    return text
+
+
 def out_folder(text: str) -> str:
     """An output folder: refused when it names an existing file, or when it cannot be written (checked on the
     nearest folder that exists), so that the error comes before the work, not after."""

@@ -18,6 +18,7 @@ import json
 import os
 from pathlib import Path
 
+from rvqspec import flags
 from rvqspec.checkpoint import atomic_write, relative_path
 from rvqspec.errors import RvqspecError
 
@@ -293,5 +294,5 @@ def add_cli(subparsers) -> None:
     p = subparsers.add_parser("results", help="regenerate docs/RESULTS.md from the eval, bench and calibration JSON")
     p.add_argument("--results", default=str(RESULTS_DIR), help="folder holding eval.json and bench.json")
     p.add_argument("--calibration", help="calibration report.json (default: the shipped stand-in's)")
-    p.add_argument("--out", default=str(OUT))
+    p.add_argument("--out", type=flags.out_file, default=str(OUT), help="the Markdown file to write")
     p.set_defaults(run=run)

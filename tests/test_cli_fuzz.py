@@ -2,9 +2,10 @@
 line (`rvqspec CMD: error: ...`, exit 2), never a traceback; refused values never reach a command."""
 
 import argparse
+from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from rvqspec import cli
@@ -52,3 +53,57 @@ def test_a_flag_value_parses_or_is_one_line(command, flag, value):
         return
     parsed = getattr(args, flag.lstrip("-").replace("-", "_"))
     assert parsed is not None
+
+
+# ---------------------------------------------------------------- commands run on tiny fixtures
+
+
+@pytest.fixture(scope="module")
+def fixtures(tmp_path_factory):
+    from synthetic import write_model_and_corpus
+
+    root = tmp_path_factory.mktemp("fuzz")
+    model, corpus = write_model_and_corpus(root / "data", utterances=24)
+    (root / "a-file.txt").write_text("not a folder")
+    (root / "keep").mkdir()
+    (root / "keep" / "mine.txt").write_text("the user's")
+    return {"model": model, "corpus": corpus, "file": root / "a-file.txt", "keep": root / "keep", "root": root}
+
+
+def paths(fixtures, kind: str, name: str) -> str:
+    return str({"missing": fixtures["root"] / "missing" / name, "file": fixtures["file"], "keep": fixtures["keep"],
+                "valid": fixtures.get(name, fixtures["root"] / "out" / name)}[kind])
+
+
+PATH_KINDS = st.sampled_from(["valid", "valid", "valid", "missing", "file", "keep"])  # valid runs too
+NUMBERS = st.sampled_from(["1", "2", "3", "-1", "0", "nan", "inf", "1e9", "x", ""])
+
+
+@settings(max_examples=40, deadline=None)
+@given(command=st.sampled_from(["calibrate", "train-offsets", "inspect", "results"]), model=PATH_KINDS,
+       corpus=PATH_KINDS, out=PATH_KINDS, number=NUMBERS, budgets=st.sampled_from(["1,2", "0", "2,x", "5000", "3"]),
+       dtype=st.sampled_from(["float32", "bfloat16", "float8", ""]))
+def test_commands_on_fuzzed_arguments_exit_cleanly_and_keep_the_users_files(fixtures, command, model, corpus, out,
+                                                                           number, budgets, dtype):
+    """Run for real: exit status 0 or 2 (one line), never a traceback, and the user's file is never modified."""
+    import contextlib
+    import io
+
+    argv = {"calibrate": ["calibrate", "--model", paths(fixtures, model, "model"), "--drafter", "reused", "--corpus",
+                          paths(fixtures, corpus, "corpus"), "--out", paths(fixtures, out, "calibration"), "--budgets",
+                          budgets, "--frames", number, "--eval-frames", "2", "--validation-fraction", "0.3"],
+            "train-offsets": ["train-offsets", "--model", paths(fixtures, model, "model"), "--corpus",
+                              paths(fixtures, corpus, "corpus"), "--out", paths(fixtures, out, "run"), "--max-steps",
+                              number, "--batch-size", "4", "--validation-fraction", "0.2", "--quiet", "--force"],
+            "inspect": ["inspect", "--model", paths(fixtures, model, "model"), "--dtype", dtype],
+            "results": ["results", "--results", paths(fixtures, corpus, "corpus"), "--out",
+                        str(Path(paths(fixtures, out, "report")) / "R.md")]}[command]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = cli.main(argv)
+    event(f"{command} exit {code}")  # `pytest --hypothesis-show-statistics` shows that real runs happen too
+    assert code in (0, 2), (argv, err.getvalue())
+    if code == 2:
+        assert err.getvalue().count("\n") == 1 and err.getvalue().startswith("rvqspec"), err.getvalue()
+    assert (fixtures["keep"] / "mine.txt").read_text() == "the user's"
+    assert sorted(p.name for p in fixtures["keep"].iterdir() if not p.name.startswith("R.md")) >= ["mine.txt"]
