@@ -53,10 +53,12 @@ def load_tts(folder: Path, device: str, dtype: torch.dtype):
     """Upstream's `Qwen3TTSModel` (talker, predictor, 12 Hz speech tokenizer, text processor) from `folder`."""
     from rvqspec.integrations.qwen_tts import import_qwen_tts
 
+    from safetensors import SafetensorError
+
     qwen_tts = import_qwen_tts()
     try:
         return qwen_tts.Qwen3TTSModel.from_pretrained(str(folder), device_map=device, dtype=dtype)
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, SafetensorError) as e:  # a truncated file: SafetensorError
         raise RvqspecError(f"qwen-tts cannot load {folder} ({type(e).__name__}: {e}): pass a complete Qwen3-TTS "
                            "12 Hz checkpoint folder") from None
 

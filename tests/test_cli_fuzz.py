@@ -30,7 +30,7 @@ PARSER = cli.build_parser()
 CASES = [(command, flag) for command, sub in subcommands(PARSER).items() for flag in typed_flags(sub)]
 VALUES = st.one_of(st.integers(-2 ** 70, 2 ** 70).map(str), st.floats(allow_nan=True, allow_infinity=True).map(str),
                    st.sampled_from(["", "nan", "-inf", "1e400", "0", "-1", "x", "cuda", "cuda:9", "reused", "offsets",
-                                    "/nonexistent/file", "."]), st.text(max_size=12))
+                                    "/nonexistent/file", ".", __file__]), st.text(max_size=12))  # __file__: a file
 
 
 def test_the_fuzzer_sees_every_typed_flag():

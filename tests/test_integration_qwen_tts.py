@@ -368,6 +368,19 @@ def test_corpus_from_audio_needs_transcripts(tmp_path, tts):
         corpus_from_audio(tts, tmp_path, tmp_path / "corpus")
 
 
+def test_synth_names_a_truncated_checkpoint(checkpoint, tmp_path, monkeypatch, capsys):
+    import shutil
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    broken = shutil.copytree(checkpoint, tmp_path / "broken")
+    weights = next(p for p in broken.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:1000])
+    assert main(["synth", "--model", str(broken), "--text", "hi", "--out", str(tmp_path / "o.wav"), "--device",
+                 "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot load" in err and not (tmp_path / "o.wav").exists()
+
+
 def test_corpus_from_audio_names_an_undecodable_file_and_writes_no_corpus(tmp_path, tts):
     (tmp_path / "clips").mkdir()
     (tmp_path / "clips" / "bad.wav").write_bytes(b"RIFF not really a wave file")
