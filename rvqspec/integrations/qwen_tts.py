@@ -202,12 +202,17 @@ class Acceleration:
 
     def c0_codes(self, c0_embeds: Tensor) -> Tensor | None:
         """Recover each row's c0 from its embedding: upstream passes `codec_embedding(c0)`, not c0. Two codes
-        with equal embeddings are interchangeable (c0 reaches the predictor only through its embedding)."""
+        with equal embeddings are interchangeable (c0 reaches the predictor only through its embedding). Row by
+        row: comparing a batch at once would hold B x vocab x hidden booleans."""
         table = self.talker.get_input_embeddings().weight
-        match = (table[None] == c0_embeds[:, None]).all(-1)  # [B, vocab]
-        if not match.any(1).all():
-            return None
-        return match.long().argmax(1)
+        codes = []
+        for row in c0_embeds:
+            match = (table == row).all(-1).nonzero()
+            if not len(match):
+                return None
+            codes.append(match[0, 0])
+        return torch.stack(codes)
+
     def sampler(self, do_sample, top_k, top_p, temperature) -> Sampler:
         """The caller's settings; those left None fall back to the predictor's generation_config, as in HF."""
         config = self.talker.code_predictor.generation_config
