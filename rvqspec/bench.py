@@ -32,12 +32,12 @@ from rvqspec.drafters import ReusedHeads
 from rvqspec.errors import RvqspecError
 from rvqspec import flags
 from rvqspec.model import MultiCodeDecoder, resolve_dtype
+from rvqspec.policy import SIZES
 from rvqspec.sampling import Sampler
 from rvqspec.timing import TIMED_K, call_latency, clocks, elapsed_ms, machine, medians, write_reports
 from rvqspec.tree import Tree, default_tree
 
 ARCHS = {"0.6b": QWEN3_TTS_0_6B, "1.7b": QWEN3_TTS_1_7B}
-SIZES = (4, 8, 16, 32, 64)
 
 
 @dataclass(frozen=True)

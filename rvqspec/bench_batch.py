@@ -27,12 +27,11 @@ from rvqspec.controlled import (PAPER_ACCEPTANCE, ControlledPredictor, calibrate
 from rvqspec.decode import decode_frames
 from rvqspec.device_file import update_device_file
 from rvqspec.drafters import ReusedHeads
-from rvqspec.policy import LatencyTable, Policy, measured_distribution, setting_key
+from rvqspec.policy import SIZES, LatencyTable, Policy, measured_distribution, setting_key
 from rvqspec.sampling import Sampler
 from rvqspec.timing import call_latency, clocks, elapsed_ms, latency_row, machine
 from rvqspec.tree import default_tree
 
-LATENCY_SIZES = (4, 8, 16, 32, 64)
 
 
 @dataclass(frozen=True)
@@ -119,7 +118,7 @@ def time_batches(predictor: ControlledPredictor, upstream, batch: int, size: int
 def measure_setting(predictor: ControlledPredictor, upstream, plan: BatchPlan, strengths: dict, sampler: Sampler,
                     dtype: str, threads: int, log) -> dict:
     model = predictor.model
-    trees = {n: default_tree(n) for n in LATENCY_SIZES}
+    trees = {n: default_tree(n) for n in SIZES}
     drafter = ReusedHeads(model)
     ms = {}
     for batch in plan.batches:

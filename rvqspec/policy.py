@@ -26,7 +26,6 @@ from rvqspec.errors import RvqspecError
 from rvqspec.tree import PRIOR_ACCEPTANCE, Tree, default_tree
 
 SIZES = (4, 8, 16, 32, 64)
-BATCHES = (1, 2, 4, 8, 16)
 MEASURED_MARGIN = 0.05  # speculation must be predicted 5% faster than AR on a table measured here
 DEFAULT_MARGIN = 0.15  # ... and 15% on the built-in table of another machine
 DEFAULT_TABLES = Path(__file__).with_name("latency_default.json")
