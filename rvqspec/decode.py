@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from rvqspec.drafters import static_shapes
 from rvqspec.errors import RvqspecError
 from rvqspec.sampling import Sampler
 from rvqspec.tree import Tree
@@ -268,7 +269,8 @@ def walk(model, plan: TreePlan, sampler: Sampler, generator, k: Tensor, k_host: 
     node = found = torch.zeros(len(k_host), dtype=torch.long, device=tokens.device)
     alive = torch.ones(len(k_host), dtype=torch.bool, device=tokens.device)
     draws = []
-    for d in range(min(tree.max_depth, last - min(k_host) - 1) + 1):
+    depths = tree.max_depth + 1 if static_shapes(tokens.device) else min(tree.max_depth, last - min(k_host) - 1) + 1
+    for d in range(depths):
         codebooks = [min(kb + 1 + d, last) for kb in k_host]  # rows past their frame end draw garbage, pruned
         draws.append(sampler.sample(model.head_logits(hidden[rows, node], codebooks), generator))
         if d < tree.max_depth:  # children exist; they hold c_{k+1+d}, which must not pass c_last

@@ -22,6 +22,13 @@ from rvqspec.errors import RvqspecError
 DEFAULT_DEPTH = 3
 
 
+def static_shapes(device: torch.device) -> bool:
+    """Whether a round's work may depend only on (B, N): on an accelerator every depth is drafted and walked even
+    near the frame end (rows past it are masked), so that a round can be captured and replayed as it is; on the
+    CPU the depths no row can reach are skipped (their heads cost time)."""
+    return device.type != "cpu"
+
+
 def model_identity(model) -> dict:
     """What a trained drafter must match: the predictor's sizes."""
     c = model.config
@@ -65,7 +72,7 @@ class Drafter(nn.Module):
         """Draft logits [B, depth, V] for c_{p+1}..c_{p+depth} from h_p [B, H] (row b at p = positions[b]).
         Depths past the last code of every row are 0; a row's own depths past it are garbage (pruned)."""
         depth = depth or self.depth
-        reach = min(depth, model.config.num_residual_codes - min(positions))
+        reach = depth if static_shapes(hidden.device) else min(depth, model.config.num_residual_codes - min(positions))
         rows = [self.head(model, hidden, positions, j) for j in range(1, reach + 1)]
         rows += [hidden.new_zeros(len(positions), model.config.vocab_size)] * (depth - len(rows))
         return torch.stack(rows, dim=1)

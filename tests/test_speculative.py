@@ -145,10 +145,9 @@ def test_greedy_codes_equal_autoregressive(name):
         assert deepest == 5
 
 
-@pytest.mark.parametrize("name", DRAFTERS)
-def test_batched_greedy_codes_equal_autoregressive(name):
-    """decode_frames over batches of 1..8 rows (ragged progress: rows finish in different rounds) gives every
-    row its AR codes, and each row's own statistics add up."""
+def batched_identity(name: str) -> tuple[int, int]:
+    """Decode the reference frames in batches of 1..8 (9 rows per tree) with drafter `name` over its trees: every
+    row gets its AR codes and its own statistics add up. Returns (frames, batches with ragged progress)."""
     make, trees = DRAFTERS[name]
     frames, ragged = 0, 0
     for groups, per_tree in FRAMES_PER_TREE.items():
@@ -168,7 +167,26 @@ def test_batched_greedy_codes_equal_autoregressive(name):
                 assert result.calls == max(row.calls for row in result.rows)
                 ragged += len({row.calls for row in result.rows}) > 1
                 frames += batch
+    return frames, ragged
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_batched_greedy_codes_equal_autoregressive(name):
+    """decode_frames over batches of 1..8 rows (ragged progress: rows finish in different rounds) gives every
+    row its AR codes, and each row's own statistics add up."""
+    frames, ragged = batched_identity(name)
     assert frames >= 200 and ragged >= 20  # x 5 drafters: over 1,000 frames in batches
+
+
+@pytest.mark.parametrize("name", ["medusa", "oracle-depth5"])
+def test_static_shapes_as_on_accelerators_give_the_same_codes(name, monkeypatch):
+    """The accelerator path (every depth drafted and walked, rows past the frame end masked; `static_shapes`),
+    forced on the CPU: the same codes and statistics."""
+    from rvqspec import drafters
+
+    for module in (decode, drafters):
+        monkeypatch.setattr(module, "static_shapes", lambda device: True)
+    assert batched_identity(name)[0] >= 200
 
 
 @pytest.mark.parametrize("tree", [default_tree(16), Tree.chain(3)], ids=["default16", "chain3"])
