@@ -43,7 +43,7 @@ def main() -> None:
     inductor_config.freezing = True
     sampler, tree = Sampler(), default_tree(args.size)
     predictor = controlled_predictor(ARCHS[args.arch], dtype=args.dtype)
-    strength, calibrated = calibrate_strength(predictor, tree, PAPER_ACCEPTANCE[args.size], sampler,
+    strength, calibrated, _ = calibrate_strength(predictor, tree, PAPER_ACCEPTANCE[args.size], sampler,
                                               predictor.frames(12, seed=1), iterations=7)
     model, drafter = predictor.model, ReusedHeads(predictor.model)
     compiled = torch.compile(model, dynamic=False)

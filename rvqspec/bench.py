@@ -108,7 +108,7 @@ def controlled_runs(predictor: ControlledPredictor, latency: dict, trees: dict[i
             strengths[n] = calibrate_strength(predictor, trees[n], target, sampler, frames, plan.calibration_iterations)
             log(f"    N={n}: peak strength {strengths[n][0]:.3f} gives {strengths[n][1]:.3f} tokens/step "
                 f"(target {target})")
-        strength, calibrated = strengths[n]
+        strength, calibrated, _ = strengths[n]
         predictor.set_strength(strength)
         run = frame_speedup(predictor.model, drafter, trees[n], frames, sampler)
         overhead = latency["spec"][n]["overhead"]

@@ -22,8 +22,7 @@ from pathlib import Path
 import torch
 
 from rvqspec.config import QWEN3_TTS_0_6B
-from rvqspec.controlled import (PAPER_ACCEPTANCE, ControlledPredictor, calibrate_strength, controlled_predictor,
-                                frame_calls)
+from rvqspec.controlled import PAPER_ACCEPTANCE, ControlledPredictor, calibrate_strength, controlled_predictor
 from rvqspec.decode import decode_frames
 from rvqspec.device_file import update_device_file
 from rvqspec.drafters import ReusedHeads
@@ -128,10 +127,9 @@ def measure_setting(predictor: ControlledPredictor, upstream, plan: BatchPlan, s
     frames = predictor.frames(plan.calibration_frames, seed=1)
     for n in PAPER_ACCEPTANCE:
         if n not in strengths:
-            strength, tokens = calibrate_strength(predictor, trees[n], PAPER_ACCEPTANCE[n], sampler, frames,
-                                                  plan.calibration_iterations)
-            strengths[n] = (strength, tokens, frame_calls(predictor, trees[n], frames, sampler))
-            log(f"  N={n}: peak strength {strength:.3f} gives {tokens:.3f} tokens/step")
+            strengths[n] = calibrate_strength(predictor, trees[n], PAPER_ACCEPTANCE[n], sampler, frames,
+                                              plan.calibration_iterations)
+            log(f"  N={n}: peak strength {strengths[n][0]:.3f} gives {strengths[n][1]:.3f} tokens/step")
     # The policy sees what a user's calibration gives it: each frame's calls at that acceptance.
     paper_trees = {n: trees[n] for n in PAPER_ACCEPTANCE}
     calls = {n: measured_distribution(strengths[n][2], model.config.num_code_groups) for n in paper_trees}

@@ -94,10 +94,11 @@ def tokens_per_step(predictor: ControlledPredictor, tree: Tree, frames: list[tup
 
 def calibrate_strength(predictor: ControlledPredictor, tree: Tree, target: float, sampler: Sampler,
                        frames: list[tuple[Tensor, int]], iterations: int = 7, low: float = 1.0,
-                       high: float = 16.0, seed: int = 0) -> tuple[float, float]:
+                       high: float = 16.0, seed: int = 0) -> tuple[float, float, list[int]]:
     """Bisect the peak strength (log scale, same frames and draws each time) until tokens/step hits `target`.
 
-    Returns (strength, measured tokens/step at it); the predictor is left at that strength.
+    Returns (strength, measured tokens/step at it, each frame's calls at it); the predictor is left at that
+    strength.
     """
     ceiling = tokens_per_step_ceiling(predictor.model.config, tree)
     if not 1.0 < target < ceiling:
@@ -107,9 +108,10 @@ def calibrate_strength(predictor: ControlledPredictor, tree: Tree, target: float
     for _ in range(iterations):
         middle = math.sqrt(low * high)
         predictor.set_strength(middle)
-        measured = tokens_per_step(predictor, tree, frames, sampler, seed)
+        calls = frame_calls(predictor, tree, frames, sampler, seed)
+        measured = len(frames) * predictor.model.config.num_residual_codes / sum(calls)
         if best is None or abs(measured - target) < abs(best[1] - target):
-            best = (middle, measured)
+            best = (middle, measured, calls)
         low, high = (middle, high) if measured < target else (low, middle)
     predictor.set_strength(best[0])
     return best

@@ -212,21 +212,21 @@ def decode_speculative(model, talker_hidden: Tensor, c0: Tensor, sampler: Sample
     hidden = prefill(model, cache, talker_hidden, c0)
     codes = torch.zeros(batch, last + tree.max_depth + 1, dtype=torch.long, device=model.device)  # + scratch
     codes[:, 0] = sampler.sample(model.head_logits(hidden, 1), generator)
-    k = torch.ones(batch, dtype=torch.long, device=model.device)  # codes emitted per row
-    k_host, rows, calls = [1] * batch, [FrameResult(codes[b, :last], 1) for b in range(batch)], 1
+    k_host, rows, calls = [1] * batch, [FrameResult(codes[b, :last], 1) for b in range(batch)], 1  # codes per row
+    k = torch.tensor(k_host, device=model.device)  # the same, for the device's gathers
     while min(k_host) < last:
         root = codes.gather(1, k[:, None] - 1)[:, 0]
         draws, hidden, accepted, bonus = speculative_round(model, cache, plan, sampler, generator, drafter, k, k_host,
                                                            root, hidden)
         # Draws go to c_{k+1}..; those past what a row emitted land on codes a later round overwrites.
         codes.scatter_(1, k[:, None] + torch.arange(draws.shape[1], device=k.device), draws)
-        k = (k + 1 + torch.tensor(accepted, device=k.device)).clamp(max=last)
         for b, row in enumerate(rows):
             if k_host[b] < last:
                 row.calls += 1
                 row.rounds.append(RoundStats(accepted[b], list(enumerate(tree.paths[bonus[b] - 1], 1))
                                              if accepted[b] else []))
                 k_host[b] = min(k_host[b] + 1 + accepted[b], last)
+        k = torch.tensor(k_host, device=model.device)
         calls += 1
     return BatchResult(codes[:, :last], calls, rows)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from rvqspec.config import QWEN3_TTS_0_6B
-from rvqspec.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor, frame_calls
+from rvqspec.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor
 from rvqspec.drafters import Offsets, ReusedHeads
 from rvqspec.errors import RvqspecError
 from rvqspec import flags
@@ -72,8 +72,9 @@ def real_architecture_comparison() -> dict:
     predictor, sampler, tree = controlled_predictor(REAL_ARCH, dtype=dtype), Sampler(), default_tree(32)
     target = PAPER_ACCEPTANCE[32]
     timed = [(h[0], int(c0)) for h, c0 in (batch_inputs(predictor, 1, r) for r in range(frames + 1))]
-    strength, tokens = calibrate_strength(predictor, tree, target, sampler, timed, iterations=6, low=3.0, high=12.0)
-    calls = measured_distribution(frame_calls(predictor, tree, timed, sampler), predictor.model.config.num_code_groups)
+    strength, _, per_frame = calibrate_strength(predictor, tree, target, sampler, timed, iterations=6, low=3.0,
+                                                high=12.0)
+    calls = measured_distribution(per_frame, predictor.model.config.num_code_groups)
     policy = live_policy(predictor.model, ReusedHeads(predictor.model),
                          Policy.build(predictor.model, {32: tree}, {32: calls}, LatencyTable({}, "")), rounds=3)
     size = policy.choose(1)
