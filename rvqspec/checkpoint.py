@@ -20,36 +20,88 @@ from rvqspec.errors import RvqspecError
 
 PREDICTOR = "talker.code_predictor."
 TALKER_C0_TABLE = "talker.model.codec_embedding.weight"
+CSM_DEPTH = "depth_decoder."
+# CSM ties its depth decoder's code table to the backbone's audio table; transformers saves one of the two.
+CSM_TIED_TABLES = {"depth_decoder.model.embed_tokens.weight": "backbone_model.embed_tokens.embed_audio_tokens.weight"}
+
+Layout = dict[str, tuple[str, list[tuple[str, tuple[int, ...]]]]]
 
 
-def official_layout(c: PredictorConfig) -> dict[str, tuple[str, list[tuple[str, tuple[int, ...]]]]]:
-    """native key -> (how to combine, [(official key, expected shape), ...])."""
-    H, Ht, hd = c.hidden_size, c.talker_hidden_size, c.head_dim
-    layout: dict[str, tuple[str, list[tuple[str, tuple[int, ...]]]]] = {}
+def official_layout(c: PredictorConfig) -> Layout:
+    """native key -> (how to combine: cat, stack or transpose, [(official key, expected shape), ...])."""
+    return csm_layout(c) if c.layout == "csm" else qwen3_tts_layout(c)
+
+
+def predictor_prefix(c: PredictorConfig) -> str:
+    """The key prefix under which every tensor of the depth decoder lies."""
+    return CSM_DEPTH if c.layout == "csm" else PREDICTOR
+
+
+def layers_layout(c: PredictorConfig, prefix: str) -> Layout:
+    """The decoder layers under `prefix` (…layers.{i}.self_attn.q_proj.weight, …): the same keys in both layouts."""
+    H, hd = c.hidden_size, c.head_dim
+    layout: Layout = {}
     for i in range(c.num_hidden_layers):
-        src = f"{PREDICTOR}model.layers.{i}."
+        src = f"{prefix}layers.{i}."
         dst = f"layers.{i}."
         layout[dst + "attn.wqkv.weight"] = ("cat", [
             (src + "self_attn.q_proj.weight", (c.num_attention_heads * hd, H)),
             (src + "self_attn.k_proj.weight", (c.num_key_value_heads * hd, H)),
             (src + "self_attn.v_proj.weight", (c.num_key_value_heads * hd, H))])
         layout[dst + "attn.wo.weight"] = ("cat", [(src + "self_attn.o_proj.weight", (H, c.num_attention_heads * hd))])
-        layout[dst + "attn.q_norm.weight"] = ("cat", [(src + "self_attn.q_norm.weight", (hd,))])
-        layout[dst + "attn.k_norm.weight"] = ("cat", [(src + "self_attn.k_norm.weight", (hd,))])
+        if c.qk_norm:
+            layout[dst + "attn.q_norm.weight"] = ("cat", [(src + "self_attn.q_norm.weight", (hd,))])
+            layout[dst + "attn.k_norm.weight"] = ("cat", [(src + "self_attn.k_norm.weight", (hd,))])
         layout[dst + "attn_norm.weight"] = ("cat", [(src + "input_layernorm.weight", (H,))])
         layout[dst + "mlp_norm.weight"] = ("cat", [(src + "post_attention_layernorm.weight", (H,))])
         layout[dst + "mlp.w_gate_up.weight"] = ("cat", [(src + "mlp.gate_proj.weight", (c.intermediate_size, H)),
                                                         (src + "mlp.up_proj.weight", (c.intermediate_size, H))])
         layout[dst + "mlp.w_down.weight"] = ("cat", [(src + "mlp.down_proj.weight", (H, c.intermediate_size))])
-    layout["norm.weight"] = ("cat", [(PREDICTOR + "model.norm.weight", (H,))])
+    layout["norm.weight"] = ("cat", [(prefix + "norm.weight", (H,))])
+    return layout
+
+
+def qwen3_tts_layout(c: PredictorConfig) -> Layout:
+    H, Ht = c.hidden_size, c.talker_hidden_size
+    layout = layers_layout(c, PREDICTOR + "model.")
     layout["code_embed.weight"] = ("cat", [(TALKER_C0_TABLE, (c.talker_vocab_size, Ht))] + [
         (f"{PREDICTOR}model.codec_embedding.{t}.weight", (c.vocab_size, Ht)) for t in range(c.num_residual_codes)])
     layout["heads"] = ("stack", [(f"{PREDICTOR}lm_head.{t}.weight", (c.vocab_size, H))
                                  for t in range(c.num_residual_codes)])
-    if Ht != H:
+    if c.projects:
         layout["project.weight"] = ("cat", [(PREDICTOR + "small_to_mtp_projection.weight", (H, Ht))])
-        layout["project.bias"] = ("cat", [(PREDICTOR + "small_to_mtp_projection.bias", (H,))])
+        if c.projection_bias:
+            layout["project.bias"] = ("cat", [(PREDICTOR + "small_to_mtp_projection.bias", (H,))])
     return layout
+
+
+def csm_layout(c: PredictorConfig) -> Layout:
+    """transformers' CsmForConditionalGeneration: the depth decoder under `depth_decoder.`."""
+    H, Ht = c.hidden_size, c.talker_hidden_size
+    layout = layers_layout(c, CSM_DEPTH + "model.")
+    layout["code_embed.weight"] = ("cat", [(CSM_DEPTH + "model.embed_tokens.weight",
+                                            (c.num_code_groups * c.vocab_size, Ht))])
+    layout["heads"] = ("transpose", [(CSM_DEPTH + "codebooks_head.weight", (c.num_residual_codes, H, c.vocab_size))])
+    layout["project.weight"] = ("cat", [(CSM_DEPTH + "model.inputs_embeds_projector.weight", (H, Ht))])
+    if c.projection_bias:
+        layout["project.bias"] = ("cat", [(CSM_DEPTH + "model.inputs_embeds_projector.bias", (H,))])
+    return layout
+
+
+def combine(how: str, pieces: list[torch.Tensor]) -> torch.Tensor:
+    """One native tensor from its official pieces."""
+    if how == "transpose":
+        return pieces[0].transpose(1, 2).contiguous()
+    return torch.stack(pieces) if how == "stack" else torch.cat(pieces)
+
+
+def split(how: str, tensor: torch.Tensor, parts: list[tuple[str, tuple[int, ...]]]) -> dict[str, torch.Tensor]:
+    """The inverse of `combine`: official name -> piece."""
+    if how == "transpose":
+        pieces = [tensor.transpose(1, 2)]
+    else:
+        pieces = tensor.unbind(0) if how == "stack" else tensor.split([shape[0] for _, shape in parts])
+    return {name: piece.contiguous() for (name, _), piece in zip(parts, pieces)}
 
 
 def tensor_files(folder: Path) -> dict[str, Path]:
@@ -88,11 +140,15 @@ def read_tensors(folder: Path, wanted: dict[str, tuple[int, ...]], dtype: torch.
                  all_of: str | None = None) -> dict[str, torch.Tensor]:
     """Read just the `wanted` tensors, checking their shapes; errors name every missing tensor. With `all_of`
     (a key prefix), every tensor under it must be wanted: one left over means config.json describes a smaller
-    model than the weights (fewer layers or code groups), which would load silently cut down."""
+    model than the weights (fewer layers or code groups), which would load silently cut down. A tied table that
+    was saved under its twin's name (CSM_TIED_TABLES) is read from there."""
     files = tensor_files(folder)
+    stored = {name: CSM_TIED_TABLES[name] if name not in files and CSM_TIED_TABLES.get(name) in files else name
+              for name in wanted}
+    files.update({name: files[source] for name, source in stored.items() if source != name})
     missing = [name for name in wanted if name not in files]
     if missing:
-        raise RvqspecError(f"checkpoint {folder} lacks {len(missing)} tensor(s) the code predictor needs: "
+        raise RvqspecError(f"checkpoint {folder} lacks {len(missing)} tensor(s) the depth decoder needs: "
                            f"{shown(missing)}")
     unused = sorted(name for name in files if all_of and name.startswith(all_of) and name not in wanted)
     if unused:
@@ -108,22 +164,20 @@ def read_tensors(folder: Path, wanted: dict[str, tuple[int, ...]], dtype: torch.
             raise RvqspecError(f"{file} is listed in the index but missing: re-download the checkpoint")
         with open_safetensors(file) as f:
             for name in names:
-                shape = tuple(f.get_slice(name).get_shape())
+                shape = tuple(f.get_slice(stored[name]).get_shape())
                 if shape != wanted[name]:
                     raise RvqspecError(f"shape mismatch for {name}: checkpoint has {shape}, config.json implies "
                                        f"{wanted[name]} (config.json and weights come from different models?)")
-                out[name] = f.get_tensor(name).to(dtype)
+                out[name] = f.get_tensor(stored[name]).to(dtype)
     return out
 
 
-def official_state_dict(model) -> dict[str, torch.Tensor]:
-    """The model's tensors under official key names (the inverse of `MultiCodeDecoder.from_pretrained`)."""
-    state = model.state_dict()
-    out = {}
-    for native, (how, parts) in official_layout(model.config).items():
-        tensor = state[native]
-        pieces = tensor.unbind(0) if how == "stack" else tensor.split([shape[0] for _, shape in parts])
-        out.update({name: piece.contiguous() for (name, _), piece in zip(parts, pieces)})
+def official_state_dict(model, layout: Layout | None = None) -> dict[str, torch.Tensor]:
+    """The model's tensors under official key names (the inverse of `MultiCodeDecoder.from_pretrained`), by its
+    config's layout or the given one."""
+    state, out = model.state_dict(), {}
+    for native, (how, parts) in (layout or official_layout(model.config)).items():
+        out.update(split(how, state[native], parts))
     return out
 
 

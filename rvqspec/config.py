@@ -1,4 +1,7 @@
-"""Configuration of the code predictor (upstream: `talker.code_predictor`), the MultiCodeDecoder."""
+"""Configuration of a depth decoder, the MultiCodeDecoder: Qwen3-TTS's code predictor (upstream
+`talker.code_predictor`) or Sesame CSM's depth decoder (transformers `CsmDepthDecoderForCausalLM`), and the map
+from each one's config.json onto it. `layout` names the checkpoint layout the weights come in.
+"""
 
 import json
 from dataclasses import asdict, dataclass, fields
@@ -7,9 +10,16 @@ from pathlib import Path
 from rvqspec.errors import RvqspecError
 
 
+LAYOUTS = ("qwen3_tts", "csm")
+ROPE_TYPES = ("default", "llama3")
+LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
 @dataclass(frozen=True)
 class PredictorConfig:
-    """Field names follow upstream `Qwen3TTSTalkerCodePredictorConfig`, plus the talker sizes we need."""
+    """Field names follow upstream `Qwen3TTSTalkerCodePredictorConfig`, plus the talker sizes we need and the
+    few things in which CSM's Llama layers differ. "Talker" means the model that emits c0 and conditions the
+    decoder (CSM: the backbone)."""
 
     hidden_size: int = 1024
     intermediate_size: int = 3072
@@ -26,13 +36,25 @@ class PredictorConfig:
     attention_bias: bool = False
     talker_hidden_size: int = 1024  # width of the talker hidden state and of every code embedding
     talker_vocab_size: int = 3072  # rows of the talker's c0 table (codes + special tokens)
+    qk_norm: bool = True  # RMSNorm on every head's q and k (Qwen3); Llama layers (CSM) have none
+    rope_scaling: dict | None = None  # None (plain RoPE) or transformers' {"rope_type": "llama3", ...}
+    always_project: bool = False  # project the inputs even when widths agree (CSM's inputs_embeds_projector)
+    projection_bias: bool = True  # the input projection has a bias (Qwen3-TTS's small_to_mtp_projection)
+    layout: str = "qwen3_tts"  # the checkpoint layout: "qwen3_tts" or "csm"
 
     def __post_init__(self) -> None:
         if self.hidden_act != "silu" or self.attention_bias:
             raise RvqspecError(
-                f"unsupported code predictor: hidden_act={self.hidden_act!r}, attention_bias={self.attention_bias}; "
-                "rvqspec implements the Qwen3 layer (silu, no biases)"
+                f"unsupported depth decoder: hidden_act={self.hidden_act!r}, attention_bias={self.attention_bias}; "
+                "rvqspec implements Qwen3 and Llama layers (silu, no biases)"
             )
+        if self.layout not in LAYOUTS:
+            raise RvqspecError(f"unknown checkpoint layout {self.layout!r}: use one of {', '.join(LAYOUTS)}")
+        if self.rope_type not in ROPE_TYPES:
+            raise RvqspecError(f"unsupported RoPE scaling {self.rope_type!r}: rvqspec implements {', '.join(ROPE_TYPES)}")
+        missing = [key for key in LLAMA3_ROPE_KEYS if key not in self.rope_scaling] if self.rope_type == "llama3" else []
+        if missing:
+            raise RvqspecError(f"rope_scaling of type llama3 lacks {', '.join(missing)}: fix or re-download config.json")
         if self.num_attention_heads % self.num_key_value_heads:
             raise RvqspecError(
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "
@@ -46,12 +68,45 @@ class PredictorConfig:
         """Codes the predictor emits per frame: c1..c_{G-1} (15 for Qwen3-TTS)."""
         return self.num_code_groups - 1
 
+    @property
+    def rope_type(self) -> str:
+        scaling = self.rope_scaling or {}
+        return scaling.get("rope_type", scaling.get("type", "default"))  # "type": transformers' older name
+
+    @property
+    def projects(self) -> bool:
+        """Whether the decoder's inputs go through a projection (else they are already of its width)."""
+        return self.always_project or self.talker_hidden_size != self.hidden_size
+
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 QWEN3_TTS_0_6B = PredictorConfig()
 QWEN3_TTS_1_7B = PredictorConfig(talker_hidden_size=2048)
+# sesame/csm-1b's depth decoder: 4 Llama layers of width 1024 behind a 2048-wide backbone, 32 codebooks of 2048
+# codes + 3 special ones.
+CSM_1B = PredictorConfig(
+    hidden_size=1024, intermediate_size=8192, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+    head_dim=128, vocab_size=2051, num_code_groups=32, rms_norm_eps=1e-5, rope_theta=500000.0,
+    max_position_embeddings=33, talker_hidden_size=2048, talker_vocab_size=2051, qk_norm=False,
+    rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 16},
+    always_project=True, projection_bias=False, layout="csm")
+
+
+def config_from_json(upstream: dict) -> PredictorConfig:
+    """The depth decoder of a checkpoint's config.json: Qwen3-TTS (talker_config.code_predictor_config) or CSM
+    (model_type "csm", depth_decoder_config); anything else is refused."""
+    if isinstance(upstream, dict) and "talker_config" in upstream:
+        return config_from_upstream(upstream)
+    if isinstance(upstream, dict) and (upstream.get("model_type") == "csm" or "depth_decoder_config" in upstream):
+        return config_from_csm(upstream)
+    kind = upstream.get("model_type") if isinstance(upstream, dict) else None
+    raise RvqspecError(
+        f"config.json describes {'a ' + repr(kind) + ' model' if kind else 'no known model'}, not a checkpoint rvqspec "
+        "can load: expected Qwen3-TTS (talker_config.code_predictor_config, as written by qwen-tts or `rvqspec standin "
+        "build`) or Sesame CSM (model_type 'csm' with a depth_decoder_config, as saved by transformers)")
 
 
 def config_from_upstream(upstream: dict) -> PredictorConfig:
@@ -65,12 +120,36 @@ def config_from_upstream(upstream: dict) -> PredictorConfig:
     predictor = talker["code_predictor_config"]
     if predictor.get("use_sliding_window") or (predictor.get("rope_scaling") or {}).get("rope_type", "default") != "default":
         raise RvqspecError("unsupported code predictor: sliding-window attention or scaled RoPE")
-    known = {f.name for f in fields(PredictorConfig)}
-    values = {k: v for k, v in predictor.items() if k in known and v is not None}
+    values = known_values(predictor, exclude=CSM_ONLY)
     values["talker_hidden_size"] = talker.get("hidden_size", values.get("hidden_size", 1024))
     values["talker_vocab_size"] = talker.get("vocab_size", 3072)
     check_types(values)
     return PredictorConfig(**values)
+
+
+CSM_ONLY = ("qk_norm", "rope_scaling", "always_project", "projection_bias", "layout")
+
+
+def known_values(source: dict, exclude: tuple[str, ...] = ()) -> dict:
+    known = {f.name for f in fields(PredictorConfig)} - {"talker_hidden_size", "talker_vocab_size", *exclude}
+    return {k: v for k, v in source.items() if k in known and v is not None}
+
+
+def config_from_csm(upstream: dict) -> PredictorConfig:
+    """Build from a transformers `CsmConfig` dict: its depth_decoder_config, with the shared embedding table
+    (num_codebooks x vocab rows of the backbone's width; table 0 holds c0) and the llama3 RoPE it names."""
+    depth = upstream.get("depth_decoder_config")
+    if not isinstance(depth, dict):
+        raise RvqspecError("config.json has model_type 'csm' but no depth_decoder_config: re-download the checkpoint")
+    if depth.get("mlp_bias"):
+        raise RvqspecError("unsupported CSM depth decoder: mlp_bias=True (rvqspec implements bias-free MLPs)")
+    values = known_values(depth, exclude=("qk_norm", "always_project", "projection_bias", "layout"))
+    values.setdefault("head_dim", depth.get("hidden_size", 1024) // depth.get("num_attention_heads", 8))
+    values["num_code_groups"] = depth.get("num_codebooks", upstream.get("num_codebooks", 32))
+    values["talker_hidden_size"] = depth.get("backbone_hidden_size", 2048)
+    values["talker_vocab_size"] = values.get("vocab_size", 2051)
+    check_types(values)
+    return PredictorConfig(**values, qk_norm=False, always_project=True, projection_bias=False, layout="csm")
 
 
 def check_types(values: dict) -> None:
@@ -78,7 +157,7 @@ def check_types(values: dict) -> None:
     for f in fields(PredictorConfig):
         if f.name not in values:
             continue
-        value, want = values[f.name], type(f.default)
+        value, want = values[f.name], type(f.default) if f.default is not None else dict
         numeric = (int, float) if want is float else want  # JSON writes 1000000.0 as 1000000
         if not isinstance(value, numeric) or (isinstance(value, bool) and want is not bool):
             raise RvqspecError(f"config.json: {f.name} must be {want.__name__}, got {value!r}: fix or re-download "
@@ -93,14 +172,30 @@ def load_config(folder: str | Path) -> PredictorConfig:
         upstream = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise RvqspecError(f"{path} is not valid JSON ({e}): re-download or rebuild the checkpoint") from None
-    return config_from_upstream(upstream)
+    return config_from_json(upstream)
 
 
 def upstream_config_dict(config: PredictorConfig, talker: dict | None = None) -> dict:
-    """The nested upstream layout for `config`, merged into `talker` (extra talker fields) if given."""
-    predictor = {k: v for k, v in config.to_dict().items() if not k.startswith("talker_")}
+    """The config.json of `config`'s layout. Qwen3-TTS: the nested upstream layout, merged into `talker`
+    (extra talker fields) if given; CSM: a transformers CsmConfig dict (its depth_decoder_config, and the
+    backbone fields that tell the depth decoder's shape, merged into `talker`)."""
+    if config.layout == "csm":
+        return csm_config_dict(config, talker)
+    predictor = {k: v for k, v in config.to_dict().items() if not k.startswith("talker_") and k not in CSM_ONLY}
     predictor["rope_scaling"] = None
     talker = dict(talker or {})
     talker.update(hidden_size=config.talker_hidden_size, vocab_size=config.talker_vocab_size,
                   num_code_groups=config.num_code_groups, code_predictor_config=predictor)
     return {"talker_config": talker}
+
+
+def csm_config_dict(config: PredictorConfig, backbone: dict | None = None) -> dict:
+    depth = {k: v for k, v in config.to_dict().items()
+             if not k.startswith("talker_") and k not in CSM_ONLY + ("num_code_groups",)}
+    depth.update(model_type="csm_depth_decoder_model", num_codebooks=config.num_code_groups,
+                 backbone_hidden_size=config.talker_hidden_size, rope_scaling=config.rope_scaling, mlp_bias=False)
+    out = dict(backbone or {})
+    out.update(model_type="csm", num_codebooks=config.num_code_groups, vocab_size=config.vocab_size,
+               depth_decoder_config=depth)
+    out.setdefault("hidden_size", config.talker_hidden_size)
+    return out

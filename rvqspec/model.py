@@ -1,4 +1,5 @@
-"""The MultiCodeDecoder (upstream `talker.code_predictor`) in plain PyTorch, with a static KV cache.
+"""The MultiCodeDecoder (Qwen3-TTS's `talker.code_predictor`, or CSM's depth decoder) in plain PyTorch, with
+a static KV cache. CSM's Llama layers are the Qwen3 layers without q/k norms, with llama3-scaled RoPE.
 
 Layout differs from upstream only where it makes the speculative call cheaper; `checkpoint.py` holds
 the map from the official keys onto it:
@@ -6,19 +7,21 @@ the map from the official keys onto it:
 - the talker's c0 table and the 15 codec tables are stacked into one embedding (`code_embed`), so a
   tree whose nodes sit at different codebooks is embedded in one lookup (`table_offset[table] + code`);
 - the 15 heads are one [15, V, H] tensor (`heads`).
+CSM already has both: one table of num_codebooks x vocab rows, and heads [G-1, H, V] (stored transposed here).
 
-Table t (0..15) embeds code c_t: table 0 is the talker's c0 table, table t>=1 upstream's
-`codec_embedding[t-1]`. The token at position p carries c_{p-1} (table p-1) and predicts codebook p
+Table t (0..G-1, G = 16 for Qwen3-TTS, 32 for CSM) embeds code c_t: table 0 is the talker's c0 table, table t>=1
+upstream's `codec_embedding[t-1]`. The token at position p carries c_{p-1} (table p-1) and predicts codebook p
 with `heads[p-1]`; position 0 carries the talker's hidden state.
 """
 
+import math
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rvqspec.checkpoint import PREDICTOR, official_layout, read_tensors, save_predictor
+from rvqspec.checkpoint import combine, official_layout, predictor_prefix, read_tensors, save_predictor
 from rvqspec.config import PredictorConfig, load_config
 from rvqspec.errors import RvqspecError
 from rvqspec.packing import Linear, PackedWeight, linear
@@ -48,19 +51,35 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
-class RotaryEmbedding(nn.Module):
-    """Plain 1-D RoPE with a precomputed float32 table, indexed by per-token position ids."""
+def rope_frequencies(head_dim: int, theta: float, scaling: dict | None) -> Tensor:
+    """Inverse frequencies [head_dim / 2], as transformers computes them: plain, or llama3-scaled (long
+    wavelengths slowed by `factor`, short ones kept, a smooth blend between)."""
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    inv_freq = 1.0 / (theta ** exponent)
+    if not scaling or scaling.get("rope_type", scaling.get("type")) in (None, "default"):
+        return inv_freq
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_context = scaling["original_max_position_embeddings"]
+    wavelength = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelength > old_context / low, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelength - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelength < old_context / high) & ~(wavelength > old_context / low)
+    return torch.where(medium, blended, scaled)
 
-    def __init__(self, head_dim: int, theta: float, max_positions: int):
+
+class RotaryEmbedding(nn.Module):
+    """1-D RoPE with a precomputed float32 table, indexed by per-token position ids."""
+
+    def __init__(self, head_dim: int, theta: float, max_positions: int, scaling: dict | None = None):
         super().__init__()
-        self.head_dim, self.theta, self.max_positions = head_dim, theta, max_positions
+        self.head_dim, self.theta, self.max_positions, self.scaling = head_dim, theta, max_positions, scaling
         self.register_buffer("cos", torch.empty(max_positions, head_dim), persistent=False)
         self.register_buffer("sin", torch.empty(max_positions, head_dim), persistent=False)
         self.reset_buffers()
 
     def reset_buffers(self) -> None:
-        exponent = torch.arange(0, self.head_dim, 2, dtype=torch.int64).float() / self.head_dim
-        inv_freq = 1.0 / (self.theta ** exponent)
+        inv_freq = rope_frequencies(self.head_dim, self.theta, self.scaling)
         freqs = torch.outer(torch.arange(self.max_positions).float(), inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos = emb.cos().to(self.cos.device)
@@ -116,13 +135,13 @@ class KVCache:
 
 
 class Attention(nn.Module):
-    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float):
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float, qk_norm: bool):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.wqkv = Linear(hidden, (heads + 2 * kv_heads) * head_dim, bias=False)
         self.wo = Linear(heads * head_dim, hidden, bias=False)
-        self.q_norm = RMSNorm(head_dim, eps)
-        self.k_norm = RMSNorm(head_dim, eps)
+        self.q_norm = RMSNorm(head_dim, eps) if qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(head_dim, eps) if qk_norm else nn.Identity()
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
                 cache: KVCache | None, layer: int, slots: Tensor | None) -> Tensor:
@@ -154,12 +173,14 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """A Qwen3 decoder layer: pre-norm attention with q/k norms, pre-norm SwiGLU MLP."""
+    """A Qwen3 decoder layer (pre-norm attention with q/k norms, pre-norm SwiGLU MLP), or a Llama one (no q/k
+    norms)."""
 
-    def __init__(self, hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int, eps: float):
+    def __init__(self, hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int, eps: float,
+                 qk_norm: bool):
         super().__init__()
         self.attn_norm = RMSNorm(hidden, eps)
-        self.attn = Attention(hidden, heads, kv_heads, head_dim, eps)
+        self.attn = Attention(hidden, heads, kv_heads, head_dim, eps, qk_norm)
         self.mlp_norm = RMSNorm(hidden, eps)
         self.mlp = MLP(hidden, intermediate)
 
@@ -175,17 +196,17 @@ class MultiCodeDecoder(nn.Module):
         self.config = c = config
         tables = c.num_code_groups  # c0 (talker table) + one codec table per residual code
         self.code_embed = nn.Embedding(c.talker_vocab_size + (tables - 1) * c.vocab_size, c.talker_hidden_size)
-        self.project = (Linear(c.talker_hidden_size, c.hidden_size, bias=True)
-                        if c.talker_hidden_size != c.hidden_size else nn.Identity())
+        self.project = (Linear(c.talker_hidden_size, c.hidden_size, bias=c.projection_bias) if c.projects
+                        else nn.Identity())
         self.layers = nn.ModuleList(
             Block(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
-                  c.rms_norm_eps) for _ in range(c.num_hidden_layers))
+                  c.rms_norm_eps, c.qk_norm) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.heads = nn.Parameter(torch.empty(c.num_residual_codes, c.vocab_size, c.hidden_size))
         self.head_packs = [PackedWeight() for _ in range(c.num_residual_codes)]
         # Derived, non-checkpoint buffers. Positions in a frame stay below num_code_groups; tree nodes past
         # the frame end are masked but still need a table row, hence the slack.
-        self.rope = RotaryEmbedding(c.head_dim, c.rope_theta, c.num_code_groups + 64)
+        self.rope = RotaryEmbedding(c.head_dim, c.rope_theta, c.num_code_groups + 64, c.rope_scaling)
         offsets = [0] + [c.talker_vocab_size + t * c.vocab_size for t in range(c.num_code_groups - 1)]
         self.register_buffer("table_offset", torch.tensor(offsets), persistent=False)
         self.apply(init_weights)
@@ -270,7 +291,8 @@ class MultiCodeDecoder(nn.Module):
     @classmethod
     def from_pretrained(cls, folder: str | Path, dtype: torch.dtype | str = torch.float32,
                         device: str | torch.device = "cpu") -> "MultiCodeDecoder":
-        """Load an official Qwen3-TTS checkpoint folder (or the stand-in), reading only the predictor's tensors."""
+        """Load the depth decoder of a checkpoint folder: Qwen3-TTS (official, or the stand-in) or Sesame CSM (as
+        saved by transformers), told apart by config.json; only the decoder's tensors are read."""
         folder = Path(folder)
         if not folder.is_dir():
             problem = "is a file, not a folder" if folder.exists() else "does not exist"
@@ -278,7 +300,7 @@ class MultiCodeDecoder(nn.Module):
                                "*.safetensors")
         config = load_config(folder)
         wanted = {name: shape for _, parts in official_layout(config).values() for name, shape in parts}
-        tensors = read_tensors(folder, wanted, resolve_dtype(dtype), all_of=PREDICTOR)
+        tensors = read_tensors(folder, wanted, resolve_dtype(dtype), all_of=predictor_prefix(config))
         return cls.from_official(config, tensors, torch.device(device))
 
     @classmethod
@@ -287,8 +309,7 @@ class MultiCodeDecoder(nn.Module):
         """A MultiCodeDecoder (eval, frozen) from tensors under official key names (taken out of `tensors`)."""
         state = {}
         for native, (how, parts) in official_layout(config).items():
-            pieces = [tensors.pop(name) for name, _ in parts]
-            state[native] = torch.stack(pieces) if how == "stack" else torch.cat(pieces)
+            state[native] = combine(how, [tensors.pop(name) for name, _ in parts])
         # Built on the CPU with its random init, then given the tensors. A meta-device build skips the init, but
         # its device context imports torch._dynamo: as slow as the init at the 0.6B size, ~1.5 s more for the
         # stand-in.

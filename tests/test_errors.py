@@ -64,10 +64,18 @@ def test_folder_without_safetensors(folder):
 
 @pytest.mark.parametrize("text, message", [
     ("{not json", "is not valid JSON"),
-    ("[1, 2]", "not a Qwen3-TTS checkpoint"),
-    ('{"model_type": "llama", "hidden_size": 64}', "no talker_config.code_predictor_config"),
+    ("[1, 2]", "describes no known model.*expected Qwen3-TTS .* or Sesame CSM"),
+    ('{"model_type": "llama", "hidden_size": 64}', "describes a 'llama' model, not a checkpoint rvqspec can load"),
+    ('{"talker_config": {"hidden_size": 64}}', "no talker_config.code_predictor_config"),
+    ('{"model_type": "csm"}', "model_type 'csm' but no depth_decoder_config"),
+    ('{"model_type": "csm", "depth_decoder_config": {"mlp_bias": true}}', "mlp_bias=True"),
+    ('{"model_type": "csm", "depth_decoder_config": {"rope_scaling": {"rope_type": "yarn"}}}',
+     "unsupported RoPE scaling 'yarn'"),
+    ('{"model_type": "csm", "depth_decoder_config": {"rope_scaling": {"rope_type": "llama3", "factor": 8}}}',
+     "llama3 lacks low_freq_factor, high_freq_factor, original_max_position_embeddings"),
+    ('{"model_type": "csm", "depth_decoder_config": {"rope_scaling": "llama3"}}', "rope_scaling must be dict"),
 ])
-def test_config_that_is_not_a_qwen3_tts_config(folder, text, message):
+def test_config_of_an_unknown_or_unsupported_layout(folder, text, message):
     (folder / "config.json").write_text(text)
     with pytest.raises(RvqspecError, match=message):
         load(folder)

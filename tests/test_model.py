@@ -76,7 +76,7 @@ def test_config_reads_upstream_json(tmp_path):
 
 @pytest.mark.parametrize("change, message", [(dict(num_key_value_heads=3), "not a multiple"),
                                              (dict(num_code_groups=1), "num_code_groups must be >= 2"),
-                                             (dict(hidden_act="gelu"), "unsupported code predictor")])
+                                             (dict(hidden_act="gelu"), "unsupported depth decoder")])
 def test_config_rejects_what_the_model_does_not_implement(change, message):
     with pytest.raises(RvqspecError, match=message):
         PredictorConfig(**{**CONFIG.to_dict(), **change})

@@ -22,24 +22,20 @@ import importlib
 import importlib.machinery
 import sys
 import types
-from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from rvqspec.checkpoint import official_layout, official_state_dict
 from rvqspec.config import config_from_upstream
-from rvqspec.decode import BatchResult, decode_frames
 from rvqspec.errors import RvqspecError
+from rvqspec.integrations.base import HANDLE, Acceleration
 from rvqspec.model import MultiCodeDecoder
-from rvqspec.policy import Policy
-from rvqspec.sampling import Sampler
 from rvqspec.tree import Tree
 
 # Only qwen_tts's 25 Hz tokenizer imports these, when the package is imported: torchaudio has no build that
 # loads beside torch 2.13, and sox wraps a system binary. The 12 Hz models never call them.
 UNLOADABLE_MODULES = ("torchaudio", "torchaudio.compliance", "torchaudio.compliance.kaldi", "sox")
-HANDLE = "_rvqspec_acceleration"  # attribute of an accelerated talker that holds its Acceleration
 # Arguments upstream's talker passes that ask for outputs it never reads; any other one goes to upstream.
 IGNORED_GENERATE_ARGS = {"output_hidden_states", "return_dict_in_generate"}
 
@@ -84,121 +80,19 @@ def predictor_from_upstream(talker) -> MultiCodeDecoder:
     return MultiCodeDecoder.from_official(config, tensors, talker.code_predictor.lm_head[0].weight.device)
 
 
-@dataclass
-class RowStats:
-    """One row of the batches (the i-th text of the generate call): frames and the calls it took part in."""
-
-    frames: int = 0
-    calls: int = 0
-
-
-@dataclass
-class Stats:
-    """Counters over the frames rvqspec decoded (cumulative until `reset`). A step decodes one frame of every
-    row of the batch at once, in `calls` predictor calls for the whole batch."""
-
-    steps: int = 0
-    frames: int = 0  # rows x steps
-    calls: int = 0  # predictor calls for whole batches, prefills included
-    codes: int = 0
-    row_calls: int = 0  # calls summed over rows: what each row alone would have made
-    rows: list[RowStats] = field(default_factory=list)
-    tree_sizes: dict[int, int] = field(default_factory=dict)  # steps per tree size N (0: AR)
-
-    def add(self, result: BatchResult, tree_size: int) -> None:
-        self.steps += 1
-        self.frames += len(result.rows)
-        self.calls += result.calls
-        self.codes += result.codes.numel()
-        self.row_calls += sum(row.calls for row in result.rows)
-        self.rows += [RowStats() for _ in range(len(result.rows) - len(self.rows))]
-        for stats, row in zip(self.rows, result.rows):
-            stats.frames += 1
-            stats.calls += row.calls
-        self.tree_sizes[tree_size] = self.tree_sizes.get(tree_size, 0) + 1
-
-    def reset(self) -> None:
-        self.__init__()
-
-    @property
-    def tokens_per_step(self) -> float:
-        """Codes per predictor call seen from one row (a batch of B rows emits B times as many per call)."""
-        return self.codes / self.row_calls if self.row_calls else 0.0
-
-    @property
-    def calls_per_frame(self) -> float:
-        """Predictor calls per batched step (15 for AR, whatever the batch)."""
-        return self.calls / self.steps if self.steps else 0.0
-
-    def __str__(self) -> str:
-        sizes = ", ".join(f"{'AR' if n == 0 else f'N={n}'} x{count}" for n, count in sorted(self.tree_sizes.items()))
-        rows = f" in batches of up to {len(self.rows)}" if len(self.rows) > 1 else ""
-        return (f"{self.frames} frames{rows}, {self.calls_per_frame:.2f} predictor calls/frame, "
-                f"{self.tokens_per_step:.2f} tokens/step ({sizes})")
-
-
-class Acceleration:
-    """What `accelerate` returns: `stats` after a generate call, `undo()` to restore upstream's predictor."""
+class QwenTTSAcceleration(Acceleration):
+    """A qwen-tts talker's `code_predictor.generate`, routed through `rvqspec.decode_frames`."""
 
     def __init__(self, talker, drafter, tree: Tree | str | None, generator: torch.Generator | None,
                  calibration: str | None = None):
-        self.talker, self.drafter, self.tree, self.generator = talker, drafter, tree, generator
-        self.calibration = calibration
-        self.stats = Stats()
-        self.decoder = predictor_from_upstream(talker)
-        self.policy: Policy | None = None
-        if drafter is not None:
-            drafter.check_model(self.decoder)
-            if isinstance(tree, Tree):
-                tree.check_fits(drafter.depth)
-            else:
-                self.policy = self.make_policy()
-        predictor = talker.code_predictor
-        self.replaced_instance_method = "generate" in vars(predictor)
-        self.upstream_generate = predictor.generate
-        predictor.generate = self.generate
-        setattr(talker, HANDLE, self)
+        self.talker = talker
+        super().__init__(talker, talker.code_predictor, drafter, tree, generator, calibration)
 
-    def make_policy(self) -> Policy:
-        policy = Policy.for_model(self.decoder, self.calibration)
-        for tree in policy.trees.values():
-            tree.check_fits(self.drafter.depth)
-        return policy
+    def build_decoder(self) -> MultiCodeDecoder:
+        return predictor_from_upstream(self.talker)
 
-    def undo(self) -> None:
-        """Give the talker its own `code_predictor.generate` back."""
-        predictor = self.talker.code_predictor
-        if getattr(self.talker, HANDLE, None) is not self:
-            raise RvqspecError("this acceleration was already undone")
-        if self.replaced_instance_method:
-            predictor.generate = self.upstream_generate
-        else:
-            del predictor.generate
-        delattr(self.talker, HANDLE)
-
-    def current_decoder(self) -> MultiCodeDecoder:
-        """The decoder, rebuilt if the upstream model moved to another device or dtype since `accelerate` (and the
-        policy with it: the latency of another device or dtype differs)."""
-        weight = self.talker.code_predictor.lm_head[0].weight
-        if (self.decoder.device, self.decoder.dtype) != (weight.device, weight.dtype):
-            self.decoder = predictor_from_upstream(self.talker)
-            if self.policy is not None:
-                self.policy = self.make_policy()
-        return self.decoder
-
-    def tree_for(self, batch: int) -> Tree | None:
-        """The fixed tree, or the policy's choice for this batch size (None: plain AR)."""
-        if self.drafter is None:
-            return None
-        return self.policy.tree_for(batch) if self.policy is not None else self.tree
-
-    def explain(self, batch: int = 1) -> str:
-        """What decodes a batch of `batch` frames, and why."""
-        if self.drafter is None:
-            return "AR: no drafter"
-        if self.policy is None:
-            return f"speculative with the fixed tree of {self.tree.size} nodes"
-        return self.policy.explain(batch)
+    def followed_weight(self) -> Tensor:
+        return self.talker.code_predictor.lm_head[0].weight
 
     def c0_codes(self, c0_embeds: Tensor) -> Tensor | None:
         """Recover each row's c0 from its embedding: upstream passes `codec_embedding(c0)`, not c0. Two codes
@@ -213,17 +107,6 @@ class Acceleration:
             codes.append(match[0, 0])
         return torch.stack(codes)
 
-    def sampler(self, do_sample, top_k, top_p, temperature) -> Sampler:
-        """The caller's settings; those left None fall back to the predictor's generation_config, as in HF."""
-        config = self.talker.code_predictor.generation_config
-
-        def pick(value, name, neutral):
-            value = getattr(config, name, None) if value is None else value
-            return neutral if value is None else value
-
-        return Sampler(do_sample=bool(pick(do_sample, "do_sample", False)), top_k=int(pick(top_k, "top_k", 0)),
-                       top_p=float(pick(top_p, "top_p", 1.0)), temperature=float(pick(temperature, "temperature", 1.0)))
-
     def generate(self, inputs_embeds: Tensor | None = None, max_new_tokens: int | None = None, do_sample=None,
                  top_k=None, top_p=None, temperature=None, **kwargs):
         """Stands in for `code_predictor.generate` in the per-frame call; any other call goes to upstream."""
@@ -231,18 +114,16 @@ class Acceleration:
         frame_call = (isinstance(inputs_embeds, Tensor) and inputs_embeds.dim() == 3 and inputs_embeds.shape[1] == 2
                       and max_new_tokens == groups - 1 and not set(kwargs) - IGNORED_GENERATE_ARGS)
         c0 = self.c0_codes(inputs_embeds[:, 1]) if frame_call else None
+        if c0 is not None and self.unsupported_settings():
+            self.stats.upstream_steps += 1
+            c0 = None
         if c0 is None:
             return self.upstream_generate(inputs_embeds=inputs_embeds, max_new_tokens=max_new_tokens,
                                           do_sample=do_sample, top_k=top_k, top_p=top_p, temperature=temperature,
                                           **kwargs)
         from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-        sampler = self.sampler(do_sample, top_k, top_p, temperature)
-        decoder = self.current_decoder()
-        tree = self.tree_for(len(c0))
-        result = decode_frames(decoder, inputs_embeds[:, 0], c0, sampler, self.generator,
-                               self.drafter if tree is not None else None, tree)
-        self.stats.add(result, tree.size if tree is not None else 0)
+        result = self.decode(inputs_embeds[:, 0], c0, self.sampler(do_sample, top_k, top_p, temperature))
         sequences = result.codes.to(inputs_embeds.device)
         as_dict = kwargs.get("return_dict_in_generate")
         if as_dict is None:
@@ -251,7 +132,7 @@ class Acceleration:
 
 
 def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator: torch.Generator | None = None,
-               calibration: str | None = None) -> Acceleration:
+               calibration: str | None = None) -> QwenTTSAcceleration:
     """Route the code predictor of a qwen-tts model through `rvqspec.decode_frames` until `undo()`.
 
     `model`: a `qwen_tts.Qwen3TTSModel`, its `.model`, or its `.model.talker`. Each batched frame step of the
@@ -264,17 +145,7 @@ def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator:
     fine-tuning the model: it copies the predictor's weights (a later device or dtype change is followed, an
     in-place edit is not).
     """
-    talker = find_talker(model)
-    if getattr(talker, HANDLE, None) is not None:
-        raise RvqspecError("this model is already accelerated: call handle.undo() (or deaccelerate(model)) first")
-    if not (tree is None or tree == "auto" or isinstance(tree, Tree)):
-        raise RvqspecError(f"tree must be an rvqspec.Tree, 'auto' (the decoding policy) or None, got {tree!r}")
-    if drafter is None and isinstance(tree, Tree):
-        raise RvqspecError("a tree was given without a drafter: pass drafter=rvqspec.ReusedHeads() or "
-                           "rvqspec.Offsets.load(path) to decode speculatively, or drop the tree for plain AR")
-    if drafter is not None and tree is None:
-        raise RvqspecError("a drafter was given with tree=None: pass tree='auto' (the decoding policy) or a Tree")
-    return Acceleration(talker, drafter, tree, generator, calibration)
+    return QwenTTSAcceleration(find_talker(model), drafter, tree, generator, calibration)
 
 
 def deaccelerate(model) -> None:

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from rvqspec.checkpoint import PREDICTOR, official_layout, read_tensors, save_predictor
+from rvqspec.checkpoint import PREDICTOR, official_layout, official_state_dict, read_tensors, save_predictor
 from rvqspec.config import PredictorConfig
 from rvqspec.errors import RvqspecError
 from rvqspec.model import Block, KVCache, MultiCodeDecoder, RMSNorm, RotaryEmbedding, init_weights, resolve_dtype
@@ -127,7 +127,7 @@ class Talker(nn.Module):
         self.text_embed = nn.Embedding(c.text_vocab_size, c.hidden_size)
         self.layers = nn.ModuleList(
             Block(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
-                  c.rms_norm_eps) for _ in range(c.num_hidden_layers))
+                  c.rms_norm_eps, qk_norm=True) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.codec_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         self.rope = RotaryEmbedding(c.head_dim, c.rope_theta, c.max_position_embeddings)
@@ -232,15 +232,6 @@ def talker_layout(c: TalkerConfig) -> dict[str, tuple[str, list[tuple[str, tuple
     return layout
 
 
-def talker_official_state_dict(talker: Talker) -> dict[str, Tensor]:
-    state = talker.state_dict()
-    out = {}
-    for native, (how, parts) in talker_layout(talker.config).items():
-        pieces = state[native].split([shape[0] for _, shape in parts])
-        out.update({name: piece.contiguous() for (name, _), piece in zip(parts, pieces)})
-    return out
-
-
 def save_standin(tts: StandinTTS, folder: str | Path, dtype: torch.dtype = torch.float16,
                  extra: dict | None = None) -> None:
     """config.json (upstream nested layout + talker fields) and model.safetensors (official keys) in `dtype`."""
@@ -251,7 +242,7 @@ def save_standin(tts: StandinTTS, folder: str | Path, dtype: torch.dtype = torch
     talker.load_state_dict(cast(tts.talker), assign=True)
     stand_in = dict(extra or {}, torch_dtype=str(dtype).removeprefix("torch."))
     fields = tts.config.upstream_fields() | {"stand_in": stand_in}
-    save_predictor(predictor, folder, fields, extra_tensors=talker_official_state_dict(talker))
+    save_predictor(predictor, folder, fields, extra_tensors=official_state_dict(talker, talker_layout(talker.config)))
 
 
 def load_standin(folder: str | Path, dtype: torch.dtype | str = torch.float32,

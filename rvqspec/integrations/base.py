@@ -1,0 +1,205 @@
+"""What every integration shares: a depth decoder's per-frame `generate`, replaced on one instance by
+`rvqspec.decode_frames` over a MultiCodeDecoder that holds a copy of its weights, with counters and `undo()`.
+
+A subclass says where the depth decoder is (`target`), how to copy it (`build_decoder`) and how its per-frame
+generate call looks (`generate`); this class decides AR or which tree per batch size and keeps the counts.
+"""
+
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from rvqspec.decode import BatchResult, decode_frames
+from rvqspec.errors import RvqspecError
+from rvqspec.model import MultiCodeDecoder
+from rvqspec.policy import Policy
+from rvqspec.sampling import Sampler
+from rvqspec.tree import Tree
+
+HANDLE = "_rvqspec_acceleration"  # attribute of an accelerated model that holds its Acceleration
+# Generation settings that change the distribution and that rvqspec does not implement, with their neutral
+# values: a depth decoder configured with any other value keeps decoding through upstream (with a warning).
+UNSUPPORTED_SETTINGS = {"repetition_penalty": 1.0, "min_p": None, "typical_p": 1.0, "epsilon_cutoff": 0.0,
+                        "eta_cutoff": 0.0, "no_repeat_ngram_size": 0, "bad_words_ids": None, "suppress_tokens": None,
+                        "begin_suppress_tokens": None, "sequence_bias": None, "num_beams": 1, "guidance_scale": None,
+                        "forced_bos_token_id": None, "forced_eos_token_id": None, "encoder_repetition_penalty": 1.0,
+                        "exponential_decay_length_penalty": None, "watermarking_config": None}
+
+
+@dataclass
+class RowStats:
+    """One row of the batches (the i-th text of the generate call): frames and the calls it took part in."""
+
+    frames: int = 0
+    calls: int = 0
+
+
+@dataclass
+class Stats:
+    """Counters over the frames rvqspec decoded (cumulative until `reset`). A step decodes one frame of every
+    row of the batch at once, in `calls` depth-decoder calls for the whole batch."""
+
+    steps: int = 0
+    frames: int = 0  # rows x steps
+    calls: int = 0  # depth-decoder calls for whole batches, prefills included
+    codes: int = 0
+    row_calls: int = 0  # calls summed over rows: what each row alone would have made
+    rows: list[RowStats] = field(default_factory=list)
+    tree_sizes: dict[int, int] = field(default_factory=dict)  # steps per tree size N (0: AR)
+    upstream_steps: int = 0  # frame steps left to upstream (settings rvqspec does not implement)
+
+    def add(self, result: BatchResult, tree_size: int) -> None:
+        self.steps += 1
+        self.frames += len(result.rows)
+        self.calls += result.calls
+        self.codes += result.codes.numel()
+        self.row_calls += sum(row.calls for row in result.rows)
+        self.rows += [RowStats() for _ in range(len(result.rows) - len(self.rows))]
+        for stats, row in zip(self.rows, result.rows):
+            stats.frames += 1
+            stats.calls += row.calls
+        self.tree_sizes[tree_size] = self.tree_sizes.get(tree_size, 0) + 1
+
+    def reset(self) -> None:
+        self.__init__()
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Codes per depth-decoder call seen from one row (a batch of B rows emits B times as many per call)."""
+        return self.codes / self.row_calls if self.row_calls else 0.0
+
+    @property
+    def calls_per_frame(self) -> float:
+        """Depth-decoder calls per batched step (15 for Qwen3-TTS's AR, 31 for CSM's, whatever the batch)."""
+        return self.calls / self.steps if self.steps else 0.0
+
+    def __str__(self) -> str:
+        sizes = ", ".join(f"{'AR' if n == 0 else f'N={n}'} x{count}" for n, count in sorted(self.tree_sizes.items()))
+        rows = f" in batches of up to {len(self.rows)}" if len(self.rows) > 1 else ""
+        upstream = f"; {self.upstream_steps} steps left to upstream" if self.upstream_steps else ""
+        return (f"{self.frames} frames{rows}, {self.calls_per_frame:.2f} calls/frame, "
+                f"{self.tokens_per_step:.2f} tokens/step ({sizes}){upstream}")
+
+
+def check_arguments(drafter, tree) -> None:
+    if not (tree is None or tree == "auto" or isinstance(tree, Tree)):
+        raise RvqspecError(f"tree must be an rvqspec.Tree, 'auto' (the decoding policy) or None, got {tree!r}")
+    if drafter is None and isinstance(tree, Tree):
+        raise RvqspecError("a tree was given without a drafter: pass drafter=rvqspec.ReusedHeads() or "
+                           "rvqspec.Offsets.load(path) to decode speculatively, or drop the tree for plain AR")
+    if drafter is not None and tree is None:
+        raise RvqspecError("a drafter was given with tree=None: pass tree='auto' (the decoding policy) or a Tree")
+
+
+class Acceleration:
+    """What `accelerate` returns: `stats` after a generate call, `undo()` to restore upstream's depth decoder.
+
+    `owner` is the model the user holds (it keeps the handle); `target` the depth decoder whose generate is
+    replaced."""
+
+    def __init__(self, owner: torch.nn.Module, target: torch.nn.Module, drafter, tree: Tree | str | None,
+                 generator: torch.Generator | None, calibration: str | None = None):
+        if getattr(owner, HANDLE, None) is not None:
+            raise RvqspecError("this model is already accelerated: call handle.undo() (or deaccelerate(model)) first")
+        check_arguments(drafter, tree)
+        self.owner, self.target, self.drafter, self.tree, self.generator = owner, target, drafter, tree, generator
+        self.calibration = calibration
+        self.stats = Stats()
+        self.warned: set[str] = set()
+        self.decoder = self.build_decoder()
+        self.policy: Policy | None = None
+        if drafter is not None:
+            drafter.check_model(self.decoder)
+            if isinstance(tree, Tree):
+                tree.check_fits(drafter.depth)
+            else:
+                self.policy = self.make_policy()
+        self.replaced_instance_method = "generate" in vars(target)
+        self.upstream_generate = target.generate
+        target.generate = self.generate
+        setattr(owner, HANDLE, self)
+
+    def build_decoder(self) -> MultiCodeDecoder:
+        """A MultiCodeDecoder holding a copy of the target's weights, on their device and dtype."""
+        raise NotImplementedError
+
+    def followed_weight(self) -> Tensor:
+        """A weight of the target whose device and dtype the decoder follows."""
+        raise NotImplementedError
+
+    def generate(self, *args, **kwargs):
+        raise NotImplementedError
+
+    def make_policy(self) -> Policy:
+        policy = Policy.for_model(self.decoder, self.calibration)
+        for tree in policy.trees.values():
+            tree.check_fits(self.drafter.depth)
+        return policy
+
+    def undo(self) -> None:
+        """Give the depth decoder its own `generate` back."""
+        if getattr(self.owner, HANDLE, None) is not self:
+            raise RvqspecError("this acceleration was already undone")
+        if self.replaced_instance_method:
+            self.target.generate = self.upstream_generate
+        else:
+            del self.target.generate
+        delattr(self.owner, HANDLE)
+
+    def current_decoder(self) -> MultiCodeDecoder:
+        """The decoder, rebuilt if the upstream model moved to another device or dtype since `accelerate` (and the
+        policy with it: the latency of another device or dtype differs)."""
+        weight = self.followed_weight()
+        if (self.decoder.device, self.decoder.dtype) != (weight.device, weight.dtype):
+            self.decoder = self.build_decoder()
+            if self.policy is not None:
+                self.policy = self.make_policy()
+        return self.decoder
+
+    def tree_for(self, batch: int) -> Tree | None:
+        """The fixed tree, or the policy's choice for this batch size (None: plain AR)."""
+        if self.drafter is None:
+            return None
+        return self.policy.tree_for(batch) if self.policy is not None else self.tree
+
+    def explain(self, batch: int = 1) -> str:
+        """What decodes a batch of `batch` frames, and why."""
+        if self.drafter is None:
+            return "AR: no drafter"
+        if self.policy is None:
+            return f"speculative with the fixed tree of {self.tree.size} nodes"
+        return self.policy.explain(batch)
+
+    def sampler(self, do_sample=None, top_k=None, top_p=None, temperature=None) -> Sampler:
+        """The caller's settings; those left None fall back to the target's generation_config, as in HF."""
+        config = self.target.generation_config
+
+        def pick(value, name, neutral):
+            value = getattr(config, name, None) if value is None else value
+            return neutral if value is None else value
+
+        return Sampler(do_sample=bool(pick(do_sample, "do_sample", False)), top_k=int(pick(top_k, "top_k", 0)),
+                       top_p=float(pick(top_p, "top_p", 1.0)), temperature=float(pick(temperature, "temperature", 1.0)))
+
+    def unsupported_settings(self) -> list[str]:
+        """Settings of the target's generation_config that would change the distribution beyond the Sampler's
+        (warned about once each: those frames go to upstream)."""
+        config = self.target.generation_config
+        found = [f"{name}={getattr(config, name)!r}" for name, neutral in UNSUPPORTED_SETTINGS.items()
+                 if getattr(config, name, neutral) not in (neutral, None)]
+        for setting in set(found) - self.warned:
+            warnings.warn(f"rvqspec does not implement the depth decoder's generation setting {setting}: frames "
+                          "decode through upstream while it is set", stacklevel=3)
+        self.warned.update(found)
+        return found
+
+    def decode(self, hidden: Tensor, c0: Tensor, sampler: Sampler) -> BatchResult:
+        """One batched frame step: codes [B, G-1] for talker/backbone states [B, H] and their c0 [B]."""
+        decoder = self.current_decoder()
+        tree = self.tree_for(len(c0))
+        result = decode_frames(decoder, hidden, c0, sampler, self.generator,
+                               self.drafter if tree is not None else None, tree)
+        self.stats.add(result, tree.size if tree is not None else 0)
+        return result
