@@ -11,8 +11,9 @@ from scipy.stats import chi2_contingency
 from rvqspec import MultiCodeDecoder, Offsets, ReusedHeads, RvqspecError, default_tree
 from rvqspec.cli import main
 from rvqspec.corpus import Corpus
-from rvqspec.integrations.qwen_tts import (HANDLE, accelerate, deaccelerate, predictor_from_upstream, talker_prompt,
-                                           teacher_forced_hidden)
+from rvqspec.integrations import deaccelerate
+from rvqspec.integrations.base import HANDLE
+from rvqspec.integrations.qwen_tts import accelerate, predictor_from_upstream, talker_prompt, teacher_forced_hidden
 from rvqspec.synth import corpus_from_audio, resolve_model
 from tiny import random_offsets, tiny_config
 from upstream_models import frame_prompt, tiny_upstream_model, upstream_available

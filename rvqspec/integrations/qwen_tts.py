@@ -29,7 +29,7 @@ from torch import Tensor
 from rvqspec.checkpoint import official_layout, official_state_dict
 from rvqspec.config import config_from_upstream
 from rvqspec.errors import RvqspecError
-from rvqspec.integrations.base import HANDLE, Acceleration
+from rvqspec.integrations.base import Acceleration
 from rvqspec.model import MultiCodeDecoder
 from rvqspec.tree import Tree
 
@@ -146,14 +146,6 @@ def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator:
     in-place edit is not).
     """
     return QwenTTSAcceleration(find_talker(model), drafter, tree, generator, calibration)
-
-
-def deaccelerate(model) -> None:
-    """Undo `accelerate(model)`."""
-    handle = getattr(find_talker(model), HANDLE, None)
-    if handle is None:
-        raise RvqspecError("this model is not accelerated: nothing to undo")
-    handle.undo()
 
 
 def generate_speech(tts, text: str, language: str = "Auto", speaker: str | None = None,

@@ -1,0 +1,79 @@
+"""Drop-in acceleration for Sesame CSM in transformers (`CsmForConditionalGeneration`, tested with 4.57.3).
+
+    import rvqspec
+    handle = rvqspec.accelerate(model, drafter=rvqspec.ReusedHeads())  # model: CsmForConditionalGeneration
+    audio = model.generate(**inputs, output_audio=True)                # the same call as before
+    print(handle.stats)
+    handle.undo()
+
+How it hooks in: for every frame, CSM's backbone samples c0 and calls `depth_decoder.generate(input_ids=[B, 2]
+(a 0 placeholder, c0), backbone_last_hidden_state=[B, H])`, which returns [B, 2 + 31]: the inputs, then
+c1..c31. `accelerate` replaces that one method, on that instance, with `rvqspec.decode_frames` over a
+MultiCodeDecoder holding a copy of the depth decoder's weights; the sampling settings are the depth decoder's
+generation_config (what `depth_decoder_do_sample=`, `depth_decoder_temperature=`, ... of the backbone's
+generate set), read at every call. Any other call goes to upstream.
+"""
+
+import torch
+from torch import Tensor
+
+from rvqspec.checkpoint import CSM_TIED_TABLES, official_layout
+from rvqspec.config import config_from_csm
+from rvqspec.errors import RvqspecError
+from rvqspec.integrations.base import Acceleration
+from rvqspec.model import MultiCodeDecoder
+from rvqspec.tree import Tree
+
+
+def is_csm(model) -> bool:
+    """Whether `model` is a transformers CSM model (its backbone and depth decoder)."""
+    return hasattr(model, "depth_decoder") and hasattr(model, "backbone_model")
+
+
+def depth_decoder_from_transformers(model) -> MultiCodeDecoder:
+    """A MultiCodeDecoder with a copy of a CsmForConditionalGeneration's depth decoder, on its device and dtype."""
+    config = config_from_csm(model.config.to_dict())
+    wanted = {name for _, parts in official_layout(config).values() for name, _ in parts}
+    state = model.state_dict()
+    tensors = {name: state[name if name in state else CSM_TIED_TABLES[name]] for name in wanted}
+    return MultiCodeDecoder.from_official(config, tensors, model.depth_decoder.codebooks_head.weight.device)
+
+
+class CsmAcceleration(Acceleration):
+    """A CSM model's `depth_decoder.generate`, routed through `rvqspec.decode_frames`."""
+
+    def __init__(self, model, drafter, tree: Tree | str | None, generator: torch.Generator | None,
+                 calibration: str | None = None):
+        self.model = model
+        super().__init__(model, model.depth_decoder, drafter, tree, generator, calibration)
+
+    def build_decoder(self) -> MultiCodeDecoder:
+        return depth_decoder_from_transformers(self.model)
+
+    def followed_weight(self) -> Tensor:
+        return self.model.depth_decoder.codebooks_head.weight
+
+    def generate(self, input_ids: Tensor | None = None, backbone_last_hidden_state: Tensor | None = None,
+                 **kwargs):
+        """Stands in for `depth_decoder.generate` in the per-frame call; any other call goes to upstream."""
+        frame_call = (isinstance(input_ids, Tensor) and input_ids.dim() == 2 and input_ids.shape[1] == 2
+                      and isinstance(backbone_last_hidden_state, Tensor) and not kwargs
+                      and self.target.generation_config.max_new_tokens in (None, self.decoder.config.num_residual_codes))
+        if frame_call and self.unsupported_settings():
+            self.stats.upstream_steps += 1
+            frame_call = False
+        if not frame_call:
+            return self.upstream_generate(input_ids=input_ids, backbone_last_hidden_state=backbone_last_hidden_state,
+                                          **kwargs)
+        result = self.decode(backbone_last_hidden_state, input_ids[:, 1], self.sampler())
+        return torch.cat([input_ids, result.codes.to(input_ids.device)], dim=1)
+
+
+def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator: torch.Generator | None = None,
+               calibration: str | None = None) -> CsmAcceleration:
+    """Route the depth decoder of a transformers `CsmForConditionalGeneration` through `rvqspec.decode_frames`
+    until `undo()`: AR (31 calls per frame step) without a drafter; with one, the decoding policy's choice per
+    batch size (`tree="auto"`) or a fixed `Tree`. As `rvqspec.integrations.qwen_tts.accelerate` otherwise."""
+    if not is_csm(model):
+        raise RvqspecError(f"{type(model).__name__} is not a transformers CSM model: pass a CsmForConditionalGeneration")
+    return CsmAcceleration(model, drafter, tree, generator, calibration)
