@@ -9,6 +9,8 @@ Per setting (architecture x dtype x threads), in one process:
 2. acceptance-controlled frames (`rvqspec.controlled`): at N = 16, 32, 64 the heads' peak strength is
    bisected until tokens/step matches the paper (2.25, 2.47, 2.60); then whole frames are decoded with
    `decode_frame`, AR and speculative alternately: realized speedup = median AR frame / median spec frame.
+   A depth decoder with another frame length (CSM-1B: 31 codes) is bisected instead to the per-round
+   acceptance that the 0.6B predictor shows at the paper's tokens/step: the same drafts, a longer frame.
 
 Timing does not depend on weight values, so the controlled predictors (real sizes, random layers) serve
 both. Ratios are taken within one run; the machine may be shared, so its load is recorded. On a shared
@@ -24,8 +26,9 @@ from pathlib import Path
 import torch
 
 from rvqspec.bench_report import batch_markdown, batch_plot, markdown, plot
-from rvqspec.config import QWEN3_TTS_0_6B, QWEN3_TTS_1_7B
-from rvqspec.controlled import PAPER_ACCEPTANCE, ControlledPredictor, calibrate_strength, controlled_predictor
+from rvqspec.config import CSM_1B, QWEN3_TTS_0_6B, QWEN3_TTS_1_7B
+from rvqspec.controlled import (PAPER_ACCEPTANCE, ControlledPredictor, calibrate_strength, controlled_predictor,
+                                decode_controlled, round_acceptance)
 from rvqspec.decode import decode_frame
 from rvqspec.device_file import update_device_file
 from rvqspec.drafters import ReusedHeads
@@ -37,7 +40,8 @@ from rvqspec.sampling import Sampler
 from rvqspec.timing import TIMED_K, call_latency, clocks, elapsed_ms, machine, medians, write_reports
 from rvqspec.tree import Tree, default_tree
 
-ARCHS = {"0.6b": QWEN3_TTS_0_6B, "1.7b": QWEN3_TTS_1_7B}
+ARCHS = {"0.6b": QWEN3_TTS_0_6B, "1.7b": QWEN3_TTS_1_7B, "csm-1b": CSM_1B}
+REFERENCE_ARCH = "0.6b"  # the paper's model: other frame lengths run at the acceptance it has at the paper's figures
 
 
 @dataclass(frozen=True)
@@ -50,14 +54,14 @@ class Plan:
     sizes: list[int]
     latency_rounds: int = 20
     controlled_sizes: tuple[int, ...] = (16, 32, 64)
-    controlled_archs: tuple[str, ...] = ("0.6b", "1.7b")
+    controlled_archs: tuple[str, ...] = ("0.6b", "1.7b", "csm-1b")
     calibration_iterations: int = 9
     frames: int = 32
 
 
 def quick_plan(archs, dtypes, threads, sizes) -> Plan:
     return Plan(archs, dtypes[:1], threads[:1], sizes, latency_rounds=5, controlled_sizes=(32,),
-                controlled_archs=("0.6b",), calibration_iterations=6, frames=8)
+                controlled_archs=("0.6b", "csm-1b"), calibration_iterations=6, frames=8)
 
 
 # ---------------------------------------------------------------------------------------------- timing
@@ -94,30 +98,65 @@ def predicted(tokens_per_step: float, overhead: float) -> float:
 # ---------------------------------------------------------------------------------------------- runs
 
 def controlled_runs(predictor: ControlledPredictor, latency: dict, trees: dict[int, Tree], plan: Plan,
-                    strengths: dict[int, tuple[float, float]], sampler: Sampler, log) -> list[dict]:
+                    strengths: dict[int, tuple[float, float]], sampler: Sampler, log,
+                    target_acceptance=None) -> list[dict]:
     """At each paper budget: bisect the peak strength on the frames (once per architecture and dtype, cached
     in `strengths`), then time the same frames, AR vs speculative (with the calibration's draws, so at the
-    calibrated acceptance), and set the realized next to the predicted speed-up."""
+    calibrated acceptance), and set the realized next to the predicted speed-up. Frames of Qwen3-TTS's length
+    are bisected to the paper's tokens/step; other lengths to `target_acceptance(N)`, the per-round acceptance
+    behind it."""
     drafter, rows = ReusedHeads(predictor.model), []
     frames = predictor.frames(plan.frames, seed=1)
+    last = predictor.model.config.num_residual_codes
+    paper_length = last == QWEN3_TTS_0_6B.num_residual_codes
     for n in plan.controlled_sizes:
         if n not in trees:
             continue
-        target = PAPER_ACCEPTANCE[n]
+        metric = "tokens_per_step" if paper_length else "round_acceptance"
+        target = PAPER_ACCEPTANCE[n] if paper_length else target_acceptance(n)
         if n not in strengths:
-            strengths[n] = calibrate_strength(predictor, trees[n], target, sampler, frames, plan.calibration_iterations)
-            log(f"    N={n}: peak strength {strengths[n][0]:.3f} gives {strengths[n][1]:.3f} tokens/step "
-                f"(target {target})")
+            strengths[n] = calibrate_strength(predictor, trees[n], target, sampler, frames, plan.calibration_iterations,
+                                              metric=metric)
+            log(f"    N={n}: peak strength {strengths[n][0]:.3f} gives {strengths[n][1]:.3f} "
+                f"{metric.replace('_', ' ')} (target {target:.3f})")
         strength, calibrated, _ = strengths[n]
         predictor.set_strength(strength)
+        acceptance = calibrated if not paper_length else None
+        if paper_length and any(ARCHS[arch].num_residual_codes != last for arch in plan.archs):  # a reference
+            acceptance = round_acceptance(decode_controlled(predictor, trees[n], frames, sampler), trees[n], last)
         run = frame_speedup(predictor.model, drafter, trees[n], frames, sampler)
         overhead = latency["spec"][n]["overhead"]
-        rows.append({"tree_size": n, "target_tokens_per_step": target, "strength": strength,
-                     "calibrated_tokens_per_step": calibrated, **run, "overhead": overhead,
-                     "predicted_speedup": predicted(run["tokens_per_step"], overhead)})
-        log(f"    N={n}: {run['tokens_per_step']:.3f} tokens/step, realized {run['realized_speedup']:.2f}x "
-            f"(cpu {run['realized_speedup_cpu']:.2f}x), predicted {rows[-1]['predicted_speedup']:.2f}x")
+        rows.append({"tree_size": n, "target": {"metric": metric, "value": target}, "strength": strength,
+                     "round_acceptance": acceptance, "calibrated": calibrated,
+                     "target_tokens_per_step": PAPER_ACCEPTANCE[n] if paper_length else None,
+                     **run, "overhead": overhead, "predicted_speedup": predicted(run["tokens_per_step"], overhead)})
+        accepted = f" ({acceptance:.3f} accepted per round)" if acceptance is not None else ""
+        log(f"    N={n}: {run['tokens_per_step']:.3f} tokens/step{accepted}, realized "
+            f"{run['realized_speedup']:.2f}x (cpu {run['realized_speedup_cpu']:.2f}x), predicted "
+            f"{rows[-1]['predicted_speedup']:.2f}x")
     return rows
+
+
+def reference_acceptance(plan: Plan, dtype: str, device: str, sampler: Sampler, trees: dict[int, Tree],
+                         cache: dict, settings: list[dict]):
+    """target_acceptance(N) for `controlled_runs`: the per-round acceptance of the 0.6B predictor at the paper's
+    tokens/step, from this run's 0.6B rows of the same dtype, else measured on the spot (and cached)."""
+    def target(n: int) -> float:
+        if (dtype, n) not in cache:
+            rows = [r for s in settings if s["model"] == REFERENCE_ARCH and s["dtype"] == dtype
+                    for r in s["controlled"] if r["tree_size"] == n]
+            if rows:
+                cache[dtype, n] = rows[0]["round_acceptance"]
+            else:
+                reference = controlled_predictor(ARCHS[REFERENCE_ARCH], dtype=dtype, device=device)
+                frames = reference.frames(plan.frames, seed=1)
+                calibrate_strength(reference, trees[n], PAPER_ACCEPTANCE[n], sampler, frames,
+                                   plan.calibration_iterations)
+                results = decode_controlled(reference, trees[n], frames, sampler)
+                cache[dtype, n] = round_acceptance(results, trees[n], reference.model.config.num_residual_codes)
+        return cache[dtype, n]
+
+    return target
 
 
 def tokens_per_step_source(calibration: dict | None) -> tuple[dict[int, float], str]:
@@ -189,6 +228,7 @@ def run_bench(plan: Plan, trees: dict[int, Tree], calibration: dict | None, mode
               "tokens_per_step_source": source, "tokens_per_step_by_size": tokens, "timed_k": TIMED_K,
               "plan": plan.__dict__, "settings": []}
     targets = [(arch, ARCHS[arch]) for arch in plan.archs] + ([("stand-in", model_path)] if model_path else [])
+    references: dict = {}  # (dtype, N) -> the 0.6B predictor's per-round acceptance at the paper's tokens/step
     try:
         for name, what in targets:
             for dtype in plan.dtypes:
@@ -199,11 +239,12 @@ def run_bench(plan: Plan, trees: dict[int, Tree], calibration: dict | None, mode
                 else:
                     predictor = controlled_predictor(what, dtype=dtype, device=device)
                     model = predictor.model
+                target = reference_acceptance(plan, dtype, device, sampler, trees, references, report["settings"])
                 for threads in plan.threads:
                     torch.set_num_threads(threads)
                     log(f"{name} {dtype} {threads} thread(s), load {os.getloadavg()[0]:.1f}:")
                     setting = measure_setting(name, model, predictor, dtype, threads, trees, tokens, plan,
-                                              strengths, sampler, drafter_spec, corpus, calibration, log)
+                                              strengths, sampler, drafter_spec, corpus, calibration, log, target)
                     report["settings"].append(setting)
                 del model, predictor
     finally:
@@ -214,7 +255,7 @@ def run_bench(plan: Plan, trees: dict[int, Tree], calibration: dict | None, mode
 
 
 def measure_setting(name, model, predictor, dtype, threads, trees, tokens, plan, strengths, sampler,
-                    drafter_spec, corpus, calibration, log) -> dict:
+                    drafter_spec, corpus, calibration, log, target_acceptance) -> dict:
     if predictor is None:
         from rvqspec.calibrate import load_drafter
 
@@ -229,7 +270,8 @@ def measure_setting(name, model, predictor, dtype, threads, trees, tokens, plan,
     setting = {"model": name, "dtype": dtype, "threads": threads, "load_before": load, "latency": latency,
                "predicted_speedup": speedups, "controlled": [], "stand_in": None}
     if predictor is not None and name in plan.controlled_archs:
-        setting["controlled"] = controlled_runs(predictor, latency, trees, plan, strengths, sampler, log)
+        setting["controlled"] = controlled_runs(predictor, latency, trees, plan, strengths, sampler, log,
+                                                target_acceptance)
     if predictor is None and speedups:
         best = max(speedups, key=speedups.get)
         frames, origin = stand_in_frames(model, corpus or (calibration or {}).get("corpus"), plan.frames)
@@ -263,10 +305,19 @@ def summarize(report: dict, tokens: dict[int, float]) -> None:
                  "speedup": row["realized_speedup"], "predicted_speedup": row["predicted_speedup"]}
     stand_in = max((s["stand_in"] for s in settings if s["stand_in"]), key=lambda r: r["realized_speedup"],
                    default=None)
+    csm = max(((row, s) for s in settings if s["model"] == "csm-1b" for row in s["controlled"]),
+              key=lambda rs: rs[0]["realized_speedup"], default=None)
+    if csm:
+        row, s = csm
+        csm = {"dtype": s["dtype"], "threads": s["threads"], "tree_size": row["tree_size"],
+               "round_acceptance": row["round_acceptance"], "tokens_per_step": row["tokens_per_step"],
+               "calls_per_frame": row["calls_per_frame"], "speedup": row["realized_speedup"],
+               "predicted_speedup": row["predicted_speedup"]}
     headline = ({"tokens_per_step": stand_in["tokens_per_step"], "calls_per_frame": stand_in["calls_per_frame"],
                  "speedup": stand_in["realized_speedup"]} if stand_in else paper) or {}
     report.update({"chosen": chosen, "paper_acceptance": paper,
                    "speedup_at_paper_acceptance": paper["speedup"] if paper else None,
+                   "csm_at_paper_acceptance": csm,
                    "stand_in_speedup": stand_in["realized_speedup"] if stand_in else None,
                    **{key: headline.get(key) for key in ("tokens_per_step", "calls_per_frame", "speedup")}})
 
@@ -335,6 +386,7 @@ def run_batch(args, dtypes: list[str], threads: list[int]) -> int:
 
 def run(args) -> int:
     archs = parse_list(args.archs, str.lower, ARCHS, "archs") if args.archs else []
+    archs.sort(key=lambda arch: arch != REFERENCE_ARCH)  # its rows give the other frame lengths their target
     dtypes = parse_list(args.dtype, str, None, "dtype")
     for dtype in dtypes:
         resolve_dtype(dtype)
@@ -370,7 +422,8 @@ def run(args) -> int:
     if args.json:
         print(json.dumps({k: report[k] for k in ("tokens_per_step", "calls_per_frame", "speedup",
                                                  "speedup_at_paper_acceptance", "stand_in_speedup", "chosen",
-                                                 "paper_acceptance")} | {"report": str(paths[0])}))
+                                                 "paper_acceptance", "csm_at_paper_acceptance")}
+                         | {"report": str(paths[0])}))
         return 0
     print(f"wrote {', '.join(map(str, paths))}" + (f"; chosen N = {report['chosen']['tree_size']} -> {device}"
                                                     if device else ""))
@@ -384,7 +437,8 @@ def add_cli(subparsers) -> None:
                                                   "the stand-in; with --calibration: alone)"),
                                        flags.drafter_flag(default=None, help="drafter for --model: 'reused' or a trained "
                                                     "file (default: the calibration's, else reused)")])
-    p.add_argument("--archs", default="0.6b,1.7b", help="real architectures (random weights): 0.6b, 1.7b, or ''")
+    p.add_argument("--archs", default="0.6b,1.7b", help="real architectures (random weights): 0.6b, 1.7b, csm-1b "
+                                                        "(Sesame CSM-1B's depth decoder), or ''")
     p.add_argument("--calibration", help="`rvqspec calibrate` report.json (or its folder): tokens/step per N "
                                          "instead of the paper's acceptance; its trees, drafter and corpus for --model")
     p.add_argument("--trees", help="folder of tree-N{N}.json (default: default_tree(N))")

@@ -12,7 +12,10 @@ drafts are accepted. So the random-weight predictor gets inputs and heads that m
 
 The drafts of `ReusedHeads` read the same directions, so their rank-0 candidate at every depth is the code
 before the root: accepted while the frame keeps repeating it. Acceptance grows with `strength`;
-`calibrate_strength` bisects it to a target tokens/step under the deployed sampler with the real engine.
+`calibrate_strength` bisects it to a target tokens/step under the deployed sampler with the real engine, or
+to a target per-round acceptance (drafts accepted per round with room for the whole tree): the measure that
+carries the paper's acceptance over to a depth decoder with longer frames (CSM's 31 codes), whose tokens/step
+at the same acceptance is higher because its frame end cuts fewer rounds short.
 Timing does not depend on weight values, so per-call latencies measured here hold for real weights.
 """
 
@@ -23,7 +26,7 @@ import torch
 from torch import Tensor
 
 from rvqspec.config import PredictorConfig
-from rvqspec.decode import decode_frame
+from rvqspec.decode import FrameResult, decode_frame
 from rvqspec.drafters import ReusedHeads
 from rvqspec.errors import RvqspecError
 from rvqspec.model import MultiCodeDecoder, resolve_dtype
@@ -77,39 +80,57 @@ def controlled_predictor(config: PredictorConfig, strength: float = 0.0, seed: i
     return predictor
 
 
-def frame_calls(predictor: ControlledPredictor, tree: Tree, frames: list[tuple[Tensor, int]], sampler: Sampler,
-                seed: int = 0) -> list[int]:
-    """Predictor calls of each frame of `frames`, speculative decoding with ReusedHeads and `tree`."""
+def decode_controlled(predictor: ControlledPredictor, tree: Tree, frames: list[tuple[Tensor, int]], sampler: Sampler,
+                      seed: int = 0) -> list[FrameResult]:
+    """Each frame of `frames` decoded speculatively with ReusedHeads (as deep as the tree) and `tree`."""
     model, generator = predictor.model, torch.Generator(predictor.model.device).manual_seed(seed)
-    drafter = ReusedHeads(model)
-    return [decode_frame(model, h, c0, sampler, generator, drafter=drafter, tree=tree).calls for h, c0 in frames]
+    drafter = ReusedHeads(model, max(tree.max_depth, 1))
+    return [decode_frame(model, h, c0, sampler, generator, drafter=drafter, tree=tree) for h, c0 in frames]
+
+
+def round_acceptance(results: list[FrameResult], tree: Tree, last: int) -> float:
+    """Drafts accepted per round, over the rounds with room for the whole tree (k + depth <= last): what the
+    drafts and the tree achieve, not cut short by the frame end (so it does not depend on the frame's length)."""
+    accepted = []
+    for result in results:
+        k = 1  # codes emitted: the prefill gives c1
+        for round_ in result.rounds:
+            if k + tree.max_depth <= last:
+                accepted.append(round_.accepted)
+            k += 1 + round_.accepted
+    return sum(accepted) / max(len(accepted), 1)
 
 
 def tokens_per_step(predictor: ControlledPredictor, tree: Tree, frames: list[tuple[Tensor, int]],
                     sampler: Sampler, seed: int = 0) -> float:
     """Codes emitted per predictor call over `frames`, speculative decoding with ReusedHeads and `tree`."""
-    calls = frame_calls(predictor, tree, frames, sampler, seed)
-    return len(frames) * predictor.model.config.num_residual_codes / sum(calls)
+    calls = sum(result.calls for result in decode_controlled(predictor, tree, frames, sampler, seed))
+    return len(frames) * predictor.model.config.num_residual_codes / calls
 
 
 def calibrate_strength(predictor: ControlledPredictor, tree: Tree, target: float, sampler: Sampler,
                        frames: list[tuple[Tensor, int]], iterations: int = 7, low: float = 1.0,
-                       high: float = 16.0, seed: int = 0) -> tuple[float, float, list[int]]:
-    """Bisect the peak strength (log scale, same frames and draws each time) until tokens/step hits `target`.
+                       high: float = 16.0, seed: int = 0, metric: str = "tokens_per_step"
+                       ) -> tuple[float, float, list[int]]:
+    """Bisect the peak strength (log scale, same frames and draws each time) until `metric` hits `target`:
+    "tokens_per_step", or "round_acceptance" (drafts accepted per round with room for the tree).
 
-    Returns (strength, measured tokens/step at it, each frame's calls at it); the predictor is left at that
-    strength.
+    Returns (strength, measured metric at it, each frame's calls at it); the predictor is left at that strength.
     """
-    ceiling = tokens_per_step_ceiling(predictor.model.config, tree)
-    if not 1.0 < target < ceiling:
-        raise RvqspecError(f"target tokens/step {target} is out of reach: it must lie in (1, {ceiling:.2f}) for a "
-                           f"tree of depth {tree.max_depth}")
+    last = predictor.model.config.num_residual_codes
+    ceiling = tokens_per_step_ceiling(predictor.model.config, tree) if metric == "tokens_per_step" else tree.max_depth
+    floor = 1.0 if metric == "tokens_per_step" else 0.0
+    if not floor < target < ceiling:
+        raise RvqspecError(f"target {metric.replace('_', ' ')} {target} is out of reach: it must lie in ({floor:g}, "
+                           f"{ceiling:.2f}) for a tree of depth {tree.max_depth}")
     best = None
     for _ in range(iterations):
         middle = math.sqrt(low * high)
         predictor.set_strength(middle)
-        calls = frame_calls(predictor, tree, frames, sampler, seed)
-        measured = len(frames) * predictor.model.config.num_residual_codes / sum(calls)
+        results = decode_controlled(predictor, tree, frames, sampler, seed)
+        calls = [result.calls for result in results]
+        measured = (len(frames) * last / sum(calls) if metric == "tokens_per_step"
+                    else round_acceptance(results, tree, last))
         if best is None or abs(measured - target) < abs(best[1] - target):
             best = (middle, measured, calls)
         low, high = (middle, high) if measured < target else (low, middle)

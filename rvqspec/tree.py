@@ -143,11 +143,16 @@ def grow_tree(acceptance: Tensor, budget: int, max_depth: int | None = None) -> 
     return Tree.from_paths(paths, {"budget": budget, "predicted_tokens_per_round": expected})
 
 
-# A prior acceptance profile for the default trees, until `rvqspec calibrate` measures the real one:
-# rank r at depth d wins with probability 0.55 * 0.45**r * 0.9**d (drafts get worse with rank and depth).
-PRIOR_ACCEPTANCE = torch.tensor([[0.55 * 0.45 ** r * 0.9 ** d for r in range(16)] for d in range(3)])
+def prior_acceptance(depth: int) -> Tensor:
+    """A prior acceptance profile for the default trees, until `rvqspec calibrate` measures the real one: rank r
+    at depth d wins with probability 0.55 * 0.45**r * 0.9**d (drafts get worse with rank and depth)."""
+    return torch.tensor([[0.55 * 0.45 ** r * 0.9 ** d for r in range(16)] for d in range(depth)])
 
 
-def default_tree(budget: int) -> Tree:
-    """A sparse tree of `budget` nodes grown from the prior; budget 3 and below give chains/fans."""
-    return grow_tree(PRIOR_ACCEPTANCE, budget)
+PRIOR_ACCEPTANCE = prior_acceptance(3)
+
+
+def default_tree(budget: int, depth: int = 3) -> Tree:
+    """A sparse tree of `budget` nodes, at most `depth` deep, grown from the prior; budget 3 and below give
+    chains/fans."""
+    return grow_tree(prior_acceptance(depth), budget)

@@ -6,12 +6,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from rvqspec import bench, cli, device_file
+from rvqspec import bench, bench_report, cli, device_file
 from rvqspec.errors import RvqspecError
 from rvqspec.tree import default_tree
-from tests.tiny import tiny_config, tiny_model
+from tests.tiny import tiny_config, tiny_csm_config, tiny_model
 
-TINY_ARCHS = {"0.6b": tiny_config(vocab=64, hidden=32), "1.7b": tiny_config(vocab=64, hidden=32, talker_hidden=48)}
+TINY_ARCHS = {"0.6b": tiny_config(vocab=64, hidden=32), "1.7b": tiny_config(vocab=64, hidden=32, talker_hidden=48),
+              "csm-1b": tiny_csm_config(vocab=64, hidden=32, talker_hidden=48)}
 
 
 @pytest.fixture(autouse=True)
@@ -43,7 +44,7 @@ def test_report_arithmetic_and_choice():
     assert [r["tree_size"] for r in controlled] == [16, 32] and report["settings"][1]["controlled"] == []
     for row in controlled:
         assert row["frames"] == 4 and 1 <= row["tokens_per_step"] <= 3
-        assert row["tokens_per_step"] == row["calibrated_tokens_per_step"]  # timed on the calibration's frames and draws
+        assert row["tokens_per_step"] == row["calibrated"]  # timed on the calibration's frames and draws
         assert row["realized_speedup"] == pytest.approx(row["ar_frame"]["wall_ms"] / row["spec_frame"]["wall_ms"])
     best = max(controlled, key=lambda r: r["realized_speedup"])
     assert report["speedup_at_paper_acceptance"] == best["realized_speedup"] == report["speedup"]
@@ -173,3 +174,18 @@ def test_a_calibration_report_works_from_any_folder(tmp_path, monkeypatch):
     loaded = bench.load_calibration(str(folder))
     assert Path(loaded["corpus"]).resolve() == (tmp_path / "corpus").resolve()
     assert Path(loaded["drafter"]["spec"]).resolve() == (tmp_path / "runs" / "offsets.safetensors").resolve()
+
+
+def test_csm_runs_at_the_per_round_acceptance_of_the_paper_model():
+    """csm-1b (31 codes per frame) is bisected to the drafts accepted per round that the 0.6B shows at the paper's
+    tokens/step, so it reaches more tokens/step than the paper's on its longer frames."""
+    plan = small_plan(archs=["0.6b", "csm-1b"], controlled_sizes=(32,), controlled_archs=("0.6b", "csm-1b"),
+                      frames=6, calibration_iterations=6)
+    report = bench.run_bench(plan, bench.load_trees(plan.sizes, None), None, None, "reused", None, log=lambda *a: None)
+    (paper,), (csm,) = (s["controlled"] for s in report["settings"])
+    assert paper["target"] == {"metric": "tokens_per_step", "value": 2.47} and csm["calls_per_frame"] > 1
+    assert csm["target"] == {"metric": "round_acceptance", "value": paper["round_acceptance"]}
+    assert csm["round_acceptance"] == pytest.approx(paper["round_acceptance"], abs=0.25)
+    assert csm["tokens_per_step"] == pytest.approx(31 / csm["calls_per_frame"])
+    assert report["csm_at_paper_acceptance"]["speedup"] == csm["realized_speedup"]
+    assert "CSM-1B's depth decoder at the same per-round acceptance" in bench_report.markdown(report)

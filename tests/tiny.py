@@ -21,6 +21,18 @@ def tiny_config(groups: int = 16, vocab: int = 16, hidden: int = 32, layers: int
                            talker_vocab_size=vocab + 3)
 
 
+def tiny_csm_config(groups: int = 32, vocab: int = 16, hidden: int = 32, layers: int = 2,
+                    talker_hidden: int = 48) -> PredictorConfig:
+    """CSM's depth-decoder layout: Llama layers (no q/k norms), llama3 RoPE, one table of groups x vocab rows,
+    an input projection without bias."""
+    return PredictorConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=vocab,
+                           num_code_groups=groups, talker_hidden_size=talker_hidden, talker_vocab_size=vocab,
+                           qk_norm=False, always_project=True, projection_bias=False, layout="csm",
+                           rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                         "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
+
+
 def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float64, std: float = 0.3, **config) -> MultiCodeDecoder:
     """A random tiny model (`config`: keyword arguments of `tiny_config`), eval mode, weights ~ N(0, std)."""
     generator = torch.Generator().manual_seed(seed)
