@@ -2,12 +2,14 @@
 
 synth: text -> upstream talker -> code predictor through rvqspec (speculative unless --no-spec) -> upstream
 12 Hz speech tokenizer -> wav. corpus from-audio: recorded speech + transcripts -> 12 Hz codes -> the talker's
-hidden state per frame by teacher forcing -> a code corpus (`rvqspec/corpus.py`) for `train-offsets`.
+hidden state per frame by teacher forcing -> a code corpus (`rvqspec/corpus.py`) for `train-offsets`; with a
+Sesame CSM checkpoint (transformers), its Mimi codes and the backbone's state instead.
 
 --model is a checkpoint folder, or a Hugging Face repo id whose files are already in the local cache:
 nothing is ever downloaded.
 """
 
+import json
 import os
 import re
 import time
@@ -174,10 +176,42 @@ def corpus_from_audio(tts, folder: str | Path, out: str | Path, language: str = 
     return {"out": str(out), "utterances": len(items), "frames": frames}
 
 
+def is_csm_checkpoint(folder: Path) -> bool:
+    try:
+        return json.loads((folder / "config.json").read_text()).get("model_type") == "csm"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def csm_corpus_from_audio(args, folder: Path, recordings: list[tuple[Path, str]]) -> dict:
+    """The CSM branch of `corpus from-audio`: transformers' model and processor from `folder`, the recordings
+    encoded by its Mimi codec, the backbone's teacher-forced state per frame."""
+    from rvqspec.integrations import csm
+
+    try:
+        from transformers import AutoProcessor, CsmForConditionalGeneration
+
+        device = default_device(args.device)
+        model = CsmForConditionalGeneration.from_pretrained(str(folder), device_map=device,
+                                                            dtype=default_dtype(args.dtype, device)).eval()
+        processor = AutoProcessor.from_pretrained(str(folder))
+    except (OSError, ValueError, KeyError, ImportError) as e:
+        raise RvqspecError(f"transformers cannot load the CSM model and processor in {folder} ({type(e).__name__}: "
+                           f"{e}): pass a complete CSM checkpoint folder (e.g. sesame/csm-1b)") from None
+    items = csm.audio_items(model, processor, recordings, Path(args.audio), args.speaker or "0", args.language.lower())
+    return csm.corpus_from_codes(model, items, args.out, resolve_dtype(args.hidden_dtype), args.overwrite,
+                                 meta={"model": args.model, "speaker": args.speaker or "0"})
+
+
 def run_from_audio(args) -> int:
-    audio_with_transcripts(args.audio)  # fail on a bad folder before loading a model
+    recordings = audio_with_transcripts(args.audio)  # fail on a bad folder before loading a model
+    folder = resolve_model(args.model)
+    if is_csm_checkpoint(folder):
+        report = csm_corpus_from_audio(args, folder, recordings)
+        print(f"wrote corpus {report['out']}: {report['utterances']} utterances, {report['frames']} frames")
+        return 0
     device = default_device(args.device)
-    tts = load_tts(resolve_model(args.model), device, default_dtype(args.dtype, device))
+    tts = load_tts(folder, device, default_dtype(args.dtype, device))
     report = corpus_from_audio(tts, args.audio, args.out, args.language, args.speaker, args.instruct,
                                resolve_dtype(args.hidden_dtype), args.overwrite, meta={"model": args.model})
     print(f"wrote corpus {report['out']}: {report['utterances']} utterances, {report['frames']} frames")
@@ -186,7 +220,7 @@ def run_from_audio(args) -> int:
 
 def add_model_args(p) -> None:
     p.add_argument("--language", default="Auto", help="language name as qwen-tts spells it (e.g. English), or Auto")
-    p.add_argument("--speaker", help="CustomVoice models: one of the model's speakers")
+    p.add_argument("--speaker", help="CustomVoice models: one of the model's speakers; CSM: the speaker id (default 0)")
     p.add_argument("--instruct", help="VoiceDesign models: the voice description (CustomVoice 1.7B: a style)")
     p.add_argument("--device", type=flags.device, help="default: cuda if available, else cpu")
     p.add_argument("--dtype", help="default: bfloat16 on cuda, float32 on cpu")
@@ -211,7 +245,8 @@ def add_cli(subparsers) -> None:
 def add_corpus_cli(corpus) -> None:
     """`rvqspec corpus from-audio`."""
     model = flags.model_flag(help="checkpoint folder, or a Hugging Face repo id already in the local cache")
-    p = corpus.add_parser("from-audio", help="code corpus from recordings + transcripts, with a Qwen3-TTS checkpoint",
+    p = corpus.add_parser("from-audio", help="code corpus from recordings + transcripts, with a Qwen3-TTS or a "
+                                             "Sesame CSM checkpoint (as saved by transformers)",
                           parents=[model])
     add_model_args(p)
     p.add_argument("--audio", required=True, help="folder of audio files, each with its transcript in <name>.txt")

@@ -210,3 +210,63 @@ def test_accelerate_recognises_its_models_and_refuses_others(csm):
         rvqspec.deaccelerate(csm)
     with pytest.raises(RvqspecError, match="neither a qwen-tts model nor a transformers CSM model"):
         rvqspec.accelerate(torch.nn.Linear(2, 2))
+
+
+def test_teacher_forced_backbone_state_is_the_one_generate_passes(csm):
+    """`corpus from-audio` rebuilds, from known codes, the backbone state CSM's generate gives the depth decoder."""
+    from rvqspec.integrations.csm import teacher_forced_hidden
+
+    ids, states = prompts(1, seed=4), []
+    handle = rvqspec.accelerate(csm)
+    decode = handle.decode
+    handle.decode = lambda hidden, c0, sampler: states.append(hidden.clone()) or decode(hidden, c0, sampler)
+    codes = greedy(csm, ids, 20)
+    handle.undo()
+    difference = (teacher_forced_hidden(csm, ids[0], codes[0]) - torch.cat(states)).abs().max().item()
+    print(f"teacher-forced backbone state vs generate's: max |difference| {difference:.3g}")
+    assert difference <= 1e-10
+
+
+def test_offsets_train_and_trees_calibrate_for_csm(csm, saved, tmp_path):
+    """A CSM code corpus (backbone states teacher forced on sampled codes) -> train-offsets -> calibrate, through
+    the CLI on the saved CSM checkpoint: 32-codebook-style layouts go through the same tools."""
+    from rvqspec.cli import main
+    from rvqspec.integrations.csm import corpus_from_codes
+
+    ids = prompts(12, seed=5)
+    torch.manual_seed(0)
+    codes = csm.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=True,
+                         depth_decoder_do_sample=True)
+    items = [(f"u{i}", "en", ids[i], codes[i]) for i in range(len(ids))]
+    report = corpus_from_codes(csm, items, tmp_path / "corpus")
+    assert report == {"out": str(tmp_path / "corpus"), "utterances": 12, "frames": 12 * 16}
+    assert main(["train-offsets", "--model", str(saved), "--corpus", str(tmp_path / "corpus"), "--out",
+                 str(tmp_path / "offsets"), "--epochs", "2", "--batch-size", "16", "--validation-fraction", "0.25",
+                 "--quiet"]) == 0
+    drafter = rvqspec.Offsets.load(tmp_path / "offsets" / "offsets.safetensors")
+    assert drafter.offsets.shape == (3, 24) and drafter.identity["num_code_groups"] == 8
+    assert main(["calibrate", "--model", str(saved), "--drafter", str(tmp_path / "offsets" / "offsets.safetensors"),
+                 "--corpus", str(tmp_path / "corpus"), "--budgets", "4,8", "--frames", "16", "--eval-frames", "8",
+                 "--validation-fraction", "0.25", "--out", str(tmp_path / "cal")]) == 0
+    tree = Tree.load(tmp_path / "cal" / "tree-N8.json")
+    model = MultiCodeDecoder.from_pretrained(saved, dtype=torch.float64)
+    hidden, c0 = torch.randn(3, 32, dtype=torch.float64), torch.tensor([1, 2, 3])
+    greedy_sampler = Sampler(do_sample=False)
+    assert torch.equal(rvqspec.decode_frames(model, hidden, c0, greedy_sampler, drafter=drafter.double(), tree=tree).codes,
+                       rvqspec.decode_frames(model, hidden, c0, greedy_sampler).codes)
+
+
+def test_corpus_from_audio_names_a_csm_folder_without_its_processor(saved, tmp_path, capsys):
+    import numpy as np
+    import soundfile
+
+    from rvqspec.cli import main
+
+    (tmp_path / "audio").mkdir()
+    soundfile.write(tmp_path / "audio" / "a.wav", np.zeros(2400, dtype=np.float32), 24000)
+    (tmp_path / "audio" / "a.txt").write_text("hello")
+    assert main(["corpus", "from-audio", "--model", str(saved), "--audio", str(tmp_path / "audio"),
+                 "--out", str(tmp_path / "corpus")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "cannot load the CSM model and processor" in error and len(error.splitlines()) == 1
+    assert not (tmp_path / "corpus").exists()
