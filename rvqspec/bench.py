@@ -26,9 +26,10 @@ from pathlib import Path
 import torch
 
 from rvqspec.bench_report import batch_markdown, batch_plot, markdown, plot
-from rvqspec.config import CSM_1B, QWEN3_TTS_0_6B, QWEN3_TTS_1_7B
+from rvqspec.config import ARCHITECTURES as ARCHS
+from rvqspec.config import QWEN3_TTS_0_6B
 from rvqspec.controlled import (PAPER_ACCEPTANCE, ControlledPredictor, calibrate_strength, controlled_predictor,
-                                decode_controlled, round_acceptance)
+                                decode_controlled, paper_round_acceptance, round_acceptance)
 from rvqspec.decode import decode_frame
 from rvqspec.device_file import update_device_file
 from rvqspec.drafters import ReusedHeads
@@ -40,7 +41,6 @@ from rvqspec.sampling import Sampler
 from rvqspec.timing import TIMED_K, call_latency, clocks, elapsed_ms, machine, medians, write_reports
 from rvqspec.tree import Tree, default_tree
 
-ARCHS = {"0.6b": QWEN3_TTS_0_6B, "1.7b": QWEN3_TTS_1_7B, "csm-1b": CSM_1B}
 REFERENCE_ARCH = "0.6b"  # the paper's model: other frame lengths run at the acceptance it has at the paper's figures
 
 
@@ -145,15 +145,8 @@ def reference_acceptance(plan: Plan, dtype: str, device: str, sampler: Sampler, 
         if (dtype, n) not in cache:
             rows = [r for s in settings if s["model"] == REFERENCE_ARCH and s["dtype"] == dtype
                     for r in s["controlled"] if r["tree_size"] == n]
-            if rows:
-                cache[dtype, n] = rows[0]["round_acceptance"]
-            else:
-                reference = controlled_predictor(ARCHS[REFERENCE_ARCH], dtype=dtype, device=device)
-                frames = reference.frames(plan.frames, seed=1)
-                calibrate_strength(reference, trees[n], PAPER_ACCEPTANCE[n], sampler, frames,
-                                   plan.calibration_iterations)
-                results = decode_controlled(reference, trees[n], frames, sampler)
-                cache[dtype, n] = round_acceptance(results, trees[n], reference.model.config.num_residual_codes)
+            cache[dtype, n] = rows[0]["round_acceptance"] if rows else paper_round_acceptance(
+                trees[n], PAPER_ACCEPTANCE[n], sampler, plan.frames, plan.calibration_iterations, dtype, device)
         return cache[dtype, n]
 
     return target
@@ -347,7 +340,7 @@ def parse_list(text: str, kind, allowed=None, what: str = "value") -> list:
 def command_line(args) -> str:
     """The invocation, for the report (options at their values, flags when set; --batch runs name theirs)."""
     words = ["rvqspec bench"]
-    names = ("batch", "dtype", "threads", "device", "rounds") if args.batch else \
+    names = ("batch", "archs", "dtype", "threads", "device", "rounds") if args.batch else \
         ("archs", "model", "calibration", "trees", "drafter", "corpus", "sizes", "dtype", "threads", "rounds", "device")
     for name in names:
         value = getattr(args, name)
@@ -363,10 +356,13 @@ def run_batch(args, dtypes: list[str], threads: list[int]) -> int:
     if any(b < 1 for b in batches):
         raise RvqspecError(f"--batch must be batch sizes >= 1, got {args.batch!r}")
     if args.model or args.calibration or args.trees:
-        raise RvqspecError("--batch benchmarks the real 0.6B architecture at the paper's acceptance: drop --model, "
+        raise RvqspecError("--batch benchmarks a real architecture at the paper's acceptance: drop --model, "
                            "--calibration and --trees")
+    archs = parse_list(args.archs or REFERENCE_ARCH, str.lower, ARCHS, "archs")
+    if len(archs) != 1:
+        raise RvqspecError(f"--batch benchmarks one architecture per run (its latency tables), got --archs {args.archs}")
     plan = (bench_batch.quick_batch_plan if args.quick else bench_batch.BatchPlan)(batches, dtypes, threads,
-                                                                                   args.device)
+                                                                                   args.device, arch=archs[0])
     if args.rounds:
         plan = bench_batch.BatchPlan(**(plan.__dict__ | {"latency_rounds": args.rounds}))
     report = bench_batch.run_batch_bench(plan, (lambda *a, **k: None) if args.json else print)
@@ -385,8 +381,6 @@ def run_batch(args, dtypes: list[str], threads: list[int]) -> int:
 
 
 def run(args) -> int:
-    archs = parse_list(args.archs, str.lower, ARCHS, "archs") if args.archs else []
-    archs.sort(key=lambda arch: arch != REFERENCE_ARCH)  # its rows give the other frame lengths their target
     dtypes = parse_list(args.dtype, str, None, "dtype")
     for dtype in dtypes:
         resolve_dtype(dtype)
@@ -397,6 +391,9 @@ def run(args) -> int:
         raise RvqspecError(f"--device {args.device}: no CUDA device is available here (use --device cpu)")
     if args.batch:
         return run_batch(args, dtypes, threads)
+    text = "0.6b,1.7b" if args.archs is None else args.archs
+    archs = parse_list(text, str.lower, ARCHS, "archs") if text else []
+    archs.sort(key=lambda arch: arch != REFERENCE_ARCH)  # its rows give the other frame lengths their target
     sizes = parse_list(args.sizes, int, None, "sizes")
     if any(n < 1 for n in sizes):
         raise RvqspecError(f"--sizes must be tree sizes >= 1, got {args.sizes!r}")
@@ -437,8 +434,8 @@ def add_cli(subparsers) -> None:
                                                   "the stand-in; with --calibration: alone)"),
                                        flags.drafter_flag(default=None, help="drafter for --model: 'reused' or a trained "
                                                     "file (default: the calibration's, else reused)")])
-    p.add_argument("--archs", default="0.6b,1.7b", help="real architectures (random weights): 0.6b, 1.7b, csm-1b "
-                                                        "(Sesame CSM-1B's depth decoder), or ''")
+    p.add_argument("--archs", help="real architectures (random weights): 0.6b, 1.7b, csm-1b (Sesame CSM-1B's depth "
+                                   "decoder), or ''; default 0.6b,1.7b (--batch: one of them, default 0.6b)")
     p.add_argument("--calibration", help="`rvqspec calibrate` report.json (or its folder): tokens/step per N "
                                          "instead of the paper's acceptance; its trees, drafter and corpus for --model")
     p.add_argument("--trees", help="folder of tree-N{N}.json (default: default_tree(N))")

@@ -1,12 +1,14 @@
-"""`rvqspec bench --batch 1,2,4,8,16`: batched decoding on the real 0.6B architecture, frames per second of
-(a) our batched AR, (b) the decoding policy's choice and (c) upstream's batched `code_predictor.generate` on
-the same weights, at the paper's acceptance (acceptance-controlled heads, `rvqspec.controlled`).
+"""`rvqspec bench --batch 1,2,4,8,16`: batched decoding on a real architecture (the 0.6B by default; `--archs
+csm-1b` for CSM-1B's depth decoder), frames per second of (a) our batched AR, (b) the decoding policy's choice and
+(c) upstream's batched depth-decoder generate (qwen-tts' `code_predictor.generate`, transformers'
+`CsmDepthDecoderForCausalLM.generate`) on the same weights, at the paper's acceptance (acceptance-controlled
+heads, `rvqspec.controlled`; CSM at the drafts accepted per round that the 0.6B shows there).
 
 Per setting (dtype x threads), in one process:
 1. the latency table: ms per call at (B, N) for every batch B and N in 0 (an AR step), 4..64 (a speculative
    round, rows spread over neighbouring k as ragged progress spreads them), interleaved rounds, medians;
 2. acceptance: the heads' peak strength bisected per N = 16, 32, 64 until tokens/step matches the paper's
-   (2.25, 2.47, 2.60), once per dtype;
+   (2.25, 2.47, 2.60), once per dtype (another frame length: until the per-round acceptance matches the 0.6B's);
 3. the policy (`rvqspec.policy`) from that table and the calls each calibration frame took at that
    acceptance (as a calibration report gives them) chooses N per B;
 4. frames: per B, the same `repeats` batches of frames decoded by (a), (b), (c) in turn, medians of the batch
@@ -21,8 +23,9 @@ from pathlib import Path
 
 import torch
 
-from rvqspec.config import QWEN3_TTS_0_6B
-from rvqspec.controlled import PAPER_ACCEPTANCE, ControlledPredictor, calibrate_strength, controlled_predictor
+from rvqspec.config import ARCHITECTURES, QWEN3_TTS_0_6B
+from rvqspec.controlled import (PAPER_ACCEPTANCE, ControlledPredictor, calibrate_strength, controlled_predictor,
+                                paper_round_acceptance)
 from rvqspec.decode import decode_frames
 from rvqspec.device_file import update_device_file
 from rvqspec.drafters import ReusedHeads
@@ -43,27 +46,48 @@ class BatchPlan:
     repeats: int = 9
     calibration_iterations: int = 8
     calibration_frames: int = 16
+    arch: str = "0.6b"
 
 
-def quick_batch_plan(batches, dtypes, threads, device) -> BatchPlan:
+def quick_batch_plan(batches, dtypes, threads, device, arch: str = "0.6b") -> BatchPlan:
     """The first dtype and thread count, fewer repeats, like `rvqspec bench --quick`: about 1.5 minutes on 2 shared
     cores (both default dtypes: 4.5 minutes, float32's rounds being slow)."""
     return BatchPlan(batches, dtypes[:1], threads[:1], device, latency_rounds=4, repeats=5, calibration_iterations=6,
-                     calibration_frames=8)
+                     calibration_frames=8, arch=arch)
+
+
+def upstream_decoder(model):
+    """Upstream's own depth decoder holding a copy of `model`'s weights (qwen-tts or transformers)."""
+    if model.config.layout == "csm":
+        from rvqspec.integrations.csm import upstream_depth_decoder
+
+        return upstream_depth_decoder(model)
+    from rvqspec.integrations.qwen_tts import upstream_code_predictor
+
+    return upstream_code_predictor(model)
 
 
 def sync_upstream_heads(upstream, model) -> None:
-    """Give upstream's predictor the controlled predictor's current heads (the rest was copied at the start)."""
+    """Give upstream's decoder the controlled predictor's current heads (the rest was copied at the start)."""
     with torch.no_grad():
+        if model.config.layout == "csm":
+            upstream.codebooks_head.weight.copy_(model.heads.transpose(1, 2))
+            return
         for head, weight in zip(upstream.lm_head, model.heads):
             head.weight.copy_(weight)
 
 
 def upstream_frames(upstream, model, talker_hidden, c0, sampler: Sampler) -> torch.Tensor:
-    """Upstream's per-frame call, as its talker makes it: generate(inputs_embeds=[B, 2, H], max_new_tokens=15)."""
+    """Upstream's per-frame call, as its talker or backbone makes it: qwen-tts generate(inputs_embeds=[B, 2, H],
+    max_new_tokens=15); CSM generate(input_ids=[B, 2] (0, c0), backbone_last_hidden_state=[B, H]) for 31 codes."""
+    settings = dict(max_new_tokens=model.config.num_residual_codes, do_sample=True, top_k=sampler.top_k,
+                    top_p=sampler.top_p, temperature=sampler.temperature)
+    if model.config.layout == "csm":
+        ids = torch.stack([torch.zeros_like(c0), c0], dim=1)
+        return upstream.generate(input_ids=ids, backbone_last_hidden_state=talker_hidden,
+                                 min_new_tokens=model.config.num_residual_codes, **settings)
     prompt = torch.stack([talker_hidden, model.code_embed(c0)], dim=1)
-    return upstream.generate(inputs_embeds=prompt, max_new_tokens=model.config.num_residual_codes, do_sample=True,
-                             top_k=sampler.top_k, top_p=sampler.top_p, temperature=sampler.temperature)
+    return upstream.generate(inputs_embeds=prompt, **settings)
 
 
 def batch_inputs(predictor: ControlledPredictor, batch: int, repeat: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,11 +149,17 @@ def measure_setting(predictor: ControlledPredictor, upstream, plan: BatchPlan, s
         log(f"  B={batch}: AR step {ms[batch][0]:.2f} ms; round " +
             ", ".join(f"N={n} {ms[batch][n]:.2f}" for n in trees) + " ms")
     frames = predictor.frames(plan.calibration_frames, seed=1)
+    paper_length = model.config.num_residual_codes == QWEN3_TTS_0_6B.num_residual_codes
     for n in PAPER_ACCEPTANCE:
         if n not in strengths:
-            strengths[n] = calibrate_strength(predictor, trees[n], PAPER_ACCEPTANCE[n], sampler, frames,
-                                              plan.calibration_iterations)
-            log(f"  N={n}: peak strength {strengths[n][0]:.3f} gives {strengths[n][1]:.3f} tokens/step")
+            target = PAPER_ACCEPTANCE[n] if paper_length else paper_round_acceptance(
+                trees[n], PAPER_ACCEPTANCE[n], sampler, plan.calibration_frames, plan.calibration_iterations,
+                model.dtype, model.device)
+            metric = "tokens_per_step" if paper_length else "round_acceptance"
+            strengths[n] = calibrate_strength(predictor, trees[n], target, sampler, frames,
+                                              plan.calibration_iterations, metric=metric)
+            log(f"  N={n}: peak strength {strengths[n][0]:.3f} gives {strengths[n][1]:.3f} "
+                f"{metric.replace('_', ' ')} (target {target:.3f})")
     # The policy sees what a user's calibration gives it: each frame's calls at that acceptance.
     paper_trees = {n: trees[n] for n in PAPER_ACCEPTANCE}
     calls = {n: measured_distribution(strengths[n][2], model.config.num_code_groups) for n in paper_trees}
@@ -149,29 +179,34 @@ def measure_setting(predictor: ControlledPredictor, upstream, plan: BatchPlan, s
     switch = next((r["batch"] for r in rows if r["tree_size"] == 0), None)
     return {"dtype": dtype, "threads": threads, "device": plan.device, "key": setting_key(model),
             "latency_ms": {str(b): {str(n): v for n, v in row.items()} for b, row in ms.items()},
-            "strengths": {str(n): {"strength": v[0], "tokens_per_step": v[1], "frame_calls": v[2]}
+            "strengths": {str(n): {"strength": v[0], "calibrated": v[1], "frame_calls": v[2],
+                                   "tokens_per_step": model.config.num_residual_codes * len(v[2]) / sum(v[2])}
                           for n, v in strengths.items()}, "frames": rows, "switch_to_ar_at": switch}
 
 
-def run_batch_bench(plan: BatchPlan, log=print) -> dict:
-    from rvqspec.integrations.qwen_tts import upstream_code_predictor
+ARCHITECTURE_NAMES = {"0.6b": "Qwen3-TTS 0.6B code predictor", "1.7b": "Qwen3-TTS 1.7B code predictor",
+                      "csm-1b": "Sesame CSM-1B depth decoder"}
 
+
+def run_batch_bench(plan: BatchPlan, log=print) -> dict:
     sampler = Sampler()
-    report = {"machine": machine(), "plan": plan.__dict__, "architecture": "Qwen3-TTS 0.6B code predictor",
+    config = ARCHITECTURES[plan.arch]
+    report = {"machine": machine(), "plan": plan.__dict__, "architecture": ARCHITECTURE_NAMES[plan.arch],
+              "codes_per_frame": config.num_residual_codes,
               "sampler": {"temperature": sampler.temperature, "top_k": sampler.top_k}, "settings": []}
     threads_before = torch.get_num_threads()
     try:
         for dtype in plan.dtypes:
-            predictor = controlled_predictor(QWEN3_TTS_0_6B, dtype=dtype, device=plan.device)
+            predictor = controlled_predictor(config, dtype=dtype, device=plan.device)
             try:
-                upstream = upstream_code_predictor(predictor.model)
+                upstream = upstream_decoder(predictor.model)
             except Exception as e:  # the reference is an optional extra: report without it
                 log(f"upstream qwen-tts unavailable ({e}): timing ours only")
                 upstream = None
             strengths: dict = {}
             for threads in plan.threads:
                 torch.set_num_threads(threads)
-                log(f"0.6b {dtype} {threads} thread(s) on {plan.device}:")
+                log(f"{plan.arch} {dtype} {threads} thread(s) on {plan.device}:")
                 report["settings"].append(measure_setting(predictor, upstream, plan, strengths, sampler, dtype,
                                                           threads, log))
             del predictor, upstream

@@ -125,10 +125,10 @@ def batch_markdown(report: dict) -> str:
     m = report["machine"]
     lines = ["# rvqspec bench --batch", "",
              f"`{report.get('command', 'rvqspec bench --batch')}`: {report['architecture']} (random weights, "
-             f"acceptance controlled to the paper's tokens/step), {m['cpu']}, torch {m['torch']}, {m['date']}, load "
+             f"acceptance controlled to the paper's), {m['cpu']}, torch {m['torch']}, {m['date']}, load "
              f"{m['load_before'][0]:.1f} before, {m['load_after'][0]:.1f} after. Frames/s = B / median time of one "
-             "batched frame (15 codes per row), the same batches for every method, interleaved; ratios are from "
-             "one run.", ""]
+             f"batched frame ({report.get('codes_per_frame', 15)} codes per row), the same batches for every method, "
+             "interleaved; ratios are from one run.", ""]
     for s in report["settings"]:
         lines += [f"## {s['dtype']}, {s['threads']} thread(s), {s['device']}", "",
                   "| B | policy | frames/s AR (ours) | frames/s policy | frames/s upstream | policy / AR | predicted "

@@ -93,6 +93,8 @@ CSM_1B = PredictorConfig(
     rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                   "original_max_position_embeddings": 16},
     always_project=True, projection_bias=False, layout="csm")
+# The real architectures benchmarks run (random weights, acceptance controlled): `rvqspec bench --archs`.
+ARCHITECTURES = {"0.6b": QWEN3_TTS_0_6B, "1.7b": QWEN3_TTS_1_7B, "csm-1b": CSM_1B}
 
 
 def config_from_json(upstream: dict) -> PredictorConfig:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rvqspec.config import PredictorConfig
+from rvqspec.config import QWEN3_TTS_0_6B, PredictorConfig
 from rvqspec.decode import FrameResult, decode_frame
 from rvqspec.drafters import ReusedHeads
 from rvqspec.errors import RvqspecError
@@ -136,6 +136,17 @@ def calibrate_strength(predictor: ControlledPredictor, tree: Tree, target: float
         low, high = (middle, high) if measured < target else (low, middle)
     predictor.set_strength(best[0])
     return best
+
+
+def paper_round_acceptance(tree: Tree, target: float, sampler: Sampler, frames: int, iterations: int,
+                           dtype: torch.dtype | str, device: str | torch.device = "cpu") -> float:
+    """Drafts accepted per round that the 0.6B predictor shows with `tree` at `target` tokens/step (the paper's):
+    what a depth decoder with another frame length is set to, to run at the paper's acceptance."""
+    reference = controlled_predictor(QWEN3_TTS_0_6B, dtype=dtype, device=device)
+    chosen = reference.frames(frames, seed=1)
+    calibrate_strength(reference, tree, target, sampler, chosen, iterations)
+    results = decode_controlled(reference, tree, chosen, sampler)
+    return round_acceptance(results, tree, reference.model.config.num_residual_codes)
 
 
 def tokens_per_step_ceiling(config: PredictorConfig, tree: Tree) -> float:

@@ -117,13 +117,15 @@ def test_a_checkpoint_is_benchmarked_as_the_stand_in(tmp_path, capsys):
     assert printed["speedup_at_paper_acceptance"] is None and printed["chosen"]["model"] == "stand-in"
 
 
-def test_batch_bench_json_reports_and_device_latency(tmp_path, capsys, monkeypatch):
-    from rvqspec import bench_batch
+@pytest.mark.parametrize("arch", ["0.6b", "csm-1b"])
+def test_batch_bench_json_reports_and_device_latency(tmp_path, capsys, monkeypatch, arch):
+    from rvqspec import bench_batch, controlled
     from rvqspec.policy import find_latency_table
 
-    monkeypatch.setattr(bench_batch, "QWEN3_TTS_0_6B", TINY_ARCHS["0.6b"])
-    code = cli.main(["bench", "--batch", "1,3", "--dtype", "float32", "--threads", "1", "--quick", "--rounds", "2",
-                     "--out", str(tmp_path / "out"), "--json"])
+    monkeypatch.setattr(bench_batch, "ARCHITECTURES", TINY_ARCHS)
+    monkeypatch.setattr(controlled, "QWEN3_TTS_0_6B", TINY_ARCHS["0.6b"])  # CSM's acceptance reference
+    code = cli.main(["bench", "--batch", "1,3", "--archs", arch, "--dtype", "float32", "--threads", "1", "--quick",
+                     "--rounds", "2", "--out", str(tmp_path / "out"), "--json"])
     assert code == 0
     printed = json.loads(capsys.readouterr().out)
     assert set(printed["batch_policy_speedup"]) == {"1", "3"}
@@ -142,12 +144,15 @@ def test_batch_bench_json_reports_and_device_latency(tmp_path, capsys, monkeypat
     assert (tmp_path / "out" / "bench-batch-quick.png").read_bytes()[:4] == b"\x89PNG"
     latency = find_latency_table(setting["key"])  # the device file now holds this setting's table
     assert latency is not None and latency.ms[3][0] == setting["latency_ms"]["3"]["0"]
+    assert setting["key"].endswith(f"-g{TINY_ARCHS[arch].num_code_groups}") and report["codes_per_frame"] == \
+        TINY_ARCHS[arch].num_residual_codes
 
 
 @pytest.mark.parametrize("args, problem", [
     (["--batch", "0,2"], "--batch must be batch sizes >= 1"),
     (["--batch", "x"], "--batch must be a comma-separated list"),
     (["--batch", "1", "--model", "m"], "drop --model"),
+    (["--batch", "1", "--archs", "0.6b,csm-1b"], "one architecture per run"),
     (["--device", "cuda:7"] if not torch.cuda.is_available() else ["--batch", "-1"], "cuda:7: this machine has|--batch must"),
 ])
 def test_bad_batch_arguments_are_one_line_errors(args, problem, capsys, tmp_path):

@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from rvqspec.checkpoint import CSM_TIED_TABLES, official_layout
-from rvqspec.config import config_from_csm
+from rvqspec.checkpoint import CSM_DEPTH, CSM_TIED_TABLES, official_layout, official_state_dict
+from rvqspec.config import config_from_csm, csm_config_dict
 from rvqspec.errors import RvqspecError
 from rvqspec.integrations.base import Acceleration
 from rvqspec.model import MultiCodeDecoder
@@ -42,6 +42,16 @@ def depth_decoder_from_transformers(model) -> MultiCodeDecoder:
     state = model.state_dict()
     tensors = {name: state[name if name in state else CSM_TIED_TABLES[name]] for name in wanted}
     return MultiCodeDecoder.from_official(config, tensors, model.depth_decoder.codebooks_head.weight.device)
+
+
+def upstream_depth_decoder(model: MultiCodeDecoder) -> torch.nn.Module:
+    """transformers' own `CsmDepthDecoderForCausalLM` holding a copy of `model`'s weights, on its device and dtype:
+    the reference that benchmarks time ours against."""
+    from transformers import CsmDepthDecoderConfig, CsmDepthDecoderForCausalLM
+
+    decoder = CsmDepthDecoderForCausalLM(CsmDepthDecoderConfig(**csm_config_dict(model.config)["depth_decoder_config"]))
+    decoder.load_state_dict({key.removeprefix(CSM_DEPTH): value for key, value in official_state_dict(model).items()})
+    return decoder.to(model.device, model.dtype).eval().requires_grad_(False)
 
 
 class CsmAcceleration(Acceleration):
