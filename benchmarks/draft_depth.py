@@ -9,7 +9,7 @@ every draft is as likely to be right as in the paper's setting, and only the tre
 depth=K) for each K, N nodes either way. Whole frames are decoded AR and speculative alternately (the same
 frames), realized = median AR frame / median speculative frame. Caveat: a controlled draft is as likely right at
 depth 5 as at depth 1 (it repeats the previous code); real drafts get worse with depth, so deeper K gains less
-on real weights than here. Writes benchmarks/results/draft-depth.{json,md}.
+on real weights than here. Writes benchmarks/results/csm/draft-depth.{json,md}.
 """
 
 import argparse
@@ -87,7 +87,7 @@ def main() -> None:
     parser.add_argument("--depths", type=lambda t: [int(v) for v in t.split(",")], default=[2, 3, 4, 5])
     parser.add_argument("--frames", type=int, default=12)
     parser.add_argument("--iterations", type=int, default=7)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/csm"))
     args = parser.parse_args()
     report = run(args)
     save_json(args.out / "draft-depth.json", report)

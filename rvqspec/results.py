@@ -231,6 +231,30 @@ def standin_bench_section(bench: dict | None, bench_dir: Path, out: Path) -> lis
     return lines + [f"From `{STANDIN_BENCH}`.", "", *plot, without_title(markdown(int_keys(bench)))]
 
 
+CSM_BENCH = "OMP_WAIT_POLICY=PASSIVE rvqspec bench --archs 0.6b,csm-1b --dtype bfloat16 --out benchmarks/results/csm"
+
+
+def csm_section(csm_dir: Path) -> list[str]:
+    """Sesame CSM-1B's depth decoder (31 calls per frame) beside the 0.6B: one stream, batched, draft depth K."""
+    from rvqspec.bench_report import batch_markdown, markdown
+
+    lines = ["## Sesame CSM-1B's depth decoder (31 calls per frame), beside Qwen3-TTS 0.6B", ""]
+    bench, batch = read_json(csm_dir / "bench.json"), read_json(csm_dir / "bench-batch.json")
+    depth = read_text(csm_dir / "draft-depth.md")
+    if not (bench or batch or depth):
+        return lines + [not_measured(CSM_BENCH)]
+    lines += ["The real CSM-1B depth-decoder architecture (random layers) with its heads' acceptance set to the drafts "
+              "accepted per round that the 0.6B shows at the paper's tokens/step (the same drafts; a frame of 31 "
+              "codes instead of 15, so fewer rounds are cut short by the frame end).", ""]
+    if bench:
+        lines += ["### One stream", "", without_title(markdown(int_keys(bench))), ""]
+    if batch:
+        lines += ["### Batched", "", without_title(batch_markdown(batch)), ""]
+    if depth:
+        lines += ["### Draft depth K", "", without_title(depth)]
+    return lines
+
+
 def profile_section(profile_markdown: str | None) -> list[str]:
     """Where a speculative round's time goes next to an AR step (round-profile.md, without its title)."""
     lines = ["## Why the CPU speed-up stops short of 2x: where a round's time goes", ""]
@@ -252,7 +276,7 @@ def results_markdown(eval_report: dict | None, calibration: dict | None, calibra
         "acceptance) and for the real 0.6B/1.7B architectures with random weights (latency), see DESIGN section 5.",
         "", *eval_sections(eval_report), "", *calibration_section(calibration, calibration_path), "",
         *bench_section(bench, bench_dir, out), "", *batch_section(batch or {}, bench_dir, out), "",
-        *profile_section(profile_markdown), "",
+        *csm_section(bench_dir / "csm"), "", *profile_section(profile_markdown), "",
         *standin_bench_section(standin_bench, bench_dir / "standin", out), ""])
 
 

@@ -145,3 +145,15 @@ def test_standin_bench_gets_its_own_section(tmp_path):
     assert "Not yet measured" not in section and "--out benchmarks/results/standin" in section
     assert "realized 0.85x, ceiling tokens/step / (1 + overhead) 0.90x" in section
     assert "Not yet measured: run `OMP_WAIT_POLICY=PASSIVE nice -n 10 rvqspec bench`" in text  # main bench missing
+
+
+def test_csm_gets_its_own_section_from_its_folder(tmp_path):
+    results = tmp_path / "results"
+    text = regenerate(results, tmp_path / "none.json", tmp_path / "RESULTS.md")
+    section = text.split("## Sesame CSM-1B's depth decoder", 1)[1].split("\n## ", 1)[0]
+    assert "Not yet measured: run `OMP_WAIT_POLICY=PASSIVE rvqspec bench --archs 0.6b,csm-1b" in section
+    (results / "csm").mkdir(parents=True)
+    (results / "csm" / "draft-depth.md").write_text("# Draft depth K\n\n| architecture | K |\n")
+    text = regenerate(results, tmp_path / "none.json", tmp_path / "RESULTS.md")
+    section = text.split("## Sesame CSM-1B's depth decoder", 1)[1].split("\n## ", 1)[0]
+    assert "### Draft depth K" in section and "| architecture | K |" in section and "Not yet measured" not in section
