@@ -35,7 +35,7 @@ def markdown(report: dict) -> str:
         lat = s["latency"]
         lines.append(f"| {setting_name(s)} | {lat['ar']['wall_ms']:.2f} | " + " | ".join(
             f"{lat['spec'][n]['wall_ms']:.2f} ({lat['spec'][n]['overhead']:+.0%})" for n in sizes) + " |")
-    lines += ["", f"Overhead from CPU time instead (less sensitive to other jobs taking the cores):", "",
+    lines += ["", "Overhead from CPU time instead (less sensitive to other jobs taking the cores):", "",
               "| setting | " + " | ".join(f"N={n}" for n in sizes) + " |", "|---|" + "---|" * len(sizes)]
     for s in report["settings"]:
         lines.append(f"| {setting_name(s)} | " + " | ".join(

@@ -1,4 +1,5 @@
-"""`rvqspec inspect MODEL_DIR`: the code predictor a checkpoint folder holds, its config and parameter counts.
+"""`rvqspec inspect MODEL_DIR`: the depth decoder a checkpoint folder holds (Qwen3-TTS's code predictor or CSM's
+depth decoder), its config and parameter counts.
 
 Loading the predictor checks the whole folder (config, every tensor the predictor needs and its shape),
 so this is also the quick way to validate a checkpoint before a long job.
@@ -29,7 +30,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(report))
         return 0
-    print(f"code predictor in {report['folder']} ({report['dtype']})")
+    print(f"depth decoder in {report['folder']} ({model.config.layout} layout, {report['dtype']})")
     for name, value in report["config"].items():
         print(f"  {name:26s} {value}")
     for name, value in report["parameters"].items():
@@ -38,7 +39,7 @@ def run(args) -> int:
 
 
 def add_cli(subparsers) -> None:
-    p = subparsers.add_parser("inspect", help="load a checkpoint's code predictor; print its config and sizes",
+    p = subparsers.add_parser("inspect", help="load a checkpoint's depth decoder (Qwen3-TTS or CSM); print its config and sizes",
                               parents=[flags.model_flag()])
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
     p.add_argument("--json", action="store_true", help="print one JSON object")
