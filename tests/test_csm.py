@@ -270,3 +270,23 @@ def test_corpus_from_audio_names_a_csm_folder_without_its_processor(saved, tmp_p
     error = capsys.readouterr().err.strip()
     assert "cannot load the CSM model and processor" in error and len(error.splitlines()) == 1
     assert not (tmp_path / "corpus").exists()
+
+
+def test_direct_depth_decoder_calls_take_their_own_settings(csm):
+    """Called directly, as upstream's generate is: settings passed as arguments are honoured; a call that is
+    not one frame (fewer codes) goes to upstream."""
+    hidden, ids = torch.randn(3, 32, dtype=torch.float64), torch.tensor([[0, 4], [0, 9], [0, 2]])
+    reference = csm.depth_decoder.generate(input_ids=ids, backbone_last_hidden_state=hidden, do_sample=False,
+                                           max_new_tokens=7, min_new_tokens=7)
+    short = csm.depth_decoder.generate(input_ids=ids, backbone_last_hidden_state=hidden, do_sample=False,
+                                       max_new_tokens=3, min_new_tokens=3)
+    handle = rvqspec.accelerate(csm, drafter=ReusedHeads(), tree=default_tree(8))
+    try:
+        assert torch.equal(csm.depth_decoder.generate(input_ids=ids, backbone_last_hidden_state=hidden,
+                                                      do_sample=False, max_new_tokens=7), reference)
+        assert handle.stats.steps == 1
+        assert torch.equal(csm.depth_decoder.generate(input_ids=ids, backbone_last_hidden_state=hidden,
+                                                      do_sample=False, max_new_tokens=3, min_new_tokens=3), short)
+        assert handle.stats.steps == 1  # the short call went to upstream
+    finally:
+        handle.undo()

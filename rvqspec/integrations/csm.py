@@ -69,18 +69,25 @@ class CsmAcceleration(Acceleration):
         return self.model.depth_decoder.codebooks_head.weight
 
     def generate(self, input_ids: Tensor | None = None, backbone_last_hidden_state: Tensor | None = None,
+                 do_sample=None, top_k=None, top_p=None, temperature=None, max_new_tokens=None, min_new_tokens=None,
                  **kwargs):
-        """Stands in for `depth_decoder.generate` in the per-frame call; any other call goes to upstream."""
+        """Stands in for `depth_decoder.generate` in the per-frame call (sampling settings may be passed, as
+        with upstream's generate); any other call goes to upstream."""
+        codes = self.decoder.config.num_residual_codes
+        settings = {"do_sample": do_sample, "top_k": top_k, "top_p": top_p, "temperature": temperature,
+                    "max_new_tokens": max_new_tokens, "min_new_tokens": min_new_tokens}
+        length = max_new_tokens or self.target.generation_config.max_new_tokens or codes
         frame_call = (isinstance(input_ids, Tensor) and input_ids.dim() == 2 and input_ids.shape[1] == 2
-                      and isinstance(backbone_last_hidden_state, Tensor) and not kwargs
-                      and self.target.generation_config.max_new_tokens in (None, self.decoder.config.num_residual_codes))
+                      and isinstance(backbone_last_hidden_state, Tensor) and not kwargs and length == codes)
         if frame_call and self.unsupported_settings():
             self.stats.upstream_steps += 1
             frame_call = False
         if not frame_call:
+            given = {name: value for name, value in settings.items() if value is not None}
             return self.upstream_generate(input_ids=input_ids, backbone_last_hidden_state=backbone_last_hidden_state,
-                                          **kwargs)
-        result = self.decode(backbone_last_hidden_state, input_ids[:, 1], self.sampler())
+                                          **given, **kwargs)
+        result = self.decode(backbone_last_hidden_state, input_ids[:, 1],
+                             self.sampler(do_sample, top_k, top_p, temperature))
         return torch.cat([input_ids, result.codes.to(input_ids.device)], dim=1)
 
 
