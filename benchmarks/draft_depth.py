@@ -9,7 +9,10 @@ every draft is as likely to be right as in the paper's setting, and only the tre
 depth=K) for each K, N nodes either way. Whole frames are decoded AR and speculative alternately (the same
 frames), realized = median AR frame / median speculative frame. Caveat: a controlled draft is as likely right at
 depth 5 as at depth 1 (it repeats the previous code); real drafts get worse with depth, so deeper K gains less
-on real weights than here. Writes benchmarks/results/csm/draft-depth.{json,md}.
+on real weights than here. A second table therefore predicts each K with drafts that decay: the prior profile
+a[d][r] = p0 * 0.45**r * 0.9**d (`rvqspec.tree.prior_acceptance`), p0 set so that the 0.6B makes the paper's
+tokens/step at K = 3, expected calls from `rvqspec.policy.calls_distribution`, and each K's measured cost per
+call (speculative frame ms / calls per frame). Writes benchmarks/results/csm/draft-depth.{json,md}.
 """
 
 import argparse
@@ -23,14 +26,45 @@ from rvqspec.checkpoint import atomic_write, save_json
 from rvqspec.controlled import (PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor, decode_controlled,
                                 round_acceptance)
 from rvqspec.drafters import ReusedHeads
+from rvqspec.policy import calls_distribution, expected_calls, uniform_acceptance
 from rvqspec.sampling import Sampler
 from rvqspec.timing import machine
-from rvqspec.tree import default_tree
+from rvqspec.tree import default_tree, prior_acceptance
+
+DEPTH_DECAY = 0.9  # the prior's: a draft one depth further is right 0.9 times as often
+
+
+def decayed_tokens_per_step(p0: float, depth: int, size: int, groups: int) -> float:
+    """Expected tokens/step of default_tree(size, depth) on frames of `groups` codebooks when the rank-r draft at
+    depth d wins with probability p0 * 0.45**r * 0.9**d (the prior's shape, scaled)."""
+    acceptance = (prior_acceptance(depth) * (p0 / 0.55)).clamp(max=1.0)
+    calls = expected_calls(calls_distribution(default_tree(size, depth), uniform_acceptance(acceptance, groups)))
+    return (groups - 1) / calls
+
+
+def decayed_predictions(report: dict) -> dict:
+    """Per architecture and K: tokens/step and speed-up predicted with decaying drafts (see the module doc)."""
+    size, target = report["args"]["size"], PAPER_ACCEPTANCE[report["args"]["size"]]
+    low, high = 0.0, 1.0 / 0.9  # bisect p0: the 0.6B (16 codebooks) at K = 3 makes the paper's tokens/step
+    for _ in range(40):
+        p0 = (low + high) / 2
+        low, high = (p0, high) if decayed_tokens_per_step(p0, 3, size, 16) < target else (low, p0)
+    out = {"p0": p0, "archs": {}}
+    for arch, r in report["archs"].items():
+        rows = []
+        for row in r["rows"]:
+            tokens = decayed_tokens_per_step(p0, row["depth"], size, r["codes_per_frame"] + 1)
+            call_ms = row["spec_frame"]["wall_ms"] / row["calls_per_frame"]
+            speedup = row["ar_frame"]["wall_ms"] / (call_ms * r["codes_per_frame"] / tokens)
+            rows.append({"depth": row["depth"], "tokens_per_step": tokens, "call_ms": call_ms, "speedup": speedup})
+        out["archs"][arch] = rows
+    return out
 
 
 def run(args) -> dict:
     torch.set_num_threads(args.threads)
-    sampler, report = Sampler(), {"machine": machine(), "args": vars(args), "archs": {}}
+    settings = {name: str(value) if isinstance(value, Path) else value for name, value in vars(args).items()}
+    sampler, report = Sampler(), {"machine": machine(), "args": settings, "archs": {}}
     target = {"metric": "tokens_per_step", "value": PAPER_ACCEPTANCE[args.size]}
     for arch in ("0.6b", "csm-1b"):
         predictor = controlled_predictor(ARCHS[arch], dtype=args.dtype)
@@ -54,6 +88,7 @@ def run(args) -> dict:
         target = {"metric": "round_acceptance", "value": accepted}  # CSM: the 0.6B's acceptance per round
         del predictor
     report["machine"]["load_after"] = os.getloadavg()
+    report["decayed"] = decayed_predictions(report)
     return report
 
 
@@ -75,7 +110,13 @@ def markdown(report: dict) -> str:
     lines += ["", "Per-round acceptance at K=3 (drafts accepted per round with room for the tree): " + ", ".join(
         f"{arch} {r['round_acceptance_k3']:.2f} (strength {r['strength']:.2f})" for arch, r in report["archs"].items())
         + ".", "", "A controlled draft is as likely right at any depth; real drafts get worse with depth, so these "
-        "gains for deeper K are an upper bound."]
+        "gains for deeper K are an upper bound. With drafts that decay as the prior does (rank-r draft at depth d "
+        f"right with probability {report['decayed']['p0']:.3f} x 0.45^r x 0.9^d, p0 set so that the 0.6B makes the "
+        "paper's tokens/step at K=3), predicted from the expected calls and each K's measured cost per call:", "",
+        "| architecture | K | predicted tokens/step | ms per call (measured) | predicted speed-up |", "|---|---|---|---|---|"]
+    for arch, rows in report["decayed"]["archs"].items():
+        lines += [f"| {arch} | {r['depth']} | {r['tokens_per_step']:.2f} | {r['call_ms']:.1f} | {r['speedup']:.2f}x |"
+                  for r in rows]
     return "\n".join(lines) + "\n"
 
 
