@@ -15,7 +15,7 @@ from rvqspec.checkpoint import CSM_TIED_TABLES
 from rvqspec.config import load_config
 from rvqspec.integrations.base import HANDLE
 from test_distribution import g_test
-from tiny import random_offsets
+from tiny import random_medusa, random_offsets
 
 pytest.importorskip("transformers")
 
@@ -99,14 +99,15 @@ def greedy(model, ids: torch.Tensor, frames: int) -> torch.Tensor:
 @pytest.mark.parametrize("codebooks, rows, frames", [(8, 4, 50), (32, 2, 12)])
 def test_greedy_codes_equal_transformers_generate(codebooks, rows, frames):
     """The whole model's generate (backbone + depth decoder), greedy: the same codes accelerated, AR and
-    speculative (two trees, two drafters), as upstream's own; upstream's depth decoder is not called."""
+    speculative (three trees, three drafters: reused heads, offsets, Medusa), as upstream's own; upstream's depth
+    decoder is not called."""
     model = tiny_csm(codebooks=codebooks, seed=codebooks)
     ids = prompts(rows, seed=codebooks)
     reference = greedy(model, ids, frames)
     assert reference.shape == (rows, frames, codebooks)
     decoder = rvqspec.integrations.csm.depth_decoder_from_transformers(model)
     for drafter, tree in [(None, None), (ReusedHeads(), default_tree(8)),
-                          (random_offsets(decoder, 4, seed=1), Tree.chain(4))]:
+                          (random_offsets(decoder, 4, seed=1), Tree.chain(4)), (random_medusa(decoder), default_tree(6))]:
         handle = rvqspec.accelerate(model, drafter=drafter, tree=tree)
         upstream_calls = []
         handle.upstream_generate = lambda *a, **k: upstream_calls.append(1)
