@@ -244,7 +244,7 @@ def speculative_round(model, cache, plan: TreePlan, sampler: Sampler, generator,
     """
     tree, batch = plan.tree, len(k_host)
     # 1. Drafts from h_k: the top-m candidates per depth, picked by the tree's (depth, rank) nodes.
-    top = drafter.logits(model, hidden_k, k_host, tree.max_depth).topk(max(tree.top_m, 1), dim=-1).indices
+    top = drafter.candidates(model, hidden_k, k_host, tree.max_depth, max(tree.top_m, 1))
     tokens = torch.cat([root[:, None], top.flatten(1)[:, plan.draft_index]], dim=1)  # [B, q]
     # 2. Verify every row's tree in one call.
     x = model.embed_codes(tokens, plan.tables[k])
