@@ -58,14 +58,16 @@ inline float vexp(float x) {
 }
 inline double vexp(double x) { return std::exp(x); }
 
-// out[i] = round(round(x[i] * inv) * w[i]) as upstream's RMSNorm; inv = 1 / rms(x).
+// out[i] = round(round(x[i] * inv) * w[i]) as upstream's RMSNorm, which normalises in float32 whatever the
+// dtype (float64 too); inv = 1 / rms(x).
 template <typename T, typename A>
 inline void norm_row(const A* x, const T* w, A* out, int64_t d, double eps) {
-  A sum = 0;
+  float sum = 0;
 #pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < d; ++i) sum += x[i] * x[i];
-  const A inv = A(1) / std::sqrt(sum / A(d) + A(eps));
-  for (int64_t i = 0; i < d; ++i) out[i] = round_to<T, A>(round_to<T, A>(x[i] * inv) * load<T, A>(w, i));
+  for (int64_t i = 0; i < d; ++i) sum += static_cast<float>(x[i]) * static_cast<float>(x[i]);
+  const float inv = 1.f / std::sqrt(sum / static_cast<float>(d) + static_cast<float>(eps));
+  for (int64_t i = 0; i < d; ++i)
+    out[i] = round_to<T, A>(round_to<T, A>(static_cast<A>(static_cast<float>(x[i]) * inv)) * load<T, A>(w, i));
 }
 
 at::Tensor rms_norm(const at::Tensor& x_, const at::Tensor& w_, double eps) {

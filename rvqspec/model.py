@@ -226,7 +226,7 @@ class MultiCodeDecoder(nn.Module):
             mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
         if mask is not None and mask.dim() == 3:  # per row: [B, 1, T, slots], broadcast over the heads
             mask = mask.unsqueeze(1)
-        if cache is not None and fused.applies(x):
+        if fused.applies(x):
             return fused.layers(self, x, cos, sin, mask, cache, slots)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, mask, cache, i, slots)
