@@ -32,7 +32,7 @@ from torch import Tensor
 
 from rvqspec.drafters import static_shapes
 from rvqspec.errors import RvqspecError
-from rvqspec.host_walk import walk_on_host
+from rvqspec import host_walk
 from rvqspec.sampling import Sampler
 from rvqspec.tree import Tree
 
@@ -250,8 +250,8 @@ def speculative_round(model, cache, plan: TreePlan, sampler: Sampler, generator,
     x = model.embed_codes(tokens, plan.tables[k])
     hidden = model(x, plan.positions[k], plan.masks[k], cache, plan.scratch)
     # 3. Sample-then-match, on the device.
-    node, draws, found = (walk(model, plan, sampler, generator, k, k_host, tokens, hidden) if static_shapes(k.device)
-                          else walk_on_host(model, plan, sampler, generator, k_host, tokens, hidden))
+    node, draws, found = (host_walk.walk_on_host(model, plan, sampler, generator, k_host, tokens, hidden)
+                          if host_walk.applies(k.device) else walk(model, plan, sampler, generator, k, k_host, tokens, hidden))
     # 4. Keep the K/V of the root and the accepted nodes at their positions' slots k+1.. (see module doc).
     cache.move(plan.path_slots[node], k[:, None] + plan.path_steps)
     accepted, bonus = torch.stack([found, node]).tolist()  # the round's one host read

@@ -12,13 +12,15 @@ import threading
 import torch
 from torch import Tensor
 
+from rvqspec import fused
+
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 _lock = threading.Lock()
 
 
 def applies(hidden: Tensor) -> bool:
-    return hidden.device.type == "cpu" and hidden.dtype in DTYPES and not torch.is_grad_enabled() \
+    return fused.on() and hidden.device.type == "cpu" and hidden.dtype in DTYPES and not torch.is_grad_enabled() \
         and not torch.compiler.is_compiling()
 
 

@@ -10,7 +10,8 @@ AR and speculative calls take the same path, so AR keeps being our fastest AR.
 The kernels are built on first use with torch.utils.cpp_extension (needs ninja, `pip install 'rvqspec[fast]'`,
 and a C++ compiler), compiled for this CPU and cached by torch (~/.cache/torch_extensions). Where they
 cannot be built, decoding takes the plain path after one warning. `RVQSPEC_FUSED=0` (or `enabled(False)`)
-turns the path off, e.g. to time the plain path side by side.
+turns the whole CPU fast path off (these kernels, the int8 draft heads of `draft_heads` and the early-stopping
+walk of `host_walk`), e.g. to time the previous engine side by side (benchmarks/fused_path.py).
 """
 
 import hashlib
@@ -70,13 +71,18 @@ def add_ninja_to_path() -> None:
 
 @contextmanager
 def enabled(on: bool):
-    """Turn the fused path on or off inside the block (e.g. to time or test the plain path)."""
+    """Turn the CPU fast path on or off inside the block (e.g. to time or test the plain path)."""
     before = _state["enabled"]
     _state["enabled"] = on
     try:
         yield
     finally:
         _state["enabled"] = before
+
+
+def on() -> bool:
+    """Whether the CPU fast path is switched on: these kernels, the int8 draft heads and the early-stopping walk."""
+    return _state["enabled"]
 
 
 def path(device: torch.device | str, dtype: torch.dtype) -> str:

@@ -8,6 +8,13 @@ K + 1 = 4). Accelerators keep `decode.walk`, which visits every depth without re
 import torch
 from torch import Tensor
 
+from rvqspec import drafters, fused
+
+
+def applies(device: torch.device) -> bool:
+    """The CPU (no static shapes: `drafters.static_shapes`) with the fast path on (`fused.on`)."""
+    return fused.on() and not drafters.static_shapes(device)
+
 
 def children(plan) -> list[list[int]]:
     """Each node's children, once per plan."""
