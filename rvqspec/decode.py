@@ -249,9 +249,11 @@ def speculative_round(model, cache, plan: TreePlan, sampler: Sampler, generator,
     # 2. Verify every row's tree in one call.
     x = model.embed_codes(tokens, plan.tables[k])
     hidden = model(x, plan.positions[k], plan.masks[k], cache, plan.scratch)
-    # 3. Sample-then-match, on the device.
-    node, draws, found = (host_walk.walk_on_host(model, plan, sampler, generator, k_host, tokens, hidden)
-                          if host_walk.applies(k.device) else walk(model, plan, sampler, generator, k, k_host, tokens, hidden))
+    # 3. Sample-then-match: on the CPU reading each depth (it stops early), elsewhere on the device.
+    if host_walk.applies(k.device):
+        node, draws, found = host_walk.walk_on_host(model, plan, sampler, generator, k_host, tokens, hidden)
+    else:
+        node, draws, found = walk(model, plan, sampler, generator, k, k_host, tokens, hidden)
     # 4. Keep the K/V of the root and the accepted nodes at their positions' slots k+1.. (see module doc).
     cache.move(plan.path_slots[node], k[:, None] + plan.path_steps)
     accepted, bonus = torch.stack([found, node]).tolist()  # the round's one host read

@@ -34,11 +34,17 @@ _lock = threading.Lock()
 
 
 def build_name() -> str:
-    """One build per source, torch and CPU model: the build is compiled with -march=native."""
+    """One build per source, torch and CPU flags: it is compiled with -march=native."""
     cpu = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "") \
         if Path("/proc/cpuinfo").exists() else platform.processor()
     key = SOURCE.read_bytes() + torch.__version__.encode() + cpu.encode()
     return "rvqspec_fused_" + hashlib.sha256(key).hexdigest()[:12]
+
+
+def cflags() -> list[str]:
+    """For this CPU; on x86 with 512-bit vectors where it has them (gcc prefers 256 by default)."""
+    flags = ["-O3", "-march=native", "-fopenmp-simd"]
+    return flags + ["-mprefer-vector-width=512"] if platform.machine() in ("x86_64", "AMD64") else flags
 
 
 def kernels():
@@ -49,8 +55,7 @@ def kernels():
             try:
                 from torch.utils.cpp_extension import load
                 add_ninja_to_path()
-                _state["module"] = load(build_name(), [str(SOURCE)], extra_cflags=["-O3", "-march=native", "-fopenmp-simd", "-mprefer-vector-width=512"],
-                                        verbose=False)
+                _state["module"] = load(build_name(), [str(SOURCE)], extra_cflags=cflags(), verbose=False)
             except Exception as e:  # no ninja, no compiler, a read-only cache...: the plain path still works
                 warnings.warn(f"rvqspec: the fused CPU kernels could not be built ({type(e).__name__}: "
                               f"{str(e).strip().splitlines()[-1] if str(e).strip() else e}); decoding takes the "
