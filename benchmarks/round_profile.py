@@ -159,9 +159,9 @@ def markdown(report: dict) -> str:
               f"{a['elementwise_growth_ms']:.2f} ms is not matmul or attention (norms, RoPE, SiLU, residuals, casts: "
               f"many small ops whose cost grows with q); drafts + walk cost {a['extra_heads_ms']:.2f} ms more than "
               "the AR step's one head and draw.", "",
-              f"The timed walk visited {a['timed_walk_depths']:.2f} depths; a round at {s['tokens_per_step']:.2f} "
-              f"tokens/step visits that many on average, so {a['walk_depths_added_ms']:.2f} ms (one head + draw per "
-              "missing depth) is added to the round below.", "",
+              f"The timed walk visited {a['timed_walk_depths']:.2f} depths (its random drafts are rarely accepted); a "
+              f"round at {s['tokens_per_step']:.2f} tokens/step visits {s['tokens_per_step']:.2f} on average, so "
+              f"{a['walk_depths_added_ms']:.2f} ms (one head + draw per missing depth) is added to the round below.", "",
               f"A round costs {a['round_over_ar']:.2f} AR steps; {s['target']:.1f}x at the paper's "
               f"{s['tokens_per_step']:.2f} tokens/step needs <= {a['needed_round_over_ar']:.3f}. Speed-up bound "
               "tokens/step x AR step / round:", "", "| round | bound |", "|---|---|"]
