@@ -13,7 +13,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[test,ref,standin,train,bench,demo]' $(TORCH)
+	$(PY) -m pip install -q -e '.[fast,test,ref,standin,train,bench,demo]' $(TORCH)
 	$(PY) -m pip install -q --no-deps $(QWEN_TTS)
 	touch $@
 

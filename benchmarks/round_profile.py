@@ -6,8 +6,11 @@ The real architecture (random weights: timing does not depend on them), the depl
 drafts, a default tree of N nodes, timed mid-frame (k = TIMED_K as in `rvqspec bench`). The engine's own
 functions are timed piece by piece, interleaved, medians of repeats:
 - AR step = forward at q=1 + one head + one sampled code (`autoregressive_step` does exactly these);
-- round   = drafts (K heads + top-m) + forward at q=N+1 + tree walk (one head and one draw per depth) +
-            cache move; the whole `speculative_round` is timed too, to check that the pieces add up.
+- round   = drafts (K rank-only heads + top-m: `Drafter.candidates`) + forward at q=N+1 + tree walk (one head
+            and one draw per visited depth: on the CPU `host_walk`, which stops at the first depth without a
+            match) + cache move; the whole `speculative_round` is timed too, to check that the pieces add up.
+The timed round's random drafts are rarely accepted, so its walk visits fewer depths than a round at the
+paper's acceptance (T tokens/step: T depths on average); the bound table adds one head + draw per missing depth.
 torch.profiler then splits the two forwards by op kind (matmul, attention, elementwise), profiled alternately,
 medians: the part of the round that grows with q. Reaching S x over AR at T tokens/step needs round <= T / S AR steps; the report shows the
 speed-up bound T x AR / round as measured, and with each excess removed. Writes round-profile.{json,md}.
@@ -24,6 +27,7 @@ from torch.profiler import ProfilerActivity, profile
 from rvqspec.bench import ARCHS
 from rvqspec.checkpoint import atomic_write, save_json
 from rvqspec.controlled import PAPER_ACCEPTANCE, controlled_predictor
+from rvqspec import host_walk
 from rvqspec.decode import autoregressive_step, plan_for, speculative_round, walk
 from rvqspec.drafters import ReusedHeads
 from rvqspec.sampling import Sampler
@@ -46,22 +50,28 @@ def pieces(model, cache, drafter, tree, sampler, generator) -> dict:
     masks = slots[None, :] <= slots[:, None]
     code, hidden_k = torch.ones(1, dtype=torch.long), torch.randn(1, c.hidden_size).to(model.dtype)
     ks, k_row = [k], torch.tensor([k])
-    top = drafter.logits(model, hidden_k, ks, tree.max_depth).topk(max(tree.top_m, 1), dim=-1).indices
+    top = drafter.candidates(model, hidden_k, ks, tree.max_depth, max(tree.top_m, 1))
     tokens = torch.cat([code[:, None], top.flatten(1)[:, plan.draft_index]], dim=1)
     x = model.embed_codes(tokens, plan.tables[k_row])
     position = slots[k + 1:k + 2]
     x1 = model.embed_codes(code, position - 1)[:, None]
     hidden = model(x, plan.positions[k_row], plan.masks[k_row], cache, plan.scratch)
     node = torch.zeros(1, dtype=torch.long)
+    on_host = host_walk.applies(hidden.device)
+
+    def the_walk():  # the engine's: `speculative_round` takes the same branch
+        if on_host:
+            return host_walk.walk_on_host(model, plan, sampler, generator, ks, tokens, hidden)
+        return walk(model, plan, sampler, generator, k_row, ks, tokens, hidden)
+
     return {
         "ar: forward q=1": lambda: model(x1, position, masks[k + 1:k + 2], cache, position),
         "ar: head + sample": lambda: sampler.sample(model.head_logits(hidden[:, 0], k + 1), generator),
         "ar: whole step": lambda: autoregressive_step(model, cache, sampler, generator, code, k + 1, slots, masks),
-        "round: drafts": lambda: drafter.logits(model, hidden_k, ks, tree.max_depth).topk(max(tree.top_m, 1), dim=-1),
+        "round: drafts": lambda: drafter.candidates(model, hidden_k, ks, tree.max_depth, max(tree.top_m, 1)),
         f"round: forward q={tree.size + 1}": lambda: model(x, plan.positions[k_row], plan.masks[k_row], cache,
                                                            plan.scratch),
-        "round: walk": lambda: torch.stack(walk(model, plan, sampler, generator, k_row, ks, tokens,
-                                                hidden)[::2]).tolist(),
+        "round: walk": lambda: torch.stack(the_walk()[::2]).tolist(),
         "round: cache move": lambda: cache.move(plan.path_slots[node], k_row[:, None] + plan.path_steps),
         "round: whole": lambda: speculative_round(model, cache, plan, sampler, generator, drafter, k_row, ks, code,
                                                   hidden_k),
@@ -102,20 +112,31 @@ def forward_ops(funcs: dict, alternations: int = 7, calls: int = 3) -> dict:
             for name, runs in samples.items()}
 
 
-def analyse(times: dict, ops: dict, size: int, tokens: float, target: float) -> dict:
+def visited_depths(funcs: dict, tree, calls: int = 20) -> float:
+    """Mean depths the timed walk visits (the CPU's walk: accepted + 1; the device walk: every depth)."""
+    if not host_walk.applies(torch.device("cpu")):
+        return tree.max_depth + 1
+    with torch.inference_mode():
+        return statistics.mean(funcs["round: walk"]()[1][0] + 1 for _ in range(calls))  # [[node], [found]]
+
+
+def analyse(times: dict, ops: dict, size: int, tokens: float, target: float, visited: float) -> dict:
     forward_n, forward_1 = times[f"round: forward q={size + 1}"], times["ar: forward q=1"]
-    ar, round_ms = times["ar: whole step"], times["round: whole"]
-    heads = times["round: drafts"] + times["round: walk"] - times["ar: head + sample"]
+    # A round at the paper's acceptance walks `tokens` depths on average: one head + draw per depth not visited here.
+    missing = max(tokens - visited, 0.0) * times["ar: head + sample"]
+    ar, round_ms = times["ar: whole step"], times["round: whole"] + missing
+    heads = times["round: drafts"] + times["round: walk"] + missing - times["ar: head + sample"]
     growth = {kind: ops["round"][kind] - ops["ar"][kind] for kind in ops["round"]}
     # The profiler inflates many small ops, so the elementwise growth is the timed growth of the forward
     # minus what the profiler puts on the big kernels (matmul, attention).
     elementwise = max(forward_n - forward_1 - growth["matmul"] - growth["attention"], 0.0)
-    without = {"as measured": round_ms,
+    without = {"as measured (walk of tokens/step depths)": round_ms,
                "elementwise growth removed": round_ms - elementwise,
                "extra heads and draws removed (drafts + walk = one head + sample)": round_ms - heads,
                "both removed": round_ms - elementwise - heads}
     return {"ar_step_ms": ar, "round_ms": round_ms, "round_over_ar": round_ms / ar,
             "needed_round_over_ar": tokens / target, "forward_growth_ms": forward_n - forward_1,
+            "timed_walk_depths": visited, "walk_depths_added_ms": missing,
             "forward_growth_by_kind_ms": growth, "elementwise_growth_ms": elementwise, "extra_heads_ms": heads,
             "speedup_bound": {name: tokens * ar / ms for name, ms in without.items()}}
 
@@ -138,6 +159,9 @@ def markdown(report: dict) -> str:
               f"{a['elementwise_growth_ms']:.2f} ms is not matmul or attention (norms, RoPE, SiLU, residuals, casts: "
               f"many small ops whose cost grows with q); drafts + walk cost {a['extra_heads_ms']:.2f} ms more than "
               "the AR step's one head and draw.", "",
+              f"The timed walk visited {a['timed_walk_depths']:.2f} depths (its random drafts are rarely accepted); a "
+              f"round at {s['tokens_per_step']:.2f} tokens/step visits {s['tokens_per_step']:.2f} on average, so "
+              f"{a['walk_depths_added_ms']:.2f} ms (one head + draw per missing depth) is added to the round below.", "",
               f"A round costs {a['round_over_ar']:.2f} AR steps; {s['target']:.1f}x at the paper's "
               f"{s['tokens_per_step']:.2f} tokens/step needs <= {a['needed_round_over_ar']:.3f}. Speed-up bound "
               "tokens/step x AR step / round:", "", "| round | bound |", "|---|---|"]
@@ -164,10 +188,11 @@ def main() -> None:
         funcs = pieces(model, cache, ReusedHeads(model), tree, sampler, generator)
     times = time_pieces(funcs, args.repeats)
     ops = forward_ops({"ar": funcs["ar: forward q=1"], "round": funcs[f"round: forward q={args.size + 1}"]})
+    visited = visited_depths(funcs, tree)
     tokens = PAPER_ACCEPTANCE[args.size]
     settings = vars(args) | {"k": TIMED_K, "tokens_per_step": tokens}
     report = {"settings": settings, "machine": info, "load_after": os.getloadavg()[0], "times_ms": times,
-              "ops_ms": ops, "analysis": analyse(times, ops, args.size, tokens, args.target)}
+              "ops_ms": ops, "analysis": analyse(times, ops, args.size, tokens, args.target, visited)}
     out = Path(args.out)
     save_json(out / "round-profile.json", report)
     atomic_write(out / "round-profile.md", lambda tmp: Path(tmp).write_text(markdown(report)))

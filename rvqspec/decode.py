@@ -11,8 +11,9 @@ Speculative round (DESIGN section 2), all in `speculative_round`, for every row 
     embedding tables (gathered by its k), gives the verifier's distribution at every node;
  3. sample-then-match: walking from the root, a fresh draw x ~ p~(node) is taken at the current node
     (exactly AR sampling wherever the walk goes) and the child whose token is x is accepted; the draw at
-    the deepest accepted node is the bonus code. The walk runs on the device, one draw per depth, so
-    only the nodes on the path reach the heads and the sampler, and the host reads the result once;
+    the deepest accepted node is the bonus code. Only the nodes on the path reach the heads and the
+    sampler. On an accelerator the walk runs on the device, one draw per depth, and the host reads the
+    result once; on the CPU it stops at the first depth without a match (`host_walk`);
  4. each row's K/V entries of the root and its accepted nodes are moved to consecutive slots.
 Because every emitted code is a draw from the verifier's p~ given the true prefix, the output has
 exactly the distribution of AR decoding (and greedy codes are identical).
@@ -31,6 +32,7 @@ from torch import Tensor
 
 from rvqspec.drafters import static_shapes
 from rvqspec.errors import RvqspecError
+from rvqspec import host_walk
 from rvqspec.sampling import Sampler
 from rvqspec.tree import Tree
 
@@ -242,13 +244,16 @@ def speculative_round(model, cache, plan: TreePlan, sampler: Sampler, generator,
     """
     tree, batch = plan.tree, len(k_host)
     # 1. Drafts from h_k: the top-m candidates per depth, picked by the tree's (depth, rank) nodes.
-    top = drafter.logits(model, hidden_k, k_host, tree.max_depth).topk(max(tree.top_m, 1), dim=-1).indices
+    top = drafter.candidates(model, hidden_k, k_host, tree.max_depth, max(tree.top_m, 1))
     tokens = torch.cat([root[:, None], top.flatten(1)[:, plan.draft_index]], dim=1)  # [B, q]
     # 2. Verify every row's tree in one call.
     x = model.embed_codes(tokens, plan.tables[k])
     hidden = model(x, plan.positions[k], plan.masks[k], cache, plan.scratch)
-    # 3. Sample-then-match, on the device.
-    node, draws, found = walk(model, plan, sampler, generator, k, k_host, tokens, hidden)
+    # 3. Sample-then-match: on the CPU reading each depth (it stops early), elsewhere on the device.
+    if host_walk.applies(k.device):
+        node, draws, found = host_walk.walk_on_host(model, plan, sampler, generator, k_host, tokens, hidden)
+    else:
+        node, draws, found = walk(model, plan, sampler, generator, k, k_host, tokens, hidden)
     # 4. Keep the K/V of the root and the accepted nodes at their positions' slots k+1.. (see module doc).
     cache.move(plan.path_slots[node], k[:, None] + plan.path_steps)
     accepted, bonus = torch.stack([found, node]).tolist()  # the round's one host read

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from torch import Tensor, nn
 
+from rvqspec import draft_heads
 from rvqspec.checkpoint import save_tensors
 from rvqspec.errors import RvqspecError
 
@@ -62,20 +63,31 @@ class Drafter(nn.Module):
         """The input of the frozen head of codebook position+j (ReusedHeads: unchanged)."""
         return hidden
 
-    def head(self, model, hidden: Tensor, positions: list[int], j: int) -> Tensor:
+    def head(self, model, hidden: Tensor, positions: list[int], j: int, rank_only: bool = False) -> Tensor:
         """Logits [B, V] for c_{positions[b]+j} from hidden [B, H], row b at position positions[b] (codebooks
-        past the last are clamped to it: those rows are pruned by the caller)."""
+        past the last are clamped to it: those rows are pruned by the caller). rank_only: logits that only rank
+        the candidates (the CPU's int8 heads, `draft_heads`)."""
         last = model.config.num_residual_codes
-        return model.head_logits(self.transform(hidden, positions, j), [min(p + j, last) for p in positions])
+        x, codebooks = self.transform(hidden, positions, j), [min(p + j, last) for p in positions]
+        return draft_heads.logits(model, x, codebooks) if rank_only else model.head_logits(x, codebooks)
 
-    def logits(self, model, hidden: Tensor, positions: list[int], depth: int | None = None) -> Tensor:
+    def logits(self, model, hidden: Tensor, positions: list[int], depth: int | None = None,
+               rank_only: bool = False) -> Tensor:
         """Draft logits [B, depth, V] for c_{p+1}..c_{p+depth} from h_p [B, H] (row b at p = positions[b]).
         Depths past the last code of every row are 0; a row's own depths past it are garbage (pruned)."""
         depth = depth or self.depth
         reach = depth if static_shapes(hidden.device) else min(depth, model.config.num_residual_codes - min(positions))
-        rows = [self.head(model, hidden, positions, j) for j in range(1, reach + 1)]
+        rows = [self.head(model, hidden, positions, j, rank_only) for j in range(1, reach + 1)]
         rows += [hidden.new_zeros(len(positions), model.config.vocab_size)] * (depth - len(rows))
         return torch.stack(rows, dim=1)
+
+    def candidates(self, model, hidden: Tensor, positions: list[int], depth: int, m: int) -> Tensor:
+        """The top-m draft codes [B, depth, m] per depth: all a round needs, so ranked by rank-only logits (a
+        subclass with its own `logits` ranks by those)."""
+        own = type(self).logits is not Drafter.logits
+        logits = self.logits(model, hidden, positions, depth) if own else \
+            self.logits(model, hidden, positions, depth, rank_only=True)
+        return logits.topk(m, dim=-1).indices
 
     def teacher_forced_logits(self, model, hidden: Tensor, j: int) -> Tensor:
         """Logits [B, P, V] for c_{i+j} from h_i [B, G, H], for i = 1..G-1-j (all positions at once)."""
@@ -190,7 +202,7 @@ class MedusaHeads(Drafter):
         equation = "bh,bgh->bg" if hidden.dim() == 2 else "bph,pgh->bpg"
         return hidden + F.silu(torch.einsum(equation, hidden, w) + b)
 
-    def head(self, model, hidden: Tensor, positions: list[int], j: int) -> Tensor:
+    def head(self, model, hidden: Tensor, positions: list[int], j: int, rank_only: bool = False) -> Tensor:
         index = torch.tensor(positions, device=hidden.device).clamp(max=self.vocab.shape[0])
         return torch.einsum("bh,bvh->bv", self.resblock(hidden, index, j), self.vocab[index - 1, j - 1])
 

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rvqspec import fused
 from rvqspec.checkpoint import combine, official_layout, predictor_prefix, read_tensors, save_predictor
 from rvqspec.config import PredictorConfig, load_config
 from rvqspec.errors import RvqspecError
@@ -246,6 +247,8 @@ class MultiCodeDecoder(nn.Module):
             mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
         if mask is not None and mask.dim() == 3:  # per row: [B, 1, T, slots], broadcast over the heads
             mask = mask.unsqueeze(1)
+        if fused.applies(x):
+            return fused.layers(self, x, cos, sin, mask, cache, slots)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, mask, cache, i, slots)
         return self.norm(x)

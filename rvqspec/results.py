@@ -255,12 +255,18 @@ def csm_section(csm_dir: Path) -> list[str]:
     return lines
 
 
-def profile_section(profile_markdown: str | None) -> list[str]:
-    """Where a speculative round's time goes next to an AR step (round-profile.md, without its title)."""
-    lines = ["## Why the CPU speed-up stops short of 2x: where a round's time goes", ""]
-    if profile_markdown is None:
-        return lines + [not_measured(PROFILE)]
-    return lines + [without_title(profile_markdown)]
+FUSED = "OMP_WAIT_POLICY=PASSIVE python benchmarks/fused_path.py --frames 32 --sizes 16,32"
+
+
+def profile_section(profile_markdown: str | None, fused_markdown: str | None) -> list[str]:
+    """The CPU fast path before/after (fused-path.md) and where a speculative round's time goes next to an AR step
+    (round-profile.md), both without their titles; the analysis is docs/cpu-fast-path.md, written by hand."""
+    lines = ["## The CPU fast path, and where a round's time goes", "",
+             "Why the CPU speed-up stops short of 2x, measured: [cpu-fast-path.md](cpu-fast-path.md).", "",
+             "### Before and after, same run", ""]
+    lines += [without_title(fused_markdown) if fused_markdown else not_measured(FUSED), "",
+              "### Where a round's time goes", ""]
+    return lines + [without_title(profile_markdown) if profile_markdown else not_measured(PROFILE)]
 
 
 def results_markdown(eval_report: dict | None, calibration: dict | None, calibration_path: Path,
@@ -276,7 +282,8 @@ def results_markdown(eval_report: dict | None, calibration: dict | None, calibra
         "acceptance) and for the real 0.6B/1.7B architectures with random weights (latency), see DESIGN section 5.",
         "", *eval_sections(eval_report), "", *calibration_section(calibration, calibration_path), "",
         *bench_section(bench, bench_dir, out), "", *batch_section(batch or {}, bench_dir, out), "",
-        *csm_section(bench_dir / "csm"), "", *profile_section(profile_markdown), "",
+        *csm_section(bench_dir / "csm"), "",
+        *profile_section(profile_markdown, read_text(bench_dir / "fused-path.md")), "",
         *standin_bench_section(standin_bench, bench_dir / "standin", out), ""])
 
 

@@ -202,9 +202,16 @@ class SharedUniformSampler(RoundSampler):
     (lambda: DraftFavouringSampler(lambda p: min(1.0, 2 * p)), True),
     (SharedUniformSampler, True),
 ], ids=["accept-p", "accept-min(1,2p)", "shared-uniform"])
-def test_the_g_test_rejects_biased_rules(sampler, biased, rows):
+def test_the_g_test_rejects_biased_rules(sampler, biased, rows, monkeypatch):
     """The biased rules run inside the real engine (its tree, walk and cache); only the draws change. In a
-    batch, every row must be accepted (unbiased) or rejected (biased) on its own."""
+    batch, every row must be accepted (unbiased) or rejected (biased) on its own. Batches take the device-side
+    walk, which draws for every row at each depth as these samplers expect (the CPU's walk draws for the rows
+    still walking)."""
+    if rows:
+        from rvqspec import decode, drafters
+
+        for module in (decode, drafters):
+            monkeypatch.setattr(module, "static_shapes", lambda device: True)
     torch.manual_seed(0)  # SharedUniformSampler's uniforms
     sampler = sampler()
     drafter = RoundMarker(setup()[0], sampler.start_round)

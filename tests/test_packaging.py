@@ -1,6 +1,7 @@
 """The package installs beside a user's torch with its base dependencies alone (torch, safetensors, numpy: no
 plots, audio, recognisers or progress bars) and decodes a frame from a checkpoint folder."""
 
+import os
 import re
 import subprocess
 import sys
@@ -39,6 +40,7 @@ def test_base_install_decodes_a_frame(tmp_path):
     pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     subprocess.run(pip + [*base, torch_build, "setuptools>=68"], check=True)
     subprocess.run(pip + ["--no-deps", "--no-build-isolation", str(ROOT)], check=True, cwd=tmp_path)
-    done = subprocess.run([python, "-c", SCRIPT], capture_output=True, text=True, cwd=tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # a checkout on PYTHONPATH would win
+    done = subprocess.run([python, "-c", SCRIPT], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr
     assert "decoded" in done.stdout and str(venv) in done.stdout  # the installed copy, not the checkout

@@ -96,6 +96,9 @@ def test_the_policy_picks_the_n_of_most_predicted_frames_per_second():
     assert chosen.choose(16) == 0  # rounds cost 16x at B=16 while AR steps barely grow: AR
     assert chosen.tree_for(16) is None and chosen.tree_for(1).size == chosen.choose(1)
     assert chosen.explain(16).startswith("AR: speculation predicted at best")
+    shown = chosen.explain(16).split("(N=")[1].split(",")[0]  # the measured reason: the round's cost in AR steps
+    assert f"a round of N={shown} costs {chosen.latency.at(16, int(shown)) / chosen.latency.at(16, 0):.2f} AR steps" \
+        in chosen.explain(16)
 
 
 def test_the_policy_chooses_ar_when_nothing_beats_it():

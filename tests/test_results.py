@@ -131,8 +131,13 @@ def test_the_round_profile_is_quoted_without_its_title(tmp_path):
     results.mkdir()
     (results / "round-profile.md").write_text("# Where a speculative round's time goes\n\n| piece | ms |\n")
     text = regenerate(results, tmp_path / "none.json", tmp_path / "RESULTS.md")
-    section = text.split("## Why the CPU speed-up stops short of 2x", 1)[1]
+    section = text.split("## The CPU fast path, and where a round's time goes", 1)[1]
     assert "| piece | ms |" in section and "# Where a speculative" not in section
+    assert "Not yet measured: run `OMP_WAIT_POLICY=PASSIVE python benchmarks/fused_path.py" in section
+    (results / "fused-path.md").write_text("# The CPU fast path: before and after\n\n| setting | N |\n")
+    section = regenerate(results, tmp_path / "none.json", tmp_path / "RESULTS.md").split("## The CPU fast path", 1)[1]
+    assert "| setting | N |" in section and "Not yet measured: run `OMP_WAIT_POLICY=PASSIVE python benchmarks/fused" \
+        not in section
 
 
 def test_standin_bench_gets_its_own_section(tmp_path):

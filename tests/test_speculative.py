@@ -218,8 +218,15 @@ def test_codes_outside_the_target_top_k_top_p_are_never_emitted(sampler):
     assert accepted > len(frames)
 
 
-def test_the_round_reads_the_device_once(monkeypatch):
-    """Item 5: the acceptance walk is the round's only device-to-host read (Python-level reads counted)."""
+@pytest.mark.parametrize("accelerator", [True, False], ids=["accelerator", "cpu"])
+def test_the_round_reads_the_device_once(monkeypatch, accelerator):
+    """Item 5: on an accelerator the acceptance walk is the round's only device-to-host read (Python-level reads
+    counted); the CPU's walk reads the candidates, then each depth it visits (`host_walk`: free on the CPU)."""
+    from rvqspec import drafters
+
+    if accelerator:
+        for module in (decode, drafters):
+            monkeypatch.setattr(module, "static_shapes", lambda device: True)
     m, tree = model(16), default_tree(32)
     h, c0, _ = greedy_reference(16, 1)[0]
     decode_frame(m, h, c0, Sampler(), drafter=ReusedHeads(m), tree=tree)  # builds the plan once
@@ -239,8 +246,12 @@ def test_the_round_reads_the_device_once(monkeypatch):
 
     round_ = decode.speculative_round
     monkeypatch.setattr(decode, "speculative_round", counting_round)
-    decode_frame(m, h, c0, Sampler(), drafter=ReusedHeads(m), tree=tree)
-    assert per_round and set(per_round) == {1}
+    result = decode_frame(m, h, c0, Sampler(), drafter=ReusedHeads(m), tree=tree)
+    if accelerator:
+        assert per_round and set(per_round) == {1}
+    else:  # candidates, one read per visited depth (accepted + 1, or fewer at the frame end), the result
+        assert len(per_round) == len(result.rounds)
+        assert all(reads <= 3 + r.accepted for reads, r in zip(per_round, result.rounds))
 
 
 def test_speculative_input_errors():

@@ -33,10 +33,12 @@ def tiny_csm_config(groups: int = 32, vocab: int = 16, hidden: int = 32, layers:
                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
 
 
-def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float64, std: float = 0.3, **config) -> MultiCodeDecoder:
-    """A random tiny model (`config`: keyword arguments of `tiny_config`), eval mode, weights ~ N(0, std)."""
+def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float64, std: float = 0.3, csm: bool = False,
+               **config) -> MultiCodeDecoder:
+    """A random tiny model (`config`: keyword arguments of `tiny_config`, or of `tiny_csm_config` with csm=True),
+    eval mode, weights ~ N(0, std)."""
     generator = torch.Generator().manual_seed(seed)
-    model = MultiCodeDecoder(tiny_config(**config)).eval()
+    model = MultiCodeDecoder((tiny_csm_config if csm else tiny_config)(**config)).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" not in name:

@@ -1,0 +1,130 @@
+"""The CPU fast path of a cached forward: the decoder layer's elementwise work in a few fused C++ kernels.
+
+A layer's plain forward runs ~50 small ATen ops besides its matmuls (norms with their float32 casts, q/k
+norms, RoPE's chunk/cat/neg, SiLU x up, residual adds, two cache writes). At the 1..65 rows of decoding
+each costs dispatcher overhead, and their cost grows with the rows of a speculative call
+(benchmarks/results/round-profile.md). Here they are 4 kernels per layer (`fused.cpp`): q/k norm + RoPE +
+cache write, SiLU x up, and residual add + the next RMSNorm (twice); the prepacked matmuls and SDPA stay.
+AR and speculative calls take the same path, so AR keeps being our fastest AR.
+
+The kernels are built on first use with torch.utils.cpp_extension (needs ninja, `pip install 'rvqspec[fast]'`,
+and a C++ compiler), compiled for this CPU and cached by torch (~/.cache/torch_extensions). Where they
+cannot be built, decoding takes the plain path after one warning. `RVQSPEC_FUSED=0` (or `enabled(False)`)
+turns the whole CPU fast path off (these kernels, the int8 draft heads of `draft_heads` and the early-stopping
+walk of `host_walk`), e.g. to time the previous engine side by side (benchmarks/fused_path.py).
+"""
+
+import hashlib
+import os
+import platform
+import threading
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+SOURCE = Path(__file__).with_name("fused.cpp")
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+_state = {"enabled": os.environ.get("RVQSPEC_FUSED", "1") != "0", "module": None, "tried": False}
+_lock = threading.Lock()
+
+
+def build_name() -> str:
+    """One build per source, torch and CPU flags: it is compiled with -march=native."""
+    cpu = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "") \
+        if Path("/proc/cpuinfo").exists() else platform.processor()
+    key = SOURCE.read_bytes() + torch.__version__.encode() + cpu.encode()
+    return "rvqspec_fused_" + hashlib.sha256(key).hexdigest()[:12]
+
+
+def cflags() -> list[str]:
+    """For this CPU; on x86 with 512-bit vectors where it has them (gcc prefers 256 by default)."""
+    flags = ["-O3", "-march=native", "-fopenmp-simd"]
+    return flags + ["-mprefer-vector-width=512"] if platform.machine() in ("x86_64", "AMD64") else flags
+
+
+def kernels():
+    """The compiled kernels, or None where they cannot be built (warned about once)."""
+    with _lock:
+        if not _state["tried"]:
+            _state["tried"] = True
+            try:
+                from torch.utils.cpp_extension import load
+                add_ninja_to_path()
+                _state["module"] = load(build_name(), [str(SOURCE)], extra_cflags=cflags(), verbose=False)
+            except Exception as e:  # no ninja, no compiler, a read-only cache...: the plain path still works
+                warnings.warn(f"rvqspec: the fused CPU kernels could not be built ({type(e).__name__}: "
+                              f"{str(e).strip().splitlines()[-1] if str(e).strip() else e}); decoding takes the "
+                              "plain, slower path. Install ninja and a C++ compiler (`pip install 'rvqspec[fast]'`) "
+                              "to get it.", RuntimeWarning, stacklevel=3)
+        return _state["module"]
+
+
+def add_ninja_to_path() -> None:
+    """torch runs `ninja` from PATH; the pip package's binary is not on it when the venv is not activated."""
+    try:
+        import ninja
+    except ImportError:
+        return
+    if ninja.BIN_DIR not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
+@contextmanager
+def enabled(on: bool):
+    """Turn the CPU fast path on or off inside the block (e.g. to time or test the plain path)."""
+    before = _state["enabled"]
+    _state["enabled"] = on
+    try:
+        yield
+    finally:
+        _state["enabled"] = before
+
+
+def on() -> bool:
+    """Whether the CPU fast path is switched on: these kernels, the int8 draft heads and the early-stopping walk."""
+    return _state["enabled"]
+
+
+def path(device: torch.device | str, dtype: torch.dtype) -> str:
+    """Which path a cached inference forward takes on `device` in `dtype`: "fused" or "plain"."""
+    if torch.device(device).type != "cpu" or dtype not in DTYPES or not _state["enabled"]:
+        return "plain"
+    return "fused" if kernels() is not None else "plain"
+
+
+def applies(x: Tensor) -> bool:
+    """Whether model.forward takes the fused path for input `x` (inference on the CPU, kernels built)."""
+    return not torch.is_grad_enabled() and not torch.compiler.is_compiling() and path(x.device, x.dtype) == "fused"
+
+
+def layers(model, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache, slots: Tensor | None) -> Tensor:
+    """model.forward's layer loop and final norm with the fused kernels (same inputs as the plain loop). Without a
+    cache (teacher forcing under no_grad) the K/V go to a cache of the call's own, attended causally."""
+    ops, blocks, eps = kernels(), model.layers, model.config.rms_norm_eps
+    length, d = x.shape[1], cos.shape[-1]
+    causal = cache is None and mask is None
+    if cache is None:
+        cache, slots = model.new_cache(len(x), length), torch.arange(length, device=x.device)
+    cos, sin = cos.reshape(-1, length, d), sin.reshape(-1, length, d)  # [T, D] or [B, 1, T, D] -> [Bc, T, D]
+    h = ops.rms_norm(x, blocks[0].attn_norm.weight, eps)
+    for i, block in enumerate(blocks):
+        attn = block.attn
+        q = ops.qkv_rope(attn.wqkv(h), weight(attn.q_norm), weight(attn.k_norm), cos, sin, eps, attn.heads,
+                         attn.kv_heads, cache.kv[i, 0], cache.kv[i, 1], slots)
+        y = F.scaled_dot_product_attention(q, cache.kv[i, 0], cache.kv[i, 1], attn_mask=mask, is_causal=causal,
+                                           enable_gqa=True)
+        x, h = ops.add_rms_norm(x, attn.wo(y.transpose(1, 2).reshape(*x.shape[:2], -1)), block.mlp_norm.weight, eps)
+        after = blocks[i + 1].attn_norm if i + 1 < len(blocks) else model.norm
+        x, h = ops.add_rms_norm(x, block.mlp.w_down(ops.silu_mul(block.mlp.w_gate_up(h))), after.weight, eps)
+    return h
+
+
+def weight(norm) -> Tensor | None:
+    """A q/k norm's weight; None for layers without one (Llama-style: an Identity), where the kernel applies RoPE
+    alone."""
+    return getattr(norm, "weight", None)

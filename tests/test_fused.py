@@ -1,0 +1,180 @@
+"""The CPU fast path (rvqspec/fused.py, draft_heads.py): which path runs where, and that it computes what the
+plain path does.
+
+Tolerances against the plain path, per dtype (the kernels compute in float32, double for float64, and keep the
+plain path's roundings of the normalised value and of the residual stream, but not those inside RoPE and SiLU):
+float64 1e-6 (upstream's RMSNorm normalises in float32 in every dtype, so both paths carry float32 roundings
+that differ by summation order), float32 1e-5, bfloat16 within 2 ulp (relative 2 * 2^-8) elementwise on
+kernel outputs and 2e-2 relative on a whole forward. Greedy codes are identical to AR in float64 on the fused
+path (tests/test_speculative.py runs every drafter and tree there; here it is asserted that it is the fused path).
+"""
+
+import warnings
+
+import pytest
+import torch
+
+from rvqspec import draft_heads, fused
+from rvqspec.decode import decode_frame, decode_frames
+from rvqspec.drafters import Offsets, ReusedHeads
+from rvqspec.model import RMSNorm, rotate_half
+from rvqspec.sampling import Sampler
+from rvqspec.tree import default_tree
+from tiny import random_frames, random_offsets, tiny_model
+
+TOLERANCE = {torch.float64: dict(rtol=1e-6, atol=1e-6), torch.float32: dict(rtol=1e-5, atol=1e-5),
+             torch.bfloat16: dict(rtol=2 ** -7, atol=2 ** -7)}
+GREEDY = Sampler(do_sample=False)
+
+
+def test_the_cpu_takes_the_fused_path_and_accelerators_the_plain_one():
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        assert fused.path("cpu", dtype) == "fused"
+        assert fused.path("cuda", dtype) == "plain"
+    with fused.enabled(False):
+        assert fused.path("cpu", torch.bfloat16) == "plain"
+    cpu = torch.zeros(2, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        assert fused.applies(cpu) and draft_heads.applies(cpu)
+        assert not draft_heads.applies(cpu.float()) and not draft_heads.applies(cpu.double())  # int8: bfloat16 only
+    with torch.enable_grad():
+        assert not fused.applies(cpu.float()) and not draft_heads.applies(cpu)  # training keeps the plain path
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+def test_each_kernel_matches_the_plain_ops(dtype):
+    ops, tol = fused.kernels(), TOLERANCE[dtype]
+    g = torch.Generator().manual_seed(0)
+    x, delta = (torch.randn(2, 5, 64, generator=g).to(dtype) * 3 for _ in range(2))
+    norm = RMSNorm(64, 1e-6).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(64, generator=g) + 0.5)
+    torch.testing.assert_close(ops.rms_norm(x, norm.weight, 1e-6), norm(x), **tol)
+    total, normed = ops.add_rms_norm(x, delta, norm.weight, 1e-6)
+    assert torch.equal(total, x + delta)  # the residual stream is rounded exactly as the plain add
+    torch.testing.assert_close(normed, norm(x + delta), **tol)
+    gate_up = torch.randn(2, 5, 2 * 48, generator=g).to(dtype) * 4
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(ops.silu_mul(gate_up), torch.nn.functional.silu(gate) * up, **tol)
+
+
+@pytest.mark.parametrize("with_norms", [True, False], ids=["qk-norm", "no-qk-norm"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+def test_qk_norm_rope_and_cache_write_match_the_plain_ops(dtype, with_norms):
+    """Per-row positions (a batch), GQA head counts and scattered cache slots; without q/k norms (Llama-style
+    layers) the kernel applies RoPE alone."""
+    model = tiny_model(seed=1, dtype=dtype)
+    attn, (batch, length, d) = model.layers[0].attn, (3, 4, model.config.head_dim)
+    g = torch.Generator().manual_seed(2)
+    qkv = torch.randn(batch, length, (attn.heads + 2 * attn.kv_heads) * d, generator=g).to(dtype)
+    positions = torch.randint(0, 20, (batch, length), generator=g)
+    cos, sin = model.rope(positions, dtype)  # [B, 1, T, D]
+    slots = torch.tensor([7, 2, 9, 4])
+    cache = model.new_cache(batch, 12)
+    q_w, k_w = (attn.q_norm.weight, attn.k_norm.weight) if with_norms else (None, None)
+    q = fused.kernels().qkv_rope(qkv, q_w, k_w, cos.reshape(batch, length, d), sin.reshape(batch, length, d), 1e-6,
+                                 attn.heads, attn.kv_heads, cache.kv[0, 0], cache.kv[0, 1], slots)
+    pq, pk, pv = qkv.split([attn.heads * d, attn.kv_heads * d, attn.kv_heads * d], dim=-1)
+    pq, pk = pq.view(batch, length, -1, d), pk.view(batch, length, -1, d)
+    if with_norms:
+        pq, pk = attn.q_norm(pq), attn.k_norm(pk)
+    pq, pk = pq.transpose(1, 2), pk.transpose(1, 2)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(q, pq * cos + rotate_half(pq) * sin, **tol)
+    torch.testing.assert_close(cache.kv[0, 0][:, :, slots], pk * cos + rotate_half(pk) * sin, **tol)
+    assert torch.equal(cache.kv[0, 1][:, :, slots], pv.view(batch, length, -1, d).transpose(1, 2))
+    untouched = torch.ones(12, dtype=torch.bool)
+    untouched[slots] = False
+    assert not cache.kv[:, :, :, :, untouched].any() and not cache.kv[1:].any()
+
+
+@pytest.mark.parametrize("csm", [False, True], ids=["qwen3-tts", "csm"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_a_cached_forward_matches_the_plain_path(dtype, csm):
+    """A speculative-shaped call (per-row positions and tree masks) over a filled cache: hidden states and every
+    cache entry; Qwen3 layers, and CSM's Llama layers (no q/k norms, llama3 RoPE)."""
+    model = tiny_model(seed=5, dtype=dtype, talker_hidden=24, csm=csm)
+    g = torch.Generator().manual_seed(6)
+    batch, length, slots = 2, 5, 16 + 5
+    x = torch.randn(batch, length, model.config.hidden_size, generator=g).to(dtype)
+    positions = torch.tensor([[3, 4, 4, 5, 5], [6, 7, 7, 8, 8]])
+    mask = torch.rand(batch, length, slots, generator=g) < 0.6
+    mask[:, :, 0] = True
+    caches = [model.new_cache(batch, slots) for _ in range(2)]
+    filled = torch.randn(caches[0].kv.shape, generator=g).to(dtype)
+    with torch.inference_mode():
+        for cache in caches:
+            cache.kv.copy_(filled)
+        with fused.enabled(False):
+            plain = model(x, positions, mask, caches[0], torch.arange(16, 21))
+        fast = model(x, positions, mask, caches[1], torch.arange(16, 21))
+    if dtype in (torch.bfloat16, torch.float16):  # roundings inside the layers compound: compare relatively
+        assert ((fast.float() - plain.float()).norm() / plain.float().norm()) < 2e-2
+        assert ((caches[1].kv.float() - caches[0].kv.float()).norm() / caches[0].kv.float().norm()) < 2e-2
+    else:
+        torch.testing.assert_close(fast, plain, **TOLERANCE[dtype])
+        torch.testing.assert_close(caches[1].kv, caches[0].kv, **TOLERANCE[dtype])
+
+
+def test_greedy_codes_in_float64_are_the_plain_paths_and_ar_ones():
+    """Fused AR = plain AR = fused speculative (batches included), greedy, float64."""
+    model = tiny_model(seed=7, groups=16)
+    frames = random_frames(model, 12, seed=8)
+    hidden, c0 = torch.stack([h for h, _ in frames]), torch.tensor([c for _, c in frames])
+    assert fused.path(model.device, model.dtype) == "fused"
+    with fused.enabled(False):
+        plain = decode_frames(model, hidden, c0, GREEDY).codes
+    assert torch.equal(decode_frames(model, hidden, c0, GREEDY).codes, plain)
+    for drafter in (ReusedHeads(model), random_offsets(model, 3, seed=9)):
+        assert torch.equal(decode_frames(model, hidden, c0, GREEDY, drafter=drafter, tree=default_tree(16)).codes,
+                           plain)
+
+
+def test_int8_draft_heads_rank_like_the_exact_ones():
+    """Quantisation error within half a step per weight (plus the scale's rounding to bfloat16); drafts (top candidates) as the exact heads' in nearly every
+    row (bfloat16, the dtype they are used in)."""
+    model = tiny_model(seed=10, vocab=64, hidden=64, dtype=torch.bfloat16)
+    for head, (q, scale) in zip(model.heads, draft_heads.quantized(model)):
+        assert ((q.float() * scale[:, None].float() - head.float()).abs() <= scale[:, None].float() * (0.5 + 127 * 2 ** -8)).all()  # + the bf16 scale
+    hidden = torch.randn(200, 64, generator=torch.Generator().manual_seed(11)).to(torch.bfloat16)
+    drafter = Offsets.for_model(model)
+    with torch.inference_mode():
+        fast = drafter.candidates(model, hidden, [3] * 200, 3, 2)
+        exact = drafter.logits(model, hidden, [3] * 200, 3).topk(2, dim=-1).indices
+    assert (fast == exact).float().mean() > 0.95
+    with torch.no_grad():
+        model.heads.mul_(2)  # an in-place change re-quantises
+    assert torch.equal(draft_heads.quantized(model)[0][0], draft_heads.quantize(model.heads[0])[0])
+
+
+def test_without_the_extension_decoding_warns_once_and_takes_the_plain_path(monkeypatch):
+    import torch.utils.cpp_extension as cpp_extension
+
+    def no_build(*args, **kwargs):
+        raise RuntimeError("Ninja is required to load C++ extensions")
+
+    monkeypatch.setattr(fused, "_state", {"enabled": True, "module": None, "tried": False})
+    monkeypatch.setattr(cpp_extension, "load", no_build)
+    model = tiny_model(seed=12)
+    h, c0 = random_frames(model, 1, seed=13)[0]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert fused.path("cpu", torch.float64) == "plain" and fused.path("cpu", torch.float32) == "plain"
+        codes = decode_frame(model, h, c0, GREEDY, drafter=ReusedHeads(model), tree=default_tree(8)).codes
+    messages = [str(w.message) for w in caught if "fused CPU kernels" in str(w.message)]
+    assert len(messages) == 1 and "Ninja is required" in messages[0] and "plain" in messages[0]
+    assert torch.equal(codes, decode_frame(model, h, c0, GREEDY).codes)
+
+
+def test_teacher_forcing_without_a_cache_takes_the_fused_path_under_no_grad_only():
+    model = tiny_model(seed=14, dtype=torch.float32)
+    h, c0 = random_frames(model, 1, seed=15)[0]
+    codes = torch.cat([torch.tensor([c0]), decode_frame(model, h, c0, GREEDY).codes])[None]
+    with torch.no_grad():
+        fast = model.teacher_forced_hidden(h[None], codes)
+        with fused.enabled(False):
+            plain = model.teacher_forced_hidden(h[None], codes)
+    torch.testing.assert_close(fast, plain, **TOLERANCE[torch.float32])
+    trained = model.teacher_forced_hidden(h[None], codes)  # grad enabled: the plain path, differentiable
+    assert trained.grad_fn is not None
+    torch.testing.assert_close(trained.detach(), plain, rtol=0, atol=0)
