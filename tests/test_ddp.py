@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -22,7 +23,14 @@ def test_two_processes_reach_the_same_offsets_as_one(tmp_path):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                "-m", "rvqspec.cli", "train-offsets", "--out", tmp_path / "ddp", *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}  # a crashing rank prints its Python stack
-    done = subprocess.run([str(a) for a in command], env=env, capture_output=True, text=True, timeout=300)
+    for attempt in range(2):
+        done = subprocess.run([str(a) for a in command], env=env, capture_output=True, text=True, timeout=300)
+        # Under load a rank occasionally dies in C++ with this message and no Python error (seen in ~1 of 8 runs, not
+        # root-caused: see the 2026-11-30 closing note); one retry, from scratch, for that signature only.
+        if done.returncode == 0 or not done.stderr.startswith("terminate called without an active exception"):
+            break
+        print(f"attempt {attempt + 1}: a rank aborted ({done.stderr[:200]!r}); retrying once")
+        shutil.rmtree(tmp_path / "ddp", ignore_errors=True)
     assert done.returncode == 0, done.stderr[:3000]
     ddp = json.loads((tmp_path / "ddp" / "metrics.json").read_text())
     assert ddp["world_size"] == 2 and single["world_size"] == 1
