@@ -27,7 +27,7 @@ def test_two_processes_reach_the_same_offsets_as_one(tmp_path):
         done = subprocess.run([str(a) for a in command], env=env, capture_output=True, text=True, timeout=300)
         # Under load a rank occasionally dies in C++ with this message and no Python error (seen in ~1 of 8 runs, not
         # root-caused: see the 2026-11-30 closing note); one retry, from scratch, for that signature only.
-        if done.returncode == 0 or not done.stderr.startswith("terminate called without an active exception"):
+        if done.returncode == 0 or "terminate called without an active exception" not in done.stderr:
             break
         print(f"attempt {attempt + 1}: a rank aborted ({done.stderr[:200]!r}); retrying once")
         shutil.rmtree(tmp_path / "ddp", ignore_errors=True)
