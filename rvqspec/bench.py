@@ -29,7 +29,7 @@ from rvqspec.bench_report import batch_markdown, batch_plot, markdown, plot
 from rvqspec.config import ARCHITECTURES as ARCHS
 from rvqspec.config import QWEN3_TTS_0_6B
 from rvqspec.controlled import (PAPER_ACCEPTANCE, ControlledPredictor, calibrate_strength, controlled_predictor,
-                                decode_controlled, paper_round_acceptance, round_acceptance)
+                                paper_round_acceptance, round_acceptance)
 from rvqspec.decode import decode_frame
 from rvqspec.device_file import update_device_file
 from rvqspec.drafters import ReusedHeads
@@ -71,21 +71,24 @@ def frame_speedup(model: MultiCodeDecoder, drafter, tree: Tree, frames: list, sa
                   seed: int = 0) -> dict:
     """Decode each frame AR and speculative (full `decode_frame`, which goes first alternates); medians of
     per-frame times, tokens/step. The speculative decodes draw from their own generator seeded `seed`, as
-    `rvqspec.controlled.tokens_per_step` does: on the same frames they repeat its draws."""
+    `rvqspec.controlled.tokens_per_step` does: on the same frames they repeat its draws (and its acceptance)."""
     decode_frame(model, *frames[0], sampler, drafter=drafter, tree=tree)  # warm-up: plan, packs
     generators = {False: torch.Generator(model.device).manual_seed(seed + 1),
                   True: torch.Generator(model.device).manual_seed(seed)}
     times: dict = {"ar": [], "spec": []}
-    calls = 0
+    speculative = []
     for i, (h, c0) in enumerate(frames):
         for spec in (False, True) if i % 2 == 0 else (True, False):
             start = clocks(model.device)
             result = decode_frame(model, h, c0, sampler, generators[spec], drafter=drafter if spec else None,
                                   tree=tree if spec else None)
             times["spec" if spec else "ar"].append(elapsed_ms(start, model.device))
-            calls += result.calls if spec else 0
+            if spec:
+                speculative.append(result)
     ar_ms, spec_ms = medians(times["ar"]), medians(times["spec"])
-    return {"frames": len(frames), "tokens_per_step": len(frames) * model.config.num_residual_codes / calls,
+    calls, last = sum(result.calls for result in speculative), model.config.num_residual_codes
+    return {"frames": len(frames), "tokens_per_step": len(frames) * last / calls,
+            "round_acceptance": round_acceptance(speculative, tree, last),
             "calls_per_frame": calls / len(frames), "ar_frame": ar_ms, "spec_frame": spec_ms,
             "realized_speedup": ar_ms["wall_ms"] / spec_ms["wall_ms"],
             "realized_speedup_cpu": ar_ms["cpu_ms"] / spec_ms["cpu_ms"]}
@@ -107,8 +110,7 @@ def controlled_runs(predictor: ControlledPredictor, latency: dict, trees: dict[i
     behind it."""
     drafter, rows = ReusedHeads(predictor.model), []
     frames = predictor.frames(plan.frames, seed=1)
-    last = predictor.model.config.num_residual_codes
-    paper_length = last == QWEN3_TTS_0_6B.num_residual_codes
+    paper_length = predictor.model.config.num_residual_codes == QWEN3_TTS_0_6B.num_residual_codes
     for n in plan.controlled_sizes:
         if n not in trees:
             continue
@@ -121,18 +123,13 @@ def controlled_runs(predictor: ControlledPredictor, latency: dict, trees: dict[i
                 f"{metric.replace('_', ' ')} (target {target:.3f})")
         strength, calibrated, _ = strengths[n]
         predictor.set_strength(strength)
-        acceptance = calibrated if not paper_length else None
-        if paper_length and any(ARCHS[arch].num_residual_codes != last for arch in plan.archs):  # a reference
-            acceptance = round_acceptance(decode_controlled(predictor, trees[n], frames, sampler), trees[n], last)
-        run = frame_speedup(predictor.model, drafter, trees[n], frames, sampler)
+        run = frame_speedup(predictor.model, drafter, trees[n], frames, sampler)  # also the rows' round acceptance
         overhead = latency["spec"][n]["overhead"]
         rows.append({"tree_size": n, "target": {"metric": metric, "value": target}, "strength": strength,
-                     "round_acceptance": acceptance, "calibrated": calibrated,
-                     "target_tokens_per_step": PAPER_ACCEPTANCE[n] if paper_length else None,
+                     "calibrated": calibrated, "target_tokens_per_step": PAPER_ACCEPTANCE[n] if paper_length else None,
                      **run, "overhead": overhead, "predicted_speedup": predicted(run["tokens_per_step"], overhead)})
-        accepted = f" ({acceptance:.3f} accepted per round)" if acceptance is not None else ""
-        log(f"    N={n}: {run['tokens_per_step']:.3f} tokens/step{accepted}, realized "
-            f"{run['realized_speedup']:.2f}x (cpu {run['realized_speedup_cpu']:.2f}x), predicted "
+        log(f"    N={n}: {run['tokens_per_step']:.3f} tokens/step ({run['round_acceptance']:.3f} accepted per round), "
+            f"realized {run['realized_speedup']:.2f}x (cpu {run['realized_speedup_cpu']:.2f}x), predicted "
             f"{rows[-1]['predicted_speedup']:.2f}x")
     return rows
 

@@ -190,6 +190,7 @@ def test_csm_runs_at_the_per_round_acceptance_of_the_paper_model():
     (paper,), (csm,) = (s["controlled"] for s in report["settings"])
     assert paper["target"] == {"metric": "tokens_per_step", "value": 2.47} and csm["calls_per_frame"] > 1
     assert csm["target"] == {"metric": "round_acceptance", "value": paper["round_acceptance"]}
+    assert csm["round_acceptance"] == csm["calibrated"]  # timed on the bisection's frames and draws
     assert csm["round_acceptance"] == pytest.approx(paper["round_acceptance"], abs=0.25)
     assert csm["tokens_per_step"] == pytest.approx(31 / csm["calls_per_frame"])
     assert report["csm_at_paper_acceptance"]["speedup"] == csm["realized_speedup"]
