@@ -143,14 +143,29 @@ def audio_with_transcripts(folder: str | Path) -> list[tuple[Path, str]]:
     return [(p, p.with_suffix(".txt").read_text(encoding="utf-8").strip()) for p in files]
 
 
+def load_recording(path: Path, sample_rate: int | None = None):
+    """(mono waveform, its sample rate), resampled to `sample_rate` if given; an undecodable file is named (the
+    corpus being written is then not finished: its writer aborts)."""
+    import librosa
+
+    try:
+        return librosa.load(path, sr=sample_rate, mono=True)
+    except Exception as e:  # decoders raise many types
+        raise RvqspecError(f"{path} cannot be decoded as audio ({type(e).__name__}): convert it to wav, or "
+                           "remove it and its transcript") from None
+
+
+def utterance_id(path: Path, folder: str | Path) -> str:
+    """A recording's corpus id: its path under the audio folder, without suffix."""
+    return path.relative_to(folder).with_suffix("").as_posix()
+
+
 def corpus_from_audio(tts, folder: str | Path, out: str | Path, language: str = "Auto", speaker: str | None = None,
                       instruct: str | None = None, hidden_dtype: torch.dtype = torch.float16,
                       overwrite: bool = False, meta: dict | None = None) -> dict:
     """Write a code corpus from the audio under `folder`: per frame, the 12 Hz codes of the recording and
     the talker's hidden state for them under teacher forcing, conditioned as `generate_speech` would be
     (a Base model is conditioned on each recording's own x-vector)."""
-    import librosa
-
     from rvqspec.corpus import CorpusWriter
     from rvqspec.integrations.qwen_tts import talker_prompt, teacher_forced_hidden
 
@@ -161,17 +176,12 @@ def corpus_from_audio(tts, folder: str | Path, out: str | Path, language: str = 
     with CorpusWriter(out, talker.config.hidden_size, talker.config.num_code_groups, hidden_dtype=hidden_dtype,
                       meta=meta, overwrite=overwrite) as writer:
         for path, text in items:
-            try:
-                wav, sample_rate = librosa.load(path, sr=None, mono=True)
-            except Exception as e:  # decoders raise many types; the corpus is not written (the writer aborts)
-                raise RvqspecError(f"{path} cannot be decoded as audio ({type(e).__name__}): convert it to wav, or "
-                                   "remove it and its transcript") from None
+            wav, sample_rate = load_recording(path)
             codes = tts.model.speech_tokenizer.encode(wav, sr=sample_rate).audio_codes[0]
             prompt = talker_prompt(tts, text, language=language, speaker=speaker, instruct=instruct,
                                    ref_audio=(wav, sample_rate))
             hidden = teacher_forced_hidden(talker, prompt, codes)
-            utterance = path.relative_to(folder).with_suffix("").as_posix()
-            writer.add(utterance, language.lower(), codes.cpu(), hidden.float().cpu())
+            writer.add(utterance_id(path, folder), language.lower(), codes.cpu(), hidden.float().cpu())
             frames += len(codes)
     return {"out": str(out), "utterances": len(items), "frames": frames}
 
@@ -198,7 +208,9 @@ def csm_corpus_from_audio(args, folder: Path, recordings: list[tuple[Path, str]]
     except (OSError, ValueError, KeyError, ImportError) as e:
         raise RvqspecError(f"transformers cannot load the CSM model and processor in {folder} ({type(e).__name__}: "
                            f"{e}): pass a complete CSM checkpoint folder (e.g. sesame/csm-1b)") from None
-    items = csm.audio_items(model, processor, recordings, Path(args.audio), args.speaker or "0", args.language.lower())
+    rate = processor.feature_extractor.sampling_rate
+    loaded = ((utterance_id(path, args.audio), text, load_recording(path, rate)[0]) for path, text in recordings)
+    items = csm.audio_items(model, processor, loaded, args.speaker or "0", args.language.lower())
     return csm.corpus_from_codes(model, items, args.out, resolve_dtype(args.hidden_dtype), args.overwrite,
                                  meta={"model": args.model, "speaker": args.speaker or "0"})
 

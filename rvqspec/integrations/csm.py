@@ -133,23 +133,12 @@ def corpus_from_codes(model, items, out: str | Path, hidden_dtype: torch.dtype =
     return {"out": str(out), "utterances": utterances, "frames": frames}
 
 
-def audio_items(model, processor, recordings: list[tuple[Path, str]], folder: Path, speaker: str, language: str):
-    """(id, language, text ids, codes [T, G]) per recording: "[speaker]transcript" tokenized by the processor,
-    the audio at the codec's rate encoded by the model's own Mimi codec."""
-    import librosa
-
-    from rvqspec.errors import RvqspecError
-
-    rate = processor.feature_extractor.sampling_rate
-    for path, text in recordings:
-        try:
-            wav, _ = librosa.load(path, sr=rate, mono=True)
-        except Exception as e:  # decoders raise many types; the corpus is not written (the writer aborts)
-            raise RvqspecError(f"{path} cannot be decoded as audio ({type(e).__name__}): convert it to wav, or "
-                               "remove it and its transcript") from None
-        weight = model.depth_decoder.codebooks_head.weight
+def audio_items(model, processor, recordings, speaker: str, language: str):
+    """(id, language, text ids, codes [T, G]) per recording (id, transcript, waveform at the codec's rate):
+    "[speaker]transcript" tokenized by the processor, the audio encoded by the model's own Mimi codec."""
+    weight = model.depth_decoder.codebooks_head.weight
+    for utterance, text, wav in recordings:
         with torch.inference_mode():
             codes = model.codec_model.encode(torch.tensor(wav)[None, None].to(weight.device, weight.dtype)).audio_codes
         text_ids = torch.tensor(processor(text=f"[{speaker}]{text}", add_special_tokens=True)["input_ids"][0])
-        yield (path.relative_to(folder).with_suffix("").as_posix(), language, text_ids,
-               codes[0, :model.config.num_codebooks].T)
+        yield utterance, language, text_ids, codes[0, :model.config.num_codebooks].T
