@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps $(QWEN_TTS)
 	# Build the CPU fast path's kernels now (~30 s, cached by torch) rather than in the first decode; where they
 	# cannot be built this warns and decoding takes the plain path.
-	$(PY) -c "from rvqspec import fused; fused.kernels()"
+	$(PY) -c "from rvqspec.engine import fused; fused.kernels()"
 	touch $@
 
 # Passive OpenMP workers: spinning ones make a 2-thread run ~10x slower when other jobs share the cores.

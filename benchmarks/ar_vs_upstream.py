@@ -23,12 +23,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the upstream model builder shared with the parity tests
 
+from helpers.upstream_models import upstream_generate, upstream_model_like  # noqa: E402
+
 import rvqspec  # noqa: E402
-from rvqspec.checkpoint import atomic_write, save_json  # noqa: E402
-from rvqspec.decode import autoregressive_step, prefill  # noqa: E402
-from rvqspec.inspect_cmd import parameter_counts  # noqa: E402
+from rvqspec.cli.inspect import parameter_counts  # noqa: E402
+from rvqspec.engine.checkpoint import atomic_write, save_json  # noqa: E402
+from rvqspec.engine.decode import autoregressive_step, prefill  # noqa: E402
 from rvqspec.integrations.qwen_tts import predictor_from_upstream  # noqa: E402
-from upstream_models import upstream_generate, upstream_model_like  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 SAMPLER = rvqspec.Sampler()  # deployed subtalker defaults: do_sample, temperature 0.9, top-k 50, top-p 1.0

@@ -2,7 +2,7 @@
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/compiled_frames.py [--arch 0.6b] [--dtype bfloat16] [--size 32]
 
-The real architecture with acceptance controlled to the paper's tokens/step at N (`rvqspec.controlled`),
+The real architecture with acceptance controlled to the paper's tokens/step at N (`rvqspec.bench.controlled`),
 ReusedHeads drafts, deployed sampler. Compiled = `torch.compile(model, dynamic=False)` with inductor freezing
 (weights become constants, prepacked for oneDNN); `decode_frame` takes the compiled module as it is (attribute
 access falls through to the model), so only the forward is compiled: drafts, heads, sampling and the tree walk
@@ -18,14 +18,14 @@ from pathlib import Path
 import torch
 import torch._inductor.config as inductor_config
 
-from rvqspec.bench import ARCHS
-from rvqspec.checkpoint import atomic_write, save_json
-from rvqspec.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor
-from rvqspec.decode import decode_frame
-from rvqspec.drafters import ReusedHeads
-from rvqspec.sampling import Sampler
-from rvqspec.timing import clocks, elapsed_ms, machine
-from rvqspec.tree import default_tree
+from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor
+from rvqspec.bench.one_stream import ARCHS
+from rvqspec.bench.timing import clocks, elapsed_ms, machine
+from rvqspec.engine.checkpoint import atomic_write, save_json
+from rvqspec.engine.decode import decode_frame
+from rvqspec.engine.drafters import ReusedHeads
+from rvqspec.engine.sampling import Sampler
+from rvqspec.engine.tree import default_tree
 
 WAYS = ("eager AR", "eager spec", "compiled AR", "compiled spec")
 

@@ -2,7 +2,7 @@
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/draft_depth.py [--dtype bfloat16] [--threads 1] [--size 32]
 
-Real architectures (random layers), acceptance-controlled heads (`rvqspec.controlled`) with ReusedHeads drafts.
+Real architectures (random layers), acceptance-controlled heads (`rvqspec.bench.controlled`) with ReusedHeads drafts.
 The peak strength is bisected once per architecture at K = 3: the 0.6B to the paper's tokens/step at N, CSM to
 the drafts accepted per round that the 0.6B shows there (as `rvqspec bench` does). It is then held fixed, so
 every draft is as likely to be right as in the paper's setting, and only the tree changes: default_tree(N,
@@ -10,8 +10,8 @@ depth=K) for each K, N nodes either way. Whole frames are decoded AR and specula
 frames), realized = median AR frame / median speculative frame. Caveat: a controlled draft is as likely right at
 depth 5 as at depth 1 (it repeats the previous code); real drafts get worse with depth, so deeper K gains less
 on real weights than here. A second table therefore predicts each K with drafts that decay: the prior profile
-a[d][r] = p0 * 0.45**r * 0.9**d (`rvqspec.tree.prior_acceptance`), p0 set so that the 0.6B makes the paper's
-tokens/step at K = 3, expected calls from `rvqspec.policy.calls_distribution`, and each K's measured cost per
+a[d][r] = p0 * 0.45**r * 0.9**d (`rvqspec.engine.tree.prior_acceptance`), p0 set so that the 0.6B makes the paper's
+tokens/step at K = 3, expected calls from `rvqspec.engine.policy.calls_distribution`, and each K's measured cost per
 call (speculative frame ms / calls per frame). Writes benchmarks/results/csm/draft-depth.{json,md}.
 """
 
@@ -21,15 +21,15 @@ from pathlib import Path
 
 import torch
 
-from rvqspec.bench import ARCHS, frame_speedup
-from rvqspec.checkpoint import atomic_write, save_json
-from rvqspec.controlled import (PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor, decode_controlled,
-                                round_acceptance)
-from rvqspec.drafters import ReusedHeads
-from rvqspec.policy import calls_distribution, expected_calls, uniform_acceptance
-from rvqspec.sampling import Sampler
-from rvqspec.timing import machine
-from rvqspec.tree import default_tree, prior_acceptance
+from rvqspec.bench.controlled import (PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor, decode_controlled,
+                                      round_acceptance)
+from rvqspec.bench.one_stream import ARCHS, frame_speedup
+from rvqspec.bench.timing import machine
+from rvqspec.engine.checkpoint import atomic_write, save_json
+from rvqspec.engine.drafters import ReusedHeads
+from rvqspec.engine.policy import calls_distribution, expected_calls, uniform_acceptance
+from rvqspec.engine.sampling import Sampler
+from rvqspec.engine.tree import default_tree, prior_acceptance
 
 DEPTH_DECAY = 0.9  # the prior's: a draft one depth further is right 0.9 times as often
 

@@ -2,10 +2,10 @@
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/fused_path.py [--frames 16] [--sizes 32] [--dtypes bfloat16,float32]
 
-"Before" is `rvqspec.fused.enabled(False)`: the plain layer ops, exact draft heads and the walk over every
+"Before" is `rvqspec.engine.fused.enabled(False)`: the plain layer ops, exact draft heads and the walk over every
 reachable depth (the engine as it was); "after" is the default: fused kernels (rvqspec/fused.py), int8 draft
 heads (draft_heads.py), the early-stopping CPU walk (host_walk.py). On the real 0.6B architecture (random
-layers, heads peaked so that N=32 accepts the paper's 2.47 tokens/step, N=16 2.25; `rvqspec.controlled`), the
+layers, heads peaked so that N=32 accepts the paper's 2.47 tokens/step, N=16 2.25; `rvqspec.bench.controlled`), the
 deployed sampler, ReusedHeads drafts. Per frame the four decodes (AR / speculative x before / after) run back
 to back in a rotating order; medians over frames. Writes fused-path.{json,md}.
 """
@@ -17,15 +17,15 @@ from pathlib import Path
 
 import torch
 
-from rvqspec import fused
-from rvqspec.bench import ARCHS
-from rvqspec.checkpoint import atomic_write, save_json
-from rvqspec.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor
-from rvqspec.decode import decode_frame
-from rvqspec.drafters import ReusedHeads
-from rvqspec.sampling import Sampler
-from rvqspec.timing import clocks, elapsed_ms, machine
-from rvqspec.tree import default_tree
+from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor
+from rvqspec.bench.one_stream import ARCHS
+from rvqspec.bench.timing import clocks, elapsed_ms, machine
+from rvqspec.engine import fused
+from rvqspec.engine.checkpoint import atomic_write, save_json
+from rvqspec.engine.decode import decode_frame
+from rvqspec.engine.drafters import ReusedHeads
+from rvqspec.engine.sampling import Sampler
+from rvqspec.engine.tree import default_tree
 
 MODES = [("ar", False), ("ar", True), ("spec", False), ("spec", True)]  # (kind, fast path on)
 

@@ -23,10 +23,10 @@ LOG=$OUT/gpu-check.log
       tests/test_properties.py tests/test_policy.py tests/test_model.py tests/test_tree.py tests/test_drafters.py \
       tests/test_csm.py
   echo "== rvqspec bench --batch (GPU)"
-  $PY -m rvqspec.cli bench --batch 1,2,4,8,16 --device cuda --dtype bfloat16,float32 --threads 1 --out "$OUT"
+  $PY -m rvqspec.cli.main bench --batch 1,2,4,8,16 --device cuda --dtype bfloat16,float32 --threads 1 --out "$OUT"
   echo "== rvqspec bench (GPU)"
-  $PY -m rvqspec.cli bench --archs 0.6b --device cuda --dtype bfloat16,float32 --threads 1 --out "$OUT"
+  $PY -m rvqspec.cli.main bench --archs 0.6b --device cuda --dtype bfloat16,float32 --threads 1 --out "$OUT"
   echo "== rvqspec bench --archs 0.6b,csm-1b (GPU)"
-  $PY -m rvqspec.cli bench --archs 0.6b,csm-1b --quick --device cuda --dtype bfloat16 --threads 1 --no-device-file \
+  $PY -m rvqspec.cli.main bench --archs 0.6b,csm-1b --quick --device cuda --dtype bfloat16 --threads 1 --no-device-file \
       --out "$OUT/csm"
 } 2>&1 | tee "$LOG"

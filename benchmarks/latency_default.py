@@ -1,5 +1,5 @@
 """Write the decoding policy's built-in latency tables (rvqspec/latency_default.json) from `rvqspec bench --batch`
-reports: the tables a machine that has not run the bench falls back on (with a larger margin, see rvqspec.policy).
+reports: the tables a machine that has not run the bench falls back on (with a larger margin, see rvqspec.engine.policy).
 
     python benchmarks/latency_default.py benchmarks/results/bench-batch.json benchmarks/results/gpu/bench-batch.json
 """
@@ -8,9 +8,9 @@ import argparse
 import json
 from pathlib import Path
 
-from rvqspec.bench_batch import latency_entries
-from rvqspec.checkpoint import save_json
-from rvqspec.policy import DEFAULT_TABLES
+from rvqspec.bench.batched import latency_entries
+from rvqspec.engine.checkpoint import save_json
+from rvqspec.engine.policy import DEFAULT_TABLES
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""`rvqspec results`: regenerate docs/RESULTS.md from the measured outputs, next to the paper's figures.
+"""`python benchmarks/make_results.py`: regenerate docs/RESULTS.md from the measured outputs, next to the paper's figures.
 
 JSON in, Markdown out; nothing is measured here and no figure is typed in by hand except the paper's.
 Inputs (a missing one leaves its section saying which command measures it):
@@ -16,15 +16,17 @@ Inputs (a missing one leaves its section saying which command measures it):
 
 import json
 import os
+import sys
 from pathlib import Path
 
-from rvqspec import flags
-from rvqspec.checkpoint import atomic_write, relative_path
-from rvqspec.errors import RvqspecError
+from rvqspec.cli import flags
+from rvqspec.cli.main import Parser, UsageError, one_line
+from rvqspec.engine.checkpoint import atomic_write, relative_path
+from rvqspec.engine.errors import RvqspecError
 
 RESULTS_DIR = Path("benchmarks/results")
 OUT = Path("docs/RESULTS.md")
-COMMAND = "rvqspec results"
+COMMAND = "python benchmarks/make_results.py"
 STANDIN_BENCH = ("OMP_WAIT_POLICY=PASSIVE nice -n 10 rvqspec bench --archs '' --model rvqspec/standin/assets/model "
                  "--calibration rvqspec/standin/assets/trees --out benchmarks/results/standin --no-device-file "
                  "--rounds 200")
@@ -64,7 +66,8 @@ def not_measured(command: str) -> str:
 
 
 def eval_sections(report: dict | None) -> list[str]:
-    from rvqspec.eval import PAPER_TABLE2, PAPER_TABLE3, distribution_markdown, table2_markdown, table3_markdown
+    from rvqspec.standin.evaluate import (PAPER_TABLE2, PAPER_TABLE3, distribution_markdown, table2_markdown,
+                                          table3_markdown)
 
     if report is None:
         missing = not_measured("nice -n 10 rvqspec eval")
@@ -88,7 +91,7 @@ def eval_sections(report: dict | None) -> list[str]:
 
 
 def calibration_section(report: dict | None, path: Path) -> list[str]:
-    from rvqspec.controlled import PAPER_ACCEPTANCE
+    from rvqspec.bench.controlled import PAPER_ACCEPTANCE
 
     lines = ["## Calibration: predicted vs measured tokens/step per tree budget", ""]
     if report is None:
@@ -131,8 +134,8 @@ def paper_rows(sizes: list[int]) -> list[str]:
 
 
 def bench_section(bench: dict | None, bench_dir: Path, out: Path) -> list[str]:
-    from rvqspec.bench_report import markdown, setting_name
-    from rvqspec.controlled import PAPER_ACCEPTANCE
+    from rvqspec.bench.controlled import PAPER_ACCEPTANCE
+    from rvqspec.bench.report import markdown, setting_name
 
     lines = ["## Latency per call, speed-up vs tree size N, chosen N (Figure 4)", ""]
     if bench is None:
@@ -181,7 +184,7 @@ def bench_section(bench: dict | None, bench_dir: Path, out: Path) -> list[str]:
 
 def batch_section(reports: dict[str, dict | None], results_dir: Path, out: Path) -> list[str]:
     """Batched decoding: the policy's frames/s over our batched AR and over upstream's batched generate, per B."""
-    from rvqspec.bench_report import batch_markdown, markdown
+    from rvqspec.bench.report import batch_markdown, markdown
 
     lines = ["## Batched decoding: the decoding policy against batched AR", ""]
     measured = {where: report for where, report in reports.items() if report}
@@ -220,7 +223,7 @@ def batch_section(reports: dict[str, dict | None], results_dir: Path, out: Path)
 def standin_bench_section(bench: dict | None, bench_dir: Path, out: Path) -> list[str]:
     """The stand-in's own bench run: its calls are tiny, so this shows how far per-round overhead eats the
     calls it saves (realized inner-loop speed-up beside the ceiling tokens/step / (1 + overhead))."""
-    from rvqspec.bench_report import markdown
+    from rvqspec.bench.report import markdown
 
     lines = ["## The stand-in on this CPU: inner-loop speed-up at its own acceptance", ""]
     if bench is None:
@@ -236,7 +239,7 @@ CSM_BENCH = "OMP_WAIT_POLICY=PASSIVE rvqspec bench --archs 0.6b,csm-1b --dtype b
 
 def csm_section(csm_dir: Path) -> list[str]:
     """Sesame CSM-1B's depth decoder (31 calls per frame) beside the 0.6B: one stream, batched, draft depth K."""
-    from rvqspec.bench_report import batch_markdown, markdown
+    from rvqspec.bench.report import batch_markdown, markdown
 
     lines = ["## Sesame CSM-1B's depth decoder (31 calls per frame), beside Qwen3-TTS 0.6B", ""]
     bench, batch = read_json(csm_dir / "bench.json"), read_json(csm_dir / "bench-batch.json")
@@ -310,20 +313,29 @@ def link(target: Path, markdown_file: Path) -> str:
     return Path(os.path.relpath(Path(target).resolve(), Path(markdown_file).resolve().parent)).as_posix()
 
 
-def run(args) -> int:
-    if not Path(args.results).is_dir():
-        raise RvqspecError(f"--results {args.results} is not a folder: pass the folder holding eval.json and bench.json "
-                           "(default benchmarks/results)")
-    if args.calibration and not Path(args.calibration).is_file():
-        raise RvqspecError(f"--calibration {args.calibration} does not exist: pass a calibration report.json")
-    regenerate(Path(args.results), Path(args.calibration) if args.calibration else None, Path(args.out))
+def main(argv: list[str] | None = None) -> int:
+    """A repository tool, not an rvqspec command: it reads this checkout's benchmarks/results/ and writes its docs/."""
+    parser = Parser(prog="make_results.py", description=__doc__.splitlines()[0])  # a bad flag: one line, exit 2
+    parser.add_argument("--results", default=str(RESULTS_DIR), help="folder holding eval.json and bench.json")
+    parser.add_argument("--calibration", help="calibration report.json (default: the shipped stand-in's)")
+    parser.add_argument("--out", type=flags.out_file, default=str(OUT), help="the Markdown file to write")
+    try:
+        args = parser.parse_args(argv)
+        if not Path(args.results).is_dir():
+            raise RvqspecError(f"--results {args.results} is not a folder: pass the folder holding eval.json and "
+                               "bench.json (default benchmarks/results)")
+        if args.calibration and not Path(args.calibration).is_file():
+            raise RvqspecError(f"--calibration {args.calibration} does not exist: pass a calibration report.json")
+        regenerate(Path(args.results), Path(args.calibration) if args.calibration else None, Path(args.out))
+    except UsageError as e:
+        print(e, file=sys.stderr)
+        return 2
+    except RvqspecError as e:
+        print(one_line(f"make_results.py: error: {e}"), file=sys.stderr)
+        return 2
     print(f"wrote {args.out}")
     return 0
 
 
-def add_cli(subparsers) -> None:
-    p = subparsers.add_parser("results", help="regenerate docs/RESULTS.md from the eval, bench and calibration JSON")
-    p.add_argument("--results", default=str(RESULTS_DIR), help="folder holding eval.json and bench.json")
-    p.add_argument("--calibration", help="calibration report.json (default: the shipped stand-in's)")
-    p.add_argument("--out", type=flags.out_file, default=str(OUT), help="the Markdown file to write")
-    p.set_defaults(run=run)
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,7 +7,7 @@ drafts, a default tree of N nodes, timed mid-frame (k = TIMED_K as in `rvqspec b
 functions are timed piece by piece, interleaved, medians of repeats:
 - AR step = forward at q=1 + one head + one sampled code (`autoregressive_step` does exactly these);
 - round   = drafts (K rank-only heads + top-m: `Drafter.candidates`) + forward at q=N+1 + tree walk (one head
-            and one draw per visited depth: on the CPU `host_walk`, which stops at the first depth without a
+            and one draw per visited depth: on the CPU `walk.walk_on_host`, which stops at the first depth without a
             match) + cache move; the whole `speculative_round` is timed too, to check that the pieces add up.
 The timed round's random drafts are rarely accepted, so its walk visits fewer depths than a round at the
 paper's acceptance (T tokens/step: T depths on average); the bound table adds one head + draw per missing depth.
@@ -24,15 +24,16 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from rvqspec.bench import ARCHS
-from rvqspec.checkpoint import atomic_write, save_json
-from rvqspec.controlled import PAPER_ACCEPTANCE, controlled_predictor
-from rvqspec import host_walk
-from rvqspec.decode import autoregressive_step, plan_for, speculative_round, walk
-from rvqspec.drafters import ReusedHeads
-from rvqspec.sampling import Sampler
-from rvqspec.timing import TIMED_K, clocks, elapsed_ms, machine
-from rvqspec.tree import default_tree
+from rvqspec.bench.controlled import PAPER_ACCEPTANCE, controlled_predictor
+from rvqspec.bench.one_stream import ARCHS
+from rvqspec.bench.timing import TIMED_K, clocks, elapsed_ms, machine
+from rvqspec.engine import device_path
+from rvqspec.engine.checkpoint import atomic_write, save_json
+from rvqspec.engine.decode import autoregressive_step, plan_for, speculative_round
+from rvqspec.engine.drafters import ReusedHeads
+from rvqspec.engine.sampling import Sampler
+from rvqspec.engine.tree import default_tree
+from rvqspec.engine.walk import walk
 
 OP_KINDS = {"matmul": ("linear", "mm", "addmm", "bmm", "matmul"),
             "attention": ("scaled_dot_product", "flash_attention")}
@@ -57,12 +58,10 @@ def pieces(model, cache, drafter, tree, sampler, generator) -> dict:
     x1 = model.embed_codes(code, position - 1)[:, None]
     hidden = model(x, plan.positions[k_row], plan.masks[k_row], cache, plan.scratch)
     node = torch.zeros(1, dtype=torch.long)
-    on_host = host_walk.applies(hidden.device)
 
-    def the_walk():  # the engine's: `speculative_round` takes the same branch
-        if on_host:
-            return host_walk.walk_on_host(model, plan, sampler, generator, ks, tokens, hidden)
-        return walk(model, plan, sampler, generator, k_row, ks, tokens, hidden)
+    def the_walk():  # the engine's, as `speculative_round` calls it
+        path = walk(model, plan, sampler, generator, k_row, ks, tokens, hidden)
+        return [path.node, path.found]
 
     return {
         "ar: forward q=1": lambda: model(x1, position, masks[k + 1:k + 2], cache, position),
@@ -71,7 +70,7 @@ def pieces(model, cache, drafter, tree, sampler, generator) -> dict:
         "round: drafts": lambda: drafter.candidates(model, hidden_k, ks, tree.max_depth, max(tree.top_m, 1)),
         f"round: forward q={tree.size + 1}": lambda: model(x, plan.positions[k_row], plan.masks[k_row], cache,
                                                            plan.scratch),
-        "round: walk": lambda: torch.stack(the_walk()[::2]).tolist(),
+        "round: walk": lambda: torch.stack(the_walk()).tolist(),
         "round: cache move": lambda: cache.move(plan.path_slots[node], k_row[:, None] + plan.path_steps),
         "round: whole": lambda: speculative_round(model, cache, plan, sampler, generator, drafter, k_row, ks, code,
                                                   hidden_k),
@@ -114,7 +113,7 @@ def forward_ops(funcs: dict, alternations: int = 7, calls: int = 3) -> dict:
 
 def visited_depths(funcs: dict, tree, calls: int = 20) -> float:
     """Mean depths the timed walk visits (the CPU's walk: accepted + 1; the device walk: every depth)."""
-    if not host_walk.applies(torch.device("cpu")):
+    if not device_path.choose(torch.device("cpu"), torch.bfloat16).host_walk:
         return tree.max_depth + 1
     with torch.inference_mode():
         return statistics.mean(funcs["round: walk"]()[1][0] + 1 for _ in range(calls))  # [[node], [found]]

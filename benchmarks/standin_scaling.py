@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
-from rvqspec.checkpoint import atomic_write, save_json
-from rvqspec.corpus import Corpus, CorpusWriter
-from rvqspec.model import MultiCodeDecoder
+from rvqspec.engine.checkpoint import atomic_write, save_json
+from rvqspec.engine.model import MultiCodeDecoder
 from rvqspec.standin.codec import CodecConfig
 from rvqspec.standin.talker import load_standin
-from rvqspec.standin.train import train_predictor
+from rvqspec.standin.training import train_predictor
+from rvqspec.tuning.corpus import Corpus, CorpusWriter
 
 BATCH_FRAMES = 256
 FRAME_RATE = CodecConfig().frame_rate  # code frames per second of speech

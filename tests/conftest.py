@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+pytest_plugins = ["helpers.checkpoints"]  # the fixtures `model` and `folder`
+
 
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():

@@ -5,11 +5,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.tiny import tiny_config, tiny_csm_config, tiny_model
 
-from rvqspec import bench, bench_report, cli, device_file
-from rvqspec.errors import RvqspecError
-from rvqspec.tree import default_tree
-from tests.tiny import tiny_config, tiny_csm_config, tiny_model
+from rvqspec.bench import one_stream, report as bench_report
+from rvqspec.cli.main import main
+from rvqspec.engine import device_file
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.tree import default_tree
 
 TINY_ARCHS = {"0.6b": tiny_config(vocab=64, hidden=32), "1.7b": tiny_config(vocab=64, hidden=32, talker_hidden=48),
               "csm-1b": tiny_csm_config(vocab=64, hidden=32, talker_hidden=48)}
@@ -17,19 +19,19 @@ TINY_ARCHS = {"0.6b": tiny_config(vocab=64, hidden=32), "1.7b": tiny_config(voca
 
 @pytest.fixture(autouse=True)
 def tiny(monkeypatch, tmp_path):
-    monkeypatch.setattr(bench, "ARCHS", TINY_ARCHS)
+    monkeypatch.setattr(one_stream, "ARCHS", TINY_ARCHS)
     monkeypatch.setenv("RVQSPEC_CACHE", str(tmp_path / "cache"))
 
 
-def small_plan(**changes) -> bench.Plan:
+def small_plan(**changes) -> one_stream.Plan:
     plan = dict(archs=["0.6b", "1.7b"], dtypes=["float32"], threads=[1], sizes=[4, 16, 32], latency_rounds=3,
                 controlled_sizes=(16, 32), controlled_archs=("0.6b",), calibration_iterations=3, frames=4)
-    return bench.Plan(**(plan | changes))
+    return one_stream.Plan(**(plan | changes))
 
 
 def test_report_arithmetic_and_choice():
     plan = small_plan()
-    report = bench.run_bench(plan, bench.load_trees(plan.sizes, None), None, None, "reused", None, log=lambda *a: None)
+    report = one_stream.run_bench(plan, one_stream.load_trees(plan.sizes, None), None, None, "reused", None, log=lambda *a: None)
     assert [(s["model"], s["dtype"], s["threads"]) for s in report["settings"]] == [("0.6b", "float32", 1),
                                                                                    ("1.7b", "float32", 1)]
     for s in report["settings"]:
@@ -39,7 +41,7 @@ def test_report_arithmetic_and_choice():
             assert latency["spec"][n]["overhead"] == pytest.approx(latency["spec"][n]["wall_ms"] / latency["ar"]["wall_ms"] - 1)
         assert sorted(s["predicted_speedup"]) == [16, 32]  # the paper gives tokens/step at 16, 32, 64 only
         for n, speedup in s["predicted_speedup"].items():
-            assert speedup == pytest.approx(bench.PAPER_ACCEPTANCE[n] / (1 + latency["spec"][n]["overhead"]))
+            assert speedup == pytest.approx(one_stream.PAPER_ACCEPTANCE[n] / (1 + latency["spec"][n]["overhead"]))
     controlled = report["settings"][0]["controlled"]
     assert [r["tree_size"] for r in controlled] == [16, 32] and report["settings"][1]["controlled"] == []
     for row in controlled:
@@ -53,9 +55,10 @@ def test_report_arithmetic_and_choice():
     assert chosen["predicted_speedup"] == max(report["settings"][0]["predicted_speedup"].values())
 
 
-def test_cli_json_reports_and_device_file(tmp_path, capsys):
-    assert device_file.chosen_tree_size(24) == 24 and device_file.paper_acceptance_speedup() is None
-    code = cli.main(["bench", "--archs", "0.6b", "--dtype", "float32", "--threads", "1", "--sizes", "4,32",
+def test_cli_json_reports_and_no_device_file(tmp_path, capsys):
+    """The chosen N is reported; the device file holds only what the policy reads (`--batch`'s latency tables)."""
+    assert device_file.read_device_file() is None
+    code = main(["bench", "--archs", "0.6b", "--dtype", "float32", "--threads", "1", "--sizes", "4,32",
                      "--quick", "--out", str(tmp_path / "out"), "--json"])
     assert code == 0
     printed = json.loads(capsys.readouterr().out)
@@ -65,8 +68,9 @@ def test_cli_json_reports_and_device_file(tmp_path, capsys):
     assert {p.name for p in (tmp_path / "out").iterdir()} == {"bench-quick.json", "bench-quick.md", "bench-quick.png"}
     assert (tmp_path / "out" / "bench-quick.png").read_bytes()[:4] == b"\x89PNG"
     assert "| 0.6b float32 1t |" in (tmp_path / "out" / "bench-quick.md").read_text()
-    assert device_file.chosen_tree_size(24) == 32 == printed["chosen"]["tree_size"]
-    assert device_file.paper_acceptance_speedup()["speedup"] == printed["speedup_at_paper_acceptance"]
+    assert printed["chosen"]["tree_size"] == 32 and printed["paper_acceptance"]["tree_size"] in (4, 32)
+    assert printed["paper_acceptance"]["speedup"] == printed["speedup_at_paper_acceptance"]
+    assert device_file.read_device_file() is None
 
 
 def test_calibration_report_supplies_tokens_per_step(tmp_path):
@@ -74,10 +78,10 @@ def test_calibration_report_supplies_tokens_per_step(tmp_path):
     (tmp_path / "report.json").write_text(json.dumps({"trees": rows}))
     for n in (4, 16):
         default_tree(n).save(tmp_path / f"tree-N{n}.json")
-    calibration = bench.load_calibration(str(tmp_path))
-    tokens, source = bench.tokens_per_step_source(calibration)
+    calibration = one_stream.load_calibration(str(tmp_path))
+    tokens, source = one_stream.tokens_per_step_source(calibration)
     assert tokens == {4: 1.54, 16: 1.66} and "calibrate" in source
-    trees = bench.load_trees([4, 16], str(tmp_path))
+    trees = one_stream.load_trees([4, 16], str(tmp_path))
     assert trees[16].paths == default_tree(16).paths
 
 
@@ -85,7 +89,7 @@ def test_corrupt_device_file_is_an_error(tmp_path):
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "device.json").write_text("{not json")
     with pytest.raises(RvqspecError, match="rerun `rvqspec bench`"):
-        device_file.chosen_tree_size()
+        device_file.read_device_file()
 
 
 @pytest.mark.parametrize("args, problem", [
@@ -99,14 +103,14 @@ def test_corrupt_device_file_is_an_error(tmp_path):
     (["--trees", "/nonexistent"], "no tree-N4.json"),
 ])
 def test_bad_arguments_are_one_line_errors(args, problem, capsys, tmp_path):
-    assert cli.main(["bench", "--out", str(tmp_path), *args]) == 2
+    assert main(["bench", "--out", str(tmp_path), *args]) == 2
     err = capsys.readouterr().err
     assert problem in err and len(err.strip().splitlines()) == 1
 
 
 def test_a_checkpoint_is_benchmarked_as_the_stand_in(tmp_path, capsys):
     tiny_model(dtype=torch.float32).save_pretrained(tmp_path / "model")
-    code = cli.main(["bench", "--archs", "", "--model", str(tmp_path / "model"), "--dtype", "float32", "--threads",
+    code = main(["bench", "--archs", "", "--model", str(tmp_path / "model"), "--dtype", "float32", "--threads",
                      "1", "--sizes", "4,16", "--quick", "--out", str(tmp_path / "out"), "--json"])
     assert code == 0
     printed = json.loads(capsys.readouterr().out)
@@ -119,12 +123,12 @@ def test_a_checkpoint_is_benchmarked_as_the_stand_in(tmp_path, capsys):
 
 @pytest.mark.parametrize("arch", ["0.6b", "csm-1b"])
 def test_batch_bench_json_reports_and_device_latency(tmp_path, capsys, monkeypatch, arch):
-    from rvqspec import bench_batch, controlled
-    from rvqspec.policy import find_latency_table
+    from rvqspec.bench import batched, controlled
+    from rvqspec.engine.policy import find_latency_table
 
-    monkeypatch.setattr(bench_batch, "ARCHITECTURES", TINY_ARCHS)
+    monkeypatch.setattr(batched, "ARCHITECTURES", TINY_ARCHS)
     monkeypatch.setattr(controlled, "QWEN3_TTS_0_6B", TINY_ARCHS["0.6b"])  # CSM's acceptance reference
-    code = cli.main(["bench", "--batch", "1,3", "--archs", arch, "--dtype", "float32", "--threads", "1", "--quick",
+    code = main(["bench", "--batch", "1,3", "--archs", arch, "--dtype", "float32", "--threads", "1", "--quick",
                      "--rounds", "2", "--out", str(tmp_path / "out"), "--json"])
     assert code == 0
     printed = json.loads(capsys.readouterr().out)
@@ -156,14 +160,14 @@ def test_batch_bench_json_reports_and_device_latency(tmp_path, capsys, monkeypat
     (["--device", "cuda:7"] if not torch.cuda.is_available() else ["--batch", "-1"], "cuda:7: this machine has|--batch must"),
 ])
 def test_bad_batch_arguments_are_one_line_errors(args, problem, capsys, tmp_path):
-    assert cli.main(["bench", "--out", str(tmp_path), *args]) == 2
+    assert main(["bench", "--out", str(tmp_path), *args]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and any(p in err for p in problem.split("|"))
 
 
 def test_a_calibration_report_works_from_any_folder(tmp_path, monkeypatch):
     """calibrate stores its inputs relative to the report's folder; bench resolves them there, whatever the cwd."""
-    from rvqspec.calibrate import beside
+    from rvqspec.tuning.calibrate import beside
 
     folder = tmp_path / "runs" / "trees"
     (tmp_path / "runs" / "offsets.safetensors").parent.mkdir(parents=True)
@@ -176,7 +180,7 @@ def test_a_calibration_report_works_from_any_folder(tmp_path, monkeypatch):
     assert report["corpus"] == "../../corpus"
     (folder / "report.json").write_text(json.dumps(report))
     monkeypatch.chdir(tmp_path / "corpus")  # another working directory
-    loaded = bench.load_calibration(str(folder))
+    loaded = one_stream.load_calibration(str(folder))
     assert Path(loaded["corpus"]).resolve() == (tmp_path / "corpus").resolve()
     assert Path(loaded["drafter"]["spec"]).resolve() == (tmp_path / "runs" / "offsets.safetensors").resolve()
 
@@ -186,7 +190,7 @@ def test_csm_runs_at_the_per_round_acceptance_of_the_paper_model():
     tokens/step, so it reaches more tokens/step than the paper's on its longer frames."""
     plan = small_plan(archs=["0.6b", "csm-1b"], controlled_sizes=(32,), controlled_archs=("0.6b", "csm-1b"),
                       frames=6, calibration_iterations=6)
-    report = bench.run_bench(plan, bench.load_trees(plan.sizes, None), None, None, "reused", None, log=lambda *a: None)
+    report = one_stream.run_bench(plan, one_stream.load_trees(plan.sizes, None), None, None, "reused", None, log=lambda *a: None)
     (paper,), (csm,) = (s["controlled"] for s in report["settings"])
     assert paper["target"] == {"metric": "tokens_per_step", "value": 2.47} and csm["calls_per_frame"] > 1
     assert csm["target"] == {"metric": "round_acceptance", "value": paper["round_acceptance"]}

@@ -2,17 +2,17 @@ import json
 
 import pytest
 import torch
+from helpers.synthetic import structured_model, talker_states, write_model_and_corpus
+from helpers.tiny import random_offsets, tiny_config
 
-from rvqspec.calibrate import measure_acceptance, predicted_calls, sample_codes
-from rvqspec.cli import main
-from rvqspec.decode import decode_frame
-from rvqspec.drafters import ReusedHeads
-from rvqspec.model import MultiCodeDecoder
-from rvqspec.sampling import Sampler
-from rvqspec.train import TrainSettings, train
-from rvqspec.tree import Tree
-from synthetic import structured_model, talker_states, write_model_and_corpus
-from tiny import random_offsets, tiny_config
+from rvqspec.cli.main import main
+from rvqspec.engine.decode import decode_frame
+from rvqspec.engine.drafters import ReusedHeads
+from rvqspec.engine.model import MultiCodeDecoder
+from rvqspec.engine.sampling import Sampler
+from rvqspec.engine.tree import Tree
+from rvqspec.tuning.calibrate import measure_acceptance, predicted_calls, sample_codes
+from rvqspec.tuning.train import TrainSettings, train
 
 FRACTION = 0.25
 # Measured tokens/step must be within this fraction of the prediction. The prediction assumes the

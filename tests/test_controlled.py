@@ -2,14 +2,14 @@
 
 import pytest
 import torch
+from helpers.tiny import tiny_config
 
-from rvqspec.controlled import calibrate_strength, controlled_predictor, tokens_per_step
-from rvqspec.decode import decode_frame
-from rvqspec.drafters import ReusedHeads
-from rvqspec.errors import RvqspecError
-from rvqspec.sampling import Sampler
-from rvqspec.tree import default_tree
-from tests.tiny import tiny_config
+from rvqspec.bench.controlled import calibrate_strength, controlled_predictor, tokens_per_step
+from rvqspec.engine.decode import decode_frame
+from rvqspec.engine.drafters import ReusedHeads
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.sampling import Sampler
+from rvqspec.engine.tree import default_tree
 
 GREEDY = Sampler(do_sample=False)
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from rvqspec.corpus import Corpus, CorpusWriter, split_of
-from rvqspec.errors import RvqspecError
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.tuning.corpus import Corpus, CorpusWriter, split_of
 
 GROUPS, HIDDEN = 16, 6
 

@@ -6,16 +6,16 @@ import json
 
 import pytest
 import torch
+from helpers.csm_models import LLAMA3, prompts, tiny_csm
+from helpers.tiny import random_medusa, random_offsets
 from safetensors.torch import load_file, save_file
+from test_distribution import g_test
 
 import rvqspec
-from csm_models import LLAMA3, prompts, tiny_csm
 from rvqspec import MultiCodeDecoder, ReusedHeads, RvqspecError, Sampler, Tree, default_tree
-from rvqspec.checkpoint import CSM_TIED_TABLES
-from rvqspec.config import load_config
+from rvqspec.engine.checkpoint import CSM_TIED_TABLES
+from rvqspec.engine.config import load_config
 from rvqspec.integrations.base import HANDLE
-from test_distribution import g_test
-from tiny import random_medusa, random_offsets
 
 pytest.importorskip("transformers")
 
@@ -215,7 +215,7 @@ def test_accelerate_recognises_its_models_and_refuses_others(csm):
 
 def test_teacher_forced_backbone_state_is_the_one_generate_passes(csm):
     """`corpus from-audio` rebuilds, from known codes, the backbone state CSM's generate gives the depth decoder."""
-    from rvqspec.integrations.csm import teacher_forced_hidden
+    from rvqspec.tuning.csm_corpus import teacher_forced_hidden
 
     ids, states = prompts(1, seed=4), []
     handle = rvqspec.accelerate(csm)
@@ -231,8 +231,8 @@ def test_teacher_forced_backbone_state_is_the_one_generate_passes(csm):
 def test_offsets_train_and_trees_calibrate_for_csm(csm, saved, tmp_path):
     """A CSM code corpus (backbone states teacher forced on sampled codes) -> train-offsets -> calibrate, through
     the CLI on the saved CSM checkpoint: 32-codebook-style layouts go through the same tools."""
-    from rvqspec.cli import main
-    from rvqspec.integrations.csm import corpus_from_codes
+    from rvqspec.cli.main import main
+    from rvqspec.tuning.csm_corpus import corpus_from_codes
 
     ids = prompts(12, seed=5)
     torch.manual_seed(0)
@@ -261,7 +261,7 @@ def test_corpus_from_audio_names_a_csm_folder_without_its_processor(saved, tmp_p
     import numpy as np
     import soundfile
 
-    from rvqspec.cli import main
+    from rvqspec.cli.main import main
 
     (tmp_path / "audio").mkdir()
     soundfile.write(tmp_path / "audio" / "a.wav", np.zeros(2400, dtype=np.float32), 24000)

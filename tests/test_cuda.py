@@ -9,10 +9,10 @@ import copy
 
 import pytest
 import torch
-
-from rvqspec.decode import decode_frames
 from test_distribution import DEPLOYED, FULL, SAMPLES, exact_joint, g_test, setup
 from test_speculative import DRAFTERS, FRAMES_PER_TREE, GREEDY, greedy_reference, model
+
+from rvqspec.engine.decode import decode_frames
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 CUDA = torch.device("cuda")
@@ -40,7 +40,7 @@ def test_batched_greedy_codes_on_cuda_are_the_cpu_ar_codes(name):
 def test_batched_sampling_on_cuda_matches_enumeration():
     cpu_model, talker_hidden, c0 = setup(4)
     gpu = copy.deepcopy(cpu_model).to(CUDA)
-    from tiny import random_offsets
+    from helpers.tiny import random_offsets
 
     drafter = random_offsets(gpu, 3, seed=5)
     generator = torch.Generator(CUDA).manual_seed(7)

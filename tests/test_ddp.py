@@ -7,10 +7,10 @@ import subprocess
 import sys
 
 import torch
+from helpers.synthetic import write_model_and_corpus
 from safetensors.torch import load_file
 
-from rvqspec.train import TrainSettings, train
-from synthetic import write_model_and_corpus
+from rvqspec.tuning.train import TrainSettings, train
 
 
 def test_two_processes_reach_the_same_offsets_as_one(tmp_path):
@@ -21,7 +21,7 @@ def test_two_processes_reach_the_same_offsets_as_one(tmp_path):
     single = train(model_dir, corpus_dir, tmp_path / "single", TrainSettings(batch_size=8, lr=0.03, validation_fraction=0.25),
                    epochs=2, dtype="float64", progress=False)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "-m", "rvqspec.cli", "train-offsets", "--out", tmp_path / "ddp", *args]
+               "-m", "rvqspec.cli.main", "train-offsets", "--out", tmp_path / "ddp", *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}  # a crashing rank prints its Python stack
     for attempt in range(2):
         done = subprocess.run([str(a) for a in command], env=env, capture_output=True, text=True, timeout=300)

@@ -5,15 +5,15 @@ import json
 import pytest
 import soundfile
 import torch
+from helpers.standin import tiny_codec, tiny_standin
+from helpers.tiny import tiny_config
 
-from rvqspec import demo
-from rvqspec.cli import main
-from rvqspec.drafters import Offsets
+from rvqspec.cli import demo
+from rvqspec.cli.main import main
+from rvqspec.engine.drafters import Offsets
+from rvqspec.engine.tree import PRIOR_ACCEPTANCE, default_tree
 from rvqspec.standin import codec
 from rvqspec.standin.talker import save_standin
-from rvqspec.tree import PRIOR_ACCEPTANCE, default_tree
-from tests.test_standin_model import tiny_codec, tiny_standin
-from tests.tiny import tiny_config
 
 
 @pytest.fixture(autouse=True)
@@ -90,7 +90,7 @@ def test_demo_rejects_an_unknown_language(assets, tmp_path, capsys):
 
 
 def test_engine_demo_when_no_stand_in_is_shipped():
-    from rvqspec.demo import run_engine_demo
+    from rvqspec.cli.demo import run_engine_demo
 
     report = run_engine_demo(frames=2, nodes=4)
     assert report["stand_in_shipped"] is False and report["ar_calls_per_frame"] == 15

@@ -11,12 +11,12 @@ import itertools
 import pytest
 import scipy.stats
 import torch
+from helpers.tiny import random_frames, random_offsets, tiny_model
 
-from rvqspec.decode import decode_frame, decode_frames
-from rvqspec.drafters import Drafter, ReusedHeads
-from rvqspec.sampling import Sampler
-from rvqspec.tree import Tree
-from tiny import random_frames, random_offsets, tiny_model
+from rvqspec.engine.decode import decode_frame, decode_frames
+from rvqspec.engine.drafters import Drafter, ReusedHeads
+from rvqspec.engine.sampling import Sampler
+from rvqspec.engine.tree import Tree
 
 DEPLOYED = Sampler(temperature=0.9, top_k=3, top_p=1.0)  # top_k 3 of 4 codes: it removes one at each step
 SAMPLES = 1500
@@ -136,7 +136,7 @@ class RoundMarker(Drafter):
         super().__init__(3, None)
         self.reused, self.on_round = ReusedHeads(model), on_round
 
-    def logits(self, model, hidden, positions, depth=None):
+    def logits(self, model, hidden, positions, depth=None, rank_only=False):
         logits = self.reused.logits(model, hidden, positions, depth)
         self.on_round(logits.argmax(-1))  # each row's chain drafts: the child of its depth-d node is column d
         return logits
@@ -208,10 +208,9 @@ def test_the_g_test_rejects_biased_rules(sampler, biased, rows, monkeypatch):
     walk, which draws for every row at each depth as these samplers expect (the CPU's walk draws for the rows
     still walking)."""
     if rows:
-        from rvqspec import decode, drafters
+        from rvqspec.engine import device_path
 
-        for module in (decode, drafters):
-            monkeypatch.setattr(module, "static_shapes", lambda device: True)
+        monkeypatch.setattr(device_path, "static_shapes", lambda device: True)
     torch.manual_seed(0)  # SharedUniformSampler's uniforms
     sampler = sampler()
     drafter = RoundMarker(setup()[0], sampler.start_round)

@@ -2,13 +2,13 @@
 
 import pytest
 import torch
+from helpers.tiny import random_frames, random_medusa, random_offsets, randomize, tiny_model
 
-from rvqspec.decode import decode_frame
-from rvqspec.drafters import Drafter, MedusaHeads, Offsets, ReusedHeads, make_drafter
-from rvqspec.errors import RvqspecError
-from rvqspec.sampling import Sampler
-from rvqspec.tree import Tree
-from tiny import random_frames, random_medusa, random_offsets, randomize, tiny_model
+from rvqspec.engine.decode import decode_frame
+from rvqspec.engine.drafters import Drafter, MedusaHeads, Offsets, ReusedHeads, make_drafter
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.sampling import Sampler
+from rvqspec.engine.tree import Tree
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +109,12 @@ def test_make_drafter_and_depth_errors(model):
         make_drafter("eagle", model)
     with pytest.raises(RvqspecError, match="depth must be >= 1"):
         Offsets(8, depth=0)
+
+
+def test_draft_depth_beyond_the_frame_is_refused(tmp_path, capsys):
+    from helpers.tiny import tiny_model
+
+    from rvqspec.engine.drafters import make_drafter
+
+    with pytest.raises(RvqspecError, match="draft depth 20 does not fit a frame of 15"):
+        make_drafter("offsets", tiny_model(), depth=20)

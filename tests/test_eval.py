@@ -5,18 +5,17 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers.standin import random_utterances, tiny_standin, write_corpus
 
-from rvqspec.cli import main
-from rvqspec.drafters import MedusaHeads, Offsets, ReusedHeads
-from rvqspec import eval as rvqspec_eval
-from rvqspec.drafters import model_fingerprint
-from rvqspec.eval import evaluate, holm, load_drafters, merge_rare, report_markdown, two_sample_test
+from rvqspec.cli.main import main
+from rvqspec.engine.drafters import MedusaHeads, Offsets, ReusedHeads, model_fingerprint
+from rvqspec.engine.tree import default_tree
+from rvqspec.standin import evaluate as rvqspec_eval
+from rvqspec.standin.evaluate import evaluate, holm, load_drafters, merge_rare, report_markdown, two_sample_test
 from rvqspec.standin.quality import error_rates, transcripts
-from rvqspec.standin.synth import Run
-from rvqspec.standin.corpus import write_manifest
+from rvqspec.standin.speech import write_manifest
+from rvqspec.standin.synthesis import Run
 from rvqspec.standin.talker import save_standin
-from rvqspec.tree import default_tree
-from tests.test_standin_model import random_utterances, tiny_standin, write_corpus
 
 pytest.importorskip("scipy")
 

@@ -13,14 +13,14 @@ import warnings
 
 import pytest
 import torch
+from helpers.tiny import random_frames, random_offsets, tiny_model
 
-from rvqspec import draft_heads, fused
-from rvqspec.decode import decode_frame, decode_frames
-from rvqspec.drafters import Offsets, ReusedHeads
-from rvqspec.model import RMSNorm, rotate_half
-from rvqspec.sampling import Sampler
-from rvqspec.tree import default_tree
-from tiny import random_frames, random_offsets, tiny_model
+from rvqspec.engine import device_path, draft_heads, fused
+from rvqspec.engine.decode import decode_frame, decode_frames
+from rvqspec.engine.drafters import Offsets, ReusedHeads
+from rvqspec.engine.model import RMSNorm, rotate_half
+from rvqspec.engine.sampling import Sampler
+from rvqspec.engine.tree import default_tree
 
 TOLERANCE = {torch.float64: dict(rtol=1e-6, atol=1e-6), torch.float32: dict(rtol=1e-5, atol=1e-5),
              torch.bfloat16: dict(rtol=2 ** -7, atol=2 ** -7)}
@@ -28,17 +28,21 @@ GREEDY = Sampler(do_sample=False)
 
 
 def test_the_cpu_takes_the_fused_path_and_accelerators_the_plain_one():
-    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
-        assert fused.path("cpu", dtype) == "fused"
-        assert fused.path("cuda", dtype) == "plain"
-    with fused.enabled(False):
-        assert fused.path("cpu", torch.bfloat16) == "plain"
-    cpu = torch.zeros(2, dtype=torch.bfloat16)
     with torch.inference_mode():
-        assert fused.applies(cpu) and draft_heads.applies(cpu)
-        assert not draft_heads.applies(cpu.float()) and not draft_heads.applies(cpu.double())  # int8: bfloat16 only
-    with torch.enable_grad():
-        assert not fused.applies(cpu.float()) and not draft_heads.applies(cpu)  # training keeps the plain path
+        for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+            assert device_path.choose("cpu", dtype).fused_kernels
+            assert not device_path.choose("cuda", dtype).fused_kernels
+        with fused.enabled(False):
+            assert not device_path.choose("cpu", torch.bfloat16).fused_kernels
+        cpu = device_path.choose("cpu", torch.bfloat16)
+        assert cpu.fused_kernels and cpu.int8_drafts and cpu.host_walk and not cpu.static_shapes
+        for dtype in (torch.float32, torch.float64):  # int8: bfloat16 only
+            assert not device_path.choose("cpu", dtype).int8_drafts
+        cuda = device_path.choose("cuda", torch.bfloat16)
+        assert cuda.static_shapes and not (cuda.host_walk or cuda.int8_drafts or cuda.packed_weights)
+    with torch.enable_grad():  # training keeps the plain path
+        path = device_path.choose("cpu", torch.bfloat16)
+        assert not (path.fused_kernels or path.int8_drafts or path.packed_weights)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
@@ -121,7 +125,8 @@ def test_greedy_codes_in_float64_are_the_plain_paths_and_ar_ones():
     model = tiny_model(seed=7, groups=16)
     frames = random_frames(model, 12, seed=8)
     hidden, c0 = torch.stack([h for h, _ in frames]), torch.tensor([c for _, c in frames])
-    assert fused.path(model.device, model.dtype) == "fused"
+    with torch.inference_mode():
+        assert device_path.choose(model.device, model.dtype).fused_kernels
     with fused.enabled(False):
         plain = decode_frames(model, hidden, c0, GREEDY).codes
     assert torch.equal(decode_frames(model, hidden, c0, GREEDY).codes, plain)
@@ -159,7 +164,8 @@ def test_without_the_extension_decoding_warns_once_and_takes_the_plain_path(monk
     h, c0 = random_frames(model, 1, seed=13)[0]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert fused.path("cpu", torch.float64) == "plain" and fused.path("cpu", torch.float32) == "plain"
+        assert not device_path.choose("cpu", torch.float64).fused_kernels
+        assert not device_path.choose("cpu", torch.float32).fused_kernels
         codes = decode_frame(model, h, c0, GREEDY, drafter=ReusedHeads(model), tree=default_tree(8)).codes
     messages = [str(w.message) for w in caught if "fused CPU kernels" in str(w.message)]
     assert len(messages) == 1 and "Ninja is required" in messages[0] and "plain" in messages[0]

@@ -6,23 +6,24 @@ import numpy as np
 import pytest
 import soundfile
 import torch
+from helpers.tiny import random_offsets, tiny_config
+from helpers.upstream_models import frame_prompt, tiny_upstream_model, upstream_available
 from scipy.stats import chi2_contingency
 
 from rvqspec import MultiCodeDecoder, Offsets, ReusedHeads, RvqspecError, default_tree
-from rvqspec.cli import main
-from rvqspec.corpus import Corpus
+from rvqspec.cli.main import main
 from rvqspec.integrations import deaccelerate
 from rvqspec.integrations.base import HANDLE
-from rvqspec.integrations.qwen_tts import accelerate, predictor_from_upstream, talker_prompt, teacher_forced_hidden
-from rvqspec.synth import corpus_from_audio, resolve_model
-from tiny import random_offsets, tiny_config
-from upstream_models import frame_prompt, tiny_upstream_model, upstream_available
+from rvqspec.integrations.hub import resolve_model
+from rvqspec.integrations.qwen_tts import accelerate, predictor_from_upstream
+from rvqspec.tuning.corpus import Corpus
+from rvqspec.tuning.qwen_tts_corpus import corpus_from_audio, talker_prompt, teacher_forced_hidden
 
 if not upstream_available():
     pytest.skip("qwen-tts reference not installed: run `make install`", allow_module_level=True)
 
-from upstream_tts import (FRAME_SAMPLES, SAMPLE_RATE, save_checkpoint, text_ids, tiny_qwen3_tts,  # noqa: E402
-                          write_wav)
+from helpers.upstream_tts import (FRAME_SAMPLES, SAMPLE_RATE, save_checkpoint, text_ids, tiny_qwen3_tts,  # noqa: E402
+                                  write_wav)
 
 GREEDY = dict(do_sample=False, subtalker_dosample=False)
 
@@ -136,8 +137,8 @@ def test_a_batch_of_texts_through_each_entry_point_is_upstream_and_one_call_per_
 def test_the_policy_decides_per_batch_size(tts, tmp_path, monkeypatch):
     """tree='auto' (the default with a drafter): the policy's choice for each batch size decodes it, from the
     latency table of this model's setting in the device file; the codes stay upstream's."""
-    from rvqspec.device_file import update_device_file
-    from rvqspec.policy import setting_key
+    from rvqspec.engine.device_file import update_device_file
+    from rvqspec.engine.policy import setting_key
 
     monkeypatch.setenv("RVQSPEC_CACHE", str(tmp_path))
     key = setting_key(predictor_from_upstream(tts.model.talker))

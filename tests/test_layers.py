@@ -1,5 +1,6 @@
-"""The package is acyclic: no module of rvqspec/ imports another that (transitively) imports it back, counting
-the imports inside functions (which only hide a cycle, they do not cut it)."""
+"""The package's shape: no module of rvqspec/ imports another that (transitively) imports it back, and each package
+imports only the layers below it (the direction rule), counting the imports inside functions (which only hide a
+cycle or a wrong-way import, they do not cut it)."""
 
 import ast
 from pathlib import Path
@@ -63,3 +64,50 @@ def test_no_module_imports_another_in_a_cycle():
 def test_the_cycle_finder_finds_a_planted_cycle():
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert cycle({"a": {"b"}, "b": set()}) is None
+
+
+# Which packages each package may import (itself included). The top-level `rvqspec` (its __init__: the public API)
+# is left out, as in the cycle rule.
+ALLOWED = {
+    "engine": {"engine"},
+    "integrations": {"engine", "integrations"},
+    "tuning": {"engine", "integrations", "tuning"},
+    "bench": {"engine", "integrations", "tuning", "bench"},
+    "standin": {"engine", "tuning", "standin"},
+    "cli": {"engine", "integrations", "tuning", "bench", "standin", "cli"},
+}
+
+
+def package_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "rvqspec"
+
+
+def wrong_way_imports(graph: dict[str, set[str]]) -> list[str]:
+    """'importer -> imported' for every import that the direction rule forbids."""
+    found = []
+    for name, deps in sorted(graph.items()):
+        here = package_of(name)
+        if here == "rvqspec":
+            continue
+        for dep in sorted(deps):
+            if package_of(dep) not in ALLOWED[here]:
+                found.append(f"{name} -> {dep}")
+    return found
+
+
+def test_each_package_imports_only_the_layers_below_it():
+    graph = {name: deps - {"rvqspec"} for name, deps in imports().items()}
+    assert {package_of(name) for name in graph} == set(ALLOWED) | {"rvqspec"}
+    assert wrong_way_imports(graph) == []
+
+
+def test_the_direction_rule_names_a_planted_violation():
+    graph = {"rvqspec.engine.model": {"rvqspec.bench.timing"}, "rvqspec.cli.main": {"rvqspec.engine.model"},
+             "rvqspec.tuning.train": {"rvqspec.cli.flags"}}
+    assert wrong_way_imports(graph) == ["rvqspec.engine.model -> rvqspec.bench.timing",
+                                        "rvqspec.tuning.train -> rvqspec.cli.flags"]
+
+
+def test_only_the_package_init_stays_at_the_top():
+    assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py"]

@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from rvqspec import QWEN3_TTS_0_6B, QWEN3_TTS_1_7B, MultiCodeDecoder, PredictorConfig, Sampler, decode_frame
-from rvqspec.checkpoint import TALKER_C0_TABLE, official_layout, official_state_dict
-from rvqspec.config import config_from_upstream, load_config, upstream_config_dict
-from rvqspec.errors import RvqspecError
-from rvqspec.inspect_cmd import parameter_counts
-from rvqspec.model import resolve_dtype
+from rvqspec.cli.inspect import parameter_counts
+from rvqspec.engine.checkpoint import TALKER_C0_TABLE, official_layout, official_state_dict
+from rvqspec.engine.config import config_from_upstream, load_config, upstream_config_dict
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.model import resolve_dtype
 
 CONFIG = PredictorConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=8, vocab_size=16, num_code_groups=6, talker_hidden_size=32,

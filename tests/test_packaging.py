@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = """
 import importlib.util, sys, tempfile, torch
 import rvqspec
-from rvqspec.cli import build_parser
+from rvqspec.cli.main import build_parser
 for extra in ("matplotlib", "soundfile", "tqdm", "scipy", "transformers", "faster_whisper"):
     assert importlib.util.find_spec(extra) is None, extra + " was installed with the base dependencies"
 config = rvqspec.PredictorConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

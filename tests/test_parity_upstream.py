@@ -6,11 +6,11 @@ compare against the in-memory upstream model that wrote it.
 
 import pytest
 import torch
+from helpers.upstream_models import require_upstream, save_upstream, tiny_upstream_model, upstream_generate
 from scipy import stats
 
 import rvqspec
-from rvqspec import checkpoint
-from upstream_models import require_upstream, save_upstream, tiny_upstream_model, upstream_generate
+from rvqspec.engine import checkpoint
 
 require_upstream()
 

@@ -4,17 +4,17 @@ import json
 
 import pytest
 import torch
+from helpers.tiny import random_frames, tiny_model
 
-from rvqspec.calibrate import predicted_calls
-from rvqspec.decode import decode_frames
-from rvqspec.device_file import update_device_file
-from rvqspec.drafters import ReusedHeads
-from rvqspec.errors import RvqspecError
-from rvqspec.policy import (LatencyTable, Policy, calls_distribution, expected_calls, find_latency_table,
-                            measured_distribution, setting_key, uniform_acceptance)
-from rvqspec.sampling import Sampler
-from rvqspec.tree import PRIOR_ACCEPTANCE, Tree, default_tree
-from tiny import random_frames, tiny_model
+from rvqspec.engine.decode import decode_frames
+from rvqspec.engine.device_file import update_device_file
+from rvqspec.engine.drafters import ReusedHeads
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.policy import (LatencyTable, Policy, calls_distribution, expected_calls, find_latency_table,
+                                   measured_distribution, setting_key, uniform_acceptance)
+from rvqspec.engine.sampling import Sampler
+from rvqspec.engine.tree import PRIOR_ACCEPTANCE, Tree, default_tree
+from rvqspec.tuning.calibrate import predicted_calls
 
 GROUPS = 16
 SIZES = (4, 8, 16, 32, 64)
@@ -137,7 +137,7 @@ def test_find_latency_table_prefers_this_device_then_nearest_threads(tmp_path, m
 
 
 def test_built_in_tables_parse():
-    from rvqspec.policy import DEFAULT_TABLES
+    from rvqspec.engine.policy import DEFAULT_TABLES
 
     for key, entry in json.loads(DEFAULT_TABLES.read_text()).items():
         latency = LatencyTable.from_json(entry, key, 0.15)

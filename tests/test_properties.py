@@ -4,15 +4,14 @@ import functools
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from helpers.tiny import random_frames, random_medusa, random_offsets, tiny_model
+from hypothesis import given, settings, strategies as st
 
-from rvqspec import decode
-from rvqspec.decode import decode_frame, decode_frames
-from rvqspec.drafters import ReusedHeads
-from rvqspec.sampling import Sampler
-from rvqspec.tree import Tree
-from tiny import random_frames, random_medusa, random_offsets, tiny_model
+from rvqspec.engine import decode
+from rvqspec.engine.decode import decode_frame, decode_frames
+from rvqspec.engine.drafters import ReusedHeads
+from rvqspec.engine.sampling import Sampler
+from rvqspec.engine.tree import Tree
 
 VOCAB = 6
 
@@ -67,9 +66,8 @@ def test_rounds_and_compacted_cache(tree, groups, model_seed, drafter_kind, extr
 
     def recording_round(*args):
         out = original_round(*args)
-        draws, hidden, accepted, _ = out
         cache, k_host = args[1], args[7]
-        rounds.append((list(k_host), draws.clone(), list(accepted), hidden.clone(), cache.kv.clone()))
+        rounds.append((list(k_host), out.draws.clone(), list(out.accepted), out.hidden.clone(), cache.kv.clone()))
         return out
 
     generator = torch.Generator().manual_seed(seed)

@@ -6,14 +6,14 @@ import json
 import pytest
 import torch
 
-from rvqspec.drafters import Offsets
-from rvqspec.model import MultiCodeDecoder
-from rvqspec.sampling import Sampler
-from rvqspec.standin.settings import ASSET_LIMIT_BYTES, ASSETS, BUDGETS, MODEL_DIR, OFFSETS_FILE, TREES_DIR
+from rvqspec.engine.drafters import Offsets
+from rvqspec.engine.model import MultiCodeDecoder
+from rvqspec.engine.sampling import Sampler
+from rvqspec.engine.tree import Tree
 from rvqspec.standin.codec import MelRVQCodec, griffin_lim
-from rvqspec.standin.synth import synthesize_codes
+from rvqspec.standin.settings import ASSET_LIMIT_BYTES, ASSETS, BUDGETS, MODEL_DIR, OFFSETS_FILE, TREES_DIR
+from rvqspec.standin.synthesis import synthesize_codes
 from rvqspec.standin.talker import load_standin
-from rvqspec.tree import Tree
 
 pytestmark = pytest.mark.skipif(not (MODEL_DIR / "model.safetensors").is_file(), reason="no stand-in shipped")
 

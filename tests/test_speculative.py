@@ -4,14 +4,14 @@ import functools
 
 import pytest
 import torch
+from helpers.tiny import random_frames, random_medusa, random_offsets, tiny_model
 
-from rvqspec import decode
-from rvqspec.decode import decode_frame, decode_frames
-from rvqspec.drafters import Drafter, ReusedHeads
-from rvqspec.errors import RvqspecError
-from rvqspec.sampling import Sampler
-from rvqspec.tree import Tree, default_tree, grow_tree
-from tiny import random_frames, random_medusa, random_offsets, tiny_model
+from rvqspec.engine import decode, device_path
+from rvqspec.engine.decode import decode_frame, decode_frames
+from rvqspec.engine.drafters import Drafter, ReusedHeads
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.sampling import Sampler
+from rvqspec.engine.tree import Tree, default_tree, grow_tree
 
 GREEDY = Sampler(do_sample=False)
 
@@ -31,7 +31,8 @@ class OracleDrafter(Drafter):
         self.generator = torch.Generator().manual_seed(seed)
         self.codes: list[list[int]] = []
 
-    def logits(self, model, hidden, positions: list[int], depth: int | None = None) -> torch.Tensor:
+    def logits(self, model, hidden, positions: list[int], depth: int | None = None, rank_only: bool = False
+               ) -> torch.Tensor:
         depth, vocab = depth or self.depth, model.config.vocab_size
         scores = torch.empty(len(positions), depth, vocab, dtype=torch.float64)
         for b, position in enumerate(positions):
@@ -182,10 +183,7 @@ def test_batched_greedy_codes_equal_autoregressive(name):
 def test_static_shapes_as_on_accelerators_give_the_same_codes(name, monkeypatch):
     """The accelerator path (every depth drafted and walked, rows past the frame end masked; `static_shapes`),
     forced on the CPU: the same codes and statistics."""
-    from rvqspec import drafters
-
-    for module in (decode, drafters):
-        monkeypatch.setattr(module, "static_shapes", lambda device: True)
+    monkeypatch.setattr(device_path, "static_shapes", lambda device: True)
     assert batched_identity(name)[0] >= 200
 
 
@@ -222,11 +220,8 @@ def test_codes_outside_the_target_top_k_top_p_are_never_emitted(sampler):
 def test_the_round_reads_the_device_once(monkeypatch, accelerator):
     """Item 5: on an accelerator the acceptance walk is the round's only device-to-host read (Python-level reads
     counted); the CPU's walk reads the candidates, then each depth it visits (`host_walk`: free on the CPU)."""
-    from rvqspec import drafters
-
     if accelerator:
-        for module in (decode, drafters):
-            monkeypatch.setattr(module, "static_shapes", lambda device: True)
+        monkeypatch.setattr(device_path, "static_shapes", lambda device: True)
     m, tree = model(16), default_tree(32)
     h, c0, _ = greedy_reference(16, 1)[0]
     decode_frame(m, h, c0, Sampler(), drafter=ReusedHeads(m), tree=tree)  # builds the plan once

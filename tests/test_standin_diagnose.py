@@ -6,18 +6,18 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from helpers.standin import random_utterances, tiny_codec, tiny_speech_corpus, tiny_standin
 
-from rvqspec.cli import main
-from rvqspec.decode import decode_frame
-from rvqspec.errors import RvqspecError
-from rvqspec.sampling import Sampler
-from rvqspec.standin import quality, synth
+from rvqspec.cli.main import main
+from rvqspec.engine.decode import decode_frame
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.sampling import Sampler
+from rvqspec.standin import quality, synthesis
 from rvqspec.standin.build import build
-from rvqspec.standin.settings import Settings, load_utterances
 from rvqspec.standin.diagnose import complete_levels, diagnose
+from rvqspec.standin.settings import Settings, load_utterances
 from rvqspec.standin.talker import save_standin
-from rvqspec.standin.train import Utterance, teacher_forced_hidden
-from tests.test_standin_model import random_utterances, tiny_codec, tiny_speech_corpus, tiny_standin
+from rvqspec.standin.training import Utterance, teacher_forced_hidden
 
 GREEDY = Sampler(do_sample=False)
 
@@ -78,7 +78,7 @@ def test_diagnose_routes_each_version_to_the_recogniser(tmp_path, monkeypatch):
 
     monkeypatch.setattr(quality, "codec_vocoder", lambda path: vocoder)
     synthesized = torch.zeros(4, 16, dtype=torch.long)  # free synthesis is tested elsewhere; here only its routing
-    monkeypatch.setattr(synth, "synthesize_codes", lambda tts, text, lang, generator: SimpleNamespace(codes=synthesized))
+    monkeypatch.setattr(synthesis, "synthesize_codes", lambda tts, text, lang, generator: SimpleNamespace(codes=synthesized))
     monkeypatch.setattr(quality, "WhisperASR", lambda: lambda wav, lang: "Satz 0 en." if len(wav) == 16 else "")
     figures = diagnose(s, "en", limit=3, levels=(1, 3), fractions=(0.5,))
     recorded = [u.codes for u in load_utterances(s, "test") if u.lang == "en"]

@@ -1,14 +1,14 @@
 import pytest
 import torch
+from helpers.synthetic import write_model_and_corpus
 from safetensors.torch import load_file
 
-from rvqspec.cli import main
-from rvqspec.corpus import Corpus, CorpusWriter
-from rvqspec.drafters import Drafter, MedusaHeads, Offsets, ReusedHeads
-from rvqspec.errors import RvqspecError
-from rvqspec.model import MultiCodeDecoder
-from rvqspec.train import DraftLoss, TrainSettings, evaluate, train
-from synthetic import write_model_and_corpus
+from rvqspec.cli.main import main
+from rvqspec.engine.drafters import Drafter, MedusaHeads, Offsets, ReusedHeads
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.model import MultiCodeDecoder
+from rvqspec.tuning.corpus import Corpus, CorpusWriter
+from rvqspec.tuning.train import DraftLoss, TrainSettings, evaluate, train
 
 FRACTION = 0.25
 # lr 3e-2 instead of the default 1e-3: the tiny runs here take tens of steps, not thousands.

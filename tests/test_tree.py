@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from rvqspec.errors import RvqspecError
-from rvqspec.tree import Tree, default_tree, grow_tree
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.tree import Tree, default_tree, grow_tree
 
 
 @pytest.mark.parametrize("paths, problem", [
@@ -157,3 +157,15 @@ def test_grow_tree_stops_when_the_candidates_run_out():
 def test_default_trees_are_valid(budget):
     tree = default_tree(budget)
     assert tree.size == budget and tree.max_depth <= 3
+
+
+def test_empty_or_malformed_trees_are_refused(tmp_path):
+    """Inputs that used to be accepted silently: empty trees, malformed tree files."""
+    for make in (lambda: Tree.from_paths([]), lambda: default_tree(0), lambda: Tree.chain(0)):
+        with pytest.raises(RvqspecError, match="at least one node"):
+            make()
+    for name, content in (("latin1.json", "\xff\xfe{".encode("latin-1")),
+                          ("ints.json", json.dumps({"format": "rvqspec-tree/1", "paths": [5]}).encode())):
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(RvqspecError, match="not valid JSON|invalid tree paths"):
+            Tree.load(tmp_path / name)

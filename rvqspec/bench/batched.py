@@ -2,14 +2,14 @@
 csm-1b` for CSM-1B's depth decoder), frames per second of (a) our batched AR, (b) the decoding policy's choice and
 (c) upstream's batched depth-decoder generate (qwen-tts' `code_predictor.generate`, transformers'
 `CsmDepthDecoderForCausalLM.generate`) on the same weights, at the paper's acceptance (acceptance-controlled
-heads, `rvqspec.controlled`; CSM at the drafts accepted per round that the 0.6B shows there).
+heads, `rvqspec.bench.controlled`; CSM at the drafts accepted per round that the 0.6B shows there).
 
 Per setting (dtype x threads), in one process:
 1. the latency table: ms per call at (B, N) for every batch B and N in 0 (an AR step), 4..64 (a speculative
    round, rows spread over neighbouring k as ragged progress spreads them), interleaved rounds, medians;
 2. acceptance: the heads' peak strength bisected per N = 16, 32, 64 until tokens/step matches the paper's
    (2.25, 2.47, 2.60), once per dtype (another frame length: until the per-round acceptance matches the 0.6B's);
-3. the policy (`rvqspec.policy`) from that table and the calls each calibration frame took at that
+3. the policy (`rvqspec.engine.policy`) from that table and the calls each calibration frame took at that
    acceptance (as a calibration report gives them) chooses N per B;
 4. frames: per B, the same `repeats` batches of frames decoded by (a), (b), (c) in turn, medians of the batch
    times; frames/s = B / median. Where the policy chose AR, (b) is (a): the same code, so its time is reused.
@@ -23,17 +23,16 @@ from pathlib import Path
 
 import torch
 
-from rvqspec.config import ARCHITECTURES, QWEN3_TTS_0_6B
-from rvqspec.controlled import (PAPER_ACCEPTANCE, ControlledPredictor, calibrate_strength, controlled_predictor,
-                                paper_round_acceptance)
-from rvqspec.decode import decode_frames
-from rvqspec.device_file import update_device_file
-from rvqspec.drafters import ReusedHeads
-from rvqspec.policy import SIZES, LatencyTable, Policy, measured_distribution, setting_key
-from rvqspec.sampling import Sampler
-from rvqspec.timing import call_latency, clocks, elapsed_ms, latency_row, machine
-from rvqspec.tree import default_tree
-
+from rvqspec.bench.controlled import (PAPER_ACCEPTANCE, ControlledPredictor, calibrate_strength, controlled_predictor,
+                                      paper_round_acceptance)
+from rvqspec.bench.timing import call_latency, clocks, elapsed_ms, latency_row, machine
+from rvqspec.engine.config import ARCHITECTURES, QWEN3_TTS_0_6B
+from rvqspec.engine.decode import decode_frames
+from rvqspec.engine.device_file import update_device_file
+from rvqspec.engine.drafters import ReusedHeads
+from rvqspec.engine.policy import SIZES, LatencyTable, Policy, measured_distribution, setting_key
+from rvqspec.engine.sampling import Sampler
+from rvqspec.engine.tree import default_tree
 
 
 @dataclass(frozen=True)
@@ -102,7 +101,7 @@ def time_batches(predictor: ControlledPredictor, upstream, batch: int, size: int
                  repeats: int, sampler: Sampler) -> dict:
     """Median ms of decoding `repeats` batches of `batch` frames with (a) our AR, (b) the policy's tree N = `size`
     (0: AR, timed once as (a)), (c) upstream; the same frames for all three, interleaved. Each of ours draws from
-    its own generator seeded 0, as `rvqspec.controlled.tokens_per_step` does: calibrated on the same frames
+    its own generator seeded 0, as `rvqspec.bench.controlled.tokens_per_step` does: calibrated on the same frames
     (`batch_inputs`), the policy's run repeats the calibration's draws."""
     model, drafter = predictor.model, ReusedHeads(predictor.model)
     tree = default_tree(size) if size else None

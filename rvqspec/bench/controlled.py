@@ -25,13 +25,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rvqspec.config import QWEN3_TTS_0_6B, PredictorConfig
-from rvqspec.decode import FrameResult, decode_frame
-from rvqspec.drafters import ReusedHeads
-from rvqspec.errors import RvqspecError
-from rvqspec.model import MultiCodeDecoder, resolve_dtype
-from rvqspec.sampling import Sampler
-from rvqspec.tree import Tree
+from rvqspec.engine.config import QWEN3_TTS_0_6B, PredictorConfig
+from rvqspec.engine.decode import FrameResult, decode_frame
+from rvqspec.engine.drafters import ReusedHeads
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.model import MultiCodeDecoder, resolve_dtype
+from rvqspec.engine.sampling import Sampler
+from rvqspec.engine.tree import Tree
 
 PAPER_ACCEPTANCE = {16: 2.25, 32: 2.47, 64: 2.60}  # tokens/step at tree size N, paper section 3.4
 EMBED_SCALE = 30.0  # code embeddings' RMS; the random layers add O(1) per block to the residual stream

@@ -6,7 +6,7 @@ Per setting (architecture x dtype x threads), in one process:
    A step is everything the engine does per call: the AR step embeds, calls the model, applies the head and
    samples; the speculative round also drafts, walks the tree and moves the cache (host work included).
    overhead(N) = t(N) / t(AR) - 1, predicted speedup(N) = tokens/step(N) / (1 + overhead(N)).
-2. acceptance-controlled frames (`rvqspec.controlled`): at N = 16, 32, 64 the heads' peak strength is
+2. acceptance-controlled frames (`rvqspec.bench.controlled`): at N = 16, 32, 64 the heads' peak strength is
    bisected until tokens/step matches the paper (2.25, 2.47, 2.60); then whole frames are decoded with
    `decode_frame`, AR and speculative alternately: realized speedup = median AR frame / median spec frame.
    A depth decoder with another frame length (CSM-1B: 31 codes) is bisected instead to the per-round
@@ -25,21 +25,16 @@ from pathlib import Path
 
 import torch
 
-from rvqspec.bench_report import batch_markdown, batch_plot, markdown, plot
-from rvqspec.config import ARCHITECTURES as ARCHS
-from rvqspec.config import QWEN3_TTS_0_6B
-from rvqspec.controlled import (PAPER_ACCEPTANCE, ControlledPredictor, calibrate_strength, controlled_predictor,
-                                paper_round_acceptance, round_acceptance)
-from rvqspec.decode import decode_frame
-from rvqspec.device_file import update_device_file
-from rvqspec.drafters import ReusedHeads
-from rvqspec.errors import RvqspecError
-from rvqspec import flags
-from rvqspec.model import MultiCodeDecoder, resolve_dtype
-from rvqspec.policy import SIZES
-from rvqspec.sampling import Sampler
-from rvqspec.timing import TIMED_K, call_latency, clocks, elapsed_ms, machine, medians, write_reports
-from rvqspec.tree import Tree, default_tree
+from rvqspec.bench.controlled import (PAPER_ACCEPTANCE, ControlledPredictor, calibrate_strength, controlled_predictor,
+                                      paper_round_acceptance, round_acceptance)
+from rvqspec.bench.timing import TIMED_K, call_latency, clocks, elapsed_ms, machine, medians
+from rvqspec.engine.config import ARCHITECTURES as ARCHS, QWEN3_TTS_0_6B
+from rvqspec.engine.decode import decode_frame
+from rvqspec.engine.drafters import ReusedHeads
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.model import MultiCodeDecoder
+from rvqspec.engine.sampling import Sampler
+from rvqspec.engine.tree import Tree, default_tree
 
 REFERENCE_ARCH = "0.6b"  # the paper's model: other frame lengths run at the acceptance it has at the paper's figures
 
@@ -71,7 +66,7 @@ def frame_speedup(model: MultiCodeDecoder, drafter, tree: Tree, frames: list, sa
                   seed: int = 0) -> dict:
     """Decode each frame AR and speculative (full `decode_frame`, which goes first alternates); medians of
     per-frame times, tokens/step. The speculative decodes draw from their own generator seeded `seed`, as
-    `rvqspec.controlled.tokens_per_step` does: on the same frames they repeat its draws (and its acceptance)."""
+    `rvqspec.bench.controlled.tokens_per_step` does: on the same frames they repeat its draws (and its acceptance)."""
     decode_frame(model, *frames[0], sampler, drafter=drafter, tree=tree)  # warm-up: plan, packs
     generators = {False: torch.Generator(model.device).manual_seed(seed + 1),
                   True: torch.Generator(model.device).manual_seed(seed)}
@@ -203,7 +198,7 @@ def stand_in_frames(model: MultiCodeDecoder, corpus: str | None, count: int) -> 
         hidden = torch.randn(count, c.talker_hidden_size, generator=generator).to(model.dtype)
         return list(zip(hidden, torch.randint(c.talker_vocab_size, (count,), generator=generator).tolist())), \
             "random talker states (no corpus given: acceptance is not representative)"
-    from rvqspec.corpus import Corpus
+    from rvqspec.tuning.corpus import Corpus
 
     codes, hidden = Corpus(corpus).sample("validation", count, seed=3)
     return list(zip(hidden.to(model.dtype), codes[:, 0].tolist())), f"validation split of {corpus}"
@@ -247,7 +242,7 @@ def run_bench(plan: Plan, trees: dict[int, Tree], calibration: dict | None, mode
 def measure_setting(name, model, predictor, dtype, threads, trees, tokens, plan, strengths, sampler,
                     drafter_spec, corpus, calibration, log, target_acceptance) -> dict:
     if predictor is None:
-        from rvqspec.calibrate import load_drafter
+        from rvqspec.tuning.calibrate import load_drafter
 
         drafter = load_drafter(drafter_spec, model, max(t.max_depth for t in trees.values()))
     else:
@@ -310,142 +305,3 @@ def summarize(report: dict, tokens: dict[int, float]) -> None:
                    "csm_at_paper_acceptance": csm,
                    "stand_in_speedup": stand_in["realized_speedup"] if stand_in else None,
                    **{key: headline.get(key) for key in ("tokens_per_step", "calls_per_frame", "speedup")}})
-
-
-# ---------------------------------------------------------------------------------------------- device choice
-
-def write_device_file(report: dict) -> Path | None:
-    if report["chosen"] is None:
-        return None
-    return update_device_file({**report["chosen"], "paper_acceptance": report["paper_acceptance"],
-                               "machine": report["machine"]["cpu"], "date": report["machine"]["date"]})
-
-
-# ---------------------------------------------------------------------------------------------- CLI
-
-def parse_list(text: str, kind, allowed=None, what: str = "value") -> list:
-    try:
-        values = [kind(v.strip()) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or (allowed is not None and any(v not in allowed for v in values)):
-        choices = f" from {', '.join(map(str, allowed))}" if allowed is not None else ""
-        raise RvqspecError(f"--{what} must be a comma-separated list{choices}, got {text!r}")
-    return values
-
-
-def command_line(args) -> str:
-    """The invocation, for the report (options at their values, flags when set; --batch runs name theirs)."""
-    words = ["rvqspec bench"]
-    names = ("batch", "archs", "dtype", "threads", "device", "rounds") if args.batch else \
-        ("archs", "model", "calibration", "trees", "drafter", "corpus", "sizes", "dtype", "threads", "rounds", "device")
-    for name in names:
-        value = getattr(args, name)
-        if value is not None:
-            words.append(f"--{name} {value if value != '' else repr(value)}")
-    return " ".join(words + ["--quick"] * args.quick)
-
-
-def run_batch(args, dtypes: list[str], threads: list[int]) -> int:
-    from rvqspec import bench_batch
-
-    batches = parse_list(args.batch, int, None, "batch")
-    if any(b < 1 for b in batches):
-        raise RvqspecError(f"--batch must be batch sizes >= 1, got {args.batch!r}")
-    if args.model or args.calibration or args.trees:
-        raise RvqspecError("--batch benchmarks a real architecture at the paper's acceptance: drop --model, "
-                           "--calibration and --trees")
-    archs = parse_list(args.archs or REFERENCE_ARCH, str.lower, ARCHS, "archs")
-    if len(archs) != 1:
-        raise RvqspecError(f"--batch benchmarks one architecture per run (its latency tables), got --archs {args.archs}")
-    plan = (bench_batch.quick_batch_plan if args.quick else bench_batch.BatchPlan)(batches, dtypes, threads,
-                                                                                   args.device, arch=archs[0])
-    if args.rounds:
-        plan = bench_batch.BatchPlan(**(plan.__dict__ | {"latency_rounds": args.rounds}))
-    report = bench_batch.run_batch_bench(plan, (lambda *a, **k: None) if args.json else print)
-    report["command"] = command_line(args)
-    paths = write_reports(report, Path(args.out), "bench-batch-quick" if args.quick else "bench-batch",
-                          batch_markdown, batch_plot)
-    device = None if args.no_device_file else bench_batch.write_device_latency(report)
-    if args.json:
-        print(json.dumps({"batch_policy_speedup": report["batch_policy_speedup"],
-                          "batch_policy_speedup_by_setting": report["batch_policy_speedup_by_setting"],
-                          "switch_to_ar_at": {f"{s['dtype']}/{s['threads']}t": s["switch_to_ar_at"]
-                                              for s in report["settings"]}, "report": str(paths[0])}))
-        return 0
-    print(f"wrote {', '.join(map(str, paths))}" + (f"; latency tables -> {device}" if device else ""))
-    return 0
-
-
-def run(args) -> int:
-    dtypes = parse_list(args.dtype, str, None, "dtype")
-    for dtype in dtypes:
-        resolve_dtype(dtype)
-    threads = parse_list(args.threads, int, None, "threads")
-    if any(t < 1 for t in threads):
-        raise RvqspecError(f"--threads must be >= 1, got {args.threads!r}")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise RvqspecError(f"--device {args.device}: no CUDA device is available here (use --device cpu)")
-    if args.batch:
-        return run_batch(args, dtypes, threads)
-    text = "0.6b,1.7b" if args.archs is None else args.archs
-    archs = parse_list(text, str.lower, ARCHS, "archs") if text else []
-    archs.sort(key=lambda arch: arch != REFERENCE_ARCH)  # its rows give the other frame lengths their target
-    sizes = parse_list(args.sizes, int, None, "sizes")
-    if any(n < 1 for n in sizes):
-        raise RvqspecError(f"--sizes must be tree sizes >= 1, got {args.sizes!r}")
-    if not archs and not args.model:
-        raise RvqspecError("nothing to benchmark: pass --archs and/or --model")
-    if archs and args.model and args.calibration:  # one tokens/step table per report: it would mix the two
-        raise RvqspecError("--calibration measures --model's acceptance, the real architectures run at the paper's: "
-                           "bench them separately (`rvqspec bench` and `rvqspec bench --archs '' --model M "
-                           "--calibration C`)")
-    calibration = load_calibration(args.calibration)
-    trees_dir = args.trees or (str(Path(calibration["path"]).parent) if calibration and args.model else None)
-    trees = load_trees(sizes, trees_dir)
-    plan = (quick_plan if args.quick else Plan)(archs, dtypes, threads, sizes)
-    if args.rounds:
-        plan = Plan(**(plan.__dict__ | {"latency_rounds": args.rounds}))
-    drafter = args.drafter or ((calibration or {}).get("drafter") or {}).get("spec", "reused")
-    log = (lambda *a, **k: None) if args.json else print
-    report = run_bench(plan, trees, calibration, args.model, drafter, args.corpus, log, args.device)
-    report["trees"] = trees_dir or "default_tree(N)"
-    report["command"] = command_line(args)
-    paths = write_reports(report, Path(args.out), "bench-quick" if args.quick else "bench", markdown, plot)
-    device = None if args.no_device_file else write_device_file(report)
-    if args.json:
-        print(json.dumps({k: report[k] for k in ("tokens_per_step", "calls_per_frame", "speedup",
-                                                 "speedup_at_paper_acceptance", "stand_in_speedup", "chosen",
-                                                 "paper_acceptance", "csm_at_paper_acceptance")}
-                         | {"report": str(paths[0])}))
-        return 0
-    print(f"wrote {', '.join(map(str, paths))}" + (f"; chosen N = {report['chosen']['tree_size']} -> {device}"
-                                                    if device else ""))
-    return 0
-
-
-def add_cli(subparsers) -> None:
-    p = subparsers.add_parser("bench", help="per-call latency sweep, speed-up vs tree size, acceptance-controlled "
-                                            "runs; chooses the tree size N for this device",
-                              parents=[flags.model_flag(required=False, help="also benchmark this checkpoint folder (e.g. "
-                                                  "the stand-in; with --calibration: alone)"),
-                                       flags.drafter_flag(default=None, help="drafter for --model: 'reused' or a trained "
-                                                    "file (default: the calibration's, else reused)")])
-    p.add_argument("--archs", help="real architectures (random weights): 0.6b, 1.7b, csm-1b (Sesame CSM-1B's depth "
-                                   "decoder), or ''; default 0.6b,1.7b (--batch: one of them, default 0.6b)")
-    p.add_argument("--calibration", help="`rvqspec calibrate` report.json (or its folder): tokens/step per N "
-                                         "instead of the paper's acceptance; its trees, drafter and corpus for --model")
-    p.add_argument("--trees", help="folder of tree-N{N}.json (default: default_tree(N))")
-    p.add_argument("--corpus", help="code corpus whose validation frames --model decodes")
-    p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="tree sizes N")
-    p.add_argument("--dtype", default="bfloat16,float32", help="comma-separated dtypes (--quick: the first)")
-    p.add_argument("--threads", default="1,2", help="comma-separated torch thread counts (--quick: the first)")
-    p.add_argument("--rounds", type=flags.positive_int, help="latency rounds (default 20, quick 5; --batch: 10, quick 4)")
-    p.add_argument("--batch", help="batched decoding instead: comma-separated batch sizes (e.g. 1,2,4,8,16); frames/s "
-                                   "of our AR, the decoding policy and upstream, latency tables for the policy")
-    p.add_argument("--device", type=flags.device, default="cpu", help="cpu or cuda (--batch, and the real architectures)")
-    p.add_argument("--quick", action="store_true", help="one dtype/thread setting, fewer repeats (< 3 minutes)")
-    p.add_argument("--out", type=flags.out_folder, default="benchmarks/results", help="folder for bench.{json,md,png}")
-    p.add_argument("--no-device-file", action="store_true", help="do not write the chosen N to the device file")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(run=run)

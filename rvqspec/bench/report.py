@@ -3,7 +3,7 @@ per batch size): Markdown and plots from the measured JSON, nothing measured her
 
 from pathlib import Path
 
-from rvqspec.checkpoint import atomic_write
+from rvqspec.engine.checkpoint import atomic_write
 
 
 def setting_name(s: dict) -> str:

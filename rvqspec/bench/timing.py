@@ -9,11 +9,11 @@ from pathlib import Path
 
 import torch
 
-from rvqspec.checkpoint import atomic_write, save_json
-from rvqspec.decode import autoregressive_step, plan_for, speculative_round
-from rvqspec.model import MultiCodeDecoder
-from rvqspec.sampling import Sampler
-from rvqspec.tree import Tree
+from rvqspec.engine.checkpoint import atomic_write, save_json
+from rvqspec.engine.decode import autoregressive_step, plan_for, speculative_round
+from rvqspec.engine.model import MultiCodeDecoder
+from rvqspec.engine.sampling import Sampler
+from rvqspec.engine.tree import Tree
 
 TIMED_K = 7  # rounds are timed mid-frame, where every depth of a depth-3 tree is still in the frame
 

@@ -2,7 +2,7 @@
 
 Both runs use the same model, sampler (temperature 0.9, top-k 50) and seed; they differ only in the
 predictor's inner loop (`decode_frame` without / with the shipped offsets and a calibrated tree). The
-decoding policy (`rvqspec.policy`) says which of the two it would deploy on this machine, and why, from
+decoding policy (`rvqspec.engine.policy`) says which of the two it would deploy on this machine, and why, from
 call latencies measured live and the stand-in's calibrated acceptance. The report gives the stand-in's
 own figures (calls per frame, tokens/step, inner-loop wall-time ratio, real-time factor, the predictor's
 confidence), then a short comparison measured live on the real 0.6B architecture at the paper's
@@ -21,16 +21,16 @@ from pathlib import Path
 
 import torch
 
-from rvqspec.config import QWEN3_TTS_0_6B
-from rvqspec.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor
-from rvqspec.drafters import Offsets, ReusedHeads
-from rvqspec.errors import RvqspecError
-from rvqspec import flags
-from rvqspec.packing import MKLDNN_BF16
-from rvqspec.policy import LatencyTable, Policy, measured_distribution
-from rvqspec.sampling import Sampler
-from rvqspec.timing import call_latency, latency_row
-from rvqspec.tree import Tree, default_tree
+from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor
+from rvqspec.bench.timing import call_latency, latency_row
+from rvqspec.cli import flags
+from rvqspec.engine.config import QWEN3_TTS_0_6B
+from rvqspec.engine.device_path import MKLDNN_BF16
+from rvqspec.engine.drafters import Offsets, ReusedHeads
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.policy import LatencyTable, Policy, measured_distribution
+from rvqspec.engine.sampling import Sampler
+from rvqspec.engine.tree import Tree, default_tree
 
 DEFAULT_TEXT = {"en": "The quick brown fox jumps over the lazy dog.",
                 "de": "Der schnelle braune Fuchs springt über den faulen Hund.",
@@ -66,7 +66,7 @@ def real_architecture_comparison() -> dict:
     """Measured now, on this machine: the real 0.6B architecture (random layers, heads controlled to the paper's
     2.47 tokens/step at N = 32), the policy's choice for one stream against AR, REAL_FRAMES frames each."""
     frames = REAL_FRAMES
-    from rvqspec.bench_batch import batch_inputs, time_batches
+    from rvqspec.bench.batched import batch_inputs, time_batches
 
     dtype = "bfloat16" if MKLDNN_BF16 else "float32"
     predictor, sampler, tree = controlled_predictor(REAL_ARCH, dtype=dtype), Sampler(), default_tree(32)
@@ -96,7 +96,7 @@ def heldout_top1(assets: Path) -> float | None:
 
 
 def synthesize(tts, codec, text: str, lang: str, seed: int, drafter=None, tree=None) -> tuple:
-    from rvqspec.standin.synth import synthesize_codes
+    from rvqspec.standin.synthesis import synthesize_codes
 
     generator = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
@@ -109,7 +109,7 @@ def inner_loop_times(tts, text: str, lang: str, seed: int, drafter, tree, ar, sp
     """Median inner-loop seconds per frame, AR and speculative. The two syntheses are repeated in the reverse
     order (A B B A, same seeds, so the same codes) and the frames pooled: load that drifts during the run, or a
     frame slowed by another job, does not sway the ratio."""
-    from rvqspec.standin.synth import synthesize_codes
+    from rvqspec.standin.synthesis import synthesize_codes
 
     again = {name: synthesize_codes(tts, text, lang, generator=torch.Generator().manual_seed(seed), drafter=d, tree=t)
              for name, d, t in (("spec", drafter, tree), ("ar", None, None))}
@@ -128,7 +128,7 @@ def candidate_tree(policy: Policy) -> tuple[Tree, str]:
 
 def warm_up(tts, drafter, tree) -> None:
     """One frame in each mode, so that neither timed run pays first-call allocations."""
-    from rvqspec.decode import decode_frame
+    from rvqspec.engine.decode import decode_frame
 
     hidden = torch.zeros(tts.config.hidden_size)
     for d, t in ((None, None), (drafter, tree)):
@@ -140,7 +140,7 @@ def run_demo(text: str | None = None, lang: str = "en", out: str | Path = "demo_
     from rvqspec.standin.audio import SAMPLE_RATE, write_wav
     from rvqspec.standin.codec import MelRVQCodec, hifigan
     from rvqspec.standin.talker import load_standin
-    from rvqspec.standin.train import frame_confidence
+    from rvqspec.standin.training import frame_confidence
 
     assets = Path(assets) if assets else default_assets()
     check_assets(assets)
@@ -220,11 +220,11 @@ def run_engine_demo(frames: int = 12, nodes: int = 16, seed: int = 0) -> dict:
     Random heads draft poorly, so this shows the engine working (same calls, same sampler), not a
     realistic speed-up; the report says so.
     """
-    from rvqspec.config import PredictorConfig
-    from rvqspec.decode import decode_frame
-    from rvqspec.drafters import ReusedHeads
-    from rvqspec.model import MultiCodeDecoder
-    from rvqspec.tree import default_tree
+    from rvqspec.engine.config import PredictorConfig
+    from rvqspec.engine.decode import decode_frame
+    from rvqspec.engine.drafters import ReusedHeads
+    from rvqspec.engine.model import MultiCodeDecoder
+    from rvqspec.engine.tree import default_tree
 
     config = PredictorConfig(hidden_size=256, intermediate_size=768, num_hidden_layers=5, num_attention_heads=8,
                              num_key_value_heads=4, head_dim=32, vocab_size=256, talker_hidden_size=256,

@@ -10,7 +10,7 @@ import math
 import os
 from pathlib import Path
 
-KINDS = ("reused", "offsets", "medusa")
+from rvqspec.engine.drafters import KINDS
 
 
 def drafter_spec(allowed: tuple[str, ...]):

@@ -7,8 +7,8 @@ so this is also the quick way to validate a checkpoint before a long job.
 
 import json
 
-from rvqspec import flags
-from rvqspec.model import MultiCodeDecoder
+from rvqspec.cli import flags
+from rvqspec.engine.model import MultiCodeDecoder
 
 
 def parameter_counts(model: MultiCodeDecoder) -> dict[str, int]:

@@ -1,16 +1,16 @@
-"""`rvqspec` command line. Each subcommand lives beside the code it runs, as `add_cli(subparsers)`."""
+"""`rvqspec` command line: the entry point. Each command is a module of this package with `add_cli(subparsers)`
+(its flags and a `run(args)` that calls into the engine, tuning, bench or standin packages)."""
 
 import argparse
 import importlib
 import sys
 
-from rvqspec.errors import RvqspecError
+from rvqspec.engine.errors import RvqspecError
 
 # Modules that register subcommands, in the order `rvqspec --help` lists them.
-COMMAND_MODULES = ["rvqspec.demo", "rvqspec.train", "rvqspec.calibrate", "rvqspec.synth", "rvqspec.standin.build",
-                   "rvqspec.eval", "rvqspec.bench", "rvqspec.results", "rvqspec.inspect_cmd"]
+COMMAND_MODULES = ["demo", "train", "calibrate", "synth", "standin", "eval", "bench", "inspect"]
 # Modules that add a command to the `rvqspec corpus` group.
-CORPUS_MODULES = ["rvqspec.synth", "rvqspec.standin.build"]
+CORPUS_MODULES = ["synth", "standin"]
 
 
 class UsageError(Exception):
@@ -34,11 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="rvqspec", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
-        importlib.import_module(name).add_cli(subparsers)
+        importlib.import_module(f"rvqspec.cli.{name}").add_cli(subparsers)
     corpus = subparsers.add_parser("corpus", help="build corpora: speech (the stand-in's), codes from audio")
     group = corpus.add_subparsers(dest="corpus_command", required=True)
     for name in CORPUS_MODULES:
-        importlib.import_module(name).add_corpus_cli(group)
+        importlib.import_module(f"rvqspec.cli.{name}").add_corpus_cli(group)
     return parser
 
 

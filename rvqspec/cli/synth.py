@@ -2,75 +2,27 @@
 
 synth: text -> upstream talker -> code predictor through rvqspec (speculative unless --no-spec) -> upstream
 12 Hz speech tokenizer -> wav. corpus from-audio: recorded speech + transcripts -> 12 Hz codes -> the talker's
-hidden state per frame by teacher forcing -> a code corpus (`rvqspec/corpus.py`) for `train-offsets`; with a
+hidden state per frame by teacher forcing -> a code corpus (`rvqspec.tuning.corpus`) for `train-offsets`; with a
 Sesame CSM checkpoint (transformers), its Mimi codes and the backbone's state instead.
 
 --model is a checkpoint folder, or a Hugging Face repo id whose files are already in the local cache:
 nothing is ever downloaded.
 """
 
-import json
-import os
-import re
 import time
 from pathlib import Path
 
 import torch
 
-from rvqspec.checkpoint import atomic_write
-from rvqspec.errors import RvqspecError
-from rvqspec import flags
-from rvqspec.model import resolve_dtype
-
-AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")
-REPO_ID = re.compile(r"[\w.-]+/[\w.-]+")
-
-
-def resolve_model(name: str) -> Path:
-    """`name` if it is a folder, else the snapshot folder of Hugging Face repo `name` in the local cache.
-    Puts huggingface_hub in offline mode for this process (HF_HUB_OFFLINE=1): loading never downloads."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    path = Path(name).expanduser()
-    if path.is_dir():
-        return path
-    if not REPO_ID.fullmatch(name):
-        raise RvqspecError(f"checkpoint folder {name} does not exist: pass a folder holding config.json, the "
-                           "weights and speech_tokenizer/, or a Hugging Face repo id such as "
-                           "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice")
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
-    try:
-        snapshot = Path(snapshot_download(name, local_files_only=True))
-    except LocalEntryNotFoundError:
-        snapshot = None
-    if snapshot is None or not (snapshot / "config.json").is_file():
-        raise RvqspecError(f"the weights of {name} are not on disk (no folder of that name, and no complete entry in "
-                           f"the Hugging Face cache {constants.HF_HUB_CACHE}; rvqspec never downloads): fetch them "
-                           f"once with `huggingface-cli download {name}`, or pass --model /path/to/checkpoint")
-    return snapshot
-
-
-def load_tts(folder: Path, device: str, dtype: torch.dtype):
-    """Upstream's `Qwen3TTSModel` (talker, predictor, 12 Hz speech tokenizer, text processor) from `folder`."""
-    from rvqspec.integrations.qwen_tts import import_qwen_tts
-
-    from safetensors import SafetensorError
-
-    qwen_tts = import_qwen_tts()
-    try:
-        return qwen_tts.Qwen3TTSModel.from_pretrained(str(folder), device_map=device, dtype=dtype)
-    except (OSError, ValueError, KeyError, SafetensorError) as e:  # a truncated file: SafetensorError
-        raise RvqspecError(f"qwen-tts cannot load {folder} ({type(e).__name__}: {e}): pass a complete Qwen3-TTS "
-                           "12 Hz checkpoint folder") from None
-
-
-def default_device(device: str | None) -> str:
-    return device or ("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def default_dtype(dtype: str | None, device: str) -> torch.dtype:
-    return resolve_dtype(dtype or ("bfloat16" if device.startswith("cuda") else "float32"))
+from rvqspec.cli import flags
+from rvqspec.engine.checkpoint import atomic_write
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.model import resolve_dtype
+from rvqspec.integrations import csm
+from rvqspec.integrations.hub import default_device, default_dtype, resolve_model
+from rvqspec.integrations.qwen_tts import accelerate, generate_speech, load_tts
+from rvqspec.tuning import csm_corpus, qwen_tts_corpus
+from rvqspec.tuning.recordings import audio_with_transcripts, is_csm_checkpoint
 
 
 def write_wav(path: str | Path, wav, sample_rate: int) -> None:
@@ -81,8 +33,8 @@ def write_wav(path: str | Path, wav, sample_rate: int) -> None:
 
 def load_drafting(args):
     """(drafter, tree) from the flags, checked before any model is loaded; (None, None) for plain AR."""
-    from rvqspec.drafters import Drafter, ReusedHeads
-    from rvqspec.tree import Tree
+    from rvqspec.engine.drafters import Drafter, ReusedHeads
+    from rvqspec.engine.tree import Tree
 
     if args.no_spec:
         if args.drafter != "reused" or args.tree:
@@ -94,8 +46,6 @@ def load_drafting(args):
 
 def synthesize(tts, handle, text: str, out: str | Path, **speech_args) -> dict:
     """Generate `text` with the accelerated `tts`, write `out`; a report of what the predictor did."""
-    from rvqspec.integrations.qwen_tts import generate_speech
-
     handle.stats.reset()
     start = time.perf_counter()
     wavs, sample_rate = generate_speech(tts, text, **speech_args)
@@ -110,8 +60,6 @@ def synthesize(tts, handle, text: str, out: str | Path, **speech_args) -> dict:
 
 
 def run_synth(args) -> int:
-    from rvqspec.integrations.qwen_tts import accelerate
-
     drafter, tree = load_drafting(args)
     device = default_device(args.device)
     tts = load_tts(resolve_model(args.model), device, default_dtype(args.dtype, device))
@@ -127,105 +75,18 @@ def run_synth(args) -> int:
     return 0
 
 
-def audio_with_transcripts(folder: str | Path) -> list[tuple[Path, str]]:
-    """(audio file, transcript) for every audio file under `folder`; each needs <name>.txt beside it."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise RvqspecError(f"audio folder {folder} does not exist")
-    files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES and p.is_file())
-    if not files:
-        raise RvqspecError(f"no audio ({', '.join(AUDIO_SUFFIXES)}) under {folder}")
-    missing = [p for p in files if not p.with_suffix(".txt").is_file()]
-    if missing:
-        raise RvqspecError(f"{len(missing)} of {len(files)} audio files have no transcript (e.g. {missing[0]} needs "
-                           f"{missing[0].with_suffix('.txt').name} beside it): the talker is conditioned on the text, "
-                           "so write each transcript to <name>.txt")
-    return [(p, p.with_suffix(".txt").read_text(encoding="utf-8").strip()) for p in files]
-
-
-def load_recording(path: Path, sample_rate: int | None = None):
-    """(mono waveform, its sample rate), resampled to `sample_rate` if given; an undecodable file is named (the
-    corpus being written is then not finished: its writer aborts)."""
-    import librosa
-
-    try:
-        return librosa.load(path, sr=sample_rate, mono=True)
-    except Exception as e:  # decoders raise many types
-        raise RvqspecError(f"{path} cannot be decoded as audio ({type(e).__name__}): convert it to wav, or "
-                           "remove it and its transcript") from None
-
-
-def utterance_id(path: Path, folder: str | Path) -> str:
-    """A recording's corpus id: its path under the audio folder, without suffix."""
-    return path.relative_to(folder).with_suffix("").as_posix()
-
-
-def corpus_from_audio(tts, folder: str | Path, out: str | Path, language: str = "Auto", speaker: str | None = None,
-                      instruct: str | None = None, hidden_dtype: torch.dtype = torch.float16,
-                      overwrite: bool = False, meta: dict | None = None) -> dict:
-    """Write a code corpus from the audio under `folder`: per frame, the 12 Hz codes of the recording and
-    the talker's hidden state for them under teacher forcing, conditioned as `generate_speech` would be
-    (a Base model is conditioned on each recording's own x-vector)."""
-    from rvqspec.corpus import CorpusWriter
-    from rvqspec.integrations.qwen_tts import talker_prompt, teacher_forced_hidden
-
-    items = audio_with_transcripts(folder)
-    talker = tts.model.talker
-    meta = {"source": "rvqspec corpus from-audio", "language": language, "speaker": speaker, **(meta or {})}
-    frames = 0
-    with CorpusWriter(out, talker.config.hidden_size, talker.config.num_code_groups, hidden_dtype=hidden_dtype,
-                      meta=meta, overwrite=overwrite) as writer:
-        for path, text in items:
-            wav, sample_rate = load_recording(path)
-            codes = tts.model.speech_tokenizer.encode(wav, sr=sample_rate).audio_codes[0]
-            prompt = talker_prompt(tts, text, language=language, speaker=speaker, instruct=instruct,
-                                   ref_audio=(wav, sample_rate))
-            hidden = teacher_forced_hidden(talker, prompt, codes)
-            writer.add(utterance_id(path, folder), language.lower(), codes.cpu(), hidden.float().cpu())
-            frames += len(codes)
-    return {"out": str(out), "utterances": len(items), "frames": frames}
-
-
-def is_csm_checkpoint(folder: Path) -> bool:
-    try:
-        return json.loads((folder / "config.json").read_text()).get("model_type") == "csm"
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def csm_corpus_from_audio(args, folder: Path, recordings: list[tuple[Path, str]]) -> dict:
-    """The CSM branch of `corpus from-audio`: transformers' model and processor from `folder`, the recordings
-    encoded by its Mimi codec, the backbone's teacher-forced state per frame."""
-    from rvqspec.integrations import csm
-
-    try:
-        from transformers import AutoProcessor, CsmForConditionalGeneration
-
-        device = default_device(args.device)
-        model = CsmForConditionalGeneration.from_pretrained(str(folder), device_map=device,
-                                                            dtype=default_dtype(args.dtype, device)).eval()
-        processor = AutoProcessor.from_pretrained(str(folder))
-    except (OSError, ValueError, KeyError, ImportError) as e:
-        raise RvqspecError(f"transformers cannot load the CSM model and processor in {folder} ({type(e).__name__}: "
-                           f"{e}): pass a complete CSM checkpoint folder (e.g. sesame/csm-1b)") from None
-    rate = processor.feature_extractor.sampling_rate
-    loaded = ((utterance_id(path, args.audio), text, load_recording(path, rate)[0]) for path, text in recordings)
-    items = csm.audio_items(model, processor, loaded, args.speaker or "0", args.language.lower())
-    return csm.corpus_from_codes(model, items, args.out, resolve_dtype(args.hidden_dtype), args.overwrite,
-                                 meta={"model": args.model, "speaker": args.speaker or "0"})
-
-
 def run_from_audio(args) -> int:
-    recordings = audio_with_transcripts(args.audio)  # fail on a bad folder before loading a model
-    folder = resolve_model(args.model)
+    audio_with_transcripts(args.audio)  # fail on a bad folder before loading a model
+    folder, device = resolve_model(args.model), default_device(args.device)
+    dtype, hidden_dtype, meta = default_dtype(args.dtype, device), resolve_dtype(args.hidden_dtype), {"model": args.model}
     if is_csm_checkpoint(folder):
-        report = csm_corpus_from_audio(args, folder, recordings)
-        print(f"wrote corpus {report['out']}: {report['utterances']} utterances, {report['frames']} frames")
-        return 0
-    device = default_device(args.device)
-    tts = load_tts(folder, device, default_dtype(args.dtype, device))
-    report = corpus_from_audio(tts, args.audio, args.out, args.language, args.speaker, args.instruct,
-                               resolve_dtype(args.hidden_dtype), args.overwrite, meta={"model": args.model})
+        model, processor = csm.load_model(folder, device, dtype)
+        report = csm_corpus.corpus_from_audio(model, processor, args.audio, args.out, args.speaker or "0",
+                                              args.language.lower(), hidden_dtype, args.overwrite, meta)
+    else:
+        report = qwen_tts_corpus.corpus_from_audio(load_tts(folder, device, dtype), args.audio, args.out,
+                                                   args.language, args.speaker, args.instruct, hidden_dtype,
+                                                   args.overwrite, meta)
     print(f"wrote corpus {report['out']}: {report['utterances']} utterances, {report['frames']} frames")
     return 0
 

@@ -7,8 +7,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from rvqspec.errors import RvqspecError
-
+from rvqspec.engine.errors import RvqspecError
 
 LAYOUTS = ("qwen3_tts", "csm")
 ROPE_TYPES = ("default", "llama3")

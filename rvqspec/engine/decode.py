@@ -13,7 +13,7 @@ Speculative round (DESIGN section 2), all in `speculative_round`, for every row 
     (exactly AR sampling wherever the walk goes) and the child whose token is x is accepted; the draw at
     the deepest accepted node is the bonus code. Only the nodes on the path reach the heads and the
     sampler. On an accelerator the walk runs on the device, one draw per depth, and the host reads the
-    result once; on the CPU it stops at the first depth without a match (`host_walk`);
+    result once; on the CPU it stops at the first depth without a match (`walk`);
  4. each row's K/V entries of the root and its accepted nodes are moved to consecutive slots.
 Because every emitted code is a draw from the verifier's p~ given the true prefix, the output has
 exactly the distribution of AR decoding (and greedy codes are identical).
@@ -30,12 +30,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from rvqspec.drafters import static_shapes
-from rvqspec.errors import RvqspecError
-from rvqspec import host_walk
-from rvqspec.sampling import Sampler
-from rvqspec.tree import Tree
-
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.sampling import Sampler
+from rvqspec.engine.tree import Tree
+from rvqspec.engine.walk import walk
 
 # Talker states are normed (|x| of order 1-100); past this the predictor's float32 norms overflow (x^2 summed over
 # the hidden size), and the draws would fail on NaN probabilities.
@@ -73,8 +71,23 @@ class BatchResult:
 
 @dataclass
 class TreePlan:
-    """Everything a round needs about the tree, built once per (tree, model, device); per-k tables are
-    stacked so that a batch gathers each row's by its k."""
+    """Everything a round needs about the tree, built once per (tree, groups, device) and kept in `tree.plans`.
+    Per-k tables are stacked so that a batch gathers each row's by its k. q = N + 1 query tokens (root + nodes).
+
+    Worked example: the tree [[0], [1], [0, 0]] (q = 4: root 0; node 1 = rank 0 at depth 1; node 2 = rank 1 at
+    depth 1; node 3 = rank 0 at depth 2 under node 1), G = 16 codebooks, a row at k = 3 (c1..c3 emitted):
+      parent        [0, 0, 0, 1]
+      draft_index   [0, 1, 2]: node 1 takes depth 1 rank 0, node 2 depth 1 rank 1, node 3 depth 2 rank 0 of the
+                    drafter's [depth, m] top-m table, flattened (m = 2, the tree's top_m)
+      scratch       [16, 17, 18, 19]: the tree's cache slots, after the G committed ones
+      positions[3]  [4, 5, 5, 6]: position k + 1 + depth (the root c_3 sits at position 4)
+      tables[3]     [3, 4, 4, 5]: the root is code c_3 (table 3), depth-1 drafts c_4, depth-2 drafts c_5
+      masks[3]      [4, 20]: slots 0..3 (committed) for every query, then each query's ancestors and itself
+                    among the scratch slots (node 3 sees slots 16, 17, 19)
+      path_slots    [[16, 16, 16], [16, 17, 17], [16, 18, 18], [16, 17, 19]]: root..node, padded with the node
+      path_steps    [1, 2, 3]: a path's entries go to slots k + 1, k + 2, ... (positions 4, 5, 6 at k = 3)
+      children      [[1, 2], [3], [], []]: the host walk's child lists
+    """
 
     tree: Tree
     parent: Tensor  # [q]
@@ -85,14 +98,24 @@ class TreePlan:
     masks: Tensor  # [G, q, G+q] per k: committed slots 0..k, then the tree's ancestors
     path_slots: Tensor  # [q, max_depth+1] per node: scratch slots of root..node, padded with the node's own
     path_steps: Tensor  # [max_depth+1] 1, 2, ...: where the path goes, counted from the row's k
+    children: list[list[int]]  # per node, its children (host lists, for the host walk)
+
+
+@dataclass
+class RoundResult:
+    """What one speculative round gives every row (see `speculative_round`)."""
+
+    draws: Tensor  # [B, d] the walk's draws: row b emits its first accepted[b] + 1 of them, capped at the frame end
+    hidden: Tensor  # [B, H] the hidden state that produced each row's last draw (the next round drafts from it)
+    accepted: list[int]  # per row, drafts accepted (host list)
+    bonus_node: list[int]  # per row, the tree node of the bonus draw (0: the root; host list)
 
 
 def plan_for(tree: Tree, model) -> TreePlan:
     key = (model.config.num_code_groups, str(model.device))
-    plans = tree.__dict__.setdefault("_plans", {})
-    if key not in plans:
-        plans[key] = build_plan(tree, model.config.num_code_groups, model.device)
-    return plans[key]
+    if key not in tree.plans:
+        tree.plans[key] = build_plan(tree, model.config.num_code_groups, model.device)
+    return tree.plans[key]
 
 
 def build_plan(tree: Tree, groups: int, device: torch.device) -> TreePlan:
@@ -102,13 +125,16 @@ def build_plan(tree: Tree, groups: int, device: torch.device) -> TreePlan:
     ancestors = tree.ancestors.tolist()
     paths = [[a for a in range(q) if ancestors[n][a]] for n in range(q)]
     paths = [path + path[-1:] * (tree.max_depth + 1 - len(path)) for path in paths]
+    children = [[] for _ in range(q)]
+    for child, parent in enumerate(tree.parent.tolist()[1:], 1):
+        children[parent].append(child)
     return TreePlan(
         tree=tree, parent=tree.parent.to(device),
         draft_index=((depth[1:] - 1) * max(tree.top_m, 1) + tree.rank[1:]).to(device),
         scratch=torch.arange(groups, groups + q, device=device),
         positions=(ks + 1 + depth).to(device), tables=(ks + depth).clamp(max=groups - 1).to(device),
         masks=masks.to(device), path_slots=(groups + torch.tensor(paths)).to(device),
-        path_steps=torch.arange(1, tree.max_depth + 2, device=device))
+        path_steps=torch.arange(1, tree.max_depth + 2, device=device), children=children)
 
 
 def check_frame(model, talker_hidden: Tensor, c0) -> tuple[Tensor, Tensor]:
@@ -218,14 +244,14 @@ def decode_speculative(model, talker_hidden: Tensor, c0: Tensor, sampler: Sample
     k = torch.tensor(k_host, device=model.device)  # the same, for the device's gathers
     while min(k_host) < last:
         root = codes.gather(1, k[:, None] - 1)[:, 0]
-        draws, hidden, accepted, bonus = speculative_round(model, cache, plan, sampler, generator, drafter, k, k_host,
-                                                           root, hidden)
+        result = speculative_round(model, cache, plan, sampler, generator, drafter, k, k_host, root, hidden)
+        hidden, accepted = result.hidden, result.accepted
         # Draws go to c_{k+1}..; those past what a row emitted land on codes a later round overwrites.
-        codes.scatter_(1, k[:, None] + torch.arange(draws.shape[1], device=k.device), draws)
+        codes.scatter_(1, k[:, None] + torch.arange(result.draws.shape[1], device=k.device), result.draws)
         for b, row in enumerate(rows):
             if k_host[b] < last:
                 row.calls += 1
-                row.rounds.append(RoundStats(accepted[b], list(enumerate(tree.paths[bonus[b] - 1], 1))
+                row.rounds.append(RoundStats(accepted[b], list(enumerate(tree.paths[result.bonus_node[b] - 1], 1))
                                              if accepted[b] else []))
                 k_host[b] = min(k_host[b] + 1 + accepted[b], last)
         k = torch.tensor(k_host, device=model.device)
@@ -234,14 +260,9 @@ def decode_speculative(model, talker_hidden: Tensor, c0: Tensor, sampler: Sample
 
 
 def speculative_round(model, cache, plan: TreePlan, sampler: Sampler, generator, drafter, k: Tensor,
-                      k_host: list[int], root: Tensor, hidden_k: Tensor) -> tuple[Tensor, Tensor, list[int], list[int]]:
+                      k_host: list[int], root: Tensor, hidden_k: Tensor) -> RoundResult:
     """One fused draft+verify call for every row. Row b has emitted c1..c_{k[b]} (`k_host` the same on the
-    host); `root` [B] = c_k (not yet fed), `hidden_k` [B, H] = the h_k that produced it.
-
-    Returns the walk's draws [B, d] (row b emits its first accepted + 1 of them, capped at the frame end;
-    accepted drafts equal the draws at their parents), the hidden state that produced each row's last
-    draw [B, H], and per row (host lists) the accepted drafts and the node of the bonus draw.
-    """
+    host); `root` [B] = c_k (not yet fed), `hidden_k` [B, H] = the h_k that produced it."""
     tree, batch = plan.tree, len(k_host)
     # 1. Drafts from h_k: the top-m candidates per depth, picked by the tree's (depth, rank) nodes.
     top = drafter.candidates(model, hidden_k, k_host, tree.max_depth, max(tree.top_m, 1))
@@ -249,41 +270,9 @@ def speculative_round(model, cache, plan: TreePlan, sampler: Sampler, generator,
     # 2. Verify every row's tree in one call.
     x = model.embed_codes(tokens, plan.tables[k])
     hidden = model(x, plan.positions[k], plan.masks[k], cache, plan.scratch)
-    # 3. Sample-then-match: on the CPU reading each depth (it stops early), elsewhere on the device.
-    if host_walk.applies(k.device):
-        node, draws, found = host_walk.walk_on_host(model, plan, sampler, generator, k_host, tokens, hidden)
-    else:
-        node, draws, found = walk(model, plan, sampler, generator, k, k_host, tokens, hidden)
+    # 3. Sample-then-match (`walk`: on the CPU reading each depth, so it stops early; elsewhere on the device).
+    path = walk(model, plan, sampler, generator, k, k_host, tokens, hidden)
     # 4. Keep the K/V of the root and the accepted nodes at their positions' slots k+1.. (see module doc).
-    cache.move(plan.path_slots[node], k[:, None] + plan.path_steps)
-    accepted, bonus = torch.stack([found, node]).tolist()  # the round's one host read
-    return draws, hidden[torch.arange(batch, device=node.device), node], accepted, bonus
-
-
-def walk(model, plan: TreePlan, sampler: Sampler, generator, k: Tensor, k_host: list[int], tokens: Tensor,
-         hidden: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Walk every row's tree from the root: draw at the current node (depth d predicts c_{k+1+d}), move to
-    the child holding the draw, stop when none does or the frame ends. Without host reads, so every depth
-    that some row can reach is visited; a stopped row stays put and its extra draws are ignored.
-
-    Returns the last node reached per row [B] (0-d), the draws along the paths [B, d + 1] and the number
-    of accepted drafts per row [B] (0-d).
-    """
-    tree, last = plan.tree, model.config.num_residual_codes
-    rows = torch.arange(len(k_host), device=tokens.device)
-    node = found = torch.zeros(len(k_host), dtype=torch.long, device=tokens.device)
-    alive = torch.ones(len(k_host), dtype=torch.bool, device=tokens.device)
-    draws = []
-    depths = tree.max_depth + 1 if static_shapes(tokens.device) else min(tree.max_depth, last - min(k_host) - 1) + 1
-    for d in range(depths):
-        codebooks = [min(kb + 1 + d, last) for kb in k_host]  # rows past their frame end draw garbage, pruned
-        draws.append(sampler.sample(model.head_logits(hidden[rows, node], codebooks), generator))
-        if d < tree.max_depth:  # children exist; they hold c_{k+1+d}, which must not pass c_last
-            start, end = tree.depth_slices[d + 1]
-            open_rows = alive & (k + 1 + d <= last)
-            match = (plan.parent[start:end] == node[:, None]) & (tokens[:, start:end] == draws[-1][:, None])
-            match &= open_rows[:, None]
-            alive = match.any(1)  # siblings differ: at most one child matches
-            node = torch.where(alive, start + match.long().argmax(1), node)
-            found = found + alive
-    return node, torch.stack(draws, dim=1), found
+    cache.move(plan.path_slots[path.node], k[:, None] + plan.path_steps)
+    accepted, bonus = torch.stack([path.found, path.node]).tolist()  # the round's one host read
+    return RoundResult(path.draws, hidden[torch.arange(batch, device=path.node.device), path.node], accepted, bonus)

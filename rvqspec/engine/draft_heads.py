@@ -14,16 +14,9 @@ import threading
 import torch
 from torch import Tensor
 
-from rvqspec import fused
-
-DTYPES = (torch.bfloat16,)  # where the int8 kernel is faster than the exact head (measured)
+from rvqspec.engine import device_path
 
 _lock = threading.Lock()
-
-
-def applies(hidden: Tensor) -> bool:
-    return fused.on() and hidden.device.type == "cpu" and hidden.dtype in DTYPES and not torch.is_grad_enabled() \
-        and not torch.compiler.is_compiling()
 
 
 def quantize(weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -38,16 +31,14 @@ def quantized(model) -> list[tuple[Tensor, Tensor]]:
     heads = model.heads
     key = (heads.data_ptr(), heads._version, heads.dtype)
     with _lock:
-        cached = model.__dict__.get("_int8_heads")
-        if cached is None or cached[0] != key:
-            cached = (key, [quantize(head) for head in heads])
-            model.__dict__["_int8_heads"] = cached
-        return cached[1]
+        if model.int8_heads is None or model.int8_heads[0] != key:
+            model.int8_heads = (key, [quantize(head) for head in heads])
+        return model.int8_heads[1]
 
 
 def logits(model, hidden: Tensor, codebooks: list[int]) -> Tensor:
     """Approximate logits [R, V] of hidden [R, H], row r through the head of codebooks[r]: for ranking only."""
-    if not applies(hidden):
+    if not device_path.choose(hidden.device, hidden.dtype).int8_drafts:
         return model.head_logits(hidden, codebooks)
     heads, hidden = quantized(model), hidden.contiguous()
     if len(set(codebooks)) == 1:

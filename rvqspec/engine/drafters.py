@@ -16,18 +16,10 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from torch import Tensor, nn
 
-from rvqspec import draft_heads
-from rvqspec.checkpoint import save_tensors
-from rvqspec.errors import RvqspecError
-
-DEFAULT_DEPTH = 3
-
-
-def static_shapes(device: torch.device) -> bool:
-    """Whether a round's work may depend only on (B, N): on an accelerator every depth is drafted and walked even
-    near the frame end (rows past it are masked), so that a round can be captured and replayed as it is; on the
-    CPU the depths no row can reach are skipped (their heads cost time)."""
-    return device.type != "cpu"
+from rvqspec.engine import device_path, draft_heads
+from rvqspec.engine.checkpoint import save_tensors
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.tree import DEFAULT_DEPTH
 
 
 def model_identity(model) -> dict:
@@ -76,18 +68,14 @@ class Drafter(nn.Module):
         """Draft logits [B, depth, V] for c_{p+1}..c_{p+depth} from h_p [B, H] (row b at p = positions[b]).
         Depths past the last code of every row are 0; a row's own depths past it are garbage (pruned)."""
         depth = depth or self.depth
-        reach = depth if static_shapes(hidden.device) else min(depth, model.config.num_residual_codes - min(positions))
+        reach = depth if device_path.static_shapes(hidden.device) else min(depth, model.config.num_residual_codes - min(positions))
         rows = [self.head(model, hidden, positions, j, rank_only) for j in range(1, reach + 1)]
         rows += [hidden.new_zeros(len(positions), model.config.vocab_size)] * (depth - len(rows))
         return torch.stack(rows, dim=1)
 
     def candidates(self, model, hidden: Tensor, positions: list[int], depth: int, m: int) -> Tensor:
-        """The top-m draft codes [B, depth, m] per depth: all a round needs, so ranked by rank-only logits (a
-        subclass with its own `logits` ranks by those)."""
-        own = type(self).logits is not Drafter.logits
-        logits = self.logits(model, hidden, positions, depth) if own else \
-            self.logits(model, hidden, positions, depth, rank_only=True)
-        return logits.topk(m, dim=-1).indices
+        """The top-m draft codes [B, depth, m] per depth: all a round needs, so ranked by rank-only logits."""
+        return self.logits(model, hidden, positions, depth, rank_only=True).topk(m, dim=-1).indices
 
     def teacher_forced_logits(self, model, hidden: Tensor, j: int) -> Tensor:
         """Logits [B, P, V] for c_{i+j} from h_i [B, G, H], for i = 1..G-1-j (all positions at once)."""
@@ -211,6 +199,9 @@ class MedusaHeads(Drafter):
 
     def transform(self, hidden: Tensor, position: Tensor | list[int], j: int) -> Tensor:
         return hidden  # the ResBlock is applied in head/batched_head, next to its own vocabulary head
+
+
+KINDS = ("reused", "offsets", "medusa")  # what `make_drafter` makes (and `rvqspec train-offsets` trains, but reused)
 
 
 def check_depth(depth: int, model) -> None:

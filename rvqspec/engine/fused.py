@@ -86,20 +86,9 @@ def enabled(on: bool):
 
 
 def on() -> bool:
-    """Whether the CPU fast path is switched on: these kernels, the int8 draft heads and the early-stopping walk."""
+    """Whether the CPU fast path is switched on: these kernels, the int8 draft heads and the early-stopping walk
+    (where each applies: `device_path.choose`)."""
     return _state["enabled"]
-
-
-def path(device: torch.device | str, dtype: torch.dtype) -> str:
-    """Which path a cached inference forward takes on `device` in `dtype`: "fused" or "plain"."""
-    if torch.device(device).type != "cpu" or dtype not in DTYPES or not _state["enabled"]:
-        return "plain"
-    return "fused" if kernels() is not None else "plain"
-
-
-def applies(x: Tensor) -> bool:
-    """Whether model.forward takes the fused path for input `x` (inference on the CPU, kernels built)."""
-    return not torch.is_grad_enabled() and not torch.compiler.is_compiling() and path(x.device, x.dtype) == "fused"
 
 
 def layers(model, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache, slots: Tensor | None) -> Tensor:

@@ -21,11 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rvqspec import fused
-from rvqspec.checkpoint import combine, official_layout, predictor_prefix, read_tensors, save_predictor
-from rvqspec.config import PredictorConfig, load_config
-from rvqspec.errors import RvqspecError
-from rvqspec.packing import Linear, PackedWeight, linear
+from rvqspec.engine import device_path, fused
+from rvqspec.engine.checkpoint import combine, official_layout, predictor_prefix, read_tensors, save_predictor
+from rvqspec.engine.config import PredictorConfig, load_config
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.packing import Linear, PackedWeight, linear
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64}
@@ -205,6 +205,7 @@ class MultiCodeDecoder(nn.Module):
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.heads = nn.Parameter(torch.empty(c.num_residual_codes, c.vocab_size, c.hidden_size))
         self.head_packs = [PackedWeight() for _ in range(c.num_residual_codes)]
+        self.int8_heads: tuple | None = None  # draft_heads.quantized's cache: (heads' identity, int8 heads)
         # Derived, non-checkpoint buffers. Positions in a frame stay below num_code_groups; tree nodes past
         # the frame end are masked but still need a table row, hence the slack.
         self.rope = RotaryEmbedding(c.head_dim, c.rope_theta, c.num_code_groups + 64, c.rope_scaling)
@@ -247,7 +248,7 @@ class MultiCodeDecoder(nn.Module):
             mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
         if mask is not None and mask.dim() == 3:  # per row: [B, 1, T, slots], broadcast over the heads
             mask = mask.unsqueeze(1)
-        if fused.applies(x):
+        if device_path.choose(x.device, x.dtype).fused_kernels:
             return fused.layers(self, x, cos, sin, mask, cache, slots)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, mask, cache, i, slots)

@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from rvqspec.engine import device_path
+
 PACK_MIN_ELEMENTS = 1 << 20
 PACK_ROWS_HINT = 32  # oneDNN chooses the packed layout for this many rows
-MKLDNN_BF16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 class PackedWeight:
@@ -41,10 +42,11 @@ class PackedWeight:
 
 
 def use_packed(x: Tensor, weight: Tensor) -> bool:
-    if x.device.type != "cpu" or torch.is_grad_enabled() or weight.numel() < PACK_MIN_ELEMENTS \
-            or not torch.backends.mkldnn.enabled or x.dtype != weight.dtype or torch.compiler.is_compiling():
+    """The device path packs (`device_path`), the weight is large enough, and float32 has more than one row."""
+    if weight.numel() < PACK_MIN_ELEMENTS or x.dtype != weight.dtype \
+            or not device_path.choose(x.device, x.dtype).packed_weights:
         return False
-    return (x.dtype == torch.bfloat16 and MKLDNN_BF16) or (x.dtype == torch.float32 and x.numel() > x.shape[-1])
+    return x.dtype == torch.bfloat16 or x.numel() > x.shape[-1]
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None, pack: PackedWeight) -> Tensor:

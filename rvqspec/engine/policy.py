@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from rvqspec.device_file import read_device_file
-from rvqspec.errors import RvqspecError
-from rvqspec.tree import PRIOR_ACCEPTANCE, Tree, default_tree
+from rvqspec.engine.device_file import read_device_file
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.tree import PRIOR_ACCEPTANCE, Tree, default_tree
 
 SIZES = (4, 8, 16, 32, 64)
 MEASURED_MARGIN = 0.05  # speculation must be predicted 5% faster than AR on a table measured here

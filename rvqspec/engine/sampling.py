@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rvqspec.errors import RvqspecError
+from rvqspec.engine.errors import RvqspecError
 
 
 @dataclass(frozen=True)

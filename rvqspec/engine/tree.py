@@ -17,9 +17,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from rvqspec.errors import RvqspecError
+from rvqspec.engine.errors import RvqspecError
 
 FORMAT = "rvqspec-tree/1"
+DEFAULT_DEPTH = 3  # K, the codes drafted ahead of the last one (the paper's)
 
 
 @dataclass
@@ -31,6 +32,7 @@ class Tree:
     rank: Tensor = field(init=False)  # [q] rank of each node's draft (0 for the root)
     ancestors: Tensor = field(init=False)  # [q, q] True where column is an ancestor of row, or row itself
     depth_slices: list[tuple[int, int]] = field(init=False)  # node index range of each depth 0..max_depth
+    plans: dict = field(init=False, repr=False, compare=False, default_factory=dict)  # decode.plan_for's, per device
 
     def __post_init__(self) -> None:
         self.paths = validate_paths(self.paths)
@@ -92,7 +94,7 @@ class Tree:
         return cls.from_paths(obj["paths"], obj.get("meta"))
 
     def save(self, path: str | Path) -> None:
-        from rvqspec.checkpoint import save_json
+        from rvqspec.engine.checkpoint import save_json
 
         save_json(path, {"format": FORMAT, "paths": [list(p) for p in self.paths], "meta": self.meta})
 
@@ -149,10 +151,10 @@ def prior_acceptance(depth: int) -> Tensor:
     return torch.tensor([[0.55 * 0.45 ** r * 0.9 ** d for r in range(16)] for d in range(depth)])
 
 
-PRIOR_ACCEPTANCE = prior_acceptance(3)
+PRIOR_ACCEPTANCE = prior_acceptance(DEFAULT_DEPTH)
 
 
-def default_tree(budget: int, depth: int = 3) -> Tree:
+def default_tree(budget: int, depth: int = DEFAULT_DEPTH) -> Tree:
     """A sparse tree of `budget` nodes, at most `depth` deep, grown from the prior; budget 3 and below give
     chains/fans."""
     return grow_tree(prior_acceptance(depth), budget)

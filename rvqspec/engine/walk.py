@@ -1,43 +1,61 @@
-"""The CPU's acceptance walk: stop at the first depth without a match, so only accepted + 1 heads and draws run.
+"""Step 3 of a speculative round: sample-then-match down every row's tree. Two walks, one contract.
 
-On the CPU a host read costs nothing, so the walk reads each depth's draws and computes the next depth's head
-only for the rows whose walk goes on (at the paper's 2.47 tokens/step: 2.5 heads and draws per round instead of
-K + 1 = 4). Accelerators keep `decode.walk`, which visits every depth without reading the device.
+Contract. Row b has emitted c1..c_k (k = k_host[b]); its tree's tokens are `tokens[b]` (node 0 the root c_k) and
+`hidden[b, n]` is the verifier's state at node n. From the root, at depth d (the current node's draft predicts
+c_{k+1+d}) the walk draws x ~ p~(node) (exactly AR sampling: the right head, the deployed sampler) and moves to
+the child whose token is x, if any; a row stops at the first draw no child holds, or at the frame end: a row
+walks at depth d only while `walks_at(k, d, last)`, i.e. c_{k+1+d} is still a code of the frame. Returns
+`Walk(node, draws, found)`: the last node reached per row [B], the draws along the path [B, d + 1] (row b emits
+its first found[b] + 1 of them, capped at the frame end) and the accepted drafts per row [B].
+
+- `walk_on_host` (the CPU, `DevicePath.host_walk`): reads each depth's draws and computes the next depth's head
+  only for the rows whose walk goes on: accepted + 1 heads and draws per round instead of K + 1.
+- `walk_on_device` (accelerators): no host read, so every depth some row can reach is visited (with static shapes
+  every depth); a stopped row stays put and its extra draws are ignored.
 """
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from rvqspec import drafters, fused
+from rvqspec.engine import device_path
 
 
-def applies(device: torch.device) -> bool:
-    """The CPU (no static shapes: `drafters.static_shapes`) with the fast path on (`fused.on`)."""
-    return fused.on() and not drafters.static_shapes(device)
+@dataclass
+class Walk:
+    node: Tensor  # [B] the last node reached (the node of the bonus draw)
+    draws: Tensor  # [B, d + 1] the draws along the path, depth 0 first
+    found: Tensor  # [B] drafts accepted
 
 
-def children(plan) -> list[list[int]]:
-    """Each node's children, once per plan."""
-    kids = plan.__dict__.get("_children")
-    if kids is None:
-        kids = [[] for _ in range(plan.tree.size + 1)]
-        for child, parent in enumerate(plan.tree.parent.tolist()[1:], 1):
-            kids[parent].append(child)
-        plan.__dict__["_children"] = kids
-    return kids
+def walks_at(k, d: int, last: int):
+    """Whether a row with k codes walks at depth d: its draw there is c_{k+1+d}, which must not pass c_last.
+    `k` an int or a tensor of them."""
+    return k + 1 + d <= last
 
 
-def walk_on_host(model, plan, sampler, generator, k_host: list[int], tokens: Tensor,
-                 hidden: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """`decode.walk`'s contract (last node [B], draws [B, d + 1], accepted drafts [B]), reading each depth's draws:
-    a row stops at the first depth whose draw matches no child, or when its frame is complete."""
-    tree, last, batch = plan.tree, model.config.num_residual_codes, len(k_host)
-    kids, candidates = children(plan), tokens.tolist()
+def depths(plan, k_host: list[int], last: int) -> int:
+    """Depths to visit: the tree's, or fewer where no row can reach them (all of them with static shapes)."""
+    if device_path.static_shapes(plan.parent.device):
+        return plan.tree.max_depth + 1
+    return min(plan.tree.max_depth, last - min(k_host) - 1) + 1
+
+
+def walk(model, plan, sampler, generator, k: Tensor, k_host: list[int], tokens: Tensor, hidden: Tensor) -> Walk:
+    """The walk this device takes (`DevicePath.host_walk`)."""
+    if device_path.choose(tokens.device, hidden.dtype).host_walk:
+        return walk_on_host(model, plan, sampler, generator, k_host, tokens, hidden)
+    return walk_on_device(model, plan, sampler, generator, k, k_host, tokens, hidden)
+
+
+def walk_on_host(model, plan, sampler, generator, k_host: list[int], tokens: Tensor, hidden: Tensor) -> Walk:
+    last, batch, candidates = model.config.num_residual_codes, len(k_host), tokens.tolist()
     node, found = [0] * batch, [0] * batch
-    walking = [b for b in range(batch) if k_host[b] < last]  # finished rows ride along: nothing to draw
-    depths = min(tree.max_depth, last - min(k_host) - 1) + 1
-    draws = torch.zeros(batch, max(depths, 1), dtype=torch.long)
-    for d in range(depths):
+    walking = [b for b in range(batch) if walks_at(k_host[b], 0, last)]  # finished rows ride along
+    visited = depths(plan, k_host, last)
+    draws = torch.zeros(batch, max(visited, 1), dtype=torch.long)
+    for d in range(visited):
         if not walking:
             break
         rows = torch.tensor(walking)
@@ -47,10 +65,30 @@ def walk_on_host(model, plan, sampler, generator, k_host: list[int], tokens: Ten
         draws[rows, d] = drawn
         going_on = []
         for b, code in zip(walking, drawn.tolist()):
-            child = next((c for c in kids[node[b]] if candidates[b][c] == code), None)
+            child = next((c for c in plan.children[node[b]] if candidates[b][c] == code), None)
             if child is not None:  # the draw is this child's token: accept it; its own draw comes next
                 node[b], found[b] = child, found[b] + 1
-                if k_host[b] + 2 + d <= last:
+                if walks_at(k_host[b], d + 1, last):
                     going_on.append(b)
         walking = going_on
-    return torch.tensor(node), draws.to(tokens.device), torch.tensor(found)
+    return Walk(torch.tensor(node), draws.to(tokens.device), torch.tensor(found))
+
+
+def walk_on_device(model, plan, sampler, generator, k: Tensor, k_host: list[int], tokens: Tensor,
+                   hidden: Tensor) -> Walk:
+    tree, last = plan.tree, model.config.num_residual_codes
+    rows = torch.arange(len(k_host), device=tokens.device)
+    node = found = torch.zeros(len(k_host), dtype=torch.long, device=tokens.device)
+    alive = walks_at(k, 0, last)
+    draws = []
+    for d in range(depths(plan, k_host, last)):
+        codebooks = [min(kb + 1 + d, last) for kb in k_host]  # rows past their frame end draw garbage, ignored
+        draws.append(sampler.sample(model.head_logits(hidden[rows, node], codebooks), generator))
+        if d < tree.max_depth:  # children exist at depth d + 1
+            start, end = tree.depth_slices[d + 1]
+            match = (plan.parent[start:end] == node[:, None]) & (tokens[:, start:end] == draws[-1][:, None])
+            match &= (alive & walks_at(k, d, last))[:, None]
+            alive = match.any(1)  # siblings differ: at most one child matches
+            node = torch.where(alive, start + match.long().argmax(1), node)
+            found = found + alive
+    return Walk(node, torch.stack(draws, dim=1), found)

@@ -3,10 +3,10 @@ CSM model and hooks its depth decoder (each submodule imports its package only w
 
 import torch
 
-from rvqspec.errors import RvqspecError
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.tree import Tree
 from rvqspec.integrations import csm, qwen_tts
 from rvqspec.integrations.base import HANDLE, Acceleration
-from rvqspec.tree import Tree
 
 
 def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator: torch.Generator | None = None,

@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from rvqspec.decode import BatchResult, decode_frames
-from rvqspec.errors import RvqspecError
-from rvqspec.model import MultiCodeDecoder
-from rvqspec.policy import Policy
-from rvqspec.sampling import Sampler
-from rvqspec.tree import Tree
+from rvqspec.engine.decode import BatchResult, decode_frames
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.model import MultiCodeDecoder
+from rvqspec.engine.policy import Policy
+from rvqspec.engine.sampling import Sampler
+from rvqspec.engine.tree import Tree
 
 HANDLE = "_rvqspec_acceleration"  # attribute of an accelerated model that holds its Acceleration
 # Generation settings that change the distribution and that rvqspec does not implement, with their neutral

@@ -13,8 +13,7 @@ MultiCodeDecoder holding a copy of the depth decoder's weights; the sampling set
 generation_config (what `depth_decoder_do_sample=`, `depth_decoder_temperature=`, ... of the backbone's
 generate set), read at every call. Any other call goes to upstream.
 
-For `rvqspec corpus from-audio` with a CSM checkpoint, the module also rebuilds the backbone's state per frame
-of known codes (teacher forcing), so that offsets can be trained and trees calibrated for CSM.
+Corpora from recordings (the backbone's teacher-forced state) are built in `rvqspec.tuning.csm_corpus`.
 """
 
 from pathlib import Path
@@ -22,12 +21,12 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from rvqspec.checkpoint import CSM_DEPTH, CSM_TIED_TABLES, official_layout, official_state_dict
-from rvqspec.config import config_from_csm, csm_config_dict
-from rvqspec.errors import RvqspecError
+from rvqspec.engine.checkpoint import CSM_DEPTH, CSM_TIED_TABLES, official_layout, official_state_dict
+from rvqspec.engine.config import config_from_csm, csm_config_dict
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.model import MultiCodeDecoder
+from rvqspec.engine.tree import Tree
 from rvqspec.integrations.base import Acceleration
-from rvqspec.model import MultiCodeDecoder
-from rvqspec.tree import Tree
 
 
 def is_csm(model) -> bool:
@@ -101,44 +100,13 @@ def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator:
     return CsmAcceleration(model, drafter, tree, generator, calibration)
 
 
-@torch.inference_mode()
-def teacher_forced_hidden(model, text_ids: Tensor, codes: Tensor) -> Tensor:
-    """The backbone state that conditions the depth decoder for each frame of `codes` [T, G]: [T, H].
+def load_model(folder: Path, device: str, dtype: torch.dtype):
+    """transformers' `CsmForConditionalGeneration` (eval) and its processor from a checkpoint folder."""
+    try:
+        from transformers import AutoProcessor, CsmForConditionalGeneration
 
-    As CSM's generate computes it (the last of the backbone's `hidden_states`, at the position before the
-    frame), after the text prompt `text_ids` [L] (as its processor tokenizes "[speaker]text"), in one causal
-    pass over the prompt and frames 0..T-2, each frame embedded as the backbone embeds a generated one."""
-    device = model.depth_decoder.codebooks_head.weight.device
-    text = model._merge_input_ids_with_input_values(text_ids.reshape(1, -1).to(device))["inputs_embeds"]
-    frames = model.backbone_model.embed_tokens(codes[None, :-1].to(device))
-    hidden = model(inputs_embeds=torch.cat([text, frames], dim=1), output_hidden_states=True).hidden_states[-1]
-    start = text.shape[1] - 1
-    return hidden[0, start:start + len(codes)]
-
-
-def corpus_from_codes(model, items, out: str | Path, hidden_dtype: torch.dtype = torch.float16,
-                      overwrite: bool = False, meta: dict | None = None) -> dict:
-    """Write a code corpus for a CSM model from `items`: (utterance id, language, text token ids [L], codes
-    [T, G]) each, the backbone's teacher-forced state per frame beside the codes."""
-    from rvqspec.corpus import CorpusWriter
-
-    config = model.config
-    utterances = frames = 0
-    with CorpusWriter(out, config.hidden_size, config.num_codebooks, hidden_dtype=hidden_dtype,
-                      meta={"source": "rvqspec corpus from-audio (CSM)", **(meta or {})}, overwrite=overwrite) as writer:
-        for utterance, language, text_ids, codes in items:
-            hidden = teacher_forced_hidden(model, text_ids, codes)
-            writer.add(utterance, language, codes.cpu(), hidden.float().cpu())
-            utterances, frames = utterances + 1, frames + len(codes)
-    return {"out": str(out), "utterances": utterances, "frames": frames}
-
-
-def audio_items(model, processor, recordings, speaker: str, language: str):
-    """(id, language, text ids, codes [T, G]) per recording (id, transcript, waveform at the codec's rate):
-    "[speaker]transcript" tokenized by the processor, the audio encoded by the model's own Mimi codec."""
-    weight = model.depth_decoder.codebooks_head.weight
-    for utterance, text, wav in recordings:
-        with torch.inference_mode():
-            codes = model.codec_model.encode(torch.tensor(wav)[None, None].to(weight.device, weight.dtype)).audio_codes
-        text_ids = torch.tensor(processor(text=f"[{speaker}]{text}", add_special_tokens=True)["input_ids"][0])
-        yield utterance, language, text_ids, codes[0, :model.config.num_codebooks].T
+        model = CsmForConditionalGeneration.from_pretrained(str(folder), device_map=device, dtype=dtype).eval()
+        return model, AutoProcessor.from_pretrained(str(folder))
+    except (OSError, ValueError, KeyError, ImportError) as e:
+        raise RvqspecError(f"transformers cannot load the CSM model and processor in {folder} ({type(e).__name__}: "
+                           f"{e}): pass a complete CSM checkpoint folder (e.g. sesame/csm-1b)") from None

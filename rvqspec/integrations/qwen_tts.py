@@ -13,8 +13,7 @@ that one method, on that instance, with `rvqspec.decode_frames` (all B rows at o
 that holds a copy of the predictor's weights. Every generate entry point (custom voice, voice design, voice clone) goes through
 it and nothing else changes: the codes are drawn from upstream's distribution (greedy: the same codes).
 
-For `rvqspec corpus from-audio`, the module also rebuilds the talker's hidden state per frame of known codes
-(teacher forcing) from the prompt that upstream's own entry points build.
+Corpora from recordings (the talker's teacher-forced state) are built in `rvqspec.tuning.qwen_tts_corpus`.
 """
 
 import contextlib
@@ -22,16 +21,17 @@ import importlib
 import importlib.machinery
 import sys
 import types
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from rvqspec.checkpoint import official_layout, official_state_dict
-from rvqspec.config import config_from_upstream
-from rvqspec.errors import RvqspecError
+from rvqspec.engine.checkpoint import official_layout, official_state_dict
+from rvqspec.engine.config import config_from_upstream
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.model import MultiCodeDecoder
+from rvqspec.engine.tree import Tree
 from rvqspec.integrations.base import Acceleration
-from rvqspec.model import MultiCodeDecoder
-from rvqspec.tree import Tree
 
 # Only qwen_tts's 25 Hz tokenizer imports these, when the package is imported: torchaudio has no build that
 # loads beside torch 2.13, and sox wraps a system binary. The 12 Hz models never call them.
@@ -138,7 +138,7 @@ def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator:
     `model`: a `qwen_tts.Qwen3TTSModel`, its `.model`, or its `.model.talker`. Each batched frame step of the
     talker is one `decode_frames` call for all its rows. No drafter: plain AR (15 calls per step); with a
     drafter (`rvqspec.Offsets.load(path)`, `rvqspec.ReusedHeads()`, ...): `tree="auto"` lets the decoding
-    policy (`rvqspec.policy`) pick AR or a tree per batch size, from the call latencies `rvqspec bench --batch`
+    policy (`rvqspec.engine.policy`) pick AR or a tree per batch size, from the call latencies `rvqspec bench --batch`
     measured on this device and the acceptance of `calibration` (an `rvqspec calibrate` folder; default: the
     prior of `default_tree`); a `Tree` decodes every step speculatively with it. Sampling settings come from
     each generate call; draws use `generator`, or torch's global RNG like upstream. Call it after moving or
@@ -173,57 +173,10 @@ def generate_speech(tts, text: str, language: str = "Auto", speaker: str | None 
         raise RvqspecError(f"qwen-tts refused the request: {e}") from None
 
 
-class PromptCaptured(Exception):
-    """Raised from upstream's generate once the talker's inputs are built, so that nothing is generated."""
-
-
-def talker_prompt(tts, text: str, **speech_args) -> dict[str, Tensor]:
-    """The inputs upstream's `talker.generate` gets for `text` (a batch of one), as built by `generate_speech`
-    with the same arguments; the talker generates nothing."""
-    talker, captured = tts.model.talker, {}
-
-    def capture(**kwargs):
-        captured.update(kwargs)
-        raise PromptCaptured
-
-    talker.generate = capture
-    try:
-        generate_speech(tts, text, **speech_args)
-    except PromptCaptured:
-        pass
-    finally:
-        del talker.generate
-    return {name: captured[name] for name in ("inputs_embeds", "attention_mask", "trailing_text_hidden",
-                                             "tts_pad_embed")}
-
-
-@torch.inference_mode()
-def teacher_forced_hidden(talker, prompt: dict[str, Tensor], codes: Tensor) -> Tensor:
-    """The talker's hidden state that conditions the predictor for each frame of `codes` [T, G]: [T, hidden].
-
-    That is upstream's `past_hidden`: the final (normed) hidden state at the step that emitted the frame's
-    c0. One causal pass over the prompt and frames 0..T-2, each frame's input built as upstream's talker
-    builds it in `forward`: the sum of its G code embeddings plus the next text embedding (or tts_pad).
-    """
-    codes = codes.to(talker.device)
-    frames = codes[:-1]
-    tables = [talker.get_input_embeddings()] + list(talker.code_predictor.get_input_embeddings())
-    codec = torch.stack([table(frames[:, g]) for g, table in enumerate(tables)], dim=1).sum(1)
-    text = prompt["trailing_text_hidden"][0, :len(frames)]
-    text = torch.cat([text, prompt["tts_pad_embed"][0].expand(len(frames) - len(text), -1)])
-    inputs = torch.cat([prompt["inputs_embeds"], (codec + text)[None]], dim=1)
-    mask = torch.cat([prompt["attention_mask"], prompt["attention_mask"].new_ones(1, len(frames))], dim=1)
-    position_ids, _ = talker.get_rope_index(mask)
-    hidden = talker.model(inputs_embeds=inputs, attention_mask=mask, position_ids=position_ids,
-                          use_cache=False).last_hidden_state
-    start = prompt["inputs_embeds"].shape[1] - 1
-    return hidden[0, start:start + len(codes)]
-
-
 def upstream_code_predictor(model: MultiCodeDecoder) -> torch.nn.Module:
     """Upstream's own code predictor (`Qwen3TTSTalkerCodePredictorModelForConditionalGeneration`) holding a copy
     of `model`'s weights, on its device and dtype: the reference that benchmarks time ours against."""
-    from rvqspec.config import upstream_config_dict
+    from rvqspec.engine.config import upstream_config_dict
 
     import_qwen_tts()
     from qwen_tts.core.models.configuration_qwen3_tts import Qwen3TTSTalkerConfig
@@ -236,3 +189,15 @@ def upstream_code_predictor(model: MultiCodeDecoder) -> torch.nn.Module:
     predictor.load_state_dict({key.removeprefix(prefix): value for key, value in official_state_dict(model).items()
                                if key.startswith(prefix)})
     return predictor.to(model.device, model.dtype).eval().requires_grad_(False)
+
+
+def load_tts(folder: Path, device: str, dtype: torch.dtype):
+    """Upstream's `Qwen3TTSModel` (talker, predictor, 12 Hz speech tokenizer, text processor) from `folder`."""
+    from safetensors import SafetensorError
+
+    qwen_tts = import_qwen_tts()
+    try:
+        return qwen_tts.Qwen3TTSModel.from_pretrained(str(folder), device_map=device, dtype=dtype)
+    except (OSError, ValueError, KeyError, SafetensorError) as e:  # a truncated file: SafetensorError
+        raise RvqspecError(f"qwen-tts cannot load {folder} ({type(e).__name__}: {e}): pass a complete Qwen3-TTS "
+                           "12 Hz checkpoint folder") from None

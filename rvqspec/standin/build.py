@@ -5,12 +5,12 @@ in --force; --from/--to pick a range). Work files go to --work (default data/sta
 what ships goes to rvqspec/standin/assets (<= 20 MB):
 
  stage         output                                  what
- corpus        work/corpus/manifest.jsonl + wavs       offline speech, 4 languages (rvqspec.standin.corpus)
+ corpus        work/corpus/manifest.jsonl + wavs       offline speech, 4 languages (rvqspec.standin.speech)
  codec         assets/codec.safetensors                mel-RVQ codec, 16 x 512 k-means (rvqspec.standin.codec),
                work/codec_report.json                  and its English Whisper WER (original/vocoded/codec)
  encode        work/codes/                             every utterance's codes [T, 16]
  joint         work/joint/                             phase 1: talker + predictor (train.train_joint)
- code-corpus   work/code-corpus/{train,validation,test}  frozen talker's states + codes (rvqspec.corpus)
+ code-corpus   work/code-corpus/{train,validation,test}  frozen talker's states + codes (rvqspec.tuning.corpus)
  predictor     assets/model/                           phase 3: predictor alone on the code corpus; float16
  offsets       assets/offsets.safetensors              `rvqspec train-offsets` on the train code corpus
  calibrate     assets/trees/                           `rvqspec calibrate`, budgets 4,8,16,32,64
@@ -25,13 +25,12 @@ import json
 import shutil
 import time
 from dataclasses import asdict, replace
-from pathlib import Path
 
 import torch
 
-from rvqspec.checkpoint import save_json, save_tensors
-from rvqspec.errors import RvqspecError
-from rvqspec.sampling import Sampler
+from rvqspec.engine.checkpoint import save_json, save_tensors
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.sampling import Sampler
 from rvqspec.standin.settings import ASSET_LIMIT_BYTES, BUDGETS, SHIPPED_DTYPE, SPLITS, Settings, load_utterances
 from rvqspec.standin.talker import load_standin, new_standin, predictor_config_for, save_standin
 
@@ -39,7 +38,7 @@ from rvqspec.standin.talker import load_standin, new_standin, predictor_config_f
 
 
 def stage_corpus(s: Settings) -> dict:
-    from rvqspec.standin.corpus import build_corpus, read_manifest, summary
+    from rvqspec.standin.speech import build_corpus, read_manifest, summary
 
     build_corpus(s.manifest.parent, s.hours)
     rows = read_manifest(s.manifest)
@@ -64,7 +63,7 @@ def stage_encode(s: Settings) -> dict:
     """Codes of every utterance: codes.safetensors (int16 [N, 16] + offsets) and utterances.json."""
     from rvqspec.standin.audio import read_wav
     from rvqspec.standin.codec import MelRVQCodec
-    from rvqspec.standin.corpus import read_manifest
+    from rvqspec.standin.speech import read_manifest
 
     codec = MelRVQCodec.load(s.codec_file)
     rows = read_manifest(s.manifest)
@@ -74,7 +73,6 @@ def stage_encode(s: Settings) -> dict:
                                                      "offsets": lengths.cumsum(0)})
     save_json(s.codes_dir / "utterances.json", [{k: r[k] for k in ("id", "lang", "split", "text")} for r in rows])
     return {"utterances": len(rows), "frames": int(lengths.sum())}
-
 
 
 def bytes_per_frame(utts, languages: tuple[str, ...]) -> list[float]:
@@ -89,7 +87,7 @@ def bytes_per_frame(utts, languages: tuple[str, ...]) -> list[float]:
 
 
 def stage_joint(s: Settings) -> dict:
-    from rvqspec.standin.train import train_joint
+    from rvqspec.standin.training import train_joint
 
     train_utts = load_utterances(s, "train")
     config = replace(s.talker, bytes_per_frame=tuple(bytes_per_frame(train_utts, s.talker.languages)))
@@ -104,8 +102,8 @@ def stage_joint(s: Settings) -> dict:
 
 def stage_code_corpus(s: Settings) -> dict:
     """The frozen (shipped-dtype) talker's teacher-forced state per frame, for every split."""
-    from rvqspec.corpus import CorpusWriter
-    from rvqspec.standin.train import teacher_forced_hidden
+    from rvqspec.standin.training import teacher_forced_hidden
+    from rvqspec.tuning.corpus import CorpusWriter
 
     tts = load_standin(s.joint_dir)
     frames = {}
@@ -121,8 +119,8 @@ def stage_code_corpus(s: Settings) -> dict:
 
 
 def stage_predictor(s: Settings) -> dict:
-    from rvqspec.corpus import Corpus
-    from rvqspec.standin.train import train_predictor
+    from rvqspec.standin.training import train_predictor
+    from rvqspec.tuning.corpus import Corpus
 
     tts = load_standin(s.joint_dir)
     report = train_predictor(tts.predictor, Corpus(s.code_corpus("train"), 0.0),
@@ -136,7 +134,7 @@ def stage_predictor(s: Settings) -> dict:
 
 
 def stage_offsets(s: Settings) -> dict:
-    from rvqspec.train import TrainSettings, train
+    from rvqspec.tuning.train import TrainSettings, train
 
     out = s.work / "offsets"
     metrics = train(s.model_dir, s.code_corpus("train"), out, TrainSettings(seed=s.seed), epochs=s.offsets_epochs,
@@ -146,15 +144,15 @@ def stage_offsets(s: Settings) -> dict:
 
 
 def stage_calibrate(s: Settings) -> dict:
-    from rvqspec.calibrate import calibrate
+    from rvqspec.tuning.calibrate import calibrate
 
     report = calibrate(s.model_dir, str(s.offsets_file), s.code_corpus("train"), BUDGETS, s.trees_dir, seed=s.seed)
     return {"trees": report["trees"]}
 
 
 def stage_quality(s: Settings) -> dict:
-    from rvqspec.corpus import Corpus
-    from rvqspec.standin.train import predictor_confidence
+    from rvqspec.standin.training import predictor_confidence
+    from rvqspec.tuning.corpus import Corpus
 
     tts = load_standin(s.model_dir)
     figures = {split: predictor_confidence(tts, Corpus(s.code_corpus(split), 0.0), Sampler())
@@ -169,10 +167,9 @@ def intelligibility(s: Settings, tts) -> dict:
     chance level: the same transcripts scored against the next test sentence of the language (what speech
     unrelated to the text scores). WER is a signal only where it sits clearly below chance.
     Synthesis and transcription are `rvqspec eval`'s (which also compares AR with speculative)."""
-    from rvqspec.standin.quality import WhisperASR, codec_vocoder, error_rates, transcripts
-    from rvqspec.standin.synth import synthesize_all, test_sentences
     from rvqspec.standin.audio import read_wav
-    from rvqspec.standin.quality import cer
+    from rvqspec.standin.quality import WhisperASR, cer, codec_vocoder, error_rates, transcripts
+    from rvqspec.standin.synthesis import synthesize_all, test_sentences
 
     sentences = test_sentences(s.manifest, list(tts.config.languages), s.quality_limit)
     runs = synthesize_all(tts, sentences, s.seed, "ar", None, None)
@@ -241,7 +238,7 @@ def build(s: Settings, first: str = "corpus", last: str = "quality", force: tupl
 
 def write_report(s: Settings, log: dict) -> None:
     """assets/report.json: what the demo and the README quote (timings, sizes, confidence, WER)."""
-    from rvqspec.standin.corpus import read_manifest
+    from rvqspec.standin.speech import read_manifest
 
     stages = log["stages"]
     rows = read_manifest(s.manifest) if s.manifest.is_file() else []
@@ -261,68 +258,3 @@ def write_report(s: Settings, log: dict) -> None:
 
 
 # ---------------------------------------------------------------- CLI
-
-
-def run_build(args) -> int:
-    s = Settings(work=Path(args.work), hours=args.hours, joint_steps=args.joint_steps,
-                 joint_minutes=args.joint_minutes, predictor_steps=args.predictor_steps,
-                 predictor_minutes=args.predictor_minutes, offsets_epochs=args.offsets_epochs, seed=args.seed)
-    build(s, args.from_stage, args.to_stage, tuple(args.force))
-    return 0
-
-
-def run_corpus(args) -> int:
-    stage_corpus(Settings(work=Path(args.work), hours=args.hours))
-    return 0
-
-
-def run_quality(args) -> int:
-    s = Settings(work=Path(args.work), quality_limit=args.limit or None)
-    print(json.dumps(stage_quality(s), indent=1))
-    return 0
-
-
-def run_diagnose(args) -> int:
-    from rvqspec.standin.diagnose import diagnose
-
-    figures = diagnose(Settings(work=Path(args.work)), args.lang, args.limit or None)
-    if args.out:
-        save_json(Path(args.out), figures)
-    return 0
-
-
-def add_corpus_cli(corpus) -> None:
-    """`rvqspec corpus speech`: the stand-in's offline speech corpus (its build's first stage, alone)."""
-    c = corpus.add_parser("speech", help="the stand-in's offline speech corpus (fortunes read by piper and espeak-ng)")
-    c.add_argument("--work", default="data/standin", help="build folder (the corpus goes to WORK/corpus)")
-    c.add_argument("--hours", type=float, default=3.4, help="corpus size, shared equally by the languages")
-    c.set_defaults(run=run_corpus)
-
-
-def add_cli(subparsers) -> None:
-    p = subparsers.add_parser("standin", help="build the stand-in Qwen3-TTS (corpus, codec, model, offsets, trees)")
-    sub = p.add_subparsers(dest="standin_command", required=True)
-    b = sub.add_parser("build", help="run the whole pipeline from nothing (resumes: finished stages are skipped)")
-    b.add_argument("--work", default="data/standin", help="folder for the corpus and intermediate files")
-    b.add_argument("--hours", type=float, default=3.4, help="corpus size, shared equally by the languages")
-    b.add_argument("--from", dest="from_stage", default="corpus", help=f"first stage ({', '.join(STAGES)})")
-    b.add_argument("--to", dest="to_stage", default="quality", help="last stage")
-    b.add_argument("--force", action="append", default=[], metavar="STAGE", help="redo this stage even if done")
-    b.add_argument("--joint-steps", type=int, default=Settings.joint_steps)
-    b.add_argument("--joint-minutes", type=float, default=Settings.joint_minutes, help="wall-time cap")
-    b.add_argument("--predictor-steps", type=int, default=Settings.predictor_steps)
-    b.add_argument("--predictor-minutes", type=float, default=Settings.predictor_minutes, help="wall-time cap")
-    b.add_argument("--offsets-epochs", type=int, default=Settings.offsets_epochs)
-    b.add_argument("--seed", type=int, default=0)
-    b.set_defaults(run=run_build)
-    q = sub.add_parser("quality", help="held-out confidence per codebook and Whisper WER/CER of the shipped model")
-    q.add_argument("--work", default="data/standin")
-    q.add_argument("--limit", type=int, default=Settings.quality_limit, help="test sentences per language for WER (0: all)")
-    q.set_defaults(run=run_quality)
-    d = sub.add_parser("diagnose", help="where intelligibility is lost: WER of recorded codes, truncated, or "
-                                        "completed by the predictor, beside free synthesis")
-    d.add_argument("--work", default="data/standin", help="build folder holding the encoded corpus")
-    d.add_argument("--lang", default="en")
-    d.add_argument("--limit", type=int, default=10, help="test sentences (0: all)")
-    d.add_argument("--out", help="also write the figures to this JSON file")
-    d.set_defaults(run=run_diagnose)

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rvqspec.errors import RvqspecError
+from rvqspec.engine.errors import RvqspecError
 from rvqspec.standin.audio import SAMPLE_RATE, read_wav
 
 ASSET = Path(__file__).parent / "assets" / "codec.safetensors"
@@ -258,10 +258,10 @@ def fit_codec(frames: Tensor, cfg: CodecConfig = CodecConfig(), seed: int = 0, n
 
 
 def corpus_frames(manifest: str | Path, codec_cfg: CodecConfig, split: str = "train", max_frames: int | None = None) -> Tensor:
-    """All stacked log-mel frames of one split of the corpus (see rvqspec.standin.corpus)."""
+    """All stacked log-mel frames of one split of the corpus (see rvqspec.standin.speech)."""
     from tqdm import tqdm
 
-    from rvqspec.standin.corpus import read_manifest
+    from rvqspec.standin.speech import read_manifest
 
     rows = [r for r in read_manifest(manifest) if r["split"] == split]
     base = Path(manifest).parent

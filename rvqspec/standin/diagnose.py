@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from rvqspec.errors import RvqspecError
-from rvqspec.model import MultiCodeDecoder
-from rvqspec.sampling import Sampler
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.model import MultiCodeDecoder
+from rvqspec.engine.sampling import Sampler
 
 if TYPE_CHECKING:
     from rvqspec.standin.settings import Settings
@@ -61,9 +61,9 @@ def diagnose(s: "Settings", lang: str = "en", limit: int | None = 10, levels: tu
     with the encoded corpus, shipped model and codec)."""
     from rvqspec.standin.quality import WhisperASR, codec_vocoder, wer
     from rvqspec.standin.settings import load_utterances
-    from rvqspec.standin.synth import synthesize_codes
+    from rvqspec.standin.synthesis import synthesize_codes
     from rvqspec.standin.talker import load_standin
-    from rvqspec.standin.train import teacher_forced_hidden
+    from rvqspec.standin.training import teacher_forced_hidden
 
     tts = load_standin(s.model_dir)
     utts = [u for u in load_utterances(s, "test") if u.lang == lang][:limit]

@@ -19,22 +19,19 @@ Every figure is a mean over seeds with its spread (sample std, min, max). Output
 eval.md in --out (eval-quick.* with --quick), written atomically.
 """
 
-import argparse
-import json
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from rvqspec.checkpoint import atomic_write, relative_path, save_json
-from rvqspec.errors import RvqspecError
-from rvqspec import flags
-from rvqspec.standin.quality import WhisperASR, codec_vocoder, error_rates, transcripts
-from rvqspec.standin.settings import MODEL_DIR, OFFSETS_FILE, TREES_DIR, Settings
-from rvqspec.standin.synth import Run, first_per_lang, synthesize_all, test_sentences
+from rvqspec.engine.drafters import KINDS
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.standin.quality import error_rates, transcripts
+from rvqspec.standin.settings import OFFSETS_FILE, Settings
+from rvqspec.standin.synthesis import Run, first_per_lang, synthesize_all
 
-DRAFTERS = flags.KINDS  # Table 2 rows
+DRAFTERS = KINDS  # Table 2 rows
 TABLE3_DRAFTER = "offsets"  # the paper's speculative decoder
 DEFAULT_NODES = 32  # the paper's operating point for Tables 2 and 3 (2.47 tokens/step at N = 32)
 MANIFEST = Path("data/standin/corpus/manifest.jsonl")
@@ -61,11 +58,9 @@ def medusa_command(model: Path, out: Path = MEDUSA_DIR) -> str:
 # ---------------------------------------------------------------- inputs
 
 
-
-
 def load_tree(spec: str, trees_dir: Path):
     """A tree file, or a budget N naming trees_dir/tree-N{N}.json."""
-    from rvqspec.tree import Tree
+    from rvqspec.engine.tree import Tree
 
     path = trees_dir / f"tree-N{spec}.json" if spec.isdigit() else Path(spec)
     if not path.is_file():
@@ -81,7 +76,7 @@ def load_drafters(specs: list[str], model, model_dir: Path, corpus: Path | None,
     and the file each came from. A spec is a kind (offsets: the shipped file; medusa: `medusa`, trained on the
     code corpus `corpus` when missing or made for an earlier build of the model, unless `corpus` is None) or a
     trained drafter file, which stands for its kind."""
-    from rvqspec.drafters import Drafter, MedusaHeads, Offsets, ReusedHeads, model_fingerprint
+    from rvqspec.engine.drafters import Drafter, MedusaHeads, Offsets, ReusedHeads, model_fingerprint
 
     drafters, missing, files = {}, {}, {}
     for spec in specs:
@@ -107,8 +102,8 @@ def load_drafters(specs: list[str], model, model_dir: Path, corpus: Path | None,
 def train_medusa_heads(model, model_dir: Path, corpus: Path, out_file: Path):
     """Medusa heads for the stand-in (not shipped: 6M parameters), trained like the offsets but for only
     MEDUSA_STEPS batches (a full epoch takes ~9 minutes of CPU here); saved to `out_file`."""
-    from rvqspec.drafters import MedusaHeads
-    from rvqspec.train import TrainSettings, train
+    from rvqspec.engine.drafters import MedusaHeads
+    from rvqspec.tuning.train import TrainSettings, train
 
     work = out_file.parent
     if not (corpus / "index.json").is_file():
@@ -302,7 +297,7 @@ def table2_row(name: str, drafter, runs: dict[int, list[Run]], backbone: int) ->
 
 def table3(runs: dict, sentences: list[dict], seeds: list[int], spec_mode: str | None, wers: dict,
            scored: list[dict]) -> dict:
-    from rvqspec.standin.synth import FRAME_RATE
+    from rvqspec.standin.synthesis import FRAME_RATE
 
     rows = []
     for lang in dict.fromkeys(s["lang"] for s in sentences):
@@ -415,80 +410,3 @@ def report_markdown(report: dict) -> str:
 
 
 # ---------------------------------------------------------------- CLI
-
-
-def drafter_list(text: str) -> list[str]:
-    """--drafters: comma-separated drafter specs (`rvqspec.flags`), checked at parse time."""
-    check = flags.drafter_spec(flags.KINDS + ("file",))
-    specs = [check(spec.strip()) for spec in text.split(",") if spec.strip()]
-    if not specs:
-        raise argparse.ArgumentTypeError("--drafters needs at least one of reused, offsets, medusa or a drafter file")
-    return specs
-
-
-def run(args) -> int:
-    from rvqspec.standin.talker import load_standin
-
-    torch.set_num_threads(args.threads)
-    quick = args.quick
-    langs = [x for x in args.langs.split(",") if x]
-    per_lang = 3 if quick else args.sentences or None
-    wer_per_lang = 1 if quick else args.wer_sentences or None
-    seeds = list(range(1 if quick else args.seeds))
-    if not seeds:
-        raise RvqspecError("--seeds must be >= 1")
-    model_dir = Path(args.model)
-    if not (model_dir / "config.json").is_file():
-        raise RvqspecError(f"no stand-in model in {model_dir}: build it with `rvqspec standin build` or pass --model")
-    sentences = test_sentences(Path(args.manifest), langs, per_lang)
-    tree = load_tree(args.tree, Path(args.trees) if args.trees else TREES_DIR)
-    tts = load_standin(model_dir)
-    corpus = None if quick else Path(args.corpus) if args.corpus else Settings().code_corpus("train")
-    drafters, missing, files = load_drafters(args.drafters, tts.predictor, model_dir, corpus)
-    asr = None if args.no_asr else WhisperASR()
-    vocoder = codec_vocoder(Path(args.codec) if args.codec else None) if asr else None
-    report = evaluate(tts, sentences, drafters, tree, seeds, vocoder, asr, missing,
-                      wer_per_lang)
-    report["model"] = str(relative_path(model_dir))
-    if "medusa" in drafters:
-        report["medusa"] = {"file": files["medusa"], "training": medusa_training(Path(files["medusa"]))}
-    report["command"] = "rvqspec eval --quick" if quick else "rvqspec eval"
-    report["settings"] = {k: v for k, v in vars(args).items() if k not in ("run", "command", "json")}
-    name = "eval-quick" if quick else "eval"
-    out = Path(args.out)
-    save_json(out / f"{name}.json", report)
-    atomic_write(out / f"{name}.md", lambda tmp: Path(tmp).write_text(report_markdown(report)))
-    if args.json:
-        print(json.dumps({"table2": report["table2"], "table3": report["table3"]}))
-    else:
-        print(table2_markdown(report), table3_markdown(report), sep="\n\n")
-        print(f"\nwrote {out}/{name}.json and {name}.md")
-    return 0
-
-
-def add_cli(subparsers) -> None:
-
-    p = subparsers.add_parser("eval", help="the paper's Tables 2-3 and a distribution check on the stand-in "
-                                           "(free-running synthesis of the test sentences)",
-                              parents=[flags.model_flag(required=False, default=str(MODEL_DIR), help="stand-in model folder")])
-    p.add_argument("--drafters", type=drafter_list, default=list(DRAFTERS),
-                   help="comma-separated Table 2 rows, each reused, offsets (the shipped file), medusa (trained, "
-                        f"{MEDUSA_STEPS} batches of 32 frames, into {MEDUSA_DIR} when missing or stale) or a trained "
-                        "drafter FILE standing for its kind")
-    p.add_argument("--corpus", help="code corpus to train Medusa heads on (default: the stand-in's train split)")
-    p.add_argument("--tree", default=str(DEFAULT_NODES), help="tree size N of a shipped tree, or a tree file")
-    p.add_argument("--trees", help="folder of the calibrated trees (default: the shipped ones)")
-    p.add_argument("--codec", help="codec file that decodes the model's codes (default: the shipped one)")
-    p.add_argument("--seeds", type=flags.positive_int, default=3)
-    p.add_argument("--sentences", type=flags.non_negative_int, default=8, help="test sentences per language (0: all)")
-    p.add_argument("--wer-sentences", type=flags.non_negative_int, default=3,
-                   help="of those, how many per language are vocoded and transcribed for WER (0: all)")
-    p.add_argument("--langs", default="en,de,es,ru")
-    p.add_argument("--manifest", default=str(MANIFEST), help="the stand-in corpus manifest (test split)")
-    p.add_argument("--out", type=flags.out_folder, default="benchmarks/results")
-    p.add_argument("--quick", action="store_true",
-                   help="3 sentences per language (WER on 1), one seed, no Medusa training: about 3 minutes")
-    p.add_argument("--no-asr", action="store_true", help="skip vocoding and Whisper (no WER)")
-    p.add_argument("--threads", type=flags.threads, default=1, help="torch threads")
-    p.add_argument("--json", action="store_true", help="print Tables 2 and 3 as one JSON object")
-    p.set_defaults(run=run)

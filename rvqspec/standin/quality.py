@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rvqspec.errors import RvqspecError
+from rvqspec.engine.errors import RvqspecError
 from rvqspec.standin.audio import read_wav
 from rvqspec.standin.codec import ASSET, MelRVQCodec, stacked_log_mel, vocode
-from rvqspec.standin.synth import Run
+from rvqspec.standin.synthesis import Run
 
 WHISPER_BASE_DIR = Path("data/whisper-base")
 
@@ -92,7 +92,7 @@ def codec_report(manifest: str | Path = "data/standin/corpus/manifest.jsonl", co
     """WER (original / vocoded mel / codec round trip) and log-mel MSE per language on one split."""
     from tqdm import tqdm
 
-    from rvqspec.standin.corpus import read_manifest
+    from rvqspec.standin.speech import read_manifest
 
     codec = MelRVQCodec.load(codec_path)
     base = Path(manifest).parent

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from rvqspec.errors import RvqspecError
+from rvqspec.engine.errors import RvqspecError
 from rvqspec.standin.talker import TalkerConfig
 
 ASSETS = Path(__file__).parent / "assets"
@@ -87,7 +87,7 @@ class Settings:
 def load_utterances(s: Settings, split: str):
     from safetensors.torch import load_file
 
-    from rvqspec.standin.train import Utterance
+    from rvqspec.standin.training import Utterance
 
     if not (s.codes_dir / "utterances.json").is_file():
         raise RvqspecError(f"no encoded corpus in {s.codes_dir}: run `rvqspec standin build --from encode`")

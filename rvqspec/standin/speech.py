@@ -11,7 +11,7 @@ hash of the sentence, so the same text never lands in two splits. Wavs are 16 kH
 16-bit; existing wavs are kept (resumable), and the manifest (JSONL: id, lang, split, text,
 wav, duration, voice) is written atomically at the end.
 
-    python -m rvqspec.standin.corpus --out data/standin/corpus --hours 3.4
+    python -m rvqspec.standin.speech --out data/standin/corpus --hours 3.4
 """
 
 import hashlib
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rvqspec.errors import RvqspecError
+from rvqspec.engine.errors import RvqspecError
 from rvqspec.standin.audio import resample, trim_silence, write_wav
 
 FORTUNES = Path("/usr/share/games/fortunes")

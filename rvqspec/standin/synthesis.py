@@ -13,12 +13,12 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from rvqspec.decode import decode_frame
-from rvqspec.errors import RvqspecError
-from rvqspec.sampling import Sampler
-from rvqspec.standin.corpus import read_manifest
+from rvqspec.engine.decode import decode_frame
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.sampling import Sampler
+from rvqspec.engine.tree import Tree
+from rvqspec.standin.speech import read_manifest
 from rvqspec.standin.talker import StandinTTS
-from rvqspec.tree import Tree
 
 FRAME_RATE = 12.5  # code frames per second (80 ms)
 

@@ -31,10 +31,10 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from rvqspec.checkpoint import PREDICTOR, official_layout, official_state_dict, read_tensors, save_predictor
-from rvqspec.config import PredictorConfig
-from rvqspec.errors import RvqspecError
-from rvqspec.model import Block, KVCache, MultiCodeDecoder, RMSNorm, RotaryEmbedding, init_weights, resolve_dtype
+from rvqspec.engine.checkpoint import PREDICTOR, official_layout, official_state_dict, read_tensors, save_predictor
+from rvqspec.engine.config import PredictorConfig
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.model import Block, KVCache, MultiCodeDecoder, RMSNorm, RotaryEmbedding, init_weights, resolve_dtype
 
 TALKER = "talker."
 
@@ -262,4 +262,3 @@ def load_standin(folder: str | Path, dtype: torch.dtype | str = torch.float32,
 
 def new_standin(talker: TalkerConfig, predictor: PredictorConfig) -> StandinTTS:
     return StandinTTS(Talker(talker), MultiCodeDecoder(predictor))
-

@@ -9,7 +9,7 @@
    only a random `predictor_fraction` of the batch's frames to the predictor: the talker, which must
    learn the text-to-speech alignment, gets more updates in the same CPU time.
 2. The talker is frozen (rounded to the shipped dtype); its teacher-forced hidden state per frame is
-   written to a code corpus (`rvqspec.corpus`), the data the drafters are trained on too.
+   written to a code corpus (`rvqspec.tuning.corpus`), the data the drafters are trained on too.
 3. Predictor (`train_predictor`): more epochs on those (hidden, codes) frames alone, in shuffled frame
    batches. The code tables stay frozen: they are the talker's input too.
 
@@ -30,11 +30,11 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from rvqspec.corpus import Corpus
-from rvqspec.errors import RvqspecError
-from rvqspec.model import MultiCodeDecoder
-from rvqspec.sampling import Sampler
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.model import MultiCodeDecoder
+from rvqspec.engine.sampling import Sampler
 from rvqspec.standin.talker import StandinTTS
+from rvqspec.tuning.corpus import Corpus
 
 
 @dataclass

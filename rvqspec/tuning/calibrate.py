@@ -15,7 +15,6 @@ successive depths independent. Measured: the same ratio from decoding held-out (
 frames with `decode_frame` and the tree, under the same sampler.
 """
 
-import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,16 +22,14 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from rvqspec.checkpoint import atomic_write, save_json
-from rvqspec.corpus import Corpus, check_codes
-from rvqspec.decode import decode_frame
-from rvqspec.drafters import DEFAULT_DEPTH, Drafter, ReusedHeads, check_depth
-from rvqspec.errors import RvqspecError
-from rvqspec import flags
-from rvqspec.model import MultiCodeDecoder
-from rvqspec.policy import calls_distribution
-from rvqspec.sampling import Sampler
-from rvqspec.tree import Tree, grow_tree
+from rvqspec.engine.checkpoint import atomic_write, save_json
+from rvqspec.engine.decode import decode_frame
+from rvqspec.engine.drafters import DEFAULT_DEPTH, Drafter, ReusedHeads, check_depth
+from rvqspec.engine.model import MultiCodeDecoder
+from rvqspec.engine.policy import calls_distribution
+from rvqspec.engine.sampling import Sampler
+from rvqspec.engine.tree import Tree, grow_tree
+from rvqspec.tuning.corpus import Corpus, check_codes
 
 
 @torch.inference_mode()
@@ -112,19 +109,6 @@ def load_drafter(spec: str, model: MultiCodeDecoder, depth: int) -> Drafter:
 MAX_BUDGET = 1024  # a verify call over 1,025 tokens is far past any speed-up; tree growth is quadratic in N
 
 
-def parse_budgets(text: str) -> list[int]:
-    try:
-        budgets = sorted({int(b) for b in text.split(",") if b.strip()})
-    except ValueError:
-        budgets = []
-    if not budgets or budgets[0] < 1:
-        raise RvqspecError(f"--budgets must be a comma-separated list of tree sizes >= 1 (e.g. 4,8,16), got {text!r}")
-    if budgets[-1] > MAX_BUDGET:
-        raise RvqspecError(f"--budgets {budgets[-1]} is more nodes than a verify call can use: tree sizes are at most "
-                           f"{MAX_BUDGET} (the paper's devices choose 16-32)")
-    return budgets
-
-
 def calibrate(model_path: str | Path, drafter_spec: str, corpus_path: str | Path, budgets: list[int],
               out: str | Path, frames: int = 1000, eval_frames: int = 200, seed: int = 0, sampler: Sampler = Sampler(),
               depth: int = DEFAULT_DEPTH, validation_fraction: float = 0.05, dtype: str = "float32",
@@ -197,40 +181,3 @@ def report_markdown(report: dict) -> str:
               "| mean top-1 p~ | " + " | ".join(f"{p:.2f}" for p in report["target_top1"]) + " |",
               "| mean entropy (nats) | " + " | ".join(f"{e:.2f}" for e in report["target_entropy_nats"]) + " |", ""]
     return "\n".join(lines)
-
-
-def run(args) -> int:
-    sampler = Sampler(not args.greedy, args.temperature, args.top_k, args.top_p)
-    report = calibrate(args.model, args.drafter, args.corpus, parse_budgets(args.budgets), args.out, args.frames,
-                       args.eval_frames, args.seed, sampler, args.depth, args.validation_fraction, args.dtype,
-                       args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if args.json:
-        print(json.dumps({"trees": report["trees"], "acceptance": report["acceptance"]}))
-        return 0
-    for t in report["trees"]:
-        print(f"N={t['budget']:>3}: tokens/step predicted {t['predicted_tokens_per_step']:.3f}, measured "
-              f"{t['measured_tokens_per_step']:.3f} ({t['measured_calls_per_frame']:.2f} calls/frame)")
-    print(f"wrote {args.out}/report.md, report.json and tree-N*.json")
-    return 0
-
-
-def add_cli(subparsers) -> None:
-    p = subparsers.add_parser("calibrate", help="measure draft acceptance, grow sparse trees, report predicted "
-                                                "vs measured tokens/step",
-                              parents=[flags.model_flag(), flags.drafter_flag(required=True, default=None)])
-    p.add_argument("--corpus", required=True, help="code corpus folder")
-    p.add_argument("--budgets", default="4,8,16,32,64", help="tree sizes N, comma-separated")
-    p.add_argument("--out", required=True, type=flags.out_folder, help="folder for tree-N*.json and report.{json,md}")
-    p.add_argument("--frames", type=flags.positive_int, default=1000, help="frames for the acceptance statistics")
-    p.add_argument("--eval-frames", type=flags.positive_int, default=200, help="held-out frames decoded per tree")
-    p.add_argument("--seed", type=flags.seed, default=0)
-    p.add_argument("--depth", type=flags.positive_int, default=DEFAULT_DEPTH, help="K for 'reused' (files carry their own)")
-    p.add_argument("--temperature", type=flags.positive_float, default=0.9)
-    p.add_argument("--top-k", type=flags.non_negative_int, default=50)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--greedy", action="store_true", help="do_sample=False")
-    p.add_argument("--validation-fraction", type=flags.fraction, default=0.05)
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--device", type=flags.device, default=None, help="default: cuda if available, else cpu")
-    p.add_argument("--json", action="store_true", help="print the per-tree figures as one JSON object")
-    p.set_defaults(run=run)

@@ -37,8 +37,8 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor
 
-from rvqspec.checkpoint import save_json, save_tensors
-from rvqspec.errors import RvqspecError
+from rvqspec.engine.checkpoint import save_json, save_tensors
+from rvqspec.engine.errors import RvqspecError
 
 FORMAT = "rvqspec-corpus/1"
 SPLITS = ("train", "validation")
@@ -152,7 +152,7 @@ class Corpus:
         index_path = self.path / "index.json"
         if not index_path.is_file():
             hint = "it has shards but no index.json: the writer did not finish, write it again" \
-                if any(self.path.glob("shard-*.safetensors")) else "pass a folder written by rvqspec.corpus.CorpusWriter"
+                if any(self.path.glob("shard-*.safetensors")) else "pass a folder written by rvqspec.tuning.corpus.CorpusWriter"
             raise RvqspecError(f"{self.path} is not a code corpus ({hint})")
         try:
             index = json.loads(index_path.read_text())

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from helpers.upstream_models import upstream_config_dict
 
 from rvqspec.integrations.qwen_tts import import_qwen_tts
-from upstream_models import upstream_config_dict
 
 CODEBOOK = 32  # codes per codebook: predictor vocabulary and speech tokenizer codebooks
 SPECIALS = 1024  # upstream suppresses the talker's last 1024 ids (all but EOS) while sampling c0
@@ -59,9 +59,8 @@ def tiny_tts_model(seed: int = 0, head_scale: float = 20.0, model_type: str = "c
 def tiny_speech_tokenizer(seed: int = 0):
     """Upstream's `Qwen3TTSTokenizer` around a tiny random 12 Hz model (Mimi encoder, 16 codebooks of 32)."""
     qwen_tts = import_qwen_tts()
-    from transformers import EncodecFeatureExtractor
-
     from qwen_tts.core import Qwen3TTSTokenizerV2Config, Qwen3TTSTokenizerV2Model
+    from transformers import EncodecFeatureExtractor
 
     encoder = dict(hidden_size=32, num_filters=4, num_residual_layers=1, codebook_size=CODEBOOK, codebook_dim=16,
                    num_quantizers=16, num_semantic_quantizers=1, num_hidden_layers=1, num_attention_heads=2,
@@ -88,10 +87,9 @@ def tiny_text_processor():
     """Upstream's `Qwen3TTSProcessor` around a real `Qwen2TokenizerFast` with a tiny vocabulary: the chat
     special tokens, then one token per letter or punctuation mark (text ids < TEXT_VOCAB)."""
     import_qwen_tts()
+    from qwen_tts.core.models import Qwen3TTSProcessor
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import Qwen2TokenizerFast
-
-    from qwen_tts.core.models import Qwen3TTSProcessor
 
     vocab = {token: i for i, token in enumerate([*TEXT_SPECIAL_TOKENS, *"abcdefghijklmnopqrstuvwxyz ,.'!?/", "[UNK]"])}
     words = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))

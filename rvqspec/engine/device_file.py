@@ -1,20 +1,19 @@
-"""The device file ($RVQSPEC_CACHE/device.json, default ~/.cache/rvqspec): what `rvqspec bench` measured on
-this machine, read by the demo and the decoding policy.
+"""The device file ($RVQSPEC_CACHE/device.json, default ~/.cache/rvqspec): the call latencies `rvqspec bench --batch`
+measured on this machine, which the decoding policy reads (`policy.find_latency_table`).
 
     {"format": "rvqspec-device/1",
-     "tree_size": 32, ...                      # `rvqspec bench`: the chosen N and the paper-acceptance run
      "latency": {"cpu/bfloat16/1t/h1024-l5-v2048-g16": {"ms": {"1": {"0": 5.1, "16": 7.2, ...}, ...}, ...}}}
-                                               # `rvqspec bench --batch`: ms per call at (batch, N); N = 0 is AR
+                                               # ms per call at (batch, N); N = 0 is AR
 
-Each bench run updates its own part and keeps the rest.
+Each bench run updates its own setting keys and keeps the rest.
 """
 
 import json
 import os
 from pathlib import Path
 
-from rvqspec.checkpoint import save_json
-from rvqspec.errors import RvqspecError
+from rvqspec.engine.checkpoint import save_json
+from rvqspec.engine.errors import RvqspecError
 
 DEVICE_FORMAT = "rvqspec-device/1"
 
@@ -33,8 +32,7 @@ def read_device_file() -> dict | None:
         return None
     try:
         info = json.loads(path.read_text())
-        if info.get("format") != DEVICE_FORMAT or not isinstance(info.get("tree_size", 0), int) \
-                or not isinstance(info.get("latency", {}), dict):
+        if info.get("format") != DEVICE_FORMAT or not isinstance(info.get("latency", {}), dict):
             raise ValueError
     except (json.JSONDecodeError, ValueError, AttributeError, UnicodeDecodeError):
         raise RvqspecError(f"{path} is not a device file written by `rvqspec bench`: delete it or rerun "
@@ -51,15 +49,3 @@ def update_device_file(fields: dict) -> Path:
         info["latency"] = latency
     save_json(device_file_path(), info)
     return device_file_path()
-
-
-def chosen_tree_size(default: int = 16) -> int:
-    """The tree size N `rvqspec bench` chose for this device, else `default`."""
-    info = read_device_file()
-    return info.get("tree_size", default) if info else default
-
-
-def paper_acceptance_speedup() -> dict | None:
-    """The realized speed-up of the real 0.6B architecture at the paper's acceptance on this device, if benchmarked."""
-    info = read_device_file()
-    return info.get("paper_acceptance") if info else None

@@ -1,0 +1,5 @@
+import sys
+
+from rvqspec.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,61 @@
+"""`rvqspec calibrate`: draft acceptance on a corpus, sparse trees per budget, predicted vs measured tokens/step."""
+
+import json
+
+import torch
+
+from rvqspec.cli import flags
+from rvqspec.engine.drafters import DEFAULT_DEPTH
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.sampling import Sampler
+from rvqspec.tuning.calibrate import MAX_BUDGET, calibrate
+
+
+def parse_budgets(text: str) -> list[int]:
+    try:
+        budgets = sorted({int(b) for b in text.split(",") if b.strip()})
+    except ValueError:
+        budgets = []
+    if not budgets or budgets[0] < 1:
+        raise RvqspecError(f"--budgets must be a comma-separated list of tree sizes >= 1 (e.g. 4,8,16), got {text!r}")
+    if budgets[-1] > MAX_BUDGET:
+        raise RvqspecError(f"--budgets {budgets[-1]} is more nodes than a verify call can use: tree sizes are at most "
+                           f"{MAX_BUDGET} (the paper's devices choose 16-32)")
+    return budgets
+
+
+def run(args) -> int:
+    sampler = Sampler(not args.greedy, args.temperature, args.top_k, args.top_p)
+    report = calibrate(args.model, args.drafter, args.corpus, parse_budgets(args.budgets), args.out, args.frames,
+                       args.eval_frames, args.seed, sampler, args.depth, args.validation_fraction, args.dtype,
+                       args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.json:
+        print(json.dumps({"trees": report["trees"], "acceptance": report["acceptance"]}))
+        return 0
+    for t in report["trees"]:
+        print(f"N={t['budget']:>3}: tokens/step predicted {t['predicted_tokens_per_step']:.3f}, measured "
+              f"{t['measured_tokens_per_step']:.3f} ({t['measured_calls_per_frame']:.2f} calls/frame)")
+    print(f"wrote {args.out}/report.md, report.json and tree-N*.json")
+    return 0
+
+
+def add_cli(subparsers) -> None:
+    p = subparsers.add_parser("calibrate", help="measure draft acceptance, grow sparse trees, report predicted "
+                                                "vs measured tokens/step",
+                              parents=[flags.model_flag(), flags.drafter_flag(required=True, default=None)])
+    p.add_argument("--corpus", required=True, help="code corpus folder")
+    p.add_argument("--budgets", default="4,8,16,32,64", help="tree sizes N, comma-separated")
+    p.add_argument("--out", required=True, type=flags.out_folder, help="folder for tree-N*.json and report.{json,md}")
+    p.add_argument("--frames", type=flags.positive_int, default=1000, help="frames for the acceptance statistics")
+    p.add_argument("--eval-frames", type=flags.positive_int, default=200, help="held-out frames decoded per tree")
+    p.add_argument("--seed", type=flags.seed, default=0)
+    p.add_argument("--depth", type=flags.positive_int, default=DEFAULT_DEPTH, help="K for 'reused' (files carry their own)")
+    p.add_argument("--temperature", type=flags.positive_float, default=0.9)
+    p.add_argument("--top-k", type=flags.non_negative_int, default=50)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--greedy", action="store_true", help="do_sample=False")
+    p.add_argument("--validation-fraction", type=flags.fraction, default=0.05)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", type=flags.device, default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--json", action="store_true", help="print the per-tree figures as one JSON object")
+    p.set_defaults(run=run)

@@ -1,0 +1,1 @@
+"""Tuning a drafter for a checkpoint: code corpora (the format; from recordings), offsets/Medusa training, tree calibration."""

@@ -1,0 +1,59 @@
+"""The command line (`cli/main.py`, `cli/flags.py`): an error is one line on stderr and exit 2, no traceback, and bad
+flags are refused before any work or any write."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from helpers.checkpoints import CONFIG
+
+from rvqspec.cli.main import main
+
+
+def test_cli_prints_one_line_and_exits_2(folder, capsys):
+    (folder / "model.safetensors").write_bytes(b"\0" * 16)
+    assert main(["inspect", "--model", str(folder)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith("rvqspec inspect: error: ") and "is not a readable safetensors file" in err
+
+
+def test_cli_process_exit_code_and_no_traceback(tmp_path):
+    missing = tmp_path / "nonexistent"
+    done = subprocess.run([sys.executable, "-m", "rvqspec.cli.main", "inspect", "--model", str(missing)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == f"rvqspec inspect: error: checkpoint folder {missing} does not exist: pass the folder that " \
+                          "holds config.json and *.safetensors\n"
+
+
+def test_cli_inspect_reports_the_checkpoint(folder, model, capsys):
+    assert main(["inspect", "--model", str(folder), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["config"] == CONFIG.to_dict()
+    assert report["parameters"]["total"] == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["standin", "build", "--from", "quality", "--to", "corpus", "--work", "{tmp}/w"], "comes after --to"),
+    (["calibrate", "--model", "m", "--drafter", "reused", "--corpus", "c", "--out", "{tmp}/o", "--budgets", "100000"],
+     "at most 1024"),
+    (["demo", "--threads", "100000"], "--threads: 100000 is out of range"),
+    (["eval", "--manifest", "{tmp}/X.md", "--out", "{tmp}/o", "--no-asr"], "is not a corpus manifest"),
+])
+def test_inputs_that_lost_data_or_hung_are_refused_first(argv, message, tmp_path, capsys):
+    (tmp_path / "X.md").write_text("mine")
+    assert main([a.format(tmp=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+    assert (tmp_path / "X.md").read_text() == "mine"  # nothing of the user's was touched
+
+
+def test_an_unwritable_out_folder_is_refused_before_the_work(tmp_path, capsys, monkeypatch):
+    import os
+
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if str(path) == str(tmp_path) else real(path, mode))
+    assert main(["demo", "--out", str(tmp_path / "new" / "wavs")]) == 2  # the nearest existing folder is checked
+    assert f"cannot write into {tmp_path}" in capsys.readouterr().err
