@@ -11,8 +11,6 @@ large tensor, read + write counted). Timing does not depend on weight values (DE
 """
 
 import argparse
-import os
-import platform
 import statistics
 import sys
 import time
@@ -26,8 +24,9 @@ sys.path.insert(0, str(ROOT / "tests"))  # the upstream model builder shared wit
 from helpers.upstream_models import upstream_generate, upstream_model_like  # noqa: E402
 
 import rvqspec  # noqa: E402
+from rvqspec.bench.timing import finish_machine, machine, machine_text  # noqa: E402
 from rvqspec.cli.inspect import parameter_counts  # noqa: E402
-from rvqspec.engine.checkpoint import atomic_write, save_json  # noqa: E402
+from rvqspec.engine.checkpoint import save_json, save_text  # noqa: E402
 from rvqspec.engine.decode import autoregressive_step, prefill  # noqa: E402
 from rvqspec.integrations.qwen_tts import predictor_from_upstream  # noqa: E402
 
@@ -122,13 +121,6 @@ def measure(args) -> dict:
     }
 
 
-def machine(threads: int, load_before: tuple[float, ...]) -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "torch": torch.__version__, "threads": threads,
-            "load_average_before": load_before, "load_average_after": os.getloadavg()}
-
-
 def markdown(report: dict) -> str:
     m = report["machine"]
     met = lambda ok: "met" if ok else "NOT met"  # noqa: E731
@@ -137,9 +129,8 @@ def markdown(report: dict) -> str:
     lines = [
         "# AR frame: rvqspec vs upstream qwen-tts (0.6B code predictor, float32, CPU)",
         "",
-        f"`{report['command']}`: {m['cpu']}, {m['logical_cpus']} logical CPUs, torch {m['torch']}, "
-        f"{m['threads']} thread(s); load average before {m['load_average_before'][0]:.2f}, after "
-        f"{m['load_average_after'][0]:.2f} (other jobs share this machine). Medians of {report['repeats']} "
+        f"`{report['command']}`: {m['cores']} logical CPUs, {report['threads']} thread(s), {machine_text(m)}. "
+        f"Medians of {report['repeats']} "
         f"interleaved repeats after {report['warmup']} warm-up; random weights, the same in both; "
         f"greedy codes identical: {report['greedy_codes_identical']}.",
         "",
@@ -187,13 +178,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "ar_vs_upstream")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    load_before = os.getloadavg()
+    info = machine()
     report = measure(args)
-    report["machine"] = machine(torch.get_num_threads(), load_before)
+    report["machine"], report["threads"] = finish_machine(info), torch.get_num_threads()
     report["command"] = " ".join(["python benchmarks/ar_vs_upstream.py", *sys.argv[1:]])
     save_json(args.out.with_suffix(".json"), report)
     text = markdown(report)
-    atomic_write(args.out.with_suffix(".md"), lambda tmp: Path(tmp).write_text(text))
+    save_text(args.out.with_suffix(".md"), text)
     print(text)
 
 

@@ -10,7 +10,6 @@ stay eager. Each frame is decoded four ways in rotating order; medians. Writes b
 """
 
 import argparse
-import os
 import statistics
 import time
 from pathlib import Path
@@ -20,9 +19,9 @@ import torch._inductor.config as inductor_config
 
 from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor
 from rvqspec.bench.one_stream import ARCHS
-from rvqspec.bench.timing import clocks, elapsed_ms, machine
-from rvqspec.engine.checkpoint import atomic_write, save_json
-from rvqspec.engine.decode import decode_frame
+from rvqspec.bench.timing import clocks, elapsed_ms, finish_machine, machine, machine_text
+from rvqspec.engine.checkpoint import save_json, save_text
+from rvqspec.engine.decode import decode_frame, tokens_per_step
 from rvqspec.engine.drafters import ReusedHeads
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import default_tree
@@ -43,8 +42,8 @@ def main() -> None:
     inductor_config.freezing = True
     sampler, tree = Sampler(), default_tree(args.size)
     predictor = controlled_predictor(ARCHS[args.arch], dtype=args.dtype)
-    strength, calibrated, _ = calibrate_strength(predictor, tree, PAPER_ACCEPTANCE[args.size], sampler,
-                                              predictor.frames(12, seed=1), iterations=7)
+    calibrated = calibrate_strength(predictor, tree, PAPER_ACCEPTANCE[args.size], sampler, predictor.frames(12, seed=1),
+                                    iterations=7)
     model, drafter = predictor.model, ReusedHeads(predictor.model)
     compiled = torch.compile(model, dynamic=False)
     models = {"eager": model, "compiled": compiled}
@@ -63,18 +62,18 @@ def main() -> None:
         decode(way, *frames[0])
         compile_seconds[way] = time.perf_counter() - start
     times: dict = {way: [] for way in WAYS}
-    calls = {way: 0 for way in WAYS}
+    decoded = {way: [] for way in WAYS}
     for i, (h, c0) in enumerate(frames):
         for way in WAYS[i % 4:] + WAYS[:i % 4]:
             start = clocks()
-            calls[way] += decode(way, h, c0).calls
+            decoded[way].append(decode(way, h, c0))
             times[way].append(elapsed_ms(start))
     wall = {way: statistics.median(t[0] for t in times[way]) for way in WAYS}
     cpu = {way: statistics.median(t[1] for t in times[way]) for way in WAYS}
-    report = {"machine": machine() | {"load_after": os.getloadavg()}, "arch": args.arch,
+    report = {"machine": finish_machine(machine()), "arch": args.arch,
               "dtype": args.dtype, "threads": args.threads, "tree_size": args.size, "frames": args.frames,
-              "strength": strength, "calibrated_tokens_per_step": calibrated,
-              "tokens_per_step": {w: args.frames * 15 / calls[w] for w in WAYS},
+              "strength": calibrated.strength, "calibrated_tokens_per_step": calibrated.measured,
+              "tokens_per_step": {w: tokens_per_step(decoded[w]) for w in WAYS},
               "frame_wall_ms": wall, "frame_cpu_ms": cpu, "first_frame_s": compile_seconds,
               "speedup": {"eager spec over eager AR": wall["eager AR"] / wall["eager spec"],
                           "compiled spec over compiled AR": wall["compiled AR"] / wall["compiled spec"],
@@ -82,7 +81,7 @@ def main() -> None:
                           "compiled spec over eager AR": wall["eager AR"] / wall["compiled spec"]}}
     out = Path(args.out)
     save_json(out / "bench-compile.json", report)
-    atomic_write(out / "bench-compile.md", lambda tmp: Path(tmp).write_text(markdown(report)))
+    save_text(out / "bench-compile.md", markdown(report))
     print(markdown(report))
 
 
@@ -91,8 +90,7 @@ def markdown(r: dict) -> str:
     lines = ["# torch.compile vs eager, whole frames", "",
              f"`python benchmarks/compiled_frames.py`: {r['arch']} architecture (random layers, acceptance controlled "
              f"to {PAPER_ACCEPTANCE[r['tree_size']]} tokens/step at N={r['tree_size']}), {r['dtype']}, "
-             f"{r['threads']} thread(s), {r['frames']} frames; {m['cpu']}, torch {m['torch']}, load "
-             f"{m['load_before'][0]:.1f} before / {m['load_after'][0]:.1f} after. Compiled: inductor with freezing, "
+             f"{r['threads']} thread(s), {r['frames']} frames; {machine_text(m)}. Compiled: inductor with freezing, "
              "static shapes, forward only.", "",
              "| way | frame ms (wall, median) | frame ms (CPU) | tokens/step | first frame s (compiles) |",
              "|---|---|---|---|---|"]

@@ -16,7 +16,6 @@ call (speculative frame ms / calls per frame). Writes benchmarks/results/csm/dra
 """
 
 import argparse
-import os
 from pathlib import Path
 
 import torch
@@ -24,8 +23,8 @@ import torch
 from rvqspec.bench.controlled import (PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor, decode_controlled,
                                       round_acceptance)
 from rvqspec.bench.one_stream import ARCHS, frame_speedup
-from rvqspec.bench.timing import machine
-from rvqspec.engine.checkpoint import atomic_write, save_json
+from rvqspec.bench.timing import finish_machine, machine, machine_text
+from rvqspec.engine.checkpoint import save_json, save_text
 from rvqspec.engine.drafters import ReusedHeads
 from rvqspec.engine.policy import calls_distribution, expected_calls, uniform_acceptance
 from rvqspec.engine.sampling import Sampler
@@ -71,8 +70,9 @@ def run(args) -> dict:
         last = predictor.model.config.num_residual_codes
         frames = predictor.frames(args.frames, seed=1)
         base = default_tree(args.size, depth=3)
-        strength, measured, _ = calibrate_strength(predictor, base, target["value"], sampler, frames,
-                                                   args.iterations, metric=target["metric"])
+        calibrated = calibrate_strength(predictor, base, target["value"], sampler, frames, args.iterations,
+                                        metric=target["metric"])
+        strength, measured = calibrated.strength, calibrated.measured
         accepted = round_acceptance(decode_controlled(predictor, base, frames, sampler), base, last)
         print(f"{arch}: strength {strength:.3f} ({target['metric']} {measured:.3f}, {accepted:.3f} accepted per "
               f"round at K=3)", flush=True)
@@ -87,7 +87,7 @@ def run(args) -> dict:
                                  "calibrated": measured, "round_acceptance_k3": accepted, "rows": rows}
         target = {"metric": "round_acceptance", "value": accepted}  # CSM: the 0.6B's acceptance per round
         del predictor
-    report["machine"]["load_after"] = os.getloadavg()
+    finish_machine(report["machine"])
     report["decayed"] = decayed_predictions(report)
     return report
 
@@ -96,8 +96,7 @@ def markdown(report: dict) -> str:
     m, a = report["machine"], report["args"]
     lines = ["# Draft depth K: 0.6B (15 codes/frame) beside CSM-1B (31)", "",
              f"`OMP_WAIT_POLICY=PASSIVE python benchmarks/draft_depth.py --dtype {a['dtype']} --threads {a['threads']} "
-             f"--size {a['size']}`: {m['cpu']}, torch {m['torch']}, {m['date']}, load {m['load_before'][0]:.1f} before, "
-             f"{m['load_after'][0]:.1f} after (shared machine: compare within this run). {a['frames']} frames per "
+             f"--size {a['size']}`: {machine_text(m)}. {a['frames']} frames per "
              "architecture, AR and speculative alternately; peak strength bisected at K=3 (0.6B: the paper's "
              "tokens/step; CSM: the 0.6B's drafts accepted per round), then held; default_tree(N, depth=K).", "",
              "| architecture | K | tokens/step | calls/frame | AR frame ms | spec frame ms | realized |",
@@ -132,7 +131,7 @@ def main() -> None:
     args = parser.parse_args()
     report = run(args)
     save_json(args.out / "draft-depth.json", report)
-    atomic_write(args.out / "draft-depth.md", lambda tmp: Path(tmp).write_text(markdown(report)))
+    save_text(args.out / "draft-depth.md", markdown(report))
     print(f"wrote {args.out / 'draft-depth.md'}")
 
 

@@ -3,15 +3,14 @@
     OMP_WAIT_POLICY=PASSIVE python benchmarks/fused_path.py [--frames 16] [--sizes 32] [--dtypes bfloat16,float32]
 
 "Before" is `rvqspec.engine.fused.enabled(False)`: the plain layer ops, exact draft heads and the walk over every
-reachable depth (the engine as it was); "after" is the default: fused kernels (rvqspec/fused.py), int8 draft
-heads (draft_heads.py), the early-stopping CPU walk (host_walk.py). On the real 0.6B architecture (random
+reachable depth (the engine as it was); "after" is the default: fused kernels (rvqspec/engine/fused.py), int8 draft
+heads (engine/draft_heads.py), the early-stopping CPU walk (engine/walk.py). On the real 0.6B architecture (random
 layers, heads peaked so that N=32 accepts the paper's 2.47 tokens/step, N=16 2.25; `rvqspec.bench.controlled`), the
 deployed sampler, ReusedHeads drafts. Per frame the four decodes (AR / speculative x before / after) run back
 to back in a rotating order; medians over frames. Writes fused-path.{json,md}.
 """
 
 import argparse
-import os
 import statistics
 from pathlib import Path
 
@@ -19,10 +18,10 @@ import torch
 
 from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor
 from rvqspec.bench.one_stream import ARCHS
-from rvqspec.bench.timing import clocks, elapsed_ms, machine
+from rvqspec.bench.timing import clocks, elapsed_ms, finish_machine, machine, machine_text
 from rvqspec.engine import fused
-from rvqspec.engine.checkpoint import atomic_write, save_json
-from rvqspec.engine.decode import decode_frame
+from rvqspec.engine.checkpoint import save_json, save_text
+from rvqspec.engine.decode import decode_frame, tokens_per_step
 from rvqspec.engine.drafters import ReusedHeads
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import default_tree
@@ -33,7 +32,7 @@ MODES = [("ar", False), ("ar", True), ("spec", False), ("spec", True)]  # (kind,
 def time_frames(predictor, tree, frames, sampler, drafter) -> dict:
     """Median wall ms per frame and tokens/step of each mode, the four decodes of a frame in rotating order."""
     generators = {mode: torch.Generator().manual_seed(i) for i, mode in enumerate(MODES)}
-    times, calls = {mode: [] for mode in MODES}, dict.fromkeys(MODES, 0)
+    times, decoded = {mode: [] for mode in MODES}, {mode: [] for mode in MODES}
     for i, (h, c0) in enumerate([frames[0]] + frames):  # the first: warm-up (plans, packs, int8 heads)
         for kind, on in MODES[i % 4:] + MODES[:i % 4]:
             with fused.enabled(on):
@@ -43,10 +42,9 @@ def time_frames(predictor, tree, frames, sampler, drafter) -> dict:
                 ms = elapsed_ms(start)[0]
             if i:
                 times[(kind, on)].append(ms)
-                calls[(kind, on)] += result.calls
-    codes = predictor.model.config.num_residual_codes * len(frames)
+                decoded[(kind, on)].append(result)
     return {f"{kind} {'after' if on else 'before'}": {"frame_ms": statistics.median(times[(kind, on)]),
-                                                      "tokens_per_step": codes / calls[(kind, on)]}
+                                                      "tokens_per_step": tokens_per_step(decoded[(kind, on)])}
             for kind, on in MODES}
 
 
@@ -57,9 +55,8 @@ def markdown(report: dict) -> str:
              f"--dtypes {','.join(s['dtypes'])} --threads {','.join(map(str, s['threads']))}`: 0.6B architecture "
              "(random layers, acceptance-controlled heads), deployed sampler, ReusedHeads drafts; before = "
              "`fused.enabled(False)` (plain ops, exact draft heads, walk over every reachable depth), after = the "
-             f"default. Medians of {s['frames']} frames, the four decodes of each frame back to back; {m['cpu']}, "
-             f"torch {m['torch']}, load {m['load_before'][0]:.1f} before / {report['load_after']:.1f} after (shared "
-             "machine: compare within a row).", "",
+             f"default. Medians of {s['frames']} frames, the four decodes of each frame back to back; "
+             f"{machine_text(m)}.", "",
              "| setting | N | AR ms/frame before | after | after/before | tok/step before | after | spec ms/call "
              "before | after | spec call / AR step before | after | realized before | realized after |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -97,19 +94,19 @@ def main() -> None:
         for n in settings["sizes"]:
             tree = default_tree(n)
             torch.set_num_threads(1)
-            strength, calibrated, _ = calibrate_strength(predictor, tree, PAPER_ACCEPTANCE[n], sampler, frames[:8], 6)
+            calibrated = calibrate_strength(predictor, tree, PAPER_ACCEPTANCE[n], sampler, frames[:8], 6)
             for threads in settings["threads"]:
                 torch.set_num_threads(threads)
                 with torch.inference_mode():
                     result = time_frames(predictor, tree, frames, sampler, drafter)
-                rows.append({"dtype": dtype, "threads": threads, "tree_size": n, "strength": strength,
-                             "calibrated_tokens_per_step": calibrated, "frames": result})
-                print(markdown({"machine": info, "settings": settings, "rows": rows[-1:],
-                                "load_after": os.getloadavg()[0]}).splitlines()[-3], flush=True)
-    report = {"settings": settings, "machine": info, "load_after": os.getloadavg()[0], "rows": rows}
+                rows.append({"dtype": dtype, "threads": threads, "tree_size": n, "strength": calibrated.strength,
+                             "calibrated_tokens_per_step": calibrated.measured, "frames": result})
+                print(markdown({"machine": finish_machine(dict(info)), "settings": settings,
+                                "rows": rows[-1:]}).splitlines()[-3], flush=True)
+    report = {"settings": settings, "machine": finish_machine(info), "rows": rows}
     out = Path(args.out)
     save_json(out / "fused-path.json", report)
-    atomic_write(out / "fused-path.md", lambda tmp: Path(tmp).write_text(markdown(report)))
+    save_text(out / "fused-path.md", markdown(report))
     print(markdown(report))
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from rvqspec.cli import flags
 from rvqspec.cli.main import Parser, UsageError, one_line
-from rvqspec.engine.checkpoint import atomic_write, relative_path
+from rvqspec.engine.checkpoint import relative_path, save_text
 from rvqspec.engine.errors import RvqspecError
 
 RESULTS_DIR = Path("benchmarks/results")
@@ -304,7 +304,7 @@ def regenerate(results_dir: Path = RESULTS_DIR, calibration_path: Path | None = 
     except (KeyError, TypeError, IndexError, AttributeError) as e:  # nothing is written: `out` stays as it was
         raise RvqspecError(f"a report in {results_dir} (or {calibration_path}) is not one that rvqspec eval, bench or "
                            f"calibrate wrote ({type(e).__name__}: {e}): rerun the command that writes it") from None
-    atomic_write(out, lambda tmp: Path(tmp).write_text(text))
+    save_text(out, text)
     return text
 
 

@@ -17,7 +17,6 @@ speed-up bound T x AR / round as measured, and with each excess removed. Writes 
 """
 
 import argparse
-import os
 import statistics
 from pathlib import Path
 
@@ -26,9 +25,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from rvqspec.bench.controlled import PAPER_ACCEPTANCE, controlled_predictor
 from rvqspec.bench.one_stream import ARCHS
-from rvqspec.bench.timing import TIMED_K, clocks, elapsed_ms, machine
+from rvqspec.bench.timing import TIMED_K, clocks, elapsed_ms, finish_machine, machine, machine_text
 from rvqspec.engine import device_path
-from rvqspec.engine.checkpoint import atomic_write, save_json
+from rvqspec.engine.checkpoint import save_json, save_text
 from rvqspec.engine.decode import autoregressive_step, plan_for, speculative_round
 from rvqspec.engine.drafters import ReusedHeads
 from rvqspec.engine.sampling import Sampler
@@ -145,8 +144,7 @@ def markdown(report: dict) -> str:
     lines = ["# Where a speculative round's time goes", "",
              f"`python benchmarks/round_profile.py --arch {s['arch']} --dtype {s['dtype']} --size {s['size']} --threads "
              f"{s['threads']}`: random weights, ReusedHeads drafts, default tree N={s['size']}, k={s['k']}, "
-             f"median of {s['repeats']} interleaved repeats; {m['cpu']}, torch {m['torch']}, load {m['load_before'][0]:.1f} "
-             f"before / {report['load_after']:.1f} after (shared machine: compare within this run).", "",
+             f"median of {s['repeats']} interleaved repeats; {machine_text(m)}.", "",
              "| piece | ms |", "|---|---|"]
     lines += [f"| {name} | {ms:.2f} |" for name, ms in report["times_ms"].items()]
     lines += ["", "Self CPU ms per forward by op kind (torch.profiler):", "",
@@ -190,11 +188,11 @@ def main() -> None:
     visited = visited_depths(funcs, tree)
     tokens = PAPER_ACCEPTANCE[args.size]
     settings = vars(args) | {"k": TIMED_K, "tokens_per_step": tokens}
-    report = {"settings": settings, "machine": info, "load_after": os.getloadavg()[0], "times_ms": times,
+    report = {"settings": settings, "machine": finish_machine(info), "times_ms": times,
               "ops_ms": ops, "analysis": analyse(times, ops, args.size, tokens, args.target, visited)}
     out = Path(args.out)
     save_json(out / "round-profile.json", report)
-    atomic_write(out / "round-profile.md", lambda tmp: Path(tmp).write_text(markdown(report)))
+    save_text(out / "round-profile.md", markdown(report))
     print(markdown(report))
 
 

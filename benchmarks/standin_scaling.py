@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from rvqspec.engine.checkpoint import atomic_write, save_json
+from rvqspec.engine.checkpoint import save_json, save_text
 from rvqspec.engine.model import MultiCodeDecoder
 from rvqspec.standin.codec import CodecConfig
 from rvqspec.standin.talker import load_standin
@@ -96,7 +96,7 @@ def main() -> None:
     result = run(Path(args.work), [float(f) for f in args.fractions.split(",")], args.epochs)
     out = Path(args.out)
     save_json(out / "scaling.json", result)
-    atomic_write(out / "scaling.md", lambda tmp: Path(tmp).write_text(markdown(result)))
+    save_text(out / "scaling.md", markdown(result))
 
 
 if __name__ == "__main__":

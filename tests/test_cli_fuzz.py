@@ -107,4 +107,4 @@ def test_commands_on_fuzzed_arguments_exit_cleanly_and_keep_the_users_files(fixt
         assert err.getvalue().count("\n") == 1 and err.getvalue().startswith(("rvqspec", "make_results.py")), \
             err.getvalue()
     assert (fixtures["keep"] / "mine.txt").read_text() == "the user's"
-    assert sorted(p.name for p in fixtures["keep"].iterdir() if not p.name.startswith("R.md")) >= ["mine.txt"]
+    assert "mine.txt" in {p.name for p in fixtures["keep"].iterdir()}  # the user's file is still there

@@ -38,10 +38,12 @@ def test_no_peak_gives_no_acceptance_and_a_strong_one_the_ceiling():
 
 def test_calibrated_strength_reaches_the_target_on_other_frames():
     p, tree, sampler = predictor(), default_tree(16), Sampler()
-    strength, measured, calls = calibrate_strength(p, tree, 2.25, sampler, p.frames(24, seed=1))
+    calibrated = calibrate_strength(p, tree, 2.25, sampler, p.frames(24, seed=1))
+    calls, measured = calibrated.frame_calls, calibrated.measured
     assert len(calls) == 24 and measured == pytest.approx(24 * 15 / sum(calls))
     assert measured == pytest.approx(2.25, abs=0.1)
-    assert p.strength == strength
+    assert p.strength == calibrated.strength
+    assert (calibrated.metric, calibrated.target) == ("tokens_per_step", 2.25)
     assert tokens_per_step(p, tree, p.frames(40, seed=2), sampler, seed=5) == pytest.approx(2.25, abs=0.25)
 
 

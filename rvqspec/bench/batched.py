@@ -16,18 +16,17 @@ Per setting (dtype x threads), in one process:
 The latency tables go to the device file, where the policy reads them.
 """
 
-import os
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from rvqspec.bench.controlled import (PAPER_ACCEPTANCE, ControlledPredictor, calibrate_strength, controlled_predictor,
-                                      paper_round_acceptance)
-from rvqspec.bench.timing import call_latency, clocks, elapsed_ms, latency_row, machine
-from rvqspec.engine.config import ARCHITECTURES, QWEN3_TTS_0_6B
-from rvqspec.engine.decode import decode_frames
+from rvqspec.bench.controlled import (PAPER_ACCEPTANCE, ControlledPredictor, calibrate_to_paper, controlled_predictor,
+                                      log_calibration, paper_round_acceptance)
+from rvqspec.bench.timing import call_latency, clocks, elapsed_ms, finish_machine, latency_row, machine
+from rvqspec.engine.config import ARCHITECTURES
+from rvqspec.engine.decode import decode_frames, tokens_per_step
 from rvqspec.engine.device_file import update_device_file
 from rvqspec.engine.drafters import ReusedHeads
 from rvqspec.engine.policy import SIZES, LatencyTable, Policy, measured_distribution, setting_key
@@ -117,7 +116,7 @@ def time_batches(predictor: ControlledPredictor, upstream, batch: int, size: int
     if upstream is not None:
         runs["upstream"] = lambda h, c: upstream_frames(upstream, model, h, c, sampler)
     times = {name: [] for name in runs}
-    calls = codes = 0
+    decoded = []  # the policy's rows
     for r, (hidden, c0) in enumerate(inputs):  # the first batch warms every path up
         for name, run in runs.items():
             start = clocks(model.device)
@@ -125,13 +124,12 @@ def time_batches(predictor: ControlledPredictor, upstream, batch: int, size: int
             if r:
                 times[name].append(elapsed_ms(start, model.device)[0])
                 if name == "policy":
-                    calls += sum(row.calls for row in out.rows)
-                    codes += out.codes.numel()
+                    decoded += out.rows
     ms = {name: statistics.median(values) for name, values in times.items()}
     ms.setdefault("policy", ms["ar"])
     fps = {name: 1e3 * batch / value for name, value in ms.items()}
     return {"batch": batch, "tree_size": size, "ms": ms, "frames_per_second": fps,
-            "policy_tokens_per_step": codes / calls if calls else 1.0,
+            "policy_tokens_per_step": tokens_per_step(decoded) if decoded else 1.0,
             "policy_over_ar": fps["policy"] / fps["ar"],
             "policy_over_upstream": fps["policy"] / fps["upstream"] if "upstream" in fps else None,
             "ar_over_upstream": fps["ar"] / fps["upstream"] if "upstream" in fps else None}
@@ -148,25 +146,21 @@ def measure_setting(predictor: ControlledPredictor, upstream, plan: BatchPlan, s
         log(f"  B={batch}: AR step {ms[batch][0]:.2f} ms; round " +
             ", ".join(f"N={n} {ms[batch][n]:.2f}" for n in trees) + " ms")
     frames = predictor.frames(plan.calibration_frames, seed=1)
-    paper_length = model.config.num_residual_codes == QWEN3_TTS_0_6B.num_residual_codes
     for n in PAPER_ACCEPTANCE:
         if n not in strengths:
-            target = PAPER_ACCEPTANCE[n] if paper_length else paper_round_acceptance(
-                trees[n], PAPER_ACCEPTANCE[n], sampler, plan.calibration_frames, plan.calibration_iterations,
-                model.dtype, model.device)
-            metric = "tokens_per_step" if paper_length else "round_acceptance"
-            strengths[n] = calibrate_strength(predictor, trees[n], target, sampler, frames,
-                                              plan.calibration_iterations, metric=metric)
-            log(f"  N={n}: peak strength {strengths[n][0]:.3f} gives {strengths[n][1]:.3f} "
-                f"{metric.replace('_', ' ')} (target {target:.3f})")
+            strengths[n] = calibrate_to_paper(predictor, trees[n], sampler, frames, plan.calibration_iterations,
+                                              lambda: paper_round_acceptance(
+                                                  trees[n], PAPER_ACCEPTANCE[n], sampler, plan.calibration_frames,
+                                                  plan.calibration_iterations, model.dtype, model.device))
+            log_calibration(log, n, strengths[n])
     # The policy sees what a user's calibration gives it: each frame's calls at that acceptance.
     paper_trees = {n: trees[n] for n in PAPER_ACCEPTANCE}
-    calls = {n: measured_distribution(strengths[n][2], model.config.num_code_groups) for n in paper_trees}
+    calls = {n: measured_distribution(strengths[n].frame_calls, model.config.num_code_groups) for n in paper_trees}
     policy = Policy.build(model, paper_trees, calls, LatencyTable(ms, "measured in this run"))
     rows = []
     for batch in plan.batches:
         size = policy.choose(batch)
-        row = time_batches(predictor, upstream, batch, size, strengths[size][0] if size else None, plan.repeats,
+        row = time_batches(predictor, upstream, batch, size, strengths[size].strength if size else None, plan.repeats,
                            sampler)
         row["predicted_policy_over_ar"] = policy.predicted_speedup(batch, size) if size else 1.0
         row["why"] = policy.explain(batch)
@@ -178,8 +172,9 @@ def measure_setting(predictor: ControlledPredictor, upstream, plan: BatchPlan, s
     switch = next((r["batch"] for r in rows if r["tree_size"] == 0), None)
     return {"dtype": dtype, "threads": threads, "device": plan.device, "key": setting_key(model),
             "latency_ms": {str(b): {str(n): v for n, v in row.items()} for b, row in ms.items()},
-            "strengths": {str(n): {"strength": v[0], "calibrated": v[1], "frame_calls": v[2],
-                                   "tokens_per_step": model.config.num_residual_codes * len(v[2]) / sum(v[2])}
+            "strengths": {str(n): {"strength": v.strength, "calibrated": v.measured, "frame_calls": v.frame_calls,
+                                   "tokens_per_step": model.config.num_residual_codes * len(v.frame_calls)
+                                   / sum(v.frame_calls)}
                           for n, v in strengths.items()}, "frames": rows, "switch_to_ar_at": switch}
 
 
@@ -211,7 +206,7 @@ def run_batch_bench(plan: BatchPlan, log=print) -> dict:
             del predictor, upstream
     finally:
         torch.set_num_threads(threads_before)
-    report["machine"]["load_after"] = os.getloadavg()
+    finish_machine(report["machine"])
     first = report["settings"][0]
     report["batch_policy_speedup"] = {str(r["batch"]): r["policy_over_ar"] for r in first["frames"]}
     report["batch_policy_speedup_by_setting"] = {

@@ -21,12 +21,13 @@ Timing does not depend on weight values, so per-call latencies measured here hol
 
 import math
 from dataclasses import dataclass
+from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor
 
 from rvqspec.engine.config import QWEN3_TTS_0_6B, PredictorConfig
-from rvqspec.engine.decode import FrameResult, decode_frame
+from rvqspec.engine.decode import FrameResult, decode_frame, tokens_per_step as decoded_tokens_per_step
 from rvqspec.engine.drafters import ReusedHeads
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.model import MultiCodeDecoder, resolve_dtype
@@ -104,19 +105,24 @@ def round_acceptance(results: list[FrameResult], tree: Tree, last: int) -> float
 def tokens_per_step(predictor: ControlledPredictor, tree: Tree, frames: list[tuple[Tensor, int]],
                     sampler: Sampler, seed: int = 0) -> float:
     """Codes emitted per predictor call over `frames`, speculative decoding with ReusedHeads and `tree`."""
-    calls = sum(result.calls for result in decode_controlled(predictor, tree, frames, sampler, seed))
-    return len(frames) * predictor.model.config.num_residual_codes / calls
+    return decoded_tokens_per_step(decode_controlled(predictor, tree, frames, sampler, seed))
+
+
+class Calibrated(NamedTuple):
+    """What `calibrate_strength` found; the predictor is left at `strength`."""
+
+    strength: float  # the heads' peak strength
+    measured: float  # `metric` at it
+    frame_calls: list[int]  # each frame's calls at it
+    metric: str  # "tokens_per_step" or "round_acceptance"
+    target: float  # what the bisection aimed at
 
 
 def calibrate_strength(predictor: ControlledPredictor, tree: Tree, target: float, sampler: Sampler,
                        frames: list[tuple[Tensor, int]], iterations: int = 7, low: float = 1.0,
-                       high: float = 16.0, seed: int = 0, metric: str = "tokens_per_step"
-                       ) -> tuple[float, float, list[int]]:
+                       high: float = 16.0, seed: int = 0, metric: str = "tokens_per_step") -> Calibrated:
     """Bisect the peak strength (log scale, same frames and draws each time) until `metric` hits `target`:
-    "tokens_per_step", or "round_acceptance" (drafts accepted per round with room for the tree).
-
-    Returns (strength, measured metric at it, each frame's calls at it); the predictor is left at that strength.
-    """
+    "tokens_per_step", or "round_acceptance" (drafts accepted per round with room for the tree)."""
     last = predictor.model.config.num_residual_codes
     ceiling = tokens_per_step_ceiling(predictor.model.config, tree) if metric == "tokens_per_step" else tree.max_depth
     floor = 1.0 if metric == "tokens_per_step" else 0.0
@@ -129,13 +135,28 @@ def calibrate_strength(predictor: ControlledPredictor, tree: Tree, target: float
         predictor.set_strength(middle)
         results = decode_controlled(predictor, tree, frames, sampler, seed)
         calls = [result.calls for result in results]
-        measured = (len(frames) * last / sum(calls) if metric == "tokens_per_step"
+        measured = (decoded_tokens_per_step(results) if metric == "tokens_per_step"
                     else round_acceptance(results, tree, last))
-        if best is None or abs(measured - target) < abs(best[1] - target):
-            best = (middle, measured, calls)
+        if best is None or abs(measured - target) < abs(best.measured - target):
+            best = Calibrated(middle, measured, calls, metric, target)
         low, high = (middle, high) if measured < target else (low, middle)
-    predictor.set_strength(best[0])
+    predictor.set_strength(best.strength)
     return best
+
+
+def calibrate_to_paper(predictor: ControlledPredictor, tree: Tree, sampler: Sampler, frames: list[tuple[Tensor, int]],
+                       iterations: int, round_target: Callable[[], float]) -> Calibrated:
+    """Bisect `predictor` to the paper's acceptance with `tree` (N = tree.size): Qwen3-TTS's frame length to the
+    paper's tokens/step at N; another frame length (CSM) to the drafts accepted per round that the 0.6B shows
+    there, `round_target()` (e.g. `paper_round_acceptance`, or this run's 0.6B rows)."""
+    if predictor.model.config.num_residual_codes == QWEN3_TTS_0_6B.num_residual_codes:
+        return calibrate_strength(predictor, tree, PAPER_ACCEPTANCE[tree.size], sampler, frames, iterations)
+    return calibrate_strength(predictor, tree, round_target(), sampler, frames, iterations, metric="round_acceptance")
+
+
+def log_calibration(log, n: int, c: Calibrated) -> None:
+    log(f"    N={n}: peak strength {c.strength:.3f} gives {c.measured:.3f} {c.metric.replace('_', ' ')} "
+        f"(target {c.target:.3f})")
 
 
 def paper_round_acceptance(tree: Tree, target: float, sampler: Sampler, frames: int, iterations: int,

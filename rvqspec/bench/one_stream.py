@@ -22,19 +22,21 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
-from rvqspec.bench.controlled import (PAPER_ACCEPTANCE, ControlledPredictor, calibrate_strength, controlled_predictor,
-                                      paper_round_acceptance, round_acceptance)
-from rvqspec.bench.timing import TIMED_K, call_latency, clocks, elapsed_ms, machine, medians
-from rvqspec.engine.config import ARCHITECTURES as ARCHS, QWEN3_TTS_0_6B
-from rvqspec.engine.decode import decode_frame
+from rvqspec.bench.controlled import (PAPER_ACCEPTANCE, Calibrated, ControlledPredictor, calibrate_to_paper,
+                                      controlled_predictor, log_calibration, paper_round_acceptance, round_acceptance)
+from rvqspec.bench.timing import TIMED_K, call_latency, clocks, elapsed_ms, finish_machine, machine, medians
+from rvqspec.engine.config import ARCHITECTURES as ARCHS
+from rvqspec.engine.decode import decode_frame, tokens_per_step
 from rvqspec.engine.drafters import ReusedHeads
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.model import MultiCodeDecoder
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import Tree, default_tree
+from rvqspec.tuning.calibrate import load_drafter
 
 REFERENCE_ARCH = "0.6b"  # the paper's model: other frame lengths run at the acceptance it has at the paper's figures
 
@@ -57,6 +59,17 @@ class Plan:
 def quick_plan(archs, dtypes, threads, sizes) -> Plan:
     return Plan(archs, dtypes[:1], threads[:1], sizes, latency_rounds=5, controlled_sizes=(32,),
                 controlled_archs=("0.6b", "csm-1b"), calibration_iterations=6, frames=8)
+
+
+@dataclass
+class Run:
+    """What every setting of one bench run shares."""
+
+    plan: Plan
+    trees: dict[int, Tree]
+    tokens: dict[int, float]  # tokens/step per N: the paper's, or a calibration's
+    sampler: Sampler
+    log: Callable[..., None]
 
 
 # ---------------------------------------------------------------------------------------------- timing
@@ -82,7 +95,7 @@ def frame_speedup(model: MultiCodeDecoder, drafter, tree: Tree, frames: list, sa
                 speculative.append(result)
     ar_ms, spec_ms = medians(times["ar"]), medians(times["spec"])
     calls, last = sum(result.calls for result in speculative), model.config.num_residual_codes
-    return {"frames": len(frames), "tokens_per_step": len(frames) * last / calls,
+    return {"frames": len(frames), "tokens_per_step": tokens_per_step(speculative),
             "round_acceptance": round_acceptance(speculative, tree, last),
             "calls_per_frame": calls / len(frames), "ar_frame": ar_ms, "spec_frame": spec_ms,
             "realized_speedup": ar_ms["wall_ms"] / spec_ms["wall_ms"],
@@ -95,36 +108,33 @@ def predicted(tokens_per_step: float, overhead: float) -> float:
 
 # ---------------------------------------------------------------------------------------------- runs
 
-def controlled_runs(predictor: ControlledPredictor, latency: dict, trees: dict[int, Tree], plan: Plan,
-                    strengths: dict[int, tuple[float, float]], sampler: Sampler, log,
-                    target_acceptance=None) -> list[dict]:
+def controlled_runs(run: Run, predictor: ControlledPredictor, latency: dict, strengths: dict[int, Calibrated],
+                    target_acceptance: Callable[[int], float]) -> list[dict]:
     """At each paper budget: bisect the peak strength on the frames (once per architecture and dtype, cached
     in `strengths`), then time the same frames, AR vs speculative (with the calibration's draws, so at the
     calibrated acceptance), and set the realized next to the predicted speed-up. Frames of Qwen3-TTS's length
     are bisected to the paper's tokens/step; other lengths to `target_acceptance(N)`, the per-round acceptance
     behind it."""
+    plan, trees, sampler, log = run.plan, run.trees, run.sampler, run.log
     drafter, rows = ReusedHeads(predictor.model), []
     frames = predictor.frames(plan.frames, seed=1)
-    paper_length = predictor.model.config.num_residual_codes == QWEN3_TTS_0_6B.num_residual_codes
     for n in plan.controlled_sizes:
         if n not in trees:
             continue
-        metric = "tokens_per_step" if paper_length else "round_acceptance"
-        target = PAPER_ACCEPTANCE[n] if paper_length else target_acceptance(n)
         if n not in strengths:
-            strengths[n] = calibrate_strength(predictor, trees[n], target, sampler, frames, plan.calibration_iterations,
-                                              metric=metric)
-            log(f"    N={n}: peak strength {strengths[n][0]:.3f} gives {strengths[n][1]:.3f} "
-                f"{metric.replace('_', ' ')} (target {target:.3f})")
-        strength, calibrated, _ = strengths[n]
-        predictor.set_strength(strength)
-        run = frame_speedup(predictor.model, drafter, trees[n], frames, sampler)  # also the rows' round acceptance
+            strengths[n] = calibrate_to_paper(predictor, trees[n], sampler, frames, plan.calibration_iterations,
+                                              lambda: target_acceptance(n))
+            log_calibration(log, n, strengths[n])
+        c = strengths[n]
+        predictor.set_strength(c.strength)
+        timed = frame_speedup(predictor.model, drafter, trees[n], frames, sampler)  # also the round acceptance
         overhead = latency["spec"][n]["overhead"]
-        rows.append({"tree_size": n, "target": {"metric": metric, "value": target}, "strength": strength,
-                     "calibrated": calibrated, "target_tokens_per_step": PAPER_ACCEPTANCE[n] if paper_length else None,
-                     **run, "overhead": overhead, "predicted_speedup": predicted(run["tokens_per_step"], overhead)})
-        log(f"    N={n}: {run['tokens_per_step']:.3f} tokens/step ({run['round_acceptance']:.3f} accepted per round), "
-            f"realized {run['realized_speedup']:.2f}x (cpu {run['realized_speedup_cpu']:.2f}x), predicted "
+        paper_length = c.metric == "tokens_per_step"
+        rows.append({"tree_size": n, "target": {"metric": c.metric, "value": c.target}, "strength": c.strength,
+                     "calibrated": c.measured, "target_tokens_per_step": PAPER_ACCEPTANCE[n] if paper_length else None,
+                     **timed, "overhead": overhead, "predicted_speedup": predicted(timed["tokens_per_step"], overhead)})
+        log(f"    N={n}: {timed['tokens_per_step']:.3f} tokens/step ({timed['round_acceptance']:.3f} accepted per "
+            f"round), realized {timed['realized_speedup']:.2f}x (cpu {timed['realized_speedup_cpu']:.2f}x), predicted "
             f"{rows[-1]['predicted_speedup']:.2f}x")
     return rows
 
@@ -206,10 +216,10 @@ def stand_in_frames(model: MultiCodeDecoder, corpus: str | None, count: int) -> 
 
 def run_bench(plan: Plan, trees: dict[int, Tree], calibration: dict | None, model_path: str | None,
               drafter_spec: str, corpus: str | None, log=print, device: str = "cpu") -> dict:
-    sampler = Sampler()
     tokens, source = tokens_per_step_source(calibration)
+    run = Run(plan, trees, tokens, Sampler(), log)
     threads_before = torch.get_num_threads()
-    report = {"machine": machine(), "sampler": {"temperature": sampler.temperature, "top_k": sampler.top_k},
+    report = {"machine": machine(), "sampler": {"temperature": run.sampler.temperature, "top_k": run.sampler.top_k},
               "tokens_per_step_source": source, "tokens_per_step_by_size": tokens, "timed_k": TIMED_K,
               "plan": plan.__dict__, "settings": []}
     targets = [(arch, ARCHS[arch]) for arch in plan.archs] + ([("stand-in", model_path)] if model_path else [])
@@ -217,55 +227,51 @@ def run_bench(plan: Plan, trees: dict[int, Tree], calibration: dict | None, mode
     try:
         for name, what in targets:
             for dtype in plan.dtypes:
-                strengths: dict = {}  # per dtype, whose numerics change the draws: N -> (strength, tokens/step)
+                strengths: dict = {}  # per dtype, whose numerics change the draws: N -> Calibrated
                 if name == "stand-in":
-                    model = MultiCodeDecoder.from_pretrained(what, dtype, device)
-                    predictor = None
+                    predictor, model = None, MultiCodeDecoder.from_pretrained(what, dtype, device)
+                    drafter = load_drafter(drafter_spec, model, max(t.max_depth for t in trees.values()))
                 else:
                     predictor = controlled_predictor(what, dtype=dtype, device=device)
-                    model = predictor.model
-                target = reference_acceptance(plan, dtype, device, sampler, trees, references, report["settings"])
+                    model, drafter = predictor.model, ReusedHeads(predictor.model)
+                target = reference_acceptance(plan, dtype, device, run.sampler, trees, references, report["settings"])
                 for threads in plan.threads:
                     torch.set_num_threads(threads)
                     log(f"{name} {dtype} {threads} thread(s), load {os.getloadavg()[0]:.1f}:")
-                    setting = measure_setting(name, model, predictor, dtype, threads, trees, tokens, plan,
-                                              strengths, sampler, drafter_spec, corpus, calibration, log, target)
+                    setting = measure_setting(run, name, model, drafter, dtype, threads)
+                    if predictor is not None and name in plan.controlled_archs:
+                        setting["controlled"] = controlled_runs(run, predictor, setting["latency"], strengths, target)
+                    if predictor is None and setting["predicted_speedup"]:
+                        frames = stand_in_frames(model, corpus or (calibration or {}).get("corpus"), plan.frames)
+                        setting["stand_in"] = stand_in_run(run, model, drafter, setting, *frames)
                     report["settings"].append(setting)
                 del model, predictor
     finally:
         torch.set_num_threads(threads_before)
-    report["machine"]["load_after"] = os.getloadavg()
+    finish_machine(report["machine"])
     summarize(report, tokens)
     return report
 
 
-def measure_setting(name, model, predictor, dtype, threads, trees, tokens, plan, strengths, sampler,
-                    drafter_spec, corpus, calibration, log, target_acceptance) -> dict:
-    if predictor is None:
-        from rvqspec.tuning.calibrate import load_drafter
-
-        drafter = load_drafter(drafter_spec, model, max(t.max_depth for t in trees.values()))
-    else:
-        drafter = ReusedHeads(model)
+def measure_setting(run: Run, name: str, model: MultiCodeDecoder, drafter, dtype: str, threads: int) -> dict:
+    """Per-call latency of AR and of a round per tree size, and the speed-up each predicts at `run.tokens`."""
     load = os.getloadavg()[0]
-    latency = call_latency(model, drafter, trees, sampler, plan.latency_rounds)
-    log(f"  AR step {latency['ar']['wall_ms']:.2f} ms; overhead " +
-        ", ".join(f"N={n} {v['overhead']:+.0%}" for n, v in latency["spec"].items()))
-    speedups = {n: predicted(tokens[n], latency["spec"][n]["overhead"]) for n in trees if n in tokens}
-    setting = {"model": name, "dtype": dtype, "threads": threads, "load_before": load, "latency": latency,
-               "predicted_speedup": speedups, "controlled": [], "stand_in": None}
-    if predictor is not None and name in plan.controlled_archs:
-        setting["controlled"] = controlled_runs(predictor, latency, trees, plan, strengths, sampler, log,
-                                                target_acceptance)
-    if predictor is None and speedups:
-        best = max(speedups, key=speedups.get)
-        frames, origin = stand_in_frames(model, corpus or (calibration or {}).get("corpus"), plan.frames)
-        run = frame_speedup(model, drafter, trees[best], frames, sampler)
-        ceiling = predicted(run["tokens_per_step"], latency["spec"][best]["overhead"])
-        setting["stand_in"] = {"tree_size": best, "frames_from": origin, **run, "ceiling": ceiling}
-        log(f"  stand-in N={best}: {run['tokens_per_step']:.3f} tokens/step, realized "
-            f"{run['realized_speedup']:.2f}x, ceiling tokens/step/(1+overhead) {ceiling:.2f}x")
-    return setting
+    latency = call_latency(model, drafter, run.trees, run.sampler, run.plan.latency_rounds)
+    run.log(f"  AR step {latency['ar']['wall_ms']:.2f} ms; overhead " +
+            ", ".join(f"N={n} {v['overhead']:+.0%}" for n, v in latency["spec"].items()))
+    speedups = {n: predicted(run.tokens[n], latency["spec"][n]["overhead"]) for n in run.trees if n in run.tokens}
+    return {"model": name, "dtype": dtype, "threads": threads, "load_before": load, "latency": latency,
+            "predicted_speedup": speedups, "controlled": [], "stand_in": None}
+
+
+def stand_in_run(run: Run, model: MultiCodeDecoder, drafter, setting: dict, frames: list, origin: str) -> dict:
+    """A checkpoint at its own acceptance: frames timed AR vs speculative at the N that predicts the most."""
+    best = max(setting["predicted_speedup"], key=setting["predicted_speedup"].get)
+    timed = frame_speedup(model, drafter, run.trees[best], frames, run.sampler)
+    ceiling = predicted(timed["tokens_per_step"], setting["latency"]["spec"][best]["overhead"])
+    run.log(f"  stand-in N={best}: {timed['tokens_per_step']:.3f} tokens/step, realized "
+            f"{timed['realized_speedup']:.2f}x, ceiling tokens/step/(1+overhead) {ceiling:.2f}x")
+    return {"tree_size": best, "frames_from": origin, **timed, "ceiling": ceiling}
 
 
 def summarize(report: dict, tokens: dict[int, float]) -> None:

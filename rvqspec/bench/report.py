@@ -3,6 +3,7 @@ per batch size): Markdown and plots from the measured JSON, nothing measured her
 
 from pathlib import Path
 
+from rvqspec.bench.timing import machine_text
 from rvqspec.engine.checkpoint import atomic_write
 
 
@@ -21,13 +22,17 @@ def target_text(row: dict) -> str:
 
 
 def markdown(report: dict) -> str:
+    lines = ["# rvqspec bench", "", *latency_lines(report), *controlled_lines(report), *summary_lines(report)]
+    return "\n".join(lines) + "\n"
+
+
+def latency_lines(report: dict) -> list[str]:
+    """The header, per-call latency and overhead per setting, and the speed-up it predicts."""
     m, sizes = report["machine"], report["plan"]["sizes"]
-    lines = ["# rvqspec bench", "", f"`{report.get('command', 'rvqspec bench')}` (OMP_WAIT_POLICY={m['omp_wait_policy']}), "
-             f"{m['cpu']}, {m['cores']} cores, torch {m['torch']}, {m['date']}. Load average (1 min) "
-             f"{m['load_before'][0]:.1f} before, {m['load_after'][0]:.1f} after: the machine is shared, so "
-             "absolute times vary; the ratios come from interleaved measurements in one run.", "",
-             f"Per-call latency, median of {report['plan']['latency_rounds']} interleaved rounds (wall clock). A step is "
-             "all the engine does per call (AR: embed, model, head, sample; speculative: drafts, model over "
+    lines = [f"`{report.get('command', 'rvqspec bench')}` (OMP_WAIT_POLICY={m['omp_wait_policy']}), {m['cores']} "
+             f"cores, {machine_text(m)}: absolute times vary; the ratios come from interleaved measurements in one run.",
+             "", f"Per-call latency, median of {report['plan']['latency_rounds']} interleaved rounds (wall clock). A step "
+             "is all the engine does per call (AR: embed, model, head, sample; speculative: drafts, model over "
              f"q=N+1, tree walk, cache move). Timed at k={report['timed_k']}.", "",
              "| setting | AR step ms | " + " | ".join(f"N={n} ms (overhead)" for n in sizes) + " |",
              "|---|---|" + "---|" * len(sizes)]
@@ -48,7 +53,12 @@ def markdown(report: dict) -> str:
               "|---|" + "---|" * len(shown)]
     for s in report["settings"]:
         lines.append(f"| {setting_name(s)} | " + " | ".join(f"{s['predicted_speedup'][n]:.2f}x" for n in shown) + " |")
-    controlled = [(s, r) for s in report["settings"] for r in s["controlled"]]
+    return lines
+
+
+def controlled_lines(report: dict) -> list[str]:
+    """The acceptance-controlled runs of the real architectures, and the stand-in's own run."""
+    lines, controlled = [], [(s, r) for s in report["settings"] for r in s["controlled"]]
     if controlled:
         lines += ["", "Acceptance-controlled runs (real architecture, random layers, heads peaked with a bisected "
                   "strength; ReusedHeads drafts; deployed sampler). Whole frames with `decode_frame`, AR and "
@@ -68,6 +78,12 @@ def markdown(report: dict) -> str:
             lines += ["", f"Stand-in ({setting_name(s)}, N={r['tree_size']}, frames from {r['frames_from']}): "
                       f"{r['tokens_per_step']:.3f} tokens/step, realized {r['realized_speedup']:.2f}x, ceiling "
                       f"tokens/step / (1 + overhead) {r['ceiling']:.2f}x."]
+    return lines
+
+
+def summary_lines(report: dict) -> list[str]:
+    """The chosen N, and the best realized speed-ups at the paper's acceptance (0.6B, CSM-1B)."""
+    lines = []
     if report["chosen"]:
         c = report["chosen"]
         lines += ["", f"Chosen for this device: N = {c['tree_size']} ({c['model']}, {c['dtype']}, {c['threads']} "
@@ -83,7 +99,7 @@ def markdown(report: dict) -> str:
                   f"accepted per round), best setting: {c['speedup']:.2f}x ({c['dtype']}, {c['threads']} thread(s), "
                   f"N = {c['tree_size']}, {c['tokens_per_step']:.2f} tokens/step, {c['calls_per_frame']:.1f} calls per "
                   f"frame instead of 31; predicted {c['predicted_speedup']:.2f}x)."]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def plot(report: dict, path: Path) -> None:
@@ -125,8 +141,7 @@ def batch_markdown(report: dict) -> str:
     m = report["machine"]
     lines = ["# rvqspec bench --batch", "",
              f"`{report.get('command', 'rvqspec bench --batch')}`: {report['architecture']} (random weights, "
-             f"acceptance controlled to the paper's), {m['cpu']}, torch {m['torch']}, {m['date']}, load "
-             f"{m['load_before'][0]:.1f} before, {m['load_after'][0]:.1f} after. Frames/s = B / median time of one "
+             f"acceptance controlled to the paper's), {machine_text(m)}. Frames/s = B / median time of one "
              f"batched frame ({report.get('codes_per_frame', 15)} codes per row), the same batches for every method, "
              "interleaved; ratios are from one run.", ""]
     for s in report["settings"]:

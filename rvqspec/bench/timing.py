@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from rvqspec.engine.checkpoint import atomic_write, save_json
+from rvqspec.engine.checkpoint import save_json, save_text
 from rvqspec.engine.decode import autoregressive_step, plan_for, speculative_round
 from rvqspec.engine.model import MultiCodeDecoder
 from rvqspec.engine.sampling import Sampler
@@ -86,6 +86,18 @@ def machine() -> dict:
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 
+def finish_machine(info: dict) -> dict:
+    """`machine()`'s record, given the load average after the measurements (call it when they are done)."""
+    info["load_after"] = os.getloadavg()
+    return info
+
+
+def machine_text(m: dict) -> str:
+    """A report header's machine clause, from a `finish_machine` record."""
+    return (f"{m['cpu']}, torch {m['torch']}, {m['date']}, load {m['load_before'][0]:.1f} before / "
+            f"{m['load_after'][0]:.1f} after (a shared machine: compare within this run)")
+
+
 def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -100,6 +112,6 @@ def write_reports(report: dict, out: Path, name: str, to_markdown, to_plot) -> l
     """{name}.json, {name}.md (`to_markdown(report)`) and {name}.png (`to_plot(report, path)`) in `out`, atomically."""
     paths = [out / f"{name}.json", out / f"{name}.md", out / f"{name}.png"]
     save_json(paths[0], report)
-    atomic_write(paths[1], lambda tmp: Path(tmp).write_text(to_markdown(report)))
+    save_text(paths[1], to_markdown(report))
     to_plot(report, paths[2])
     return paths

@@ -117,7 +117,7 @@ def run(args) -> int:
 
 def add_cli(subparsers) -> None:
     p = subparsers.add_parser("bench", help="per-call latency sweep, speed-up vs tree size, acceptance-controlled "
-                                            "runs; chooses the tree size N for this device",
+                                            "runs; reports the best tree size N for this device",
                               parents=[flags.model_flag(required=False, help="also benchmark this checkpoint folder (e.g. "
                                                   "the stand-in; with --calibration: alone)"),
                                        flags.drafter_flag(default=None, help="drafter for --model: 'reused' or a trained "

@@ -8,7 +8,7 @@ from rvqspec.cli import flags
 from rvqspec.engine.drafters import DEFAULT_DEPTH
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.sampling import Sampler
-from rvqspec.tuning.calibrate import MAX_BUDGET, calibrate
+from rvqspec.tuning.calibrate import MAX_BUDGET, CalibrationSettings, calibrate
 
 
 def parse_budgets(text: str) -> list[int]:
@@ -26,9 +26,10 @@ def parse_budgets(text: str) -> list[int]:
 
 def run(args) -> int:
     sampler = Sampler(not args.greedy, args.temperature, args.top_k, args.top_p)
-    report = calibrate(args.model, args.drafter, args.corpus, parse_budgets(args.budgets), args.out, args.frames,
-                       args.eval_frames, args.seed, sampler, args.depth, args.validation_fraction, args.dtype,
-                       args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    settings = CalibrationSettings(args.frames, args.eval_frames, args.seed, sampler, args.depth,
+                                   args.validation_fraction)
+    report = calibrate(args.model, args.drafter, args.corpus, parse_budgets(args.budgets), args.out, settings,
+                       args.dtype, args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.json:
         print(json.dumps({"trees": report["trees"], "acceptance": report["acceptance"]}))
         return 0

@@ -72,13 +72,12 @@ def real_architecture_comparison() -> dict:
     predictor, sampler, tree = controlled_predictor(REAL_ARCH, dtype=dtype), Sampler(), default_tree(32)
     target = PAPER_ACCEPTANCE[32]
     timed = [(h[0], int(c0)) for h, c0 in (batch_inputs(predictor, 1, r) for r in range(frames + 1))]
-    strength, _, per_frame = calibrate_strength(predictor, tree, target, sampler, timed, iterations=6, low=3.0,
-                                                high=12.0)
-    calls = measured_distribution(per_frame, predictor.model.config.num_code_groups)
+    calibrated = calibrate_strength(predictor, tree, target, sampler, timed, iterations=6, low=3.0, high=12.0)
+    calls = measured_distribution(calibrated.frame_calls, predictor.model.config.num_code_groups)
     policy = live_policy(predictor.model, ReusedHeads(predictor.model),
                          Policy.build(predictor.model, {32: tree}, {32: calls}, LatencyTable({}, "")), rounds=3)
     size = policy.choose(1)
-    row = time_batches(predictor, None, 1, size, strength if size else None, frames, sampler)
+    row = time_batches(predictor, None, 1, size, calibrated.strength if size else None, frames, sampler)
     return {"model": "Qwen3-TTS 0.6B code predictor architecture (random weights, acceptance controlled)",
             "dtype": dtype, "threads": torch.get_num_threads(), "frames": frames, "tree_size": size,
             "target_tokens_per_step": target, "tokens_per_step": row["policy_tokens_per_step"] if size else 1.0,
@@ -221,7 +220,7 @@ def run_engine_demo(frames: int = 12, nodes: int = 16, seed: int = 0) -> dict:
     realistic speed-up; the report says so.
     """
     from rvqspec.engine.config import PredictorConfig
-    from rvqspec.engine.decode import decode_frame
+    from rvqspec.engine.decode import decode_frame, tokens_per_step
     from rvqspec.engine.drafters import ReusedHeads
     from rvqspec.engine.model import MultiCodeDecoder
     from rvqspec.engine.tree import default_tree
@@ -232,19 +231,20 @@ def run_engine_demo(frames: int = 12, nodes: int = 16, seed: int = 0) -> dict:
     torch.manual_seed(seed)
     model = MultiCodeDecoder(config).eval()
     sampler, tree, drafter = Sampler(), default_tree(nodes), ReusedHeads(model)
-    seconds, calls = {"ar": 0.0, "speculative": 0.0}, {"ar": 0, "speculative": 0}
+    seconds, decoded = {"ar": 0.0, "speculative": 0.0}, {"ar": [], "speculative": []}
     for d, t in ((None, None), (drafter, tree)):  # warm-up: neither mode pays first-call allocations
         decode_frame(model, torch.zeros(config.talker_hidden_size), 0, sampler, drafter=d, tree=t)
     for i in range(frames):
         hidden = torch.randn(config.talker_hidden_size)
         for mode, (d, t) in (("ar", (None, None)), ("speculative", (drafter, tree))):
             start = time.perf_counter()
-            calls[mode] += decode_frame(model, hidden, i % 256, sampler, drafter=d, tree=t).calls
+            decoded[mode].append(decode_frame(model, hidden, i % 256, sampler, drafter=d, tree=t))
             seconds[mode] += time.perf_counter() - start
     return {"model": "random-weight code predictor (the stand-in model is not shipped in this checkout)",
             "stand_in_shipped": False, "frames": frames, "tree_nodes": tree.size, "drafter": "reused",
-            "calls_per_frame": calls["speculative"] / frames, "ar_calls_per_frame": calls["ar"] / frames,
-            "tokens_per_step": frames * config.num_residual_codes / calls["speculative"],
+            "calls_per_frame": sum(r.calls for r in decoded["speculative"]) / frames,
+            "ar_calls_per_frame": sum(r.calls for r in decoded["ar"]) / frames,
+            "tokens_per_step": tokens_per_step(decoded["speculative"]),
             "speedup": seconds["ar"] / seconds["speculative"]}
 
 

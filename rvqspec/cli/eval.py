@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from rvqspec.cli import flags
-from rvqspec.engine.checkpoint import atomic_write, relative_path, save_json
+from rvqspec.engine.checkpoint import relative_path, save_json, save_text
 from rvqspec.engine.drafters import KINDS
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.standin.evaluate import (DEFAULT_NODES, DRAFTERS, MANIFEST, MEDUSA_DIR, MEDUSA_STEPS, evaluate,
@@ -58,7 +58,7 @@ def run(args) -> int:
     name = "eval-quick" if quick else "eval"
     out = Path(args.out)
     save_json(out / f"{name}.json", report)
-    atomic_write(out / f"{name}.md", lambda tmp: Path(tmp).write_text(report_markdown(report)))
+    save_text(out / f"{name}.md", report_markdown(report))
     if args.json:
         print(json.dumps({"table2": report["table2"], "table3": report["table3"]}))
     else:

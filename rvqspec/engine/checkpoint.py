@@ -218,8 +218,13 @@ def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: d
     atomic_write(path, lambda tmp: save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata))
 
 
+def save_text(path: str | Path, text: str) -> None:
+    """Write `text` to `path` atomically (`atomic_write`)."""
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+
+
 def save_json(path: str | Path, obj) -> None:
-    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(obj, indent=2) + "\n"))
+    save_text(path, json.dumps(obj, indent=2) + "\n")
 
 
 def save_predictor(model, folder: str | Path, talker_config: dict | None = None,

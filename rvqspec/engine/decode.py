@@ -54,7 +54,7 @@ class FrameResult:
 
     @property
     def tokens_per_step(self) -> float:
-        return len(self.codes) / self.calls
+        return tokens_per_step([self])
 
 
 @dataclass
@@ -66,7 +66,12 @@ class BatchResult:
     @property
     def tokens_per_step(self) -> float:
         """Codes per call for one row, averaged over rows (a batch of B rows emits B times as many per call)."""
-        return self.codes.numel() / sum(row.calls for row in self.rows)
+        return tokens_per_step(self.rows)
+
+
+def tokens_per_step(frames: list[FrameResult]) -> float:
+    """The codes of `frames` per predictor call each took part in: the one definition of tokens/step (AR: 1)."""
+    return sum(len(frame.codes) for frame in frames) / sum(frame.calls for frame in frames)
 
 
 @dataclass

@@ -1,12 +1,11 @@
 """Int8 copies of the heads, for ranking draft candidates on the CPU.
 
-A round drafts K codes ahead with K heads, each a [V, H] matrix read from memory for one row: at bf16 that is
-4 MB per head, 3 of the ~5.5 head reads of a round. Drafts need only the top-m candidates, never a
-distribution, and a draft cannot change what is emitted (the walk draws from the exact heads), only how often
-it is accepted; so in bfloat16 they rank with per-row int8 copies of the heads (half the bytes) through
-`torch.ops.aten._weight_int8pack_mm`: 131 us against 243 us for one row of a 2048 x 1024 head here. Its
-float32 kernel is slower than the exact head (1.2 ms against 0.35 ms), so float32, float64 (tests) and
-accelerators keep the exact heads.
+A round drafts K codes ahead with K heads, each a [V, H] matrix read from memory for one row: most of the head
+reads of a round. Drafts need only the top-m candidates, never a distribution, and a draft cannot change what is
+emitted (the walk draws from the exact heads), only how often it is accepted; so in bfloat16 they rank with per-row
+int8 copies of the heads (half the bytes) through `torch.ops.aten._weight_int8pack_mm`, faster there than the exact
+head. Its float32 kernel is slower than the exact head (both measured in docs/cpu-fast-path.md), so float32,
+float64 (tests) and accelerators keep the exact heads (`device_path.choose(...).int8_drafts`).
 """
 
 import threading

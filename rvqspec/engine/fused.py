@@ -11,7 +11,8 @@ The kernels are built on first use with torch.utils.cpp_extension (needs ninja, 
 and a C++ compiler), compiled for this CPU and cached by torch (~/.cache/torch_extensions). Where they
 cannot be built, decoding takes the plain path after one warning. `RVQSPEC_FUSED=0` (or `enabled(False)`)
 turns the whole CPU fast path off (these kernels, the int8 draft heads of `draft_heads` and the early-stopping
-walk of `host_walk`), e.g. to time the previous engine side by side (benchmarks/fused_path.py).
+walk `walk.walk_on_host`; where each applies: `device_path`), e.g. to time the previous engine side by side
+(benchmarks/fused_path.py).
 """
 
 import hashlib

@@ -315,8 +315,7 @@ class MultiCodeDecoder(nn.Module):
         for native, (how, parts) in official_layout(config).items():
             state[native] = combine(how, [tensors.pop(name) for name, _ in parts])
         # Built on the CPU with its random init, then given the tensors. A meta-device build skips the init, but
-        # its device context imports torch._dynamo: as slow as the init at the 0.6B size, ~1.5 s more for the
-        # stand-in.
+        # its device context imports torch._dynamo, which costs more than the init (timed when this was written).
         model = cls(config)
         model.load_state_dict({k: v.to(device) for k, v in state.items()}, assign=True)
         return model.to(device).eval().requires_grad_(False)  # .to: the derived buffers (RoPE tables, offsets)

@@ -1,9 +1,9 @@
 """Prepacked oneDNN weights for CPU inference: the model's matrices, multiplied as decoding needs them.
 
 For the 1..65-row calls of decoding, PyTorch's default bf16 path re-lays out the weight on every call and MKL's
-fp32 GEMM is slow for 2..65 rows (benchmarks/packed_linear.py, 6144x1024: bf16 1.4-2x faster at 1-65 rows, fp32
-1.1-1.9x at 5-65 rows but slower for 1 row, which stays on MKL's GEMV). oneDNN costs ~20 us per call, more than
-small products take, hence the size floor.
+fp32 GEMM is slow for 2..65 rows: `python benchmarks/packed_linear.py` measures the packed path faster at every row
+count in bf16, and in fp32 from a few rows on but slower for 1 row, which stays on MKL's GEMV. oneDNN costs a fixed
+overhead per call, more than small products take, hence the size floor.
 """
 
 import threading

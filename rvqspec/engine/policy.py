@@ -219,6 +219,6 @@ class Policy:
         figure = f"{self.predicted_speedup(batch, shown):.2f}x (N={shown}, {tokens:.2f} tokens/step, batch {batch})"
         what = f"speculative N={size}: predicted {figure}" if size else f"AR: speculation predicted at best {figure}"
         # The measured reason: a round's cost in AR steps against the codes a round emits (e.g. float32 on a CPU,
-        # where the matmuls are compute-bound and a 17-33 row call costs ~1.7-2.3 one-row calls).
+        # where the matmuls are compute-bound: a tree-sized call costs several one-row calls, docs/cpu-fast-path.md).
         cost = self.latency.at(batch, shown) / self.latency.at(batch, 0)
         return f"{what}: a round of N={shown} costs {cost:.2f} AR steps; latency {self.latency.source}"

@@ -144,9 +144,10 @@ def stage_offsets(s: Settings) -> dict:
 
 
 def stage_calibrate(s: Settings) -> dict:
-    from rvqspec.tuning.calibrate import calibrate
+    from rvqspec.tuning.calibrate import CalibrationSettings, calibrate
 
-    report = calibrate(s.model_dir, str(s.offsets_file), s.code_corpus("train"), BUDGETS, s.trees_dir, seed=s.seed)
+    report = calibrate(s.model_dir, str(s.offsets_file), s.code_corpus("train"), BUDGETS, s.trees_dir,
+                       CalibrationSettings(seed=s.seed))
     return {"trees": report["trees"]}
 
 

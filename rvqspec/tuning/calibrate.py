@@ -16,14 +16,14 @@ frames with `decode_frame` and the tree, under the same sampler.
 """
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from rvqspec.engine.checkpoint import atomic_write, save_json
-from rvqspec.engine.decode import decode_frame
+from rvqspec.engine.checkpoint import save_json, save_text
+from rvqspec.engine.decode import decode_frame, tokens_per_step
 from rvqspec.engine.drafters import DEFAULT_DEPTH, Drafter, ReusedHeads, check_depth
 from rvqspec.engine.model import MultiCodeDecoder
 from rvqspec.engine.policy import calls_distribution
@@ -92,9 +92,10 @@ def measure_tree(model: MultiCodeDecoder, drafter: Drafter, tree: Tree, talker_h
                  sampler: Sampler, generator: torch.Generator | None = None) -> dict:
     """Tokens/step, calls/frame and tokens/round of actually decoding the frames with `tree`, and each frame's
     calls (the decoding policy takes a batch's slowest row from their distribution)."""
-    per_frame = [decode_frame(model, h, c, sampler, generator, drafter, tree).calls for h, c in zip(talker_hidden, c0)]
+    results = [decode_frame(model, h, c, sampler, generator, drafter, tree) for h, c in zip(talker_hidden, c0)]
+    per_frame = [result.calls for result in results]
     calls, frames, codes = sum(per_frame), len(c0), len(c0) * model.config.num_residual_codes
-    return {"measured_tokens_per_step": codes / calls, "measured_calls_per_frame": calls / frames,
+    return {"measured_tokens_per_step": tokens_per_step(results), "measured_calls_per_frame": calls / frames,
             "measured_tokens_per_round": (codes - frames) / max(calls - frames, 1), "measured_frame_calls": per_frame}
 
 
@@ -109,22 +110,31 @@ def load_drafter(spec: str, model: MultiCodeDecoder, depth: int) -> Drafter:
 MAX_BUDGET = 1024  # a verify call over 1,025 tokens is far past any speed-up; tree growth is quadratic in N
 
 
+@dataclass(frozen=True)
+class CalibrationSettings:
+    frames: int = 1000  # train-split frames for the acceptance statistics
+    eval_frames: int = 200  # held-out (validation-split) frames decoded with each tree
+    seed: int = 0
+    sampler: Sampler = field(default_factory=Sampler)  # the deployed one: acceptance depends on it
+    depth: int = DEFAULT_DEPTH  # K of the reused heads (drafter files carry their own)
+    validation_fraction: float = 0.05
+
+
 def calibrate(model_path: str | Path, drafter_spec: str, corpus_path: str | Path, budgets: list[int],
-              out: str | Path, frames: int = 1000, eval_frames: int = 200, seed: int = 0, sampler: Sampler = Sampler(),
-              depth: int = DEFAULT_DEPTH, validation_fraction: float = 0.05, dtype: str = "float32",
+              out: str | Path, settings: CalibrationSettings = CalibrationSettings(), dtype: str = "float32",
               device: str = "cpu") -> dict:
     """Measure acceptance, grow and save one tree per budget, measure each; returns the report."""
-    out = Path(out)
+    out, s, sampler, seed = Path(out), settings, settings.sampler, settings.seed
     model = MultiCodeDecoder.from_pretrained(model_path, dtype, device)
-    corpus = Corpus(corpus_path, validation_fraction)
+    corpus = Corpus(corpus_path, s.validation_fraction)
     corpus.check_model(model)
-    drafter = load_drafter(drafter_spec, model, depth)
+    drafter = load_drafter(drafter_spec, model, s.depth)
     generator = torch.Generator(model.device).manual_seed(seed)
-    codes, hidden = corpus.sample("train", frames, seed)
+    codes, hidden = corpus.sample("train", s.frames, seed)
     check_codes(codes, model)
     top_m = min(max(budgets), model.config.vocab_size)
     acceptance = measure_acceptance(model, drafter, hidden, codes[:, 0], sampler, top_m, generator)
-    eval_codes, eval_hidden = corpus.sample("validation", eval_frames, seed + 1)
+    eval_codes, eval_hidden = corpus.sample("validation", s.eval_frames, seed + 1)
     check_codes(eval_codes, model)
     report = {"model": beside(model_path, out),
               "drafter": {"spec": drafter_spec if drafter_spec == "reused" else beside(drafter_spec, out),
@@ -144,7 +154,7 @@ def calibrate(model_path: str | Path, drafter_spec: str, corpus_path: str | Path
         tree.save(out / row["file"])
         report["trees"].append(row)
     save_json(out / "report.json", report)
-    atomic_write(out / "report.md", lambda tmp: Path(tmp).write_text(report_markdown(report)))
+    save_text(out / "report.md", report_markdown(report))
     return report
 
 

@@ -159,10 +159,6 @@ class NoBar:
     def set_postfix(self, **kwargs) -> None:
         pass
 
-    @staticmethod
-    def write(text: str, file=None) -> None:
-        print(text, file=file)
-
 
 def progress_bar(iterable, show: bool, **kwargs):
     """A tqdm bar over `iterable` when `show` and tqdm is installed, else the iterable as it is."""
@@ -175,119 +171,186 @@ def progress_bar(iterable, show: bool, **kwargs):
     return NoBar(iterable)
 
 
+@dataclass(frozen=True)
+class Job:
+    """What `train` is asked to do, besides the settings that define the run."""
+
+    model_path: str | Path
+    corpus_path: str | Path
+    out: Path
+    epochs: int
+    max_steps: int | None
+    resume: bool
+    force: bool
+    dtype: str
+    progress: bool
+
+
+@dataclass
+class Ranks:
+    rank: int
+    world_size: int
+    device: torch.device
+
+
+@dataclass
+class Session:
+    """A run in progress: the frozen model, the corpus, the drafter and its optimizer, and the state saved in
+    last.pt (step, epoch loss, best validation loss, metrics)."""
+
+    job: Job
+    settings: TrainSettings
+    ranks: Ranks
+    model: MultiCodeDecoder
+    corpus: Corpus
+    steps_per_epoch: int
+    drafter: Drafter
+    optimizer: torch.optim.Optimizer
+    state: dict
+
+    def checkpoint(self, step: int, epoch_loss_sum: float) -> None:
+        self.state.update(step=step, epoch_loss_sum=epoch_loss_sum, drafter=self.drafter.state_dict(),
+                          optimizer=self.optimizer.state_dict(), rng=torch.get_rng_state())
+        if self.ranks.rank == 0:
+            save_checkpoint(self.job.out, self.state)
+            save_json(self.job.out / "metrics.json", self.state["metrics"])
+
+
 def train(model_path: str | Path, corpus_path: str | Path, out: str | Path, settings: TrainSettings = TrainSettings(),
           epochs: int = 1, max_steps: int | None = None, resume: bool = False, force: bool = False,
           dtype: str = "float32", device: str | None = None, progress: bool = True) -> dict:
     """Train a drafter; returns the metrics also written to `out`/metrics.json. See the module docstring."""
-    rank, world_size, device = init_distributed(device)
+    job = Job(model_path, corpus_path, Path(out), epochs, max_steps, resume, force, dtype, progress)
+    ranks = Ranks(*init_distributed(device))
     try:
-        metrics = run_training(model_path, corpus_path, Path(out), settings, epochs, max_steps, resume, force, dtype,
-                               device, rank, world_size, progress)
-        if world_size > 1:  # tear gloo down together: a rank that leaves while the other still works can abort
+        metrics = run_training(start(job, settings, ranks))
+        if ranks.world_size > 1:  # tear gloo down together: a rank that leaves while the other still works can abort
             dist.barrier()  # ("terminate called without an active exception", seen in ~1 of 8 two-process runs)
         return metrics
     finally:
-        if world_size > 1:
+        if ranks.world_size > 1:
             dist.destroy_process_group()
 
 
-def run_training(model_path, corpus_path, out: Path, settings: TrainSettings, epochs: int, max_steps: int | None,
-                 resume: bool, force: bool, dtype: str, device: torch.device, rank: int, world_size: int,
-                 progress: bool) -> dict:
-    batch_size = settings.batch_size
-    if resolve_dtype(dtype) not in (torch.float32, torch.float64):
-        raise RvqspecError(f"training needs --dtype float32 (or float64): Adam steps on {dtype} drafter weights "
+def check_job(job: Job, settings: TrainSettings, world_size: int) -> None:
+    if resolve_dtype(job.dtype) not in (torch.float32, torch.float64):
+        raise RvqspecError(f"training needs --dtype float32 (or float64): Adam steps on {job.dtype} drafter weights "
                            "would be lost to rounding")
     if settings.drafter == "reused":
         raise RvqspecError("the reused heads have no parameters to train: use --drafter offsets or medusa")
-    if batch_size < 1 or batch_size % world_size:
-        raise RvqspecError(f"--batch-size {batch_size} is the global batch: it must be a positive multiple of the "
-                           f"number of processes ({world_size})")
-    model = MultiCodeDecoder.from_pretrained(model_path, dtype, device)
-    corpus = Corpus(corpus_path, settings.validation_fraction)
+    if settings.batch_size < 1 or settings.batch_size % world_size:
+        raise RvqspecError(f"--batch-size {settings.batch_size} is the global batch: it must be a positive multiple "
+                           f"of the number of processes ({world_size})")
+
+
+def open_corpus(job: Job, settings: TrainSettings, model: MultiCodeDecoder) -> tuple[Corpus, int]:
+    """The corpus, checked against the model, and its train batches per epoch."""
+    corpus = Corpus(job.corpus_path, settings.validation_fraction)
     corpus.check_model(model)
-    steps_per_epoch = corpus.num_batches("train", batch_size, drop_last=True)
+    steps_per_epoch = corpus.num_batches("train", settings.batch_size, drop_last=True)
     if steps_per_epoch == 0:
         raise RvqspecError(f"the train split of {corpus.path} has {corpus.num_frames('train')} frames, fewer than "
-                           f"one batch of {batch_size}: use a larger corpus or a smaller --batch-size")
+                           f"one batch of {settings.batch_size}: use a larger corpus or a smaller --batch-size")
     if corpus.num_frames("validation") == 0:
         raise RvqspecError(f"the validation split of {corpus.path} is empty: raise --validation-fraction")
+    return corpus, steps_per_epoch
+
+
+def start(job: Job, settings: TrainSettings, ranks: Ranks) -> Session:
+    """A new run (with the reused heads' validation figures as its baseline), or the one in `job.out` resumed."""
+    check_job(job, settings, ranks.world_size)
+    model = MultiCodeDecoder.from_pretrained(job.model_path, job.dtype, ranks.device)
+    corpus, steps_per_epoch = open_corpus(job, settings, model)
     torch.manual_seed(settings.seed)
     drafter = make_drafter(settings.drafter, model, settings.depth)
     optimizer = torch.optim.Adam(drafter.parameters(), lr=settings.lr)
     identity = {"model": model_fingerprint(model), "train_frames": corpus.num_frames("train")}
-    state = load_checkpoint(out, settings, identity, resume, force)
+    state = load_checkpoint(job.out, settings, identity, job.resume, job.force)
     if state is None:
-        baseline = evaluate(DraftLoss(model, ReusedHeads(model, settings.depth)), corpus, batch_size, rank, world_size)
+        baseline = evaluate(DraftLoss(model, ReusedHeads(model, settings.depth)), corpus, settings.batch_size,
+                            ranks.rank, ranks.world_size)
         state = {"format": CHECKPOINT_FORMAT, "settings": asdict(settings), "identity": identity,
                  "step": 0, "epoch_loss_sum": 0.0, "best_val_loss": float("inf"),
-                 "metrics": {"model": str(model_path), "corpus": str(corpus_path), "settings": asdict(settings),
+                 "metrics": {"model": str(job.model_path), "corpus": str(job.corpus_path), "settings": asdict(settings),
                              "steps_per_epoch": steps_per_epoch, "baseline": {"drafter": "reused", **baseline},
                              "epochs": []}}
     else:
         drafter.load_state_dict(state["drafter"])
         optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"])
-    if world_size > 1:
+    state["metrics"]["world_size"] = ranks.world_size
+    if ranks.world_size > 1:
         dist.barrier()  # every rank has checked the output folder before rank 0 writes to it
-    loss_fn = DraftLoss(model, drafter)
-    step_fn = DistributedDataParallel(loss_fn, device_ids=[device.index] if device.type == "cuda" else None) \
-        if world_size > 1 else loss_fn
-    positions = positions_per_frame(model, settings.depth).to(device, model.dtype)
-    metrics = state["metrics"]
-    metrics["world_size"] = world_size
+    return Session(job, settings, ranks, model, corpus, steps_per_epoch, drafter, optimizer, state)
 
-    def checkpoint(step: int, epoch_loss_sum: float) -> None:
-        state.update(step=step, epoch_loss_sum=epoch_loss_sum, drafter=drafter.state_dict(),
-                     optimizer=optimizer.state_dict(), rng=torch.get_rng_state(), metrics=metrics)
-        if rank == 0:
-            save_checkpoint(out, state)
-            save_json(out / "metrics.json", metrics)
 
-    step = state["step"]
-    if max_steps is not None and step >= max_steps:
-        return metrics
-    for epoch in range(step // steps_per_epoch, epochs):
-        done = step - epoch * steps_per_epoch
-        # Sums of this rank's batch losses; summed over ranks / world_size when saved (each rank starts
-        # from the same saved value, hence the correction).
-        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        saved_sum = state["epoch_loss_sum"] if done else 0.0
-        batches = corpus.batches("train", batch_size, settings.seed, epoch, rank, world_size, skip=done, drop_last=True)
-        bar = progress_bar(batches, progress and rank == 0, total=steps_per_epoch, initial=done,
-                           desc=f"epoch {epoch + 1}/{epochs}", file=sys.stderr)
-        for codes, hidden in bar:
-            check_codes(codes, model)
-            losses, _ = step_fn(hidden.to(device), codes.to(device))
-            loss = (losses / (len(codes) * positions)).sum()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            step += 1
-            loss_sum += loss.detach()
-            if step % 10 == 0:
-                bar.set_postfix(loss=f"{loss.item():.4f}")
-            if max_steps is not None and step >= max_steps and step % steps_per_epoch:
-                checkpoint(step, saved_sum + float(all_reduce_sum(loss_sum, world_size)) / world_size)
-                return metrics
-        epoch_loss = saved_sum + float(all_reduce_sum(loss_sum, world_size)) / world_size
-        validation = evaluate(loss_fn, corpus, batch_size, rank, world_size)
-        record = {"epoch": epoch + 1, "step": step, "train_loss": epoch_loss / steps_per_epoch,
-                  "val_loss": validation["loss"], "val_accuracy": validation["accuracy"]}
-        metrics["epochs"].append(record)
-        if validation["loss"] < state["best_val_loss"]:
-            state["best_val_loss"] = validation["loss"]
-            metrics["best"] = {"epoch": epoch + 1, "val_loss": validation["loss"],
-                               "file": drafter_file(out, settings.drafter).name}
-            if rank == 0:
-                drafter.save(drafter_file(out, settings.drafter),
-                             {"epoch": str(epoch + 1), "val_loss": f"{validation['loss']:.6f}"})
-        checkpoint(step, 0.0)
-        if progress and rank == 0:
-            accuracy = " ".join(f"{a:.3f}" for a in validation["accuracy"])
-            baseline = " ".join(f"{a:.3f}" for a in metrics["baseline"]["accuracy"])
-            bar.write(f"epoch {epoch + 1}: train loss {record['train_loss']:.4f}, val loss {validation['loss']:.4f}, "
-                       f"top-1 per depth {accuracy} (reused heads {baseline})", file=sys.stderr)
-        if max_steps is not None and step >= max_steps:
+def run_training(session: Session) -> dict:
+    """Epochs from where the session stands, to `job.epochs` or `job.max_steps`; the metrics."""
+    job, ranks, steps_per_epoch = session.job, session.ranks, session.steps_per_epoch
+    loss_fn = DraftLoss(session.model, session.drafter)
+    step_fn = DistributedDataParallel(loss_fn, device_ids=[ranks.device.index] if ranks.device.type == "cuda"
+                                      else None) if ranks.world_size > 1 else loss_fn
+    step = session.state["step"]
+    for epoch in range(step // steps_per_epoch, job.epochs):
+        if job.max_steps is not None and step >= job.max_steps:
             break
-    return metrics
+        step, finished = train_epoch(session, step_fn, epoch, step)
+        if not finished:  # stopped at job.max_steps inside the epoch (checkpointed there)
+            break
+        end_epoch(session, loss_fn, epoch, step)
+    return session.state["metrics"]
+
+
+def train_epoch(session: Session, step_fn, epoch: int, step: int) -> tuple[int, bool]:
+    """The rest of `epoch` from `step` (or up to `job.max_steps`, checkpointed there): (step, epoch finished)."""
+    job, ranks, settings, model = session.job, session.ranks, session.settings, session.model
+    world_size, steps_per_epoch = ranks.world_size, session.steps_per_epoch
+    done = step - epoch * steps_per_epoch
+    positions = positions_per_frame(model, settings.depth).to(ranks.device, model.dtype)
+    # Sums of this rank's batch losses; summed over ranks / world_size when saved (each rank starts from the same
+    # saved value, hence the correction).
+    loss_sum = torch.zeros((), dtype=torch.float64, device=ranks.device)
+    saved_sum = session.state["epoch_loss_sum"] if done else 0.0
+    batches = session.corpus.batches("train", settings.batch_size, settings.seed, epoch, ranks.rank, world_size,
+                                     skip=done, drop_last=True)
+    bar = progress_bar(batches, job.progress and ranks.rank == 0, total=steps_per_epoch, initial=done,
+                       desc=f"epoch {epoch + 1}/{job.epochs}", file=sys.stderr)
+    for codes, hidden in bar:
+        check_codes(codes, model)
+        losses, _ = step_fn(hidden.to(ranks.device), codes.to(ranks.device))
+        loss = (losses / (len(codes) * positions)).sum()
+        session.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        session.optimizer.step()
+        step += 1
+        loss_sum += loss.detach()
+        if step % 10 == 0:
+            bar.set_postfix(loss=f"{loss.item():.4f}")
+        if job.max_steps is not None and step >= job.max_steps and step % steps_per_epoch:
+            session.checkpoint(step, saved_sum + float(all_reduce_sum(loss_sum, world_size)) / world_size)
+            return step, False
+    session.state["epoch_loss_sum"] = saved_sum + float(all_reduce_sum(loss_sum, world_size)) / world_size
+    return step, True
+
+
+def end_epoch(session: Session, loss_fn: DraftLoss, epoch: int, step: int) -> None:
+    """Validation, the epoch's record, the drafter file when it is the best so far, the checkpoint."""
+    job, ranks, settings, state = session.job, session.ranks, session.settings, session.state
+    metrics, steps_per_epoch = state["metrics"], session.steps_per_epoch
+    validation = evaluate(loss_fn, session.corpus, settings.batch_size, ranks.rank, ranks.world_size)
+    record = {"epoch": epoch + 1, "step": step, "train_loss": state["epoch_loss_sum"] / steps_per_epoch,
+              "val_loss": validation["loss"], "val_accuracy": validation["accuracy"]}
+    metrics["epochs"].append(record)
+    if validation["loss"] < state["best_val_loss"]:
+        state["best_val_loss"] = validation["loss"]
+        metrics["best"] = {"epoch": epoch + 1, "val_loss": validation["loss"],
+                           "file": drafter_file(job.out, settings.drafter).name}
+        if ranks.rank == 0:
+            session.drafter.save(drafter_file(job.out, settings.drafter),
+                                 {"epoch": str(epoch + 1), "val_loss": f"{validation['loss']:.6f}"})
+    session.checkpoint(step, 0.0)
+    if job.progress and ranks.rank == 0:
+        accuracy = " ".join(f"{a:.3f}" for a in validation["accuracy"])
+        baseline = " ".join(f"{a:.3f}" for a in metrics["baseline"]["accuracy"])
+        print(f"epoch {epoch + 1}: train loss {record['train_loss']:.4f}, val loss {validation['loss']:.4f}, "
+              f"top-1 per depth {accuracy} (reused heads {baseline})", file=sys.stderr)
