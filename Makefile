@@ -15,7 +15,7 @@ $(VENV)/.demo: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e '.[fast,demo]' $(TORCH)
-	# Build the CPU fast path's kernels now (~30 s, cached by torch) rather than in the first decode; where they
+	# Build the CPU fast path's kernels now (~20 s, cached by torch) rather than in the first decode; where they
 	# cannot be built this warns and decoding takes the plain path.
 	$(PY) -c "from rvqspec.engine import fused; fused.kernels()"
 	touch $@
