@@ -7,6 +7,7 @@ import sys
 
 import pytest
 from helpers.checkpoints import CONFIG
+from helpers.cli import assert_refused_first
 
 from rvqspec.cli.main import main
 
@@ -43,11 +44,7 @@ def test_cli_inspect_reports_the_checkpoint(folder, model, capsys):
     (["eval", "--manifest", "{tmp}/X.md", "--out", "{tmp}/o", "--no-asr"], "is not a corpus manifest"),
 ])
 def test_inputs_that_lost_data_or_hung_are_refused_first(argv, message, tmp_path, capsys):
-    (tmp_path / "X.md").write_text("mine")
-    assert main([a.format(tmp=tmp_path) for a in argv]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and message in err
-    assert (tmp_path / "X.md").read_text() == "mine"  # nothing of the user's was touched
+    assert_refused_first(main, argv, message, tmp_path, capsys)
 
 
 def test_an_unwritable_out_folder_is_refused_before_the_work(tmp_path, capsys, monkeypatch):

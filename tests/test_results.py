@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from helpers.cli import assert_refused_first
 
 from benchmarks.make_results import main, regenerate
 from rvqspec.engine.checkpoint import save_json
@@ -180,8 +181,4 @@ def test_a_foreign_or_damaged_report_is_named_and_nothing_is_written(tmp_path, c
     (["--calibration", "{tmp}/none.json", "--out", "{tmp}/X.md"], "does not exist"),
 ])
 def test_bad_flags_are_refused_first(argv, message, tmp_path, capsys):
-    (tmp_path / "X.md").write_text("mine")
-    assert main([a.format(tmp=tmp_path) for a in argv]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and message in err
-    assert (tmp_path / "X.md").read_text() == "mine"  # nothing of the user's was touched
+    assert_refused_first(main, argv, message, tmp_path, capsys)
