@@ -21,14 +21,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the upstream model builder shared with the parity tests
 
-from helpers.upstream_models import upstream_generate, upstream_model_like  # noqa: E402
-
 import rvqspec  # noqa: E402
 from rvqspec.bench.timing import finish_machine, machine, machine_text  # noqa: E402
 from rvqspec.cli.inspect import parameter_counts  # noqa: E402
 from rvqspec.engine.checkpoint import save_json, save_text  # noqa: E402
 from rvqspec.engine.decode import autoregressive_step, prefill  # noqa: E402
 from rvqspec.integrations.qwen_tts import predictor_from_upstream  # noqa: E402
+
+from helpers.upstream_models import upstream_generate, upstream_model_like  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 SAMPLER = rvqspec.Sampler()  # deployed subtalker defaults: do_sample, temperature 0.9, top-k 50, top-p 1.0

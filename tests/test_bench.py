@@ -5,13 +5,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.tiny import tiny_config, tiny_csm_config, tiny_model
 
 from rvqspec.bench import one_stream, report as bench_report
 from rvqspec.cli.main import main
 from rvqspec.engine import device_file
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.tree import default_tree
+
+from helpers.tiny import tiny_config, tiny_csm_config, tiny_model
 
 TINY_ARCHS = {"0.6b": tiny_config(vocab=64, hidden=32), "1.7b": tiny_config(vocab=64, hidden=32, talker_hidden=48),
               "csm-1b": tiny_csm_config(vocab=64, hidden=32, talker_hidden=48)}

@@ -2,8 +2,6 @@ import json
 
 import pytest
 import torch
-from helpers.synthetic import structured_model, talker_states, write_model_and_corpus
-from helpers.tiny import random_offsets, tiny_config
 
 from rvqspec.cli.main import main
 from rvqspec.engine.decode import decode_frame
@@ -13,6 +11,9 @@ from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import Tree
 from rvqspec.tuning.calibrate import measure_acceptance, predicted_calls, sample_codes
 from rvqspec.tuning.train import TrainSettings, train
+
+from helpers.synthetic import structured_model, talker_states, write_model_and_corpus
+from helpers.tiny import random_offsets, tiny_config
 
 FRACTION = 0.25
 # Measured tokens/step must be within this fraction of the prediction. The prediction assumes the

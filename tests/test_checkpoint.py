@@ -5,10 +5,11 @@ import json
 
 import pytest
 import torch
-from helpers.checkpoints import load
 
 from rvqspec import MultiCodeDecoder, RvqspecError
 from rvqspec.engine.checkpoint import official_state_dict, save_json, save_tensors
+
+from helpers.checkpoints import load
 
 
 def rewrite_tensors(folder, change) -> None:
@@ -138,9 +139,9 @@ def test_unknown_dtype(folder, dtype):
 
 def test_config_describing_a_smaller_model_than_the_weights_is_refused(tmp_path):
     """config.json with fewer layers or code groups than the weights would load a cut-down predictor silently."""
-    from helpers.tiny import tiny_model
-
     from rvqspec.engine.model import MultiCodeDecoder
+
+    from helpers.tiny import tiny_model
 
     tiny_model(layers=2, dtype=torch.float32).save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())

@@ -6,10 +6,11 @@ import subprocess
 import sys
 
 import pytest
-from helpers.checkpoints import CONFIG
-from helpers.cli import assert_refused_first
 
 from rvqspec.cli.main import main
+
+from helpers.checkpoints import CONFIG
+from helpers.cli import assert_refused_first
 
 
 def test_cli_prints_one_line_and_exits_2(folder, capsys):

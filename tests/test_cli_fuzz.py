@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 from hypothesis import event, given, settings, strategies as st
 
-from benchmarks import make_results
 from rvqspec.cli.main import UsageError, build_parser, main
+
+from benchmarks import make_results
 
 REQUIRED = {"--model": "m", "--corpus": "c", "--out": "o", "--text": "t", "--audio": "a", "--drafter": "reused"}
 

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from helpers.tiny import tiny_config
 
 from rvqspec.bench.controlled import calibrate_strength, controlled_predictor, tokens_per_step
 from rvqspec.engine.decode import decode_frame
@@ -10,6 +9,8 @@ from rvqspec.engine.drafters import ReusedHeads
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import default_tree
+
+from helpers.tiny import tiny_config
 
 GREEDY = Sampler(do_sample=False)
 

@@ -6,8 +6,6 @@ import json
 
 import pytest
 import torch
-from helpers.csm_models import LLAMA3, prompts, tiny_csm
-from helpers.tiny import random_medusa, random_offsets
 from safetensors.torch import load_file, save_file
 from test_distribution import g_test
 
@@ -16,6 +14,9 @@ from rvqspec import MultiCodeDecoder, ReusedHeads, RvqspecError, Sampler, Tree, 
 from rvqspec.engine.checkpoint import CSM_TIED_TABLES
 from rvqspec.engine.config import load_config
 from rvqspec.integrations.base import HANDLE
+
+from helpers.csm_models import LLAMA3, prompts, tiny_csm
+from helpers.tiny import random_medusa, random_offsets
 
 pytest.importorskip("transformers")
 

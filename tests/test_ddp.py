@@ -7,10 +7,11 @@ import subprocess
 import sys
 
 import torch
-from helpers.synthetic import write_model_and_corpus
 from safetensors.torch import load_file
 
 from rvqspec.tuning.train import TrainSettings, train
+
+from helpers.synthetic import write_model_and_corpus
 
 
 def test_two_processes_reach_the_same_offsets_as_one(tmp_path):

@@ -5,8 +5,6 @@ import json
 import pytest
 import soundfile
 import torch
-from helpers.standin import tiny_codec, tiny_standin
-from helpers.tiny import tiny_config
 
 from rvqspec.cli import demo
 from rvqspec.cli.main import main
@@ -14,6 +12,9 @@ from rvqspec.engine.drafters import Offsets
 from rvqspec.engine.tree import PRIOR_ACCEPTANCE, default_tree
 from rvqspec.standin import codec
 from rvqspec.standin.talker import save_standin
+
+from helpers.standin import tiny_codec, tiny_standin
+from helpers.tiny import tiny_config
 
 
 @pytest.fixture(autouse=True)

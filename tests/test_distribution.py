@@ -11,12 +11,13 @@ import itertools
 import pytest
 import scipy.stats
 import torch
-from helpers.tiny import random_frames, random_offsets, tiny_model
 
 from rvqspec.engine.decode import decode_frame, decode_frames
 from rvqspec.engine.drafters import Drafter, ReusedHeads
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import Tree
+
+from helpers.tiny import random_frames, random_offsets, tiny_model
 
 DEPLOYED = Sampler(temperature=0.9, top_k=3, top_p=1.0)  # top_k 3 of 4 codes: it removes one at each step
 SAMPLES = 1500

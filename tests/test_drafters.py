@@ -2,13 +2,14 @@
 
 import pytest
 import torch
-from helpers.tiny import random_frames, random_medusa, random_offsets, randomize, tiny_model
 
 from rvqspec.engine.decode import decode_frame
 from rvqspec.engine.drafters import Drafter, MedusaHeads, Offsets, ReusedHeads, make_drafter
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import Tree
+
+from helpers.tiny import random_frames, random_medusa, random_offsets, randomize, tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -112,9 +113,9 @@ def test_make_drafter_and_depth_errors(model):
 
 
 def test_draft_depth_beyond_the_frame_is_refused(tmp_path, capsys):
-    from helpers.tiny import tiny_model
-
     from rvqspec.engine.drafters import make_drafter
+
+    from helpers.tiny import tiny_model
 
     with pytest.raises(RvqspecError, match="draft depth 20 does not fit a frame of 15"):
         make_drafter("offsets", tiny_model(), depth=20)

@@ -5,7 +5,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from helpers.standin import random_utterances, tiny_standin, write_corpus
 
 from rvqspec.cli.main import main
 from rvqspec.engine.drafters import MedusaHeads, Offsets, ReusedHeads, model_fingerprint
@@ -16,6 +15,8 @@ from rvqspec.standin.quality import error_rates, transcripts
 from rvqspec.standin.speech import write_manifest
 from rvqspec.standin.synthesis import Run
 from rvqspec.standin.talker import save_standin
+
+from helpers.standin import random_utterances, tiny_standin, write_corpus
 
 pytest.importorskip("scipy")
 

@@ -13,7 +13,6 @@ import warnings
 
 import pytest
 import torch
-from helpers.tiny import random_frames, random_offsets, tiny_model
 
 from rvqspec.engine import device_path, draft_heads, fused
 from rvqspec.engine.decode import decode_frame, decode_frames
@@ -21,6 +20,8 @@ from rvqspec.engine.drafters import Offsets, ReusedHeads
 from rvqspec.engine.model import RMSNorm, rotate_half
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import default_tree
+
+from helpers.tiny import random_frames, random_offsets, tiny_model
 
 TOLERANCE = {torch.float64: dict(rtol=1e-6, atol=1e-6), torch.float32: dict(rtol=1e-5, atol=1e-5),
              torch.bfloat16: dict(rtol=2 ** -7, atol=2 ** -7)}

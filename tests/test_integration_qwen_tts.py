@@ -6,8 +6,6 @@ import numpy as np
 import pytest
 import soundfile
 import torch
-from helpers.tiny import random_offsets, tiny_config
-from helpers.upstream_models import frame_prompt, tiny_upstream_model, upstream_available
 from scipy.stats import chi2_contingency
 
 from rvqspec import MultiCodeDecoder, Offsets, ReusedHeads, RvqspecError, default_tree
@@ -18,6 +16,9 @@ from rvqspec.integrations.hub import resolve_model
 from rvqspec.integrations.qwen_tts import accelerate, predictor_from_upstream
 from rvqspec.tuning.corpus import Corpus
 from rvqspec.tuning.qwen_tts_corpus import corpus_from_audio, talker_prompt, teacher_forced_hidden
+
+from helpers.tiny import random_offsets, tiny_config
+from helpers.upstream_models import frame_prompt, tiny_upstream_model, upstream_available
 
 if not upstream_available():
     pytest.skip("qwen-tts reference not installed: run `make install`", allow_module_level=True)

@@ -6,11 +6,12 @@ compare against the in-memory upstream model that wrote it.
 
 import pytest
 import torch
-from helpers.upstream_models import require_upstream, save_upstream, tiny_upstream_model, upstream_generate
 from scipy import stats
 
 import rvqspec
 from rvqspec.engine import checkpoint
+
+from helpers.upstream_models import require_upstream, save_upstream, tiny_upstream_model, upstream_generate
 
 require_upstream()
 

@@ -4,7 +4,6 @@ import json
 
 import pytest
 import torch
-from helpers.tiny import random_frames, tiny_model
 
 from rvqspec.engine.decode import decode_frames
 from rvqspec.engine.device_file import update_device_file
@@ -15,6 +14,8 @@ from rvqspec.engine.policy import (LatencyTable, Policy, calls_distribution, exp
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import PRIOR_ACCEPTANCE, Tree, default_tree
 from rvqspec.tuning.calibrate import predicted_calls
+
+from helpers.tiny import random_frames, tiny_model
 
 GROUPS = 16
 SIZES = (4, 8, 16, 32, 64)

@@ -4,7 +4,6 @@ import functools
 
 import pytest
 import torch
-from helpers.tiny import random_frames, random_medusa, random_offsets, tiny_model
 from hypothesis import given, settings, strategies as st
 
 from rvqspec.engine import decode
@@ -12,6 +11,8 @@ from rvqspec.engine.decode import decode_frame, decode_frames
 from rvqspec.engine.drafters import ReusedHeads
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import Tree
+
+from helpers.tiny import random_frames, random_medusa, random_offsets, tiny_model
 
 VOCAB = 6
 

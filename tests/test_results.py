@@ -4,13 +4,14 @@ import json
 
 import pytest
 import torch
-from helpers.cli import assert_refused_first
 
-from benchmarks.make_results import main, regenerate
 from rvqspec.engine.checkpoint import save_json
 from rvqspec.engine.drafters import Offsets, ReusedHeads
 from rvqspec.standin.evaluate import distribution_check, table2_row, table3
 from rvqspec.standin.synthesis import Run
+
+from benchmarks.make_results import main, regenerate
+from helpers.cli import assert_refused_first
 
 
 def random_runs(seed: int, count: int = 4) -> list[Run]:

@@ -4,7 +4,6 @@ import functools
 
 import pytest
 import torch
-from helpers.tiny import random_frames, random_medusa, random_offsets, tiny_model
 
 from rvqspec.engine import decode, device_path
 from rvqspec.engine.decode import decode_frame, decode_frames
@@ -12,6 +11,8 @@ from rvqspec.engine.drafters import Drafter, ReusedHeads
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import Tree, default_tree, grow_tree
+
+from helpers.tiny import random_frames, random_medusa, random_offsets, tiny_model
 
 GREEDY = Sampler(do_sample=False)
 

@@ -6,7 +6,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from helpers.standin import random_utterances, tiny_codec, tiny_speech_corpus, tiny_standin
 
 from rvqspec.cli.main import main
 from rvqspec.engine.decode import decode_frame
@@ -18,6 +17,8 @@ from rvqspec.standin.diagnose import complete_levels, diagnose
 from rvqspec.standin.settings import Settings, load_utterances
 from rvqspec.standin.talker import save_standin
 from rvqspec.standin.training import Utterance, teacher_forced_hidden
+
+from helpers.standin import random_utterances, tiny_codec, tiny_speech_corpus, tiny_standin
 
 GREEDY = Sampler(do_sample=False)
 

@@ -6,7 +6,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from helpers.standin import TINY, random_utterances, tiny_codec, tiny_speech_corpus, tiny_standin, write_corpus
 from safetensors import safe_open
 
 from rvqspec.engine.decode import decode_frame
@@ -21,6 +20,8 @@ from rvqspec.standin.synthesis import synthesize_codes
 from rvqspec.standin.talker import TalkerConfig, load_standin, save_standin
 from rvqspec.standin.training import (Utterance, joint_loss, make_batch, optimize, predictor_confidence, predictor_loss,
                                       talker_hidden, teacher_forced_hidden, train_joint, train_predictor)
+
+from helpers.standin import TINY, random_utterances, tiny_codec, tiny_speech_corpus, tiny_standin, write_corpus
 
 GREEDY = Sampler(do_sample=False)
 

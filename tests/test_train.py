@@ -1,6 +1,5 @@
 import pytest
 import torch
-from helpers.synthetic import write_model_and_corpus
 from safetensors.torch import load_file
 
 from rvqspec.cli.main import main
@@ -9,6 +8,8 @@ from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.model import MultiCodeDecoder
 from rvqspec.tuning.corpus import Corpus, CorpusWriter
 from rvqspec.tuning.train import DraftLoss, TrainSettings, evaluate, train
+
+from helpers.synthetic import write_model_and_corpus
 
 FRACTION = 0.25
 # lr 3e-2 instead of the default 1e-3: the tiny runs here take tens of steps, not thousands.

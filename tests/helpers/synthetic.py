@@ -13,13 +13,14 @@ import argparse
 from pathlib import Path
 
 import torch
-from helpers.tiny import tiny_config
 
 from rvqspec.engine.config import PredictorConfig
 from rvqspec.engine.model import MultiCodeDecoder
 from rvqspec.engine.sampling import Sampler
 from rvqspec.tuning.calibrate import sample_codes
 from rvqspec.tuning.corpus import CorpusWriter
+
+from helpers.tiny import tiny_config
 
 
 def structured_model(config: PredictorConfig | None = None, seed: int = 0, sharpness: float = 4.0,

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from helpers.upstream_models import upstream_config_dict
 
 from rvqspec.integrations.qwen_tts import import_qwen_tts
+
+from helpers.upstream_models import upstream_config_dict
 
 CODEBOOK = 32  # codes per codebook: predictor vocabulary and speech tokenizer codebooks
 SPECIALS = 1024  # upstream suppresses the talker's last 1024 ids (all but EOS) while sampling c0
