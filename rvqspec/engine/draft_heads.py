@@ -37,8 +37,8 @@ def quantized(model) -> list[tuple[Tensor, Tensor]]:
 
 def logits(model, hidden: Tensor, codebooks: list[int]) -> Tensor:
     """Approximate logits [R, V] of hidden [R, H], row r through the head of codebooks[r]: for ranking only."""
-    if not device_path.choose(hidden.device, hidden.dtype).int8_drafts:
-        return model.head_logits(hidden, codebooks)
+    if model.head_weights is not None or not device_path.choose(hidden.device, hidden.dtype).int8_drafts:
+        return model.head_logits(hidden, codebooks)  # a quantized model's heads are int8 already
     heads, hidden = quantized(model), hidden.contiguous()
     if len(set(codebooks)) == 1:
         return torch.ops.aten._weight_int8pack_mm(hidden, *heads[codebooks[0] - 1])

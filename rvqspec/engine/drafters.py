@@ -31,6 +31,7 @@ def model_identity(model) -> dict:
 
 def model_fingerprint(model) -> str:
     """A short hash of the first head, to tell two checkpoints of the same size apart."""
+    model.require_float("a drafter's fingerprint")
     head = model.heads[0].detach().float().cpu().contiguous()
     return hashlib.sha256(head.numpy().tobytes()).hexdigest()[:16]
 
@@ -86,6 +87,8 @@ class Drafter(nn.Module):
 
     def batched_head(self, model, h: Tensor, positions: Tensor, j: int) -> Tensor:
         first = int(positions[0]) + j  # codebooks first..first+P-1 use heads[first-1 : first-1+P]
+        if model.head_weights is not None:  # int8 heads (a quantized model): one codebook at a time
+            return torch.stack([model.head_logits(h[:, p], first + p) for p in range(h.shape[1])], dim=1)
         return torch.einsum("bph,pvh->bpv", h, model.heads[first - 1:first - 1 + h.shape[1]])
 
     def save(self, path: str | Path, extra_meta: dict | None = None) -> None:
@@ -168,6 +171,7 @@ class MedusaHeads(Drafter):
     @classmethod
     def for_model(cls, model, depth: int = DEFAULT_DEPTH) -> "MedusaHeads":
         c = model.config
+        model.require_float("Medusa heads (copies of the model's heads)")
         drafter = cls(c.num_residual_codes, c.hidden_size, c.vocab_size, depth, model_identity(model))
         drafter = drafter.to(model.device, model.dtype)
         with torch.no_grad():

@@ -8,6 +8,8 @@ the map from the official keys onto it:
   tree whose nodes sit at different codebooks is embedded in one lookup (`table_offset[table] + code`);
 - the 15 heads are one [15, V, H] tensor (`heads`).
 CSM already has both: one table of num_codebooks x vocab rows, and heads [G-1, H, V] (stored transposed here).
+A quantized model (`engine/quantize.py`, not upstream's: a different model, opt-in) holds its layer matmuls and
+heads as int8 (`weights`, `head_weights`; `heads` is None), and refuses what needs float heads (training, saving).
 
 Table t (0..G-1, G = 16 for Qwen3-TTS, 32 for CSM) embeds code c_t: table 0 is the talker's c0 table, table t>=1
 upstream's `codec_embedding[t-1]`. The token at position p carries c_{p-1} (table p-1) and predicts codebook p
@@ -26,6 +28,7 @@ from rvqspec.engine.checkpoint import combine, official_layout, predictor_prefix
 from rvqspec.engine.config import PredictorConfig, load_config
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.packing import Linear, PackedWeight, linear
+from rvqspec.engine.quantize import check_scheme, quantize
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64}
@@ -206,6 +209,8 @@ class MultiCodeDecoder(nn.Module):
         self.heads = nn.Parameter(torch.empty(c.num_residual_codes, c.vocab_size, c.hidden_size))
         self.head_packs = [PackedWeight() for _ in range(c.num_residual_codes)]
         self.int8_heads: tuple | None = None  # draft_heads.quantized's cache: (heads' identity, int8 heads)
+        self.weights = "float"  # or a scheme of `quantize` (engine/quantize.py), whose int8 heads are head_weights
+        self.head_weights = None
         # Derived, non-checkpoint buffers. Positions in a frame stay below num_code_groups; tree nodes past
         # the frame end are masked but still need a table row, hence the slack.
         self.rope = RotaryEmbedding(c.head_dim, c.rope_theta, c.num_code_groups + 64, c.rope_scaling)
@@ -261,6 +266,8 @@ class MultiCodeDecoder(nn.Module):
         On the CPU rows are grouped by codebook, so that each group goes through its head's packed weight;
         elsewhere each row gathers its head (one kernel, no host work, the same shapes for every call)."""
         if isinstance(codebook, int):
+            if self.head_weights is not None:
+                return self.head_weights.logits(hidden, codebook)
             return linear(hidden, self.heads[codebook - 1], None, self.head_packs[codebook - 1])
         if len(set(codebook)) == 1:
             return self.head_logits(hidden, codebook[0])
@@ -289,14 +296,19 @@ class MultiCodeDecoder(nn.Module):
 
     def teacher_forced_logits(self, talker_hidden: Tensor, codes: Tensor) -> Tensor:
         """Logits [B, G-1, V] for c1..c_{G-1}, like upstream `forward_finetune`."""
+        self.require_float("teacher-forced logits")
         hidden = self.teacher_forced_hidden(talker_hidden, codes)[:, 1:]
         return torch.einsum("bgh,gvh->bgv", hidden, self.heads)
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, dtype: torch.dtype | str = torch.float32,
-                        device: str | torch.device = "cpu") -> "MultiCodeDecoder":
+                        device: str | torch.device = "cpu", weights: str | None = None) -> "MultiCodeDecoder":
         """Load the depth decoder of a checkpoint folder: Qwen3-TTS (official, or the stand-in) or Sesame CSM (as
-        saved by transformers), told apart by config.json; only the decoder's tensors are read."""
+        saved by transformers), told apart by config.json; only the decoder's tensors are read. `weights`: a
+        scheme of `rvqspec.quantize` ("w8a16", "w8a8") to quantize it to once loaded."""
+        if weights is not None:
+            check_scheme(weights)
+            return quantize(cls.from_pretrained(folder, dtype, device), weights)
         folder = Path(folder)
         if not folder.is_dir():
             problem = "is a file, not a folder" if folder.exists() else "does not exist"
@@ -320,6 +332,14 @@ class MultiCodeDecoder(nn.Module):
         model.load_state_dict({k: v.to(device) for k, v in state.items()}, assign=True)
         return model.to(device).eval().requires_grad_(False)  # .to: the derived buffers (RoPE tables, offsets)
 
+    def require_float(self, what: str) -> None:
+        """Refuse `what` on a quantized model, whose heads exist only as int8 matmuls."""
+        if self.weights != "float":
+            raise RvqspecError(f"{what} needs the float model, and this one holds {self.weights} weights: use the model "
+                               "it was quantized from (save it, train with it, and quantize after loading: "
+                               f"MultiCodeDecoder.from_pretrained(folder, weights={self.weights!r}))")
+
     def save_pretrained(self, folder: str | Path, talker_config: dict | None = None) -> None:
         """Write config.json + model.safetensors in the official key layout (atomically)."""
+        self.require_float("saving a checkpoint")
         save_predictor(self, folder, talker_config)

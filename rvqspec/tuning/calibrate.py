@@ -73,7 +73,8 @@ def measure_acceptance(model: MultiCodeDecoder, drafter: Drafter, talker_hidden:
         hidden_in = talker_hidden[start:start + batch_size].to(model.device)
         codes = sample_codes(model, hidden_in, c0[start:start + batch_size], sampler, generator)
         h = model.teacher_forced_hidden(hidden_in, codes)
-        target = sampler.probs(torch.einsum("bgh,gvh->bgv", h[:, 1:], model.heads))  # p~ of c1..c15
+        logits = torch.stack([model.head_logits(h[:, g], g) for g in range(1, h.shape[1])], dim=1)
+        target = sampler.probs(logits)  # p~ of c1..c15 (the heads of a quantized model too)
         top1 += target.max(-1).values.sum(0).double().cpu()
         entropy += torch.special.entr(target).sum(-1).sum(0).double().cpu()
         for j in range(1, depth + 1):

@@ -1,0 +1,144 @@
+"""Quantized weights for CPU inference: `quantize(model, scheme)` gives a new MultiCodeDecoder whose layer matmuls
+and 15 heads hold int8 weights (symmetric, one scale per output channel); the code tables stay as they are.
+
+- "w8a16": activations stay in the model's dtype; torch's weight-only kernel (`torch._weight_int8pack_mm`).
+- "w8a8": activations are quantized to int8 per token (symmetric, one scale per row, from that row alone), the
+  integer product runs in oneDNN (`onednn.qlinear_pointwise`, AMX-int8 where the CPU has it) with an input scale
+  of 1, and each row is scaled back by its own token scale: exact integer dot products, then float roundings that
+  involve only that row.
+
+A quantized model is a different model (as the paper's W8A16 is): its codes follow its own distribution, and
+speculation is exact relative to it. Both kernels give every row of a call the same bits whatever the other rows
+hold (tests/test_quantize.py checks it), so a verify call computes, per token, exactly what its AR step computes.
+What quantization costs against the float model is measured by `benchmarks/quantization_quality.py`.
+
+torch's int8 weight-only kernel reads out of bounds (and crashes) on shapes that are not multiples of 16, so w8a16
+pads the output channels to a multiple of 16 and refuses other input widths.
+"""
+
+import copy
+import threading
+
+import torch
+from torch import Tensor, nn
+
+from rvqspec.engine.errors import RvqspecError
+
+SCHEMES = ("w8a16", "w8a8")
+FLOAT = "float"  # MultiCodeDecoder.weights of a model that is not quantized
+W8A16_MULTIPLE = 16
+
+
+def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """Symmetric per-row int8: weight ~ q * scale[:, None] (scale float32)."""
+    w = weight.detach().float()
+    scale = w.abs().amax(1).clamp(min=1e-12) / 127
+    return (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale
+
+
+def quantize_tokens(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Symmetric per-row int8 of activations x [M, K]: (q [M, K] int8, scale [M, 1] float32), each row alone."""
+    x = x.float()
+    scale = x.abs().amax(1, keepdim=True).clamp(min=1e-12) / 127
+    return (x / scale).round_().clamp_(-127, 127).to(torch.int8), scale
+
+
+def check_scheme(scheme: str) -> str:
+    if scheme not in SCHEMES:
+        raise RvqspecError(f"unknown weights scheme {scheme!r}: use one of {', '.join(SCHEMES)} (or leave the "
+                           "weights as they are)")
+    return scheme
+
+
+def check_cpu(x: Tensor, scheme: str) -> None:
+    if x.device.type != "cpu":
+        raise RvqspecError(f"{scheme} weights run on the CPU only (torch's int8 kernels there); this call is on "
+                           f"{x.device}: decode on the CPU, or use the float model on {x.device.type}")
+
+
+class Int8Matmul:
+    """One [N, K] weight as int8 rows and scales, multiplied by activations [..., K] under `scheme`."""
+
+    def __init__(self, weight: Tensor, scheme: str):
+        self.scheme, (self.out_features, self.in_features) = scheme, weight.shape
+        q, scale = quantize_rows(weight)
+        if scheme == "w8a16":
+            if self.in_features % W8A16_MULTIPLE:
+                raise RvqspecError(f"w8a16 needs input widths that are multiples of {W8A16_MULTIPLE} (torch's int8 "
+                                   f"weight-only kernel crashes on others), got {self.in_features}: use w8a8")
+            pad = -self.out_features % W8A16_MULTIPLE
+            q = torch.cat([q, q.new_zeros(pad, self.in_features)])
+            scale = torch.cat([scale, scale.new_ones(pad)])
+        self.q, self.scale = q, scale
+        self.zero_points = torch.zeros(len(scale), dtype=torch.long)
+        self.packed: Tensor | None = None  # w8a8: oneDNN's layout, made on first use
+        self.lock = threading.Lock()
+
+    def __call__(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
+        check_cpu(x, self.scheme)
+        rows = x.reshape(-1, self.in_features).contiguous()
+        if self.scheme == "w8a16":
+            out = torch._weight_int8pack_mm(rows, self.q, self.scale.to(x.dtype))[:, :self.out_features]
+        else:
+            q, scale = quantize_tokens(rows)
+            out = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, self.onednn_weight(), self.scale, self.zero_points,
+                                                     None, 1.0, 0, torch.float32, "none", [], "")
+            out = (out * scale).to(x.dtype)
+        out = out.reshape(*x.shape[:-1], self.out_features)
+        return out if bias is None else out + bias
+
+    def __deepcopy__(self, memo) -> "Int8Matmul":  # a copy makes its own oneDNN layout (and lock)
+        clone = copy.copy(self)
+        clone.q, clone.scale, clone.zero_points = self.q.clone(), self.scale.clone(), self.zero_points.clone()
+        clone.packed, clone.lock = None, threading.Lock()
+        return clone
+
+    def onednn_weight(self) -> Tensor:
+        with self.lock:
+            if self.packed is None:
+                self.packed = torch.ops.onednn.qlinear_prepack(self.q, None)
+            return self.packed
+
+
+class QuantizedLinear(nn.Module):
+    """Stands in for a model's Linear: the same call, int8 weights (no float copy is kept)."""
+
+    def __init__(self, linear: nn.Linear, scheme: str):
+        super().__init__()
+        self.matmul = Int8Matmul(linear.weight, scheme)
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.matmul(x, self.bias)
+
+    def extra_repr(self) -> str:
+        m = self.matmul
+        return f"{m.in_features} -> {m.out_features}, {m.scheme}"
+
+
+class QuantizedHeads:
+    """The 15 (CSM: 31) heads [V, H] as int8 matmuls: logits of one codebook at a time."""
+
+    def __init__(self, heads: Tensor, scheme: str):
+        self.matmuls = [Int8Matmul(head, scheme) for head in heads]
+
+    def logits(self, hidden: Tensor, codebook: int) -> Tensor:
+        return self.matmuls[codebook - 1](hidden)
+
+
+def quantize(model, scheme: str):
+    """A new MultiCodeDecoder with `scheme`'s int8 weights (see the module docstring); `model` is untouched."""
+    check_scheme(scheme)
+    if model.weights != FLOAT:
+        raise RvqspecError(f"this model is already {model.weights}-quantized: quantize the float model")
+    if model.device.type != "cpu":
+        raise RvqspecError(f"{scheme} weights run on the CPU only: quantize a model on the CPU (it is on "
+                           f"{model.device})")
+    quantized = copy.deepcopy(model)
+    for layer in quantized.layers:
+        for parent, name in ((layer.attn, "wqkv"), (layer.attn, "wo"), (layer.mlp, "w_gate_up"), (layer.mlp, "w_down")):
+            setattr(parent, name, QuantizedLinear(getattr(parent, name), scheme))
+    quantized.head_weights = QuantizedHeads(model.heads, scheme)
+    quantized.heads, quantized.head_packs, quantized.int8_heads = None, None, None
+    quantized.weights = scheme
+    return quantized.eval().requires_grad_(False)
