@@ -127,3 +127,15 @@ def test_from_pretrained_quantizes_what_it_loads(tmp_path):
     assert loaded.weights == "w8a8"
     assert torch.equal(decode_frame(loaded, h, c0, GREEDY).codes, decode_frame(quantize(model, "w8a8"), h, c0,
                                                                                GREEDY).codes)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64], ids=str)
+def test_the_fused_token_quantization_gives_the_plain_ops_bits(dtype):
+    from rvqspec.engine import fused
+
+    x, acc = torch.randn(37, 64).to(dtype) * 3, torch.randn(37, 48)
+    x[5] = 0  # an all-zero token: the scale's floor
+    q, scale = quantize_tokens(x)
+    fused_q, fused_scale = fused.kernels().quantize_rows(x)
+    assert torch.equal(q, fused_q) and torch.equal(scale, fused_scale)
+    assert torch.equal(fused.kernels().scale_rows(acc, scale, x), (acc * scale).to(dtype))

@@ -5,11 +5,12 @@ from pathlib import Path
 
 import torch
 
-from rvqspec.bench import one_stream
+from rvqspec.bench import one_stream, weights
 from rvqspec.bench.one_stream import REFERENCE_ARCH, Plan, load_calibration, load_trees, quick_plan, run_bench
 from rvqspec.bench.report import batch_markdown, batch_plot, markdown, plot
 from rvqspec.bench.timing import write_reports
 from rvqspec.cli import flags
+from rvqspec.engine.checkpoint import save_json, save_text
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.model import resolve_dtype
 from rvqspec.engine.policy import SIZES
@@ -29,8 +30,9 @@ def parse_list(text: str, kind, allowed=None, what: str = "value") -> list:
 def command_line(args) -> str:
     """The invocation, for the report (options at their values, flags when set; --batch runs name theirs)."""
     words = ["rvqspec bench"]
-    names = ("batch", "archs", "dtype", "threads", "device", "rounds") if args.batch else \
-        ("archs", "model", "calibration", "trees", "drafter", "corpus", "sizes", "dtype", "threads", "rounds", "device")
+    names = ("weights", "threads") if args.weights else ("batch", "archs", "dtype", "threads", "device", "rounds") \
+        if args.batch else ("archs", "model", "calibration", "trees", "drafter", "corpus", "sizes", "dtype", "threads",
+                            "rounds", "device")
     for name in names:
         value = getattr(args, name)
         if value is not None:
@@ -69,6 +71,25 @@ def run_batch(args, dtypes: list[str], threads: list[int]) -> int:
     return 0
 
 
+def run_weights(args, threads: list[int]) -> int:
+    schemes = weights.check_schemes(parse_list(args.weights, str, None, "weights"))
+    if args.batch or args.model or args.calibration:
+        raise RvqspecError("--weights benchmarks the real 0.6B architecture at the paper's acceptance: drop --batch, "
+                           "--model and --calibration")
+    plan = (weights.quick_weights_plan if args.quick else weights.WeightsPlan)(schemes, threads)
+    report = weights.run_weights_bench(plan, (lambda *a, **k: None) if args.json else print)
+    report["command"] = command_line(args)
+    name = "bench-weights-quick" if args.quick else "bench-weights"
+    paths = [Path(args.out) / f"{name}.json", Path(args.out) / f"{name}.md"]
+    save_json(paths[0], report)
+    save_text(paths[1], weights.weights_markdown(report))
+    if args.json:
+        print(json.dumps({"weights": report["weights"], "report": str(paths[0])}))
+    else:
+        print(f"wrote {paths[0]} and {paths[1]}")
+    return 0
+
+
 def run(args) -> int:
     dtypes = parse_list(args.dtype, str, None, "dtype")
     for dtype in dtypes:
@@ -78,6 +99,8 @@ def run(args) -> int:
         raise RvqspecError(f"--threads must be >= 1, got {args.threads!r}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise RvqspecError(f"--device {args.device}: no CUDA device is available here (use --device cpu)")
+    if args.weights:
+        return run_weights(args, threads)
     if args.batch:
         return run_batch(args, dtypes, threads)
     text = "0.6b,1.7b" if args.archs is None else args.archs
@@ -134,6 +157,8 @@ def add_cli(subparsers) -> None:
     p.add_argument("--rounds", type=flags.positive_int, help="latency rounds (default 20, quick 5; --batch: 10, quick 4)")
     p.add_argument("--batch", help="batched decoding instead: comma-separated batch sizes (e.g. 1,2,4,8,16); frames/s "
                                    "of our AR, the decoding policy and upstream, latency tables for the policy")
+    p.add_argument("--weights", help="weights schemes instead: comma-separated, bfloat16 and rvqspec.quantize schemes "
+                                     "(w8a16, w8a8); AR and speculative frames of the 0.6B at the paper's acceptance")
     p.add_argument("--device", type=flags.device, default="cpu", help="cpu or cuda (--batch, and the real architectures)")
     p.add_argument("--quick", action="store_true", help="one dtype/thread setting, fewer repeats (< 3 minutes)")
     p.add_argument("--out", type=flags.out_folder, default="benchmarks/results", help="folder for bench.{json,md,png}")

@@ -198,6 +198,50 @@ at::Tensor qkv_rope(const at::Tensor& qkv_, const c10::optional<at::Tensor>& q_w
   return q;
 }
 
+// w8a8's per-token int8 (engine/quantize.py): per row, s = max(max|x|, 1e-12) / 127 and q = round_half_even(x / s)
+// clamped to +-127, in float32 as the plain ops compute it (the same bits).
+std::vector<at::Tensor> quantize_rows(const at::Tensor& x_) {
+  auto x = x_.contiguous();
+  const int64_t d = x.size(-1), rows = x.numel() / d;
+  auto q = at::empty({rows, d}, x.options().dtype(at::kChar));
+  auto scale = at::empty({rows, 1}, x.options().dtype(at::kFloat));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "quantize_rows", [&] {
+    const scalar_t* px = x.data_ptr<scalar_t>();
+    int8_t* pq = q.data_ptr<int8_t>();
+    float* ps = scale.data_ptr<float>();
+    at::parallel_for(0, rows, grain(d), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        float top = 0;
+        for (int64_t i = 0; i < d; ++i) top = std::max(top, std::fabs(load<scalar_t, float>(px, r * d + i)));
+        const float s = std::max(top, 1e-12f) / 127.f;
+        ps[r] = s;
+        for (int64_t i = 0; i < d; ++i) {
+          const float v = std::nearbyint(load<scalar_t, float>(px, r * d + i) / s);
+          pq[r * d + i] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, v)));
+        }
+      }
+    });
+  });
+  return {q, scale};
+}
+
+// w8a8's way back: out = acc * scale (per row, float32), rounded to the dtype of `like`.
+at::Tensor scale_rows(const at::Tensor& acc_, const at::Tensor& scale_, const at::Tensor& like) {
+  auto acc = acc_.contiguous(), scale = scale_.contiguous();
+  TORCH_CHECK(acc.scalar_type() == at::kFloat && scale.scalar_type() == at::kFloat && acc.dim() == 2);
+  const int64_t rows = acc.size(0), n = acc.size(1);
+  auto out = at::empty({rows, n}, acc.options().dtype(like.scalar_type()));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "scale_rows", [&] {
+    const float *pa = acc.data_ptr<float>(), *ps = scale.data_ptr<float>();
+    scalar_t* po = out.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, grain(n), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r)
+        for (int64_t i = 0; i < n; ++i) store<scalar_t, float>(po, r * n + i, pa[r * n + i] * ps[r]);
+    });
+  });
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -205,4 +249,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm);
   m.def("silu_mul", &silu_mul);
   m.def("qkv_rope", &qkv_rope);
+  m.def("quantize_rows", &quantize_rows);
+  m.def("scale_rows", &scale_rows);
 }

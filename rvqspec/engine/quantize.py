@@ -22,6 +22,7 @@ import threading
 import torch
 from torch import Tensor, nn
 
+from rvqspec.engine import device_path, fused
 from rvqspec.engine.errors import RvqspecError
 
 SCHEMES = ("w8a16", "w8a8")
@@ -37,7 +38,8 @@ def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def quantize_tokens(x: Tensor) -> tuple[Tensor, Tensor]:
-    """Symmetric per-row int8 of activations x [M, K]: (q [M, K] int8, scale [M, 1] float32), each row alone."""
+    """Symmetric per-row int8 of activations x [M, K]: (q [M, K] int8, scale [M, 1] float32), each row alone. The
+    CPU fast path computes the same bits in one kernel (`fused.cpp`: quantize_rows, and scale_rows on the way back)."""
     x = x.float()
     scale = x.abs().amax(1, keepdim=True).clamp(min=1e-12) / 127
     return (x / scale).round_().clamp_(-127, 127).to(torch.int8), scale
@@ -80,10 +82,11 @@ class Int8Matmul:
         if self.scheme == "w8a16":
             out = torch._weight_int8pack_mm(rows, self.q, self.scale.to(x.dtype))[:, :self.out_features]
         else:
-            q, scale = quantize_tokens(rows)
+            kernels = fused.kernels() if device_path.choose(x.device, x.dtype).fused_kernels else None
+            q, scale = kernels.quantize_rows(rows) if kernels else quantize_tokens(rows)
             out = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, self.onednn_weight(), self.scale, self.zero_points,
                                                      None, 1.0, 0, torch.float32, "none", [], "")
-            out = (out * scale).to(x.dtype)
+            out = kernels.scale_rows(out, scale, x) if kernels else (out * scale).to(x.dtype)
         out = out.reshape(*x.shape[:-1], self.out_features)
         return out if bias is None else out + bias
 
