@@ -272,6 +272,20 @@ def profile_section(profile_markdown: str | None, fused_markdown: str | None) ->
     return lines + [without_title(profile_markdown) if profile_markdown else not_measured(PROFILE)]
 
 
+WEIGHTS = "OMP_WAIT_POLICY=PASSIVE rvqspec bench --weights bfloat16,w8a16,w8a8 --threads 1,2"
+QUALITY = "OMP_WAIT_POLICY=PASSIVE python benchmarks/quantization_quality.py"
+
+
+def weights_section(bench_dir: Path) -> list[str]:
+    """Quantized weights (bench-weights.md, quantization-quality.md), both without their titles."""
+    speed, quality = read_text(bench_dir / "bench-weights.md"), read_text(bench_dir / "quantization-quality.md")
+    return ["## Quantized weights (W8A16, W8A8)", "",
+            "A quantized model is a different model: speculation is exact relative to it, and its distance from the "
+            "bfloat16 model is measured below.", "", "### Frame times per scheme", "",
+            without_title(speed) if speed else not_measured(WEIGHTS), "", "### Distance from the bfloat16 model", "",
+            without_title(quality) if quality else not_measured(QUALITY)]
+
+
 def results_markdown(eval_report: dict | None, calibration: dict | None, calibration_path: Path,
                      bench: dict | None, bench_dir: Path, out: Path, standin_bench: dict | None = None,
                      profile_markdown: str | None = None, batch: dict[str, dict | None] | None = None) -> str:
@@ -287,6 +301,7 @@ def results_markdown(eval_report: dict | None, calibration: dict | None, calibra
         *bench_section(bench, bench_dir, out), "", *batch_section(batch or {}, bench_dir, out), "",
         *csm_section(bench_dir / "csm"), "",
         *profile_section(profile_markdown, read_text(bench_dir / "fused-path.md")), "",
+        *weights_section(bench_dir), "",
         *standin_bench_section(standin_bench, bench_dir / "standin", out), ""])
 
 

@@ -14,15 +14,23 @@ import torch
 from torch import Tensor
 
 from rvqspec.engine import device_path
+from rvqspec.engine.quantize import W8A16_MULTIPLE, quantize_rows
 
 _lock = threading.Lock()
 
 
 def quantize(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """Symmetric per-row int8: weight ~ q * scale[:, None]."""
-    w = weight.detach().float()
-    scale = w.abs().amax(1).clamp(min=1e-12) / 127
-    return (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale.to(weight.dtype)
+    """Symmetric per-row int8: weight ~ q * scale[:, None], rows padded with zeros to a multiple of 16 (the kernel
+    reads out of bounds, and can crash, on others: `quantize.W8A16_MULTIPLE`)."""
+    q, scale = quantize_rows(weight)
+    pad = -len(q) % W8A16_MULTIPLE
+    q, scale = torch.cat([q, q.new_zeros(pad, q.shape[1])]), torch.cat([scale, scale.new_ones(pad)])
+    return q, scale.to(weight.dtype)
+
+
+def supported(model) -> bool:
+    """The kernel takes input widths that are multiples of 16 only; other models rank with their exact heads."""
+    return model.config.hidden_size % W8A16_MULTIPLE == 0
 
 
 def quantized(model) -> list[tuple[Tensor, Tensor]]:
@@ -37,13 +45,14 @@ def quantized(model) -> list[tuple[Tensor, Tensor]]:
 
 def logits(model, hidden: Tensor, codebooks: list[int]) -> Tensor:
     """Approximate logits [R, V] of hidden [R, H], row r through the head of codebooks[r]: for ranking only."""
-    if model.head_weights is not None or not device_path.choose(hidden.device, hidden.dtype).int8_drafts:
+    if model.head_weights is not None or not device_path.choose(hidden.device, hidden.dtype).int8_drafts \
+            or not supported(model):
         return model.head_logits(hidden, codebooks)  # a quantized model's heads are int8 already
-    heads, hidden = quantized(model), hidden.contiguous()
+    heads, hidden, vocab = quantized(model), hidden.contiguous(), model.config.vocab_size
     if len(set(codebooks)) == 1:
-        return torch.ops.aten._weight_int8pack_mm(hidden, *heads[codebooks[0] - 1])
-    books, out = torch.tensor(codebooks), hidden.new_empty(len(codebooks), model.config.vocab_size)
+        return torch.ops.aten._weight_int8pack_mm(hidden, *heads[codebooks[0] - 1])[:, :vocab]
+    books, out = torch.tensor(codebooks), hidden.new_empty(len(codebooks), vocab)
     for book in sorted(set(codebooks)):
         rows = (books == book).nonzero().squeeze(1)
-        out[rows] = torch.ops.aten._weight_int8pack_mm(hidden[rows], *heads[book - 1])
+        out[rows] = torch.ops.aten._weight_int8pack_mm(hidden[rows], *heads[book - 1])[:, :vocab]
     return out
