@@ -30,6 +30,7 @@ from rvqspec.engine import device_path
 from rvqspec.engine.checkpoint import save_json, save_text
 from rvqspec.engine.decode import autoregressive_step, plan_for, speculative_round
 from rvqspec.engine.drafters import ReusedHeads
+from rvqspec.engine.quantize import SCHEMES, quantize
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import default_tree
 from rvqspec.engine.walk import walk
@@ -174,11 +175,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--target", type=float, default=2.0, help="speed-up over AR to check")
+    parser.add_argument("--weights", choices=SCHEMES, help="quantize the model (rvqspec.quantize) before timing")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     info = machine()
     model = controlled_predictor(ARCHS[args.arch], dtype=args.dtype).model
+    model = quantize(model, args.weights) if args.weights else model
     tree, sampler, generator = default_tree(args.size), Sampler(), torch.Generator().manual_seed(0)
     cache = model.new_cache(1, model.config.num_code_groups + tree.size + 1)
     with torch.inference_mode():
@@ -191,8 +194,9 @@ def main() -> None:
     report = {"settings": settings, "machine": finish_machine(info), "times_ms": times,
               "ops_ms": ops, "analysis": analyse(times, ops, args.size, tokens, args.target, visited)}
     out = Path(args.out)
-    save_json(out / "round-profile.json", report)
-    save_text(out / "round-profile.md", markdown(report))
+    name = f"round-profile-{args.weights}" if args.weights else "round-profile"
+    save_json(out / f"{name}.json", report)
+    save_text(out / f"{name}.md", markdown(report))
     print(markdown(report))
 
 

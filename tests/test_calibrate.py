@@ -124,3 +124,13 @@ def test_cli_errors_name_the_problem(trained, tmp_path, capsys):
     random_offsets(other).save(tmp_path / "other.safetensors")
     assert main(base + ["--drafter", str(tmp_path / "other.safetensors")]) == 2
     assert "train-offsets" in capsys.readouterr().err
+
+
+def test_a_quantized_model_calibrates_with_its_own_heads(trained, tmp_path):
+    model_dir, corpus_dir, offsets = trained
+    assert main(["calibrate", "--model", str(model_dir), "--drafter", str(offsets), "--corpus", str(corpus_dir),
+                 "--budgets", "2,8", "--out", str(tmp_path), "--frames", "50", "--eval-frames", "10",
+                 "--validation-fraction", str(FRACTION), "--weights", "w8a8", "--json"]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["weights"] == "w8a8" and [t["budget"] for t in report["trees"]] == [2, 8]
+    assert all(1 <= t["measured_tokens_per_step"] <= 3 for t in report["trees"])

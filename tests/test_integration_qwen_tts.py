@@ -451,3 +451,20 @@ def test_an_accelerated_model_serves_two_threads(tts):
         finally:
             handle.undo()
         assert len(results) == 6 and all(torch.equal(codes, alone[text]) for text, codes in results)
+
+
+def test_quantized_weights_through_accelerate_keep_speculation_exact(tts):
+    """accelerate(..., weights="w8a8"): the decoder holds int8 weights; greedy speculative codes are its AR codes."""
+    with pytest.raises(RvqspecError, match="unknown weights scheme 'w4'"):
+        accelerate(tts, weights="w4")
+    reference, _ = talker_codes(tts.model)
+    codes = {}
+    for name, drafter, tree in (("ar", None, "auto"), ("spec", ReusedHeads(), default_tree(8))):
+        handle = accelerate(tts, drafter=drafter, tree=tree, weights="w8a8")
+        try:
+            assert handle.decoder.weights == "w8a8"
+            codes[name], _ = talker_codes(tts.model)
+        finally:
+            handle.undo()
+    assert torch.equal(codes["ar"], codes["spec"])
+    assert torch.equal(talker_codes(tts.model)[0], reference)  # undone: upstream's own codes again

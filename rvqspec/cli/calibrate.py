@@ -7,6 +7,7 @@ import torch
 from rvqspec.cli import flags
 from rvqspec.engine.drafters import DEFAULT_DEPTH
 from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.quantize import SCHEMES
 from rvqspec.engine.sampling import Sampler
 from rvqspec.tuning.calibrate import MAX_BUDGET, CalibrationSettings, calibrate
 
@@ -29,7 +30,7 @@ def run(args) -> int:
     settings = CalibrationSettings(args.frames, args.eval_frames, args.seed, sampler, args.depth,
                                    args.validation_fraction)
     report = calibrate(args.model, args.drafter, args.corpus, parse_budgets(args.budgets), args.out, settings,
-                       args.dtype, args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+                       args.dtype, args.device or ("cuda" if torch.cuda.is_available() else "cpu"), args.weights)
     if args.json:
         print(json.dumps({"trees": report["trees"], "acceptance": report["acceptance"]}))
         return 0
@@ -58,5 +59,6 @@ def add_cli(subparsers) -> None:
     p.add_argument("--validation-fraction", type=flags.fraction, default=0.05)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", type=flags.device, default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--weights", choices=SCHEMES, help="calibrate the model with int8 weights (rvqspec.quantize, CPU)")
     p.add_argument("--json", action="store_true", help="print the per-tree figures as one JSON object")
     p.set_defaults(run=run)

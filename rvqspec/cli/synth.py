@@ -18,6 +18,7 @@ from rvqspec.cli import flags
 from rvqspec.engine.checkpoint import atomic_write
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.model import resolve_dtype
+from rvqspec.engine.quantize import SCHEMES
 from rvqspec.integrations import csm
 from rvqspec.integrations.hub import default_device, default_dtype, resolve_model
 from rvqspec.integrations.qwen_tts import accelerate, generate_speech, load_tts
@@ -63,7 +64,7 @@ def run_synth(args) -> int:
     drafter, tree = load_drafting(args)
     device = default_device(args.device)
     tts = load_tts(resolve_model(args.model), device, default_dtype(args.dtype, device))
-    handle = accelerate(tts, drafter=drafter, tree=tree)
+    handle = accelerate(tts, drafter=drafter, tree=tree, weights=args.weights)
     torch.manual_seed(args.seed)
     report = synthesize(tts, handle, args.text, args.out, language=args.language, speaker=args.speaker,
                         instruct=args.instruct, ref_audio=args.ref_audio, ref_text=args.ref_text)
@@ -111,6 +112,8 @@ def add_cli(subparsers) -> None:
     p.add_argument("--no-spec", action="store_true", help="plain autoregressive decoding (15 calls a frame)")
     p.add_argument("--tree", help="tree JSON (rvqspec calibrate); default: the decoding policy chooses AR or a "
                                      "prior tree from this device's measured latencies")
+    p.add_argument("--weights", choices=SCHEMES, help="decode the code predictor with int8 weights (rvqspec.quantize, "
+                                                      "CPU): a different model than the checkpoint's, opt-in")
     p.add_argument("--seed", type=flags.seed, default=0)
     p.set_defaults(run=run_synth)
 

@@ -80,11 +80,13 @@ def uniform_acceptance(pooled: Tensor, groups: int) -> Tensor:
 
 
 def setting_key(model) -> str:
-    """Which latency table fits `model` here: device, dtype, threads (CPU) and the predictor's architecture."""
+    """Which latency table fits `model` here: device, dtype (and weights scheme of a quantized model: `+w8a8`), threads
+    (CPU) and the predictor's architecture."""
     c, device = model.config, model.device
     threads = f"{torch.get_num_threads()}t" if device.type == "cpu" else device.type
     arch = f"h{c.hidden_size}-l{c.num_hidden_layers}-v{c.vocab_size}-g{c.num_code_groups}"
-    return f"{device.type}/{str(model.dtype).removeprefix('torch.')}/{threads}/{arch}"
+    weights = "" if model.weights == "float" else f"+{model.weights}"
+    return f"{device.type}/{str(model.dtype).removeprefix('torch.')}{weights}/{threads}/{arch}"
 
 
 @dataclass

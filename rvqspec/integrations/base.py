@@ -15,6 +15,7 @@ from rvqspec.engine.decode import BatchResult, decode_frames
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.model import MultiCodeDecoder
 from rvqspec.engine.policy import Policy
+from rvqspec.engine.quantize import check_scheme, quantize
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import Tree
 
@@ -100,15 +101,15 @@ class Acceleration:
     replaced."""
 
     def __init__(self, owner: torch.nn.Module, target: torch.nn.Module, drafter, tree: Tree | str | None,
-                 generator: torch.Generator | None, calibration: str | None = None):
+                 generator: torch.Generator | None, calibration: str | None = None, weights: str | None = None):
         if getattr(owner, HANDLE, None) is not None:
             raise RvqspecError("this model is already accelerated: call handle.undo() (or deaccelerate(model)) first")
         check_arguments(drafter, tree)
         self.owner, self.target, self.drafter, self.tree, self.generator = owner, target, drafter, tree, generator
-        self.calibration = calibration
+        self.calibration, self.weights = calibration, weights and check_scheme(weights)
         self.stats = Stats()
         self.warned: set[str] = set()
-        self.decoder = self.build_decoder()
+        self.decoder = self.quantized(self.build_decoder())
         self.policy: Policy | None = None
         if drafter is not None:
             drafter.check_model(self.decoder)
@@ -124,6 +125,10 @@ class Acceleration:
     def build_decoder(self) -> MultiCodeDecoder:
         """A MultiCodeDecoder holding a copy of the target's weights, on their device and dtype."""
         raise NotImplementedError
+
+    def quantized(self, decoder: MultiCodeDecoder) -> MultiCodeDecoder:
+        """The decoder with `weights` (`rvqspec.quantize`): a different model than upstream's, chosen by the user."""
+        return quantize(decoder, self.weights) if self.weights else decoder
 
     def followed_weight(self) -> Tensor:
         """A weight of the target whose device and dtype the decoder follows."""
@@ -153,7 +158,7 @@ class Acceleration:
         policy with it: the latency of another device or dtype differs)."""
         weight = self.followed_weight()
         if (self.decoder.device, self.decoder.dtype) != (weight.device, weight.dtype):
-            self.decoder = self.build_decoder()
+            self.decoder = self.quantized(self.build_decoder())
             if self.policy is not None:
                 self.policy = self.make_policy()
         return self.decoder

@@ -57,9 +57,9 @@ class CsmAcceleration(Acceleration):
     """A CSM model's `depth_decoder.generate`, routed through `rvqspec.decode_frames`."""
 
     def __init__(self, model, drafter, tree: Tree | str | None, generator: torch.Generator | None,
-                 calibration: str | None = None):
+                 calibration: str | None = None, weights: str | None = None):
         self.model = model
-        super().__init__(model, model.depth_decoder, drafter, tree, generator, calibration)
+        super().__init__(model, model.depth_decoder, drafter, tree, generator, calibration, weights)
 
     def build_decoder(self) -> MultiCodeDecoder:
         return depth_decoder_from_transformers(self.model)
@@ -91,13 +91,13 @@ class CsmAcceleration(Acceleration):
 
 
 def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator: torch.Generator | None = None,
-               calibration: str | None = None) -> CsmAcceleration:
+               calibration: str | None = None, weights: str | None = None) -> CsmAcceleration:
     """Route the depth decoder of a transformers `CsmForConditionalGeneration` through `rvqspec.decode_frames`
     until `undo()`: AR (31 calls per frame step) without a drafter; with one, the decoding policy's choice per
     batch size (`tree="auto"`) or a fixed `Tree`. As `rvqspec.integrations.qwen_tts.accelerate` otherwise."""
     if not is_csm(model):
         raise RvqspecError(f"{type(model).__name__} is not a transformers CSM model: pass a CsmForConditionalGeneration")
-    return CsmAcceleration(model, drafter, tree, generator, calibration)
+    return CsmAcceleration(model, drafter, tree, generator, calibration, weights)
 
 
 def load_model(folder: Path, device: str, dtype: torch.dtype):

@@ -84,9 +84,9 @@ class QwenTTSAcceleration(Acceleration):
     """A qwen-tts talker's `code_predictor.generate`, routed through `rvqspec.decode_frames`."""
 
     def __init__(self, talker, drafter, tree: Tree | str | None, generator: torch.Generator | None,
-                 calibration: str | None = None):
+                 calibration: str | None = None, weights: str | None = None):
         self.talker = talker
-        super().__init__(talker, talker.code_predictor, drafter, tree, generator, calibration)
+        super().__init__(talker, talker.code_predictor, drafter, tree, generator, calibration, weights)
 
     def build_decoder(self) -> MultiCodeDecoder:
         return predictor_from_upstream(self.talker)
@@ -132,7 +132,7 @@ class QwenTTSAcceleration(Acceleration):
 
 
 def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator: torch.Generator | None = None,
-               calibration: str | None = None) -> QwenTTSAcceleration:
+               calibration: str | None = None, weights: str | None = None) -> QwenTTSAcceleration:
     """Route the code predictor of a qwen-tts model through `rvqspec.decode_frames` until `undo()`.
 
     `model`: a `qwen_tts.Qwen3TTSModel`, its `.model`, or its `.model.talker`. Each batched frame step of the
@@ -145,7 +145,7 @@ def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator:
     fine-tuning the model: it copies the predictor's weights (a later device or dtype change is followed, an
     in-place edit is not).
     """
-    return QwenTTSAcceleration(find_talker(model), drafter, tree, generator, calibration)
+    return QwenTTSAcceleration(find_talker(model), drafter, tree, generator, calibration, weights)
 
 
 def generate_speech(tts, text: str, language: str = "Auto", speaker: str | None = None,

@@ -123,10 +123,11 @@ class CalibrationSettings:
 
 def calibrate(model_path: str | Path, drafter_spec: str, corpus_path: str | Path, budgets: list[int],
               out: str | Path, settings: CalibrationSettings = CalibrationSettings(), dtype: str = "float32",
-              device: str = "cpu") -> dict:
-    """Measure acceptance, grow and save one tree per budget, measure each; returns the report."""
+              device: str = "cpu", weights: str | None = None) -> dict:
+    """Measure acceptance, grow and save one tree per budget, measure each; returns the report. `weights`: calibrate
+    the model quantized to that scheme (`rvqspec.quantize`), whose acceptance is its own."""
     out, s, sampler, seed = Path(out), settings, settings.sampler, settings.seed
-    model = MultiCodeDecoder.from_pretrained(model_path, dtype, device)
+    model = MultiCodeDecoder.from_pretrained(model_path, dtype, device, weights)
     corpus = Corpus(corpus_path, s.validation_fraction)
     corpus.check_model(model)
     drafter = load_drafter(drafter_spec, model, s.depth)
@@ -137,7 +138,7 @@ def calibrate(model_path: str | Path, drafter_spec: str, corpus_path: str | Path
     acceptance = measure_acceptance(model, drafter, hidden, codes[:, 0], sampler, top_m, generator)
     eval_codes, eval_hidden = corpus.sample("validation", s.eval_frames, seed + 1)
     check_codes(eval_codes, model)
-    report = {"model": beside(model_path, out),
+    report = {"model": beside(model_path, out), "weights": model.weights,
               "drafter": {"spec": drafter_spec if drafter_spec == "reused" else beside(drafter_spec, out),
                           "kind": drafter.kind, "depth": drafter.depth},
               "corpus": beside(corpus_path, out), "sampler": asdict(sampler), "seed": seed,
