@@ -144,7 +144,8 @@ def markdown(report: dict) -> str:
     a, m, s = report["analysis"], report["machine"], report["settings"]
     lines = ["# Where a speculative round's time goes", "",
              f"`python benchmarks/round_profile.py --arch {s['arch']} --dtype {s['dtype']} --size {s['size']} --threads "
-             f"{s['threads']}`: random weights, ReusedHeads drafts, default tree N={s['size']}, k={s['k']}, "
+             f"{s['threads']}" + (f" --weights {s['weights']}" if s.get("weights") else "") +
+             f"`: random weights, ReusedHeads drafts, default tree N={s['size']}, k={s['k']}, "
              f"median of {s['repeats']} interleaved repeats; {machine_text(m)}.", "",
              "| piece | ms |", "|---|---|"]
     lines += [f"| {name} | {ms:.2f} |" for name, ms in report["times_ms"].items()]
