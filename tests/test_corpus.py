@@ -44,7 +44,7 @@ def test_round_trip_over_several_shards(tmp_path):
     assert read.keys() == written.keys()
     for key, (codes, hidden) in written.items():
         assert torch.equal(read[key][0], codes) and torch.equal(read[key][1], hidden)
-    with safe_open(tmp_path / "c" / "shard-00000.safetensors", "pt") as f:
+    with safe_open(tmp_path / "c" / index["shards"][0]["file"], "pt") as f:
         assert f.get_tensor("codes").dtype == torch.int16
         offsets = f.get_tensor("offsets")
     assert offsets[0] == 0 and offsets[-1] == index["shards"][0]["frames"]
@@ -140,12 +140,15 @@ def test_unfinished_or_broken_corpus_is_reported(tmp_path):
         with CorpusWriter(tmp_path / "c", HIDDEN, GROUPS, shard_frames=4) as w:
             w.add("a", "en", *utterance(0, 5))
             raise RuntimeError("crash while writing")
+    assert list((tmp_path / "c").iterdir()) == []  # the crashed run removed its shards
+    killed = CorpusWriter(tmp_path / "k", HIDDEN, GROUPS, shard_frames=4)  # a process killed before close()
+    killed.add("a", "en", *utterance(0, 5))
     with pytest.raises(RvqspecError, match="did not finish"):
-        Corpus(tmp_path / "c")
+        Corpus(tmp_path / "k")
     with pytest.raises(RvqspecError, match="not a code corpus"):
         Corpus(tmp_path / "nowhere")
     write(tmp_path / "d", count=10)
-    (tmp_path / "d" / "shard-00001.safetensors").unlink()
+    (tmp_path / "d" / Corpus(tmp_path / "d").shards[1]["file"]).unlink()
     corpus = Corpus(tmp_path / "d", 0.0)
     with pytest.raises(RvqspecError, match="missing"):
         list(corpus.batches("train", 4))
@@ -157,3 +160,96 @@ def test_rows_follow_index_order(tmp_path):
     shards, rows = corpus.rows("train")
     expected = [(u["shard"], u["start"] + t) for u in corpus.utterances for t in range(u["frames"])]
     assert list(zip(shards.tolist(), rows.tolist())) == expected and rows.dtype == np.int64
+
+
+def corpus_codes(path) -> torch.Tensor:
+    corpus = Corpus(path, 0.0)
+    return torch.cat([codes for _, codes, _ in corpus.utterances_of("train")])
+
+
+def test_overwrite_keeps_the_old_corpus_until_the_new_one_is_complete(tmp_path):
+    """`--overwrite` used to delete the old corpus first: one undecodable clip (or Ctrl-C) left an empty folder."""
+    write(tmp_path / "c", count=6, shard_frames=8)
+    (tmp_path / "c" / "notes.txt").write_text("the user's")
+    before = corpus_codes(tmp_path / "c")
+    with pytest.raises(KeyboardInterrupt):
+        with CorpusWriter(tmp_path / "c", HIDDEN, GROUPS, shard_frames=4, hidden_dtype=torch.float32, overwrite=True) as w:
+            w.add("new", "en", *utterance(99, 9))  # two shards written
+            raise KeyboardInterrupt
+    assert torch.equal(corpus_codes(tmp_path / "c"), before)  # the old corpus, whole
+    old_files = {p.name for p in (tmp_path / "c").iterdir()}
+    written = write(tmp_path / "c", count=3, shard_frames=8, overwrite=True)
+    assert [u["id"] for u in Corpus(tmp_path / "c").utterances] == list(written)
+    files = {p.name for p in (tmp_path / "c").iterdir()}
+    assert "notes.txt" in files and not (files & (old_files - {"index.json", "notes.txt"}))  # old shards gone
+    assert (tmp_path / "c" / "notes.txt").read_text() == "the user's"
+
+
+def rewrite_shard(path, change) -> None:
+    from safetensors.torch import load_file, save_file
+
+    file = path / Corpus(path).shards[0]["file"]
+    data = load_file(file)
+    change(data)
+    save_file(data, file)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d["codes"].__setitem__((2, 3), -1), "row 2: codes must be >= 0"),
+    (lambda d: d.__setitem__("codes", d["codes"].float()), "codes are torch.float32, not integers"),
+    (lambda d: d.__setitem__("codes", d["codes"] > 0), "codes are torch.bool, not integers"),
+    (lambda d: d["hidden"].__setitem__((4, 1), float("nan")), "row 4: the hidden state is not finite"),
+    (lambda d: d["hidden"].__setitem__((0, 0), float("inf")), "row 0: the hidden state is not finite"),
+    (lambda d: d.pop("hidden"), "lacks its codes or hidden tensor"),
+], ids=["negative", "float", "bool", "nan", "inf", "missing"])
+def test_a_damaged_shard_is_refused_when_read_naming_the_shard_and_row(tmp_path, change, message):
+    write(tmp_path / "c", count=4, shard_frames=100)
+    rewrite_shard(tmp_path / "c", change)
+    with pytest.raises(RvqspecError, match=message.replace("(", r"\(")):
+        corpus_codes(tmp_path / "c")
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda i: i["shards"][0].__setitem__("file", "../../etc/passwd"), "is not a shard name"),
+    (lambda i: i["shards"][0].__setitem__("file", "/tmp/x.safetensors"), "is not a shard name"),
+    (lambda i: i["utterances"][1].__setitem__("start", 10 ** 6), "field 'start' must be an integer in"),
+    (lambda i: i["utterances"][1].__setitem__("shard", 7), "field 'shard' must be an integer in"),
+    (lambda i: i["utterances"][0].__setitem__("frames", "three"), "field 'frames' must be an integer"),
+    (lambda i: i.pop("utterances"), "field 'utterances' must be list"),
+    (lambda i: i.__setitem__("groups", 10 ** 7), "field 'groups' must be an integer in"),
+    (lambda i: i.__setitem__("hidden_size", True), "field 'hidden_size' must be an integer in"),
+], ids=["traversal", "absolute", "start", "shard", "frames", "utterances", "groups", "bool"])
+def test_a_damaged_index_is_refused_naming_the_field(tmp_path, change, message):
+    write(tmp_path / "c", count=4, shard_frames=100)
+    index = json.loads((tmp_path / "c" / "index.json").read_text())
+    change(index)
+    (tmp_path / "c" / "index.json").write_text(json.dumps(index))
+    with pytest.raises(RvqspecError, match=message):
+        Corpus(tmp_path / "c")
+
+
+def test_random_damage_to_a_corpus_is_refused_in_one_error_or_read():
+    """Fuzz: random bytes, truncations and field edits of index.json and a shard give RvqspecError or a corpus."""
+    import tempfile
+    from pathlib import Path
+
+    from hypothesis import given, settings, strategies as st
+
+    @settings(max_examples=60, deadline=None)
+    @given(target=st.sampled_from(["index", "shard"]), cut=st.floats(0, 1), flips=st.lists(
+        st.tuples(st.floats(0, 1), st.integers(0, 255)), max_size=4))
+    def damaged(target, cut, flips):
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "c"
+            write(path, count=3, shard_frames=100)
+            file = path / ("index.json" if target == "index" else Corpus(path).shards[0]["file"])
+            data = bytearray(file.read_bytes())
+            for where, value in flips:
+                data[int(where * (len(data) - 1))] = value
+            file.write_bytes(bytes(data[:max(1, int(cut * len(data)))]))
+            try:
+                corpus_codes(path)
+            except RvqspecError as e:
+                assert "\n" not in str(e)
+
+    damaged()

@@ -7,17 +7,23 @@ Layout of a corpus directory:
 
     index.json               {"format": "rvqspec-corpus/1", "groups": G, "hidden_size": H,
                               "hidden_dtype": "float16", "frames": total, "meta": {...},
-                              "shards": [{"file": "shard-00000.safetensors", "frames": n}, ...],
+                              "shards": [{"file": "shard-<run>-00000.safetensors", "frames": n}, ...],
                               "utterances": [{"id": str, "lang": str, "frames": T, "shard": s,
                                               "start": row}, ...]}
-    shard-00000.safetensors  codes   [n, G] int16 (int32 if a code exceeds 32767): c0..c_{G-1} per frame
+    shard-<run>-00000.safetensors  codes [n, G] int16 (int32 if a code exceeds 32767): c0..c_{G-1} per frame
                              hidden  [n, H] float16 | bfloat16 | float32: the talker's final hidden
                                      state that conditions the code predictor for that frame
                              offsets [U+1] int64: row where each of the shard's U utterances starts
 
 Utterances are never split across shards; utterance u holds rows start..start+frames-1 of its shard.
 Shards are written atomically once full (`shard_frames`), index.json last: a directory without
-index.json is an unfinished corpus. `meta` is free-form (who wrote it, from which model).
+index.json is an unfinished corpus. `meta` is free-form (who wrote it, from which model). Shard names carry the
+writing run's tag, so that a corpus written over an old one (`overwrite`) leaves the old one whole until its
+index.json replaces the old index (one atomic rename); only then are the old shards deleted. A run that fails or is
+interrupted deletes its own shards and nothing else.
+
+Reading checks what a damaged or foreign folder could hold before any work (`check_index`, `check_shard`): the
+index's fields and ranges, shard names that stay inside the folder, integer codes >= 0, finite hidden states.
 
 Splits are by utterance: an utterance is in "validation" when the hash of its id falls below
 `validation_fraction`, else in "train"; so the split is fixed by the ids alone (any machine, any
@@ -29,6 +35,8 @@ rank of R processes takes its 1/R slice of every global batch and loads only the
 import hashlib
 import json
 import math
+import re
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,6 +49,8 @@ from rvqspec.engine.checkpoint import save_json, save_tensors
 from rvqspec.engine.errors import RvqspecError
 
 FORMAT = "rvqspec-corpus/1"
+SHARD_NAME = re.compile(r"shard-(?:[0-9a-f]{8}-)?\d{5}\.safetensors")  # older corpora: shard-00000.safetensors
+MAX_GROUPS, MAX_HIDDEN = 256, 1 << 16  # far above any depth decoder (CSM: 32 codebooks, width 2048)
 SPLITS = ("train", "validation")
 HIDDEN_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -65,12 +75,10 @@ class CorpusWriter:
     def __init__(self, path: str | Path, hidden_size: int, groups: int = 16, shard_frames: int = 16384,
                  hidden_dtype: torch.dtype = torch.float16, meta: dict | None = None, overwrite: bool = False):
         self.path = Path(path)
-        if (self.path / "index.json").exists():
-            if not overwrite:
-                raise RvqspecError(f"{self.path} already holds a corpus: pick another folder or pass --overwrite "
-                                   "(overwrite=True from Python)")
-            for old in [self.path / "index.json", *self.path.glob("shard-*.safetensors")]:
-                old.unlink()
+        if (self.path / "index.json").exists() and not overwrite:
+            raise RvqspecError(f"{self.path} already holds a corpus: pick another folder or pass --overwrite "
+                               "(overwrite=True from Python)")
+        self.run = secrets.token_hex(4)  # this run's shard names: an old corpus here stays whole until close()
         if hidden_dtype not in HIDDEN_DTYPES.values():
             raise RvqspecError(f"hidden_dtype must be one of torch.{', torch.'.join(HIDDEN_DTYPES)}, got {hidden_dtype}")
         self.hidden_size, self.groups, self.shard_frames = hidden_size, groups, shard_frames
@@ -116,7 +124,7 @@ class CorpusWriter:
             return
         codes = torch.cat([c for c, _ in self.pending])
         lengths = torch.tensor([0] + [len(c) for c, _ in self.pending])
-        name = f"shard-{len(self.shards):05d}.safetensors"
+        name = f"shard-{self.run}-{len(self.shards):05d}.safetensors"
         save_tensors(self.path / name, {
             "codes": codes.to(torch.int16 if int(codes.max()) <= torch.iinfo(torch.int16).max else torch.int32),
             "hidden": torch.cat([h for _, h in self.pending]), "offsets": lengths.cumsum(0)})
@@ -128,20 +136,41 @@ class CorpusWriter:
             return
         self.flush()
         if not self.utterances:
+            self.discard()
             raise RvqspecError(f"no utterance was added to {self.path}: an empty corpus is not written")
+        old = old_shards(self.path)
         save_json(self.path / "index.json", {
             "format": FORMAT, "groups": self.groups, "hidden_size": self.hidden_size,
             "hidden_dtype": str(self.hidden_dtype).removeprefix("torch."),
             "frames": sum(u["frames"] for u in self.utterances), "meta": self.meta,
             "shards": self.shards, "utterances": self.utterances})
         self.closed = True
+        for name in old - {s["file"] for s in self.shards}:  # the old corpus's, now unreferenced
+            (self.path / name).unlink(missing_ok=True)
+
+    def discard(self) -> None:
+        """Delete this run's shards (an error or Ctrl-C before close): an old corpus here stays as it was."""
+        self.closed = True
+        for shard in self.shards:
+            (self.path / shard["file"]).unlink(missing_ok=True)
 
     def __enter__(self) -> "CorpusWriter":
         return self
 
     def __exit__(self, exc_type, exc, traceback) -> None:
-        if exc_type is None:  # on an error, leave no index.json: the corpus reads as unfinished
+        if exc_type is None:
             self.close()
+        else:
+            self.discard()
+
+
+def old_shards(path: Path) -> set[str]:
+    """The shard files an existing index.json in `path` names (readable or not: nothing if it is damaged)."""
+    try:
+        return {s["file"] for s in json.loads((path / "index.json").read_text())["shards"]
+                if SHARD_NAME.fullmatch(str(s["file"]))}
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
 
 
 class Corpus:
@@ -156,12 +185,13 @@ class Corpus:
             raise RvqspecError(f"{self.path} is not a code corpus ({hint})")
         try:
             index = json.loads(index_path.read_text())
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise RvqspecError(f"{index_path} is not valid JSON ({e}): write the corpus again") from None
         if not isinstance(index, dict) or index.get("format") != FORMAT:
             raise RvqspecError(f"{index_path} is not an rvqspec corpus index (expected format {FORMAT!r})")
         if not 0 <= validation_fraction < 1:
             raise RvqspecError(f"validation_fraction must be in [0, 1), got {validation_fraction}")
+        check_index(index, index_path)
         self.validation_fraction = validation_fraction
         self.groups, self.hidden_size = index["groups"], index["hidden_size"]
         self.meta, self.shards, self.utterances = index.get("meta", {}), index["shards"], index["utterances"]
@@ -256,11 +286,68 @@ class Corpus:
             file = self.path / info["file"]
             if not file.is_file():
                 raise RvqspecError(f"corpus shard {file} is missing: the corpus is incomplete, write it again")
-            data = load_file(file)
-            if data["codes"].shape != (info["frames"], self.groups) or data["hidden"].shape != (info["frames"], self.hidden_size):
-                raise RvqspecError(f"{file} does not match index.json (codes {tuple(data['codes'].shape)}, hidden "
-                                   f"{tuple(data['hidden'].shape)}): the corpus is inconsistent, write it again")
+            try:
+                data = load_file(file)
+            except Exception as e:  # safetensors raises its own error types for damaged files
+                raise RvqspecError(f"corpus shard {file} cannot be read ({type(e).__name__}): the corpus is damaged, "
+                                   "write it again") from None
+            check_shard(data, file, info["frames"], self.groups, self.hidden_size)
             if len(self.cache) >= 2:
                 self.cache.pop(next(iter(self.cache)))
             self.cache[index] = data
         return self.cache[index]
+
+
+def field(obj: dict, name: str, kind, where: str, low: int | None = None, high: int | None = None):
+    """obj[name], refused unless of `kind` (bools are not ints) and, for ints, within [low, high]."""
+    value = obj.get(name) if isinstance(obj, dict) else None
+    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    if ok and kind is int:
+        ok = (low is None or value >= low) and (high is None or value <= high)
+    if not ok:
+        span = f" in [{low}, {high}]" if high is not None else f" >= {low}" if low is not None else ""
+        raise RvqspecError(f"{where}: field {name!r} must be {'an integer' if kind is int else kind.__name__}{span}, "
+                           f"got {value!r}: the corpus is damaged or not rvqspec's, write it again")
+    return value
+
+
+def check_index(index: dict, path: Path) -> None:
+    """Refuse an index.json whose fields are missing, of the wrong type or out of range (named, with the range)."""
+    field(index, "groups", int, str(path), 2, MAX_GROUPS)
+    field(index, "hidden_size", int, str(path), 1, MAX_HIDDEN)
+    shards = field(index, "shards", list, str(path))
+    for i, shard in enumerate(shards):
+        where = f"{path} shards[{i}]"
+        name = field(shard, "file", str, where)
+        if not SHARD_NAME.fullmatch(name):
+            raise RvqspecError(f"{where}: file {name!r} is not a shard name (shard-NNNNN.safetensors inside the "
+                               "corpus folder): the corpus is damaged or not rvqspec's")
+        field(shard, "frames", int, where, 1)
+    for i, utterance in enumerate(field(index, "utterances", list, str(path))):
+        where = f"{path} utterances[{i}]"
+        field(utterance, "id", str, where)
+        field(utterance, "lang", str, where)
+        frames = field(utterance, "frames", int, where, 1)
+        shard = field(utterance, "shard", int, where, 0, len(shards) - 1)
+        field(utterance, "start", int, where, 0, shards[shard]["frames"] - frames)
+
+
+def check_shard(data: dict, file: Path, frames: int, groups: int, hidden_size: int) -> None:
+    """Refuse a shard whose tensors do not match the index, whose codes are not integers >= 0, or whose hidden
+    states are not finite (the first bad row named)."""
+    codes, hidden = data.get("codes"), data.get("hidden")
+    if codes is None or hidden is None:
+        raise RvqspecError(f"{file} lacks its codes or hidden tensor: the corpus is damaged, write it again")
+    if codes.shape != (frames, groups) or hidden.shape != (frames, hidden_size):
+        raise RvqspecError(f"{file} does not match index.json (codes {tuple(codes.shape)}, hidden "
+                           f"{tuple(hidden.shape)}): the corpus is inconsistent, write it again")
+    if codes.is_floating_point() or codes.dtype == torch.bool:
+        raise RvqspecError(f"{file}: codes are {codes.dtype}, not integers: the corpus is damaged, write it again")
+    if int(codes.min()) < 0:
+        row = int((codes < 0).any(1).nonzero()[0])
+        raise RvqspecError(f"{file} row {row}: codes must be >= 0, got {codes[row].min().item()}: the corpus is "
+                           "damaged, write it again")
+    if not hidden.is_floating_point() or not torch.isfinite(hidden).all():
+        row = int((~torch.isfinite(hidden.float())).any(1).nonzero()[0]) if hidden.is_floating_point() else 0
+        raise RvqspecError(f"{file} row {row}: the hidden state is not finite (NaN or inf) or not float: the corpus "
+                           "is damaged, write it again")
