@@ -175,3 +175,27 @@ def test_written_files_follow_the_umask_and_errors_name_the_target(tmp_path):
         atomic_write(tmp_path / "b.json", full_disk)
     assert raised.value.filename == str(tmp_path / "b.json") and raised.value.errno == errno.ENOSPC
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]  # no temporary file left behind
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("rope_theta", 0, "rope_theta=0 is not physical"), ("rope_theta", -5.0, "rope_theta=-5.0 is not physical"),
+    ("rms_norm_eps", -1e-6, "rms_norm_eps=-1e-06 is not physical"),
+    ("num_key_value_heads", 0, r"num_key_value_heads=0 is out of range: it must be an integer in \[1, "),
+    ("num_hidden_layers", 1000000, r"num_hidden_layers=1000000 is out of range"),
+    ("num_code_groups", 10000000, r"num_code_groups=10000000 is out of range"),
+])
+def test_non_physical_configs_are_refused_before_anything_is_built(folder, field, value, message):
+    """They used to load (greedy emitted zeros, sampling crashed), divide by zero, or allocate until memory ran out."""
+    config = json.loads((folder / "config.json").read_text())
+    config["talker_config"]["code_predictor_config"][field] = value
+    save_json(folder / "config.json", config)
+    with pytest.raises(RvqspecError, match=message):
+        load(folder)
+
+
+def test_a_nan_in_config_json_is_refused(folder):
+    text = (folder / "config.json").read_text().replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": NaN')
+    assert "NaN" in text
+    (folder / "config.json").write_text(text)
+    with pytest.raises(RvqspecError, match="rms_norm_eps=nan is not physical"):
+        load(folder)

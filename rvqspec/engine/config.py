@@ -4,6 +4,7 @@ from each one's config.json onto it. `layout` names the checkpoint layout the we
 """
 
 import json
+import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -12,6 +13,11 @@ from rvqspec.engine.errors import RvqspecError
 LAYOUTS = ("qwen3_tts", "csm")
 ROPE_TYPES = ("default", "llama3")
 LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+# Physical caps, far above any depth decoder (Qwen3-TTS 1.7B: 5 layers, width 2048; CSM-1B: 32 codebooks of 2051):
+# a config past them is damaged, and building it would allocate until memory runs out.
+CAPS = {"hidden_size": 1 << 15, "intermediate_size": 1 << 17, "num_hidden_layers": 256, "num_attention_heads": 1024,
+        "num_key_value_heads": 1024, "head_dim": 1024, "vocab_size": 1 << 18, "num_code_groups": 256,
+        "max_position_embeddings": 1 << 24, "talker_hidden_size": 1 << 15, "talker_vocab_size": 1 << 20}
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,17 @@ class PredictorConfig:
     layout: str = "qwen3_tts"  # the checkpoint layout: "qwen3_tts" or "csm"
 
     def __post_init__(self) -> None:
+        for name, cap in CAPS.items():
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= cap):
+                raise RvqspecError(f"config field {name}={value!r} is out of range: it must be an integer in [1, {cap}] "
+                                   "(a depth decoder is far smaller; the config is damaged)")
+        for name in ("rms_norm_eps", "rope_theta"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                    and (value > 0 if name == "rope_theta" else value >= 0)):
+                raise RvqspecError(f"config field {name}={value!r} is not physical: it must be a finite number "
+                                   f"{'> 0' if name == 'rope_theta' else '>= 0'}")
         if self.hidden_act != "silu" or self.attention_bias:
             raise RvqspecError(
                 f"unsupported depth decoder: hidden_act={self.hidden_act!r}, attention_bias={self.attention_bias}; "
