@@ -468,3 +468,27 @@ def test_quantized_weights_through_accelerate_keep_speculation_exact(tts):
             handle.undo()
     assert torch.equal(codes["ar"], codes["spec"])
     assert torch.equal(talker_codes(tts.model)[0], reference)  # undone: upstream's own codes again
+
+
+@pytest.mark.parametrize("write", ["load_state_dict", "lora_merge", "data_copy"])
+def test_weights_changed_after_accelerate_are_followed(write):
+    """accelerate copies the predictor's weights; an in-place change afterwards used to go unnoticed (its codes then
+    differed from upstream's)."""
+    tts, other = tiny_qwen3_tts(seed=0), tiny_qwen3_tts(seed=5)
+    predictor, theirs = tts.model.talker.code_predictor, other.model.talker.code_predictor
+    handle = accelerate(tts, drafter=ReusedHeads(), tree=default_tree(8))
+    try:
+        before, _ = talker_codes(tts.model)
+        with torch.no_grad():
+            if write == "load_state_dict":
+                predictor.load_state_dict(theirs.state_dict())
+            for mine, new in zip(predictor.parameters(), theirs.parameters()):
+                if write == "data_copy":
+                    mine.data.copy_(new)
+                elif write == "lora_merge":
+                    mine.add_(new - mine)
+        accelerated, _ = talker_codes(tts.model)
+    finally:
+        handle.undo()
+    upstream, _ = talker_codes(tts.model)
+    assert torch.equal(accelerated, upstream) and not torch.equal(upstream, before)

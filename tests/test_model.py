@@ -167,3 +167,42 @@ def test_per_row_heads_grouped_and_gathered_agree():
     torch.testing.assert_close(model.gathered_head_logits(hidden, books), expected)
     torch.testing.assert_close(model.head_logits(hidden, books), expected)
     torch.testing.assert_close(model.head_logits(hidden, [4] * 6), hidden @ model.heads[3].T)
+
+
+@pytest.mark.parametrize("write", ["data_copy", "load_state_dict", "lora_merge"])
+def test_changed_weights_reach_the_packed_and_int8_copies(write):
+    """The packed bfloat16 weights keyed on the version counter, which `.data.copy_()` does not bump: the engine
+    decoded with the old weights. Widths large enough to pack (>= 2^20 elements), bfloat16 (int8 drafts too)."""
+    import copy
+
+    from rvqspec import ReusedHeads, decode_frames, default_tree
+    from rvqspec.engine.device_path import MKLDNN_BF16
+
+    if not MKLDNN_BF16:
+        pytest.skip("no oneDNN bfloat16 on this CPU: nothing is packed")
+    config = PredictorConfig(hidden_size=1024, intermediate_size=1024, num_hidden_layers=1, num_attention_heads=8,
+                             num_key_value_heads=4, head_dim=128, vocab_size=64, num_code_groups=5,
+                             talker_hidden_size=1024, talker_vocab_size=70)
+    torch.manual_seed(0)
+    model = MultiCodeDecoder(config).eval().requires_grad_(False).to(torch.bfloat16)
+    with torch.no_grad():
+        model.heads.mul_(40)  # peaked: greedy codes depend on every weight
+    changed = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in changed.parameters():
+            p.copy_(p[torch.randperm(len(p))] if p.dim() > 1 else p)
+    hidden, c0 = torch.randn(4, 1024).to(torch.bfloat16) * 3, torch.tensor([1, 2, 3, 4])
+    greedy, spec = Sampler(do_sample=False), dict(drafter=ReusedHeads(), tree=default_tree(8))
+    before = decode_frames(model, hidden, c0, greedy, **spec).codes  # builds the packs and int8 heads
+    with torch.no_grad():
+        if write == "load_state_dict":
+            model.load_state_dict(changed.state_dict())
+        else:
+            for mine, theirs in zip(model.parameters(), changed.parameters()):
+                if write == "data_copy":
+                    mine.data.copy_(theirs)
+                else:
+                    mine.add_(theirs - mine)  # W += delta in place, as a LoRA merge does
+    expected = decode_frames(copy.deepcopy(changed), hidden, c0, greedy).codes
+    assert not torch.equal(expected, before)  # the change shows in the codes
+    assert torch.equal(decode_frames(model, hidden, c0, greedy).codes, expected)

@@ -197,6 +197,7 @@ def decode_frames(model, talker_hidden: Tensor, c0, sampler: Sampler, generator:
     Each row draws from its own distribution, exactly as it would alone (identical codes when greedy).
     """
     talker_hidden, c0 = check_batch(model, talker_hidden, c0, sampler)
+    model.refresh()
     if drafter is None:
         return decode_autoregressive(model, talker_hidden, c0, sampler, generator)
     if tree is None:

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from rvqspec.engine import device_path
+from rvqspec.engine.packing import probe
 from rvqspec.engine.quantize import W8A16_MULTIPLE, quantize_rows
 
 _lock = threading.Lock()
@@ -38,7 +39,8 @@ def quantized(model) -> list[tuple[Tensor, Tensor]]:
     heads = model.heads
     key = (heads.data_ptr(), heads._version, heads.dtype)
     with _lock:
-        if model.int8_heads is None or model.int8_heads[0] != key:
+        if model.int8_heads is None or model.int8_heads[0][:3] != key:
+            key += (probe(heads),)  # for `MultiCodeDecoder.refresh`: a write through .data
             model.int8_heads = (key, [quantize(head) for head in heads])
         return model.int8_heads[1]
 

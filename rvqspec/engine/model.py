@@ -27,7 +27,7 @@ from rvqspec.engine import device_path, fused
 from rvqspec.engine.checkpoint import combine, official_layout, predictor_prefix, read_tensors, save_predictor
 from rvqspec.engine.config import PredictorConfig, load_config
 from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.packing import Linear, PackedWeight, linear
+from rvqspec.engine.packing import Linear, PackedWeight, linear, probe
 from rvqspec.engine.quantize import check_scheme, quantize
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -222,6 +222,18 @@ class MultiCodeDecoder(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.norm.weight.dtype
+
+    def refresh(self) -> None:
+        """Drop derived copies of weights (oneDNN packs, int8 draft heads) whose weights changed without a version
+        bump (a write through `.data`); `decode_frames` calls it once per call."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.pack.forget_if_changed(module.weight)
+        if self.heads is not None:
+            for pack, head in zip(self.head_packs, self.heads):
+                pack.forget_if_changed(head)
+            if self.int8_heads is not None and not torch.equal(probe(self.heads), self.int8_heads[0][-1]):
+                self.int8_heads = None
 
     @property
     def device(self) -> torch.device:

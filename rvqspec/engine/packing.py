@@ -18,14 +18,27 @@ PACK_MIN_ELEMENTS = 1 << 20
 PACK_ROWS_HINT = 32  # oneDNN chooses the packed layout for this many rows
 
 
+PROBES = 16  # elements of a weight compared by `probe`
+
+
+def probe(weight: Tensor) -> Tensor:
+    """A copy of a few elements spread over `weight`: writes through `.data` (which bump no version counter) show in
+    it, whatever they change (a LoRA merge, another checkpoint's values)."""
+    flat = weight.detach().reshape(-1)
+    return flat[torch.linspace(0, len(flat) - 1, PROBES, device=flat.device).long()].clone()
+
+
 class PackedWeight:
-    """A oneDNN-prepacked copy of a weight, rebuilt whenever the weight changes (new storage or in-place write).
-    The lock lets threads that share a model see a packed copy and its source change together."""
+    """A oneDNN-prepacked copy of a weight, rebuilt whenever the weight changes: new storage or an in-place write
+    (its version counter) on every call, a write through `.data` at `forget_if_changed` (once per decode: see
+    `MultiCodeDecoder.refresh`). The lock lets threads that share a model see a packed copy and its source change
+    together."""
 
     def __init__(self) -> None:
         self.source: Tensor | None = None  # holds the packed storage, so a new weight cannot reuse its address
         self.version = -1
         self.packed: Tensor | None = None
+        self.probe: Tensor | None = None
         self.lock = threading.Lock()
 
     def get(self, weight: Tensor) -> Tensor:
@@ -34,8 +47,13 @@ class PackedWeight:
             if source is None or weight.data_ptr() != source.data_ptr() or weight.shape != source.shape \
                     or weight._version != self.version:
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS_HINT)
-                self.source, self.version = weight.detach(), weight._version
+                self.source, self.version, self.probe = weight.detach(), weight._version, probe(weight)
             return self.packed
+
+    def forget_if_changed(self, weight: Tensor) -> None:
+        with self.lock:
+            if self.source is not None and not torch.equal(probe(weight), self.probe):
+                self.source = self.packed = self.probe = None
 
     def __reduce__(self):  # copies and pickles start empty and pack on first use
         return PackedWeight, ()

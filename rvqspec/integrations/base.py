@@ -14,6 +14,7 @@ from torch import Tensor
 from rvqspec.engine.decode import BatchResult, decode_frames
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.model import MultiCodeDecoder
+from rvqspec.engine.packing import probe
 from rvqspec.engine.policy import Policy
 from rvqspec.engine.quantize import check_scheme, quantize
 from rvqspec.engine.sampling import Sampler
@@ -109,7 +110,7 @@ class Acceleration:
         self.calibration, self.weights = calibration, weights and check_scheme(weights)
         self.stats = Stats()
         self.warned: set[str] = set()
-        self.decoder = self.quantized(self.build_decoder())
+        self.decoder, self.built_from = self.quantized(self.build_decoder()), self.fingerprint()
         self.policy: Policy | None = None
         if drafter is not None:
             drafter.check_model(self.decoder)
@@ -125,6 +126,15 @@ class Acceleration:
     def build_decoder(self) -> MultiCodeDecoder:
         """A MultiCodeDecoder holding a copy of the target's weights, on their device and dtype."""
         raise NotImplementedError
+
+    def watched(self) -> list[Tensor]:
+        """The upstream tensors the decoder copies (subclasses add what lives outside the target)."""
+        return list(self.target.parameters())
+
+    def fingerprint(self) -> Tensor:
+        """A few elements of every watched tensor (`packing.probe`): a LoRA merge, `load_state_dict` or a write
+        through `.data` after `accelerate` changes it, and the decoder is copied again."""
+        return torch.cat([probe(t).float().cpu() for t in self.watched()])
 
     def quantized(self, decoder: MultiCodeDecoder) -> MultiCodeDecoder:
         """The decoder with `weights` (`rvqspec.quantize`): a different model than upstream's, chosen by the user."""
@@ -154,12 +164,13 @@ class Acceleration:
         delattr(self.owner, HANDLE)
 
     def current_decoder(self) -> MultiCodeDecoder:
-        """The decoder, rebuilt if the upstream model moved to another device or dtype since `accelerate` (and the
-        policy with it: the latency of another device or dtype differs)."""
-        weight = self.followed_weight()
-        if (self.decoder.device, self.decoder.dtype) != (weight.device, weight.dtype):
-            self.decoder = self.quantized(self.build_decoder())
-            if self.policy is not None:
+        """The decoder, copied again if the upstream weights changed since (`fingerprint`), or moved to another device
+        or dtype (and the policy with it then: the latency of another device or dtype differs)."""
+        weight, fingerprint = self.followed_weight(), self.fingerprint()
+        moved = (self.decoder.device, self.decoder.dtype) != (weight.device, weight.dtype)
+        if moved or not torch.equal(fingerprint, self.built_from):
+            self.decoder, self.built_from = self.quantized(self.build_decoder()), fingerprint
+            if moved and self.policy is not None:
                 self.policy = self.make_policy()
         return self.decoder
 

@@ -94,6 +94,9 @@ class QwenTTSAcceleration(Acceleration):
     def followed_weight(self) -> Tensor:
         return self.talker.code_predictor.lm_head[0].weight
 
+    def watched(self) -> list[Tensor]:
+        return super().watched() + [self.talker.get_input_embeddings().weight]  # the c0 table
+
     def c0_codes(self, c0_embeds: Tensor) -> Tensor | None:
         """Recover each row's c0 from its embedding: upstream passes `codec_embedding(c0)`, not c0. Two codes
         with equal embeddings are interchangeable (c0 reaches the predictor only through its embedding). Row by
