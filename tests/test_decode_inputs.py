@@ -46,3 +46,26 @@ def test_a_broken_talker_state_is_refused_by_row_and_spoils_nothing(value):
     with pytest.raises(RvqspecError, match="talker_hidden row 1 is not finite or out of range"):
         decode_frames(model, broken, c0, Sampler())
     assert torch.equal(decode_frames(model, hidden, c0, Sampler(do_sample=False)).codes, before)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(generator=7), "generator must be a torch.Generator"),
+    (dict(generator="numpy"), "generator must be a torch.Generator"),
+    (dict(drafter="reused", tree=None), "drafter must be an rvqspec drafter"),
+    (dict(tree=[[0]]), "tree must be an rvqspec.Tree"),
+])
+def test_arguments_of_the_wrong_type_are_named(model, kwargs, message):
+    """They used to raise raw Python errors from deep inside a round."""
+    from rvqspec import ReusedHeads
+
+    kwargs = {"drafter": ReusedHeads(), **kwargs} if "tree" in kwargs and "drafter" not in kwargs else kwargs
+    with pytest.raises(RvqspecError, match=message):
+        decode_frame(model, torch.zeros(24), 0, Sampler(), **kwargs)
+
+
+def test_uint8_codes_decode_and_bool_states_are_refused(model):
+
+    codes = decode_frame(model, torch.zeros(24), torch.tensor(3, dtype=torch.uint8), Sampler(do_sample=False)).codes
+    assert torch.equal(codes, decode_frame(model, torch.zeros(24), 3, Sampler(do_sample=False)).codes)
+    with pytest.raises(RvqspecError, match="talker_hidden must be a float tensor"):
+        decode_frame(model, torch.zeros(24, dtype=torch.bool), 0, Sampler())

@@ -169,3 +169,18 @@ def test_empty_or_malformed_trees_are_refused(tmp_path):
         (tmp_path / name).write_bytes(content)
         with pytest.raises(RvqspecError, match="not valid JSON|invalid tree paths"):
             Tree.load(tmp_path / name)
+
+
+def test_trees_past_the_caps_are_refused_at_once(tmp_path):
+    """A tree file of 8,000 nodes took 38 s and 0.8 GB; ranks of 1e30 raised an OverflowError."""
+    import time
+
+    paths = [[r] for r in range(8000)]
+    (tmp_path / "big.json").write_text(json.dumps({"format": "rvqspec-tree/1", "paths": paths}))
+    start = time.perf_counter()
+    with pytest.raises(RvqspecError, match="8000 nodes, more than 1024"):
+        Tree.load(tmp_path / "big.json")
+    assert time.perf_counter() - start < 2
+    for path in ([10 ** 30], [0] * 300, [-1]):
+        with pytest.raises(RvqspecError, match="invalid tree path"):
+            Tree.from_paths([path])

@@ -9,7 +9,8 @@ from rvqspec.engine.drafters import DEFAULT_DEPTH
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.quantize import SCHEMES
 from rvqspec.engine.sampling import Sampler
-from rvqspec.tuning.calibrate import MAX_BUDGET, CalibrationSettings, calibrate
+from rvqspec.engine.tree import MAX_NODES as MAX_BUDGET
+from rvqspec.tuning.calibrate import CalibrationSettings, calibrate
 
 
 def parse_budgets(text: str) -> list[int]:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from rvqspec.engine.drafters import Drafter
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import Tree
@@ -162,10 +163,11 @@ def check_batch(model, talker_hidden: Tensor, c0, sampler: Sampler) -> tuple[Ten
     if not isinstance(sampler, Sampler):
         raise RvqspecError(f"sampler must be an rvqspec.Sampler, got {type(sampler).__name__}")
     if not isinstance(talker_hidden, Tensor) or talker_hidden.dim() != 2 or len(talker_hidden) == 0 \
-            or talker_hidden.shape[1] != c.talker_hidden_size or talker_hidden.is_complex():
+            or talker_hidden.shape[1] != c.talker_hidden_size or not talker_hidden.is_floating_point():
         shape = tuple(talker_hidden.shape) if isinstance(talker_hidden, Tensor) else type(talker_hidden).__name__
-        raise RvqspecError(f"talker_hidden must be [B, {c.talker_hidden_size}] (B frames of the talker's hidden "
-                           f"size), got {shape}")
+        raise RvqspecError(f"talker_hidden must be a float tensor [B, {c.talker_hidden_size}] (B frames of the "
+                           f"talker's hidden size), got {shape}"
+                           + (f" of {talker_hidden.dtype}" if isinstance(talker_hidden, Tensor) else ""))
     c0 = torch.as_tensor(c0, device=talker_hidden.device).reshape(-1)
     if c0.shape[0] != len(talker_hidden) or c0.is_floating_point() or c0.dtype == torch.bool:
         raise RvqspecError(f"c0 must hold one integer code per row of talker_hidden ({len(talker_hidden)}), "
@@ -177,7 +179,22 @@ def check_batch(model, talker_hidden: Tensor, c0, sampler: Sampler) -> tuple[Ten
     if not finite[bad]:
         raise RvqspecError(f"talker_hidden row {bad} is not finite or out of range (NaN, inf or |x| >= {MAX_HIDDEN:.0e}): "
                            "the talker's state is broken, so no codes can be decoded for it")
-    return talker_hidden.to(model.device), c0.to(model.device)
+    return talker_hidden.to(model.device), c0.to(model.device, torch.long)
+
+
+def check_decoding(generator, drafter, tree) -> None:
+    """The generator, drafter and tree of a decode call are of the types it takes (or a clear error)."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise RvqspecError(f"generator must be a torch.Generator (or None: torch's global RNG), got "
+                           f"{type(generator).__name__}: pass torch.Generator().manual_seed(seed)")
+    if drafter is not None and not isinstance(drafter, Drafter):
+        raise RvqspecError(f"drafter must be an rvqspec drafter (rvqspec.ReusedHeads(), rvqspec.Offsets.load(path), "
+                           f"...) or None for plain AR, got {drafter!r}")
+    if drafter is not None and tree is None:
+        raise RvqspecError("speculative decoding needs a tree: pass tree=rvqspec.Tree.load(...) or default_tree(N)")
+    if tree is not None and not isinstance(tree, Tree):
+        raise RvqspecError(f"tree must be an rvqspec.Tree (Tree.from_paths({tree!r}), Tree.load(path) or "
+                           f"default_tree(N)), got {type(tree).__name__}")
 
 
 @torch.inference_mode()
@@ -197,11 +214,10 @@ def decode_frames(model, talker_hidden: Tensor, c0, sampler: Sampler, generator:
     Each row draws from its own distribution, exactly as it would alone (identical codes when greedy).
     """
     talker_hidden, c0 = check_batch(model, talker_hidden, c0, sampler)
+    check_decoding(generator, drafter, tree)
     model.refresh()
     if drafter is None:
         return decode_autoregressive(model, talker_hidden, c0, sampler, generator)
-    if tree is None:
-        raise RvqspecError("speculative decoding needs a tree: pass tree=rvqspec.Tree.load(...) or default_tree(N)")
     drafter.check_model(model)
     tree.check_fits(drafter.depth, model.config.vocab_size)
     drafter.to(model.device, model.dtype)  # no-op when it already matches

@@ -1,11 +1,19 @@
 """The deployed sampler: Hugging Face order (temperature, top-k, top-p, then a draw), or greedy."""
 
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from rvqspec.engine.errors import RvqspecError
+
+MIN_TEMPERATURE = 1e-6  # logits of order 1e4 divided by less overflow float32 towards 1e38
+
+
+def real(value) -> bool:
+    """A finite int or float (not a bool, a string or a tensor)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -20,14 +28,15 @@ class Sampler:
     def __post_init__(self) -> None:
         if not isinstance(self.do_sample, bool):
             raise RvqspecError(f"do_sample must be True or False, got {self.do_sample!r}")
-        if self.do_sample and not self.temperature > 0:
-            raise RvqspecError(f"temperature must be > 0 when sampling, got {self.temperature} "
-                               "(use do_sample=False for greedy decoding)")
-        if self.top_k is None or self.top_k < 0 or int(self.top_k) != self.top_k:
-            raise RvqspecError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k}")
+        if not real(self.temperature) or (self.do_sample and not self.temperature >= MIN_TEMPERATURE):
+            raise RvqspecError(f"temperature must be > 0 when sampling (at least {MIN_TEMPERATURE:g}: below, logits "
+                               f"divided by it overflow), got {self.temperature!r} (use do_sample=False for greedy "
+                               "decoding)")
+        if not real(self.top_k) or self.top_k < 0 or int(self.top_k) != self.top_k:
+            raise RvqspecError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
         object.__setattr__(self, "top_k", int(self.top_k))  # e.g. 50.0 from a JSON config: topk needs an int
-        if not 0 < self.top_p <= 1:
-            raise RvqspecError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not real(self.top_p) or not 0 < self.top_p <= 1:
+            raise RvqspecError(f"top_p must be in (0, 1], got {self.top_p!r}")
 
     def process(self, logits: Tensor) -> Tensor:
         """Warped float32 logits [..., V]: removed tokens are -inf. Same arithmetic as HF's warpers."""

@@ -21,6 +21,9 @@ from rvqspec.engine.errors import RvqspecError
 
 FORMAT = "rvqspec-tree/1"
 DEFAULT_DEPTH = 3  # K, the codes drafted ahead of the last one (the paper's)
+MAX_NODES = 1024  # N: a verify call over 1,025 tokens is far past any speed-up; tree growth is quadratic in N
+MAX_DEPTH = 255  # drafts reach at most the frame's last code (config caps: 256 code groups)
+MAX_RANK = 1 << 18  # a rank indexes a codebook (config caps: vocabularies of 2^18)
 
 
 @dataclass
@@ -104,10 +107,16 @@ def validate_paths(paths: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
     if not paths:
         raise RvqspecError("a tree needs at least one node: use a tree of size >= 1, or decode without a drafter for "
                            "plain AR")
+    if len(paths) > MAX_NODES:
+        raise RvqspecError(f"the tree has {len(paths)} nodes, more than {MAX_NODES}: a verify call over that many "
+                           "tokens is far past any speed-up (and building its masks grows quadratically): use N <= "
+                           f"{MAX_NODES} (the paper's devices choose 16-32)")
     seen = set()
     for path in paths:
-        if not path or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in path):
-            raise RvqspecError(f"invalid tree path {path!r}: a path is a non-empty sequence of ranks >= 0")
+        if not path or len(path) > MAX_DEPTH or not all(isinstance(r, int) and not isinstance(r, bool)
+                                                        and 0 <= r < MAX_RANK for r in path):
+            raise RvqspecError(f"invalid tree path {str(path)[:80]}: a path is a non-empty sequence of at most "
+                               f"{MAX_DEPTH} ranks >= 0 (each < {MAX_RANK})")
         if path in seen:
             raise RvqspecError(f"tree path {path!r} appears twice: every node must be listed once")
         seen.add(path)

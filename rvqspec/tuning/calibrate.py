@@ -108,7 +108,6 @@ def load_drafter(spec: str, model: MultiCodeDecoder, depth: int) -> Drafter:
     return drafter.to(model.device, model.dtype)
 
 
-MAX_BUDGET = 1024  # a verify call over 1,025 tokens is far past any speed-up; tree growth is quadratic in N
 
 
 @dataclass(frozen=True)
