@@ -200,3 +200,31 @@ def test_csm_runs_at_the_per_round_acceptance_of_the_paper_model():
     assert csm["tokens_per_step"] == pytest.approx(31 / csm["calls_per_frame"])
     assert report["csm_at_paper_acceptance"]["speedup"] == csm["realized_speedup"]
     assert "CSM-1B's depth decoder at the same per-round acceptance" in bench_report.markdown(report)
+
+
+def test_without_matplotlib_the_reports_are_written_and_the_plot_skipped(tmp_path, capsys, monkeypatch):
+    """The base install has no matplotlib: the whole benchmark ran, then died in the plot with nothing written."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    code = main(["bench", "--archs", "0.6b", "--dtype", "float32", "--threads", "1", "--sizes", "4,8",
+                 "--quick", "--out", str(tmp_path / "out")])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "plot skipped: matplotlib is not installed (pip install 'rvqspec[bench]')" in out
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {"bench-quick.json", "bench-quick.md"}
+
+
+def test_sizes_without_a_controlled_run_still_plot(tmp_path, capsys):
+    """--sizes without 16/32/64 (and no calibration): no controlled rows, and the plot used to die after the run."""
+    assert main(["bench", "--archs", "0.6b", "--dtype", "float32", "--threads", "1", "--sizes", "4,8", "--quick",
+                 "--out", str(tmp_path / "out")]) == 0
+    names = {p.name for p in (tmp_path / "out").iterdir()}
+    assert {"bench-quick.json", "bench-quick.md"} <= names and "error" not in capsys.readouterr().err

@@ -55,3 +55,20 @@ def test_an_unwritable_out_folder_is_refused_before_the_work(tmp_path, capsys, m
     monkeypatch.setattr(os, "access", lambda path, mode: False if str(path) == str(tmp_path) else real(path, mode))
     assert main(["demo", "--out", str(tmp_path / "new" / "wavs")]) == 2  # the nearest existing folder is checked
     assert f"cannot write into {tmp_path}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, missing, extra", [
+    (["corpus", "speech", "--work", "{tmp}/w"], "tqdm", "standin"),
+    (["standin", "build", "--work", "{tmp}/w"], "soundfile", "standin"),
+    (["demo", "--out", "{tmp}/o"], "soundfile", "demo"),
+])
+def test_a_missing_extra_is_named_before_any_work(argv, missing, extra, tmp_path, capsys, monkeypatch):
+    """corpus speech and standin build raised a ModuleNotFoundError traceback; demo said so after both syntheses."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == missing else real(name, *a))
+    assert main([a.format(tmp=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"needs {missing}: pip install 'rvqspec[{extra}]'" in err
+    assert not (tmp_path / "w").exists() and not (tmp_path / "o").exists()

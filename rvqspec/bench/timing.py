@@ -108,10 +108,20 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
-def write_reports(report: dict, out: Path, name: str, to_markdown, to_plot) -> list[Path]:
-    """{name}.json, {name}.md (`to_markdown(report)`) and {name}.png (`to_plot(report, path)`) in `out`, atomically."""
+def write_reports(report: dict, out: Path, name: str, to_markdown, to_plot, log=print) -> list[Path]:
+    """{name}.json, {name}.md (`to_markdown(report)`) and {name}.png (`to_plot(report, path)`) in `out`, atomically:
+    the measurements first, then the plot, which is skipped with one line where it cannot be drawn (no matplotlib,
+    the `bench` extra) rather than losing the run."""
     paths = [out / f"{name}.json", out / f"{name}.md", out / f"{name}.png"]
     save_json(paths[0], report)
     save_text(paths[1], to_markdown(report))
-    to_plot(report, paths[2])
+    try:
+        to_plot(report, paths[2])
+    except ImportError:
+        log(f"plot skipped: matplotlib is not installed (pip install 'rvqspec[bench]'); {paths[0]} and {paths[1]} "
+            "hold the figures")
+        return paths[:2]
+    except (ValueError, KeyError, IndexError) as e:  # a run whose sizes the figure has no axis for
+        log(f"plot skipped ({type(e).__name__}: {e}); {paths[0]} and {paths[1]} hold the figures")
+        return paths[:2]
     return paths

@@ -58,9 +58,9 @@ def run_batch(args, dtypes: list[str], threads: list[int]) -> int:
         plan = batched.BatchPlan(**(plan.__dict__ | {"latency_rounds": args.rounds}))
     report = batched.run_batch_bench(plan, (lambda *a, **k: None) if args.json else print)
     report["command"] = command_line(args)
+    device = None if args.no_device_file else batched.write_device_latency(report)  # before the plot: it may fail
     paths = write_reports(report, Path(args.out), "bench-batch-quick" if args.quick else "bench-batch",
-                          batch_markdown, batch_plot)
-    device = None if args.no_device_file else batched.write_device_latency(report)
+                          batch_markdown, batch_plot, log=(lambda *a: None) if args.json else print)
     if args.json:
         print(json.dumps({"batch_policy_speedup": report["batch_policy_speedup"],
                           "batch_policy_speedup_by_setting": report["batch_policy_speedup_by_setting"],
@@ -126,7 +126,8 @@ def run(args) -> int:
     report = run_bench(plan, trees, calibration, args.model, drafter, args.corpus, log, args.device)
     report["trees"] = trees_dir or "default_tree(N)"
     report["command"] = command_line(args)
-    paths = write_reports(report, Path(args.out), "bench-quick" if args.quick else "bench", markdown, plot)
+    paths = write_reports(report, Path(args.out), "bench-quick" if args.quick else "bench", markdown, plot,
+                          log=(lambda *a: None) if args.json else print)
     if args.json:
         print(json.dumps({k: report[k] for k in ("tokens_per_step", "calls_per_frame", "speedup",
                                                  "speedup_at_paper_acceptance", "stand_in_speedup", "chosen",

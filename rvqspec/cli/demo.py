@@ -265,6 +265,7 @@ def run(args) -> int:
         report = run_engine_demo(seed=args.seed) | {"real_0_6b": real_architecture_comparison()}
         print(json.dumps(report)) if args.json else print_engine_report(report)
         return 0
+    flags.require_extra("rvqspec demo", "demo", "soundfile")  # its wav files: checked before both syntheses
     report = run_demo(args.text, args.lang, args.out, Path(args.assets) if args.assets else None, args.seed)
     report["real_0_6b"] = real_architecture_comparison()
     if args.json:

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from rvqspec.engine.drafters import KINDS
+from rvqspec.engine.errors import RvqspecError
 
 
 def drafter_spec(allowed: tuple[str, ...]):
@@ -126,3 +127,12 @@ def out_folder(text: str) -> str:
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise argparse.ArgumentTypeError(f"{text}: cannot write into {existing} (permissions): pick a writable folder")
     return text
+
+
+def require_extra(command: str, extra: str, *modules: str) -> None:
+    """Refuse, before any work, a command whose optional extra is not installed: one line naming what to install."""
+    import importlib.util
+
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if missing:
+        raise RvqspecError(f"{command} needs {', '.join(missing)}: pip install 'rvqspec[{extra}]'")

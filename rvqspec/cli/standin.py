@@ -3,12 +3,22 @@
 import json
 from pathlib import Path
 
+from rvqspec.cli import flags
 from rvqspec.engine.checkpoint import save_json
 from rvqspec.standin.build import STAGES, build, stage_corpus, stage_quality
 from rvqspec.standin.settings import Settings
 
 
+# What each stage imports from the `standin` extra (the others need only the base install).
+STAGE_MODULES = {"corpus": ("tqdm", "soundfile", "piper"), "codec": ("faiss", "tqdm", "soundfile"),
+                 "encode": ("soundfile",), "quality": ("faster_whisper", "jiwer", "soundfile", "tqdm")}
+
+
 def run_build(args) -> int:
+    stages = list(STAGES)
+    needed = {m for stage in stages[stages.index(args.from_stage):stages.index(args.to_stage) + 1]
+              for m in STAGE_MODULES.get(stage, ())} if args.from_stage in stages and args.to_stage in stages else set()
+    flags.require_extra("rvqspec standin build", "standin", *sorted(needed))
     s = Settings(work=Path(args.work), hours=args.hours, joint_steps=args.joint_steps,
                  joint_minutes=args.joint_minutes, predictor_steps=args.predictor_steps,
                  predictor_minutes=args.predictor_minutes, offsets_epochs=args.offsets_epochs, seed=args.seed)
@@ -17,11 +27,13 @@ def run_build(args) -> int:
 
 
 def run_corpus(args) -> int:
+    flags.require_extra("rvqspec corpus speech", "standin", *STAGE_MODULES["corpus"])
     stage_corpus(Settings(work=Path(args.work), hours=args.hours))
     return 0
 
 
 def run_quality(args) -> int:
+    flags.require_extra("rvqspec standin quality", "standin", *STAGE_MODULES["quality"])
     s = Settings(work=Path(args.work), quality_limit=args.limit or None)
     print(json.dumps(stage_quality(s), indent=1))
     return 0
@@ -30,6 +42,7 @@ def run_quality(args) -> int:
 def run_diagnose(args) -> int:
     from rvqspec.standin.diagnose import diagnose
 
+    flags.require_extra("rvqspec standin diagnose", "standin", *STAGE_MODULES["quality"])
     figures = diagnose(Settings(work=Path(args.work)), args.lang, args.limit or None)
     if args.out:
         save_json(Path(args.out), figures)
