@@ -158,3 +158,49 @@ def test_policy_choices_decode_the_same_codes():
         result = decode_frames(model, hidden[:batch], c0[:batch], greedy, drafter=ReusedHeads(model) if tree else None,
                                tree=tree)
         assert torch.equal(result.codes, ar[:batch])
+
+
+KEY = "cpu/bfloat16/1t/h32-l2-v16-g16"
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"ms": {}}, "must hold a non-empty 'ms' table"),
+    ({"ms": "fast"}, "must hold a non-empty 'ms' table"),
+    ({"ms": {"1": ["0", 1.0]}}, "must map tree sizes N to ms"),
+    ({"ms": {"0": {"0": 1.0}}}, r"batch '0' must be an integer in \[1, 65536\]"),
+    ({"ms": {"1.5": {"0": 1.0}}}, r"batch '1.5' must be an integer in"),
+    ({"ms": {"1": {"4": 1.0}}}, "with N = 0 \\(an AR step\\)"),
+    ({"ms": {"1": {"0": "1.0"}}}, "must be a latency in ms"),
+    ({"ms": {"1": {"0": float("nan")}}}, "must be a latency in ms"),
+    ({"ms": {"1": {"0": float("inf")}}}, "must be a latency in ms"),
+    ({"ms": {"1": {"0": 1.0, "4": -0.5}}}, "must be a latency in ms"),
+    ({"ms": {"1": {"0": {"0": {"0": 1.0}}}}}, "must be a latency in ms"),
+])
+def test_a_damaged_device_file_is_refused_in_one_line(tmp_path, monkeypatch, entry, message):
+    """Entries like these raised TypeError, KeyError, ZeroDivisionError or RecursionError, and a negative latency
+    made the policy choose speculation "predicted -0.46x"."""
+    monkeypatch.setenv("RVQSPEC_CACHE", str(tmp_path))
+    (tmp_path / "device.json").write_text(json.dumps({"format": "rvqspec-device/1", "latency": {KEY: entry}}))
+    with pytest.raises(RvqspecError, match=message):
+        find_latency_table(KEY)
+
+
+def test_a_damaged_device_file_key_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("RVQSPEC_CACHE", str(tmp_path))
+    bad = "cpu/bfloat16/xt/h32-l2-v16-g16"
+    (tmp_path / "device.json").write_text(json.dumps({"format": "rvqspec-device/1", "latency": {
+        bad: {"ms": {"1": {"0": 1.0}}}}}))
+    with pytest.raises(RvqspecError, match="is not a setting key"):
+        find_latency_table(KEY)
+
+
+@pytest.mark.parametrize("calls", [[16], [1.5], ["3"], [0, 0], []], ids=["too-many", "float", "string", "zero", "empty"])
+def test_a_damaged_calibration_report_is_refused(tmp_path, calls):
+    """measured_frame_calls >= G, float, string or zero raised IndexError, TypeError or ZeroDivisionError."""
+    model = tiny_model()
+    default_tree(4).save(tmp_path / "tree-N4.json")
+    report = {"acceptance_per_position": torch.zeros(14, 3, 4).tolist(),
+              "trees": [{"budget": 4, "file": "tree-N4.json", "measured_frame_calls": calls}]}
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    with pytest.raises(RvqspecError, match=r"measured_frame_calls of the N=4 tree must be a non-empty list"):
+        Policy.for_model(model, tmp_path)

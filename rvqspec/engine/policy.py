@@ -15,13 +15,14 @@ when it is predicted `margin` faster than AR.
 """
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from rvqspec.engine.device_file import read_device_file
+from rvqspec.engine.device_file import device_file_path, read_device_file
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.tree import PRIOR_ACCEPTANCE, Tree, default_tree
 
@@ -55,6 +56,16 @@ def calls_distribution(tree: Tree, per_position: Tensor) -> list[float]:
             for calls in range(last):
                 remaining[k][calls + 1] += p * after[calls]
     return [0.0] + remaining[1][:last]  # the prefill call, then the rounds
+
+
+def check_frame_calls(calls, groups: int, source, size: int) -> None:
+    """A calibration report's calls per frame: integers in [1, G-1] (None: the report predates them)."""
+    if calls is None:
+        return
+    if not isinstance(calls, list) or not calls or not all(
+            isinstance(c, int) and not isinstance(c, bool) and 1 <= c <= groups - 1 for c in calls):
+        raise RvqspecError(f"{source}: measured_frame_calls of the N={size} tree must be a non-empty list of integers "
+                           f"in [1, {groups - 1}] (a frame's predictor calls): rerun `rvqspec calibrate`")
 
 
 def measured_distribution(calls: list[int], groups: int) -> list[float]:
@@ -117,12 +128,51 @@ class LatencyTable:
         return self.ms[below][size] * (1 - share) + self.ms[above][size] * share
 
 
+SETTING_KEY = re.compile(r"[a-z]+/[a-z0-9]+(\+[a-z0-9]+)?/[a-z0-9]+/h\d+-l\d+-v\d+-g\d+")  # as setting_key
+MAX_BATCH, MAX_MS = 1 << 16, 1e7  # latencies: positive, finite, below ~3 hours per call
+
+
+def valid_key(key) -> bool:
+    """A `setting_key`: CPU keys name a thread count ("1t"), others their device type again."""
+    if not isinstance(key, str) or not SETTING_KEY.fullmatch(key):
+        return False
+    device, _, threads, _ = key.split("/")
+    return re.fullmatch(r"\d+t", threads) is not None if device == "cpu" else threads == device
+
+
+def check_latency_tables(tables, source) -> dict:
+    """Refuse latency tables that are not {setting key: {"ms": {batch: {N: ms}}}} with batches in [1, 2^16], N >= 0
+    with an N = 0 (AR) column in every row, and positive finite ms: one line naming the source, key and field."""
+    def bad(where: str, what: str):
+        raise RvqspecError(f"{source}: {where} {what}: rerun `rvqspec bench --batch` (or delete the file)")
+
+    if not isinstance(tables, dict):
+        bad("latency", "must map setting keys to tables")
+    for key, entry in tables.items():
+        if not valid_key(key):
+            bad(f"key {str(key)[:60]!r}", "is not a setting key like cpu/bfloat16/1t/h1024-l5-v2048-g16")
+        rows = entry.get("ms") if isinstance(entry, dict) else None
+        if not isinstance(rows, dict) or not rows:
+            bad(f"{key}", "must hold a non-empty 'ms' table {batch: {N: ms}}")
+        for batch, row in rows.items():
+            if not (isinstance(batch, str) and batch.isdigit() and 1 <= int(batch) <= MAX_BATCH):
+                bad(f"{key} batch {str(batch)[:20]!r}", f"must be an integer in [1, {MAX_BATCH}]")
+            if not isinstance(row, dict) or "0" not in row:
+                bad(f"{key} batch {batch}", "must map tree sizes N to ms, with N = 0 (an AR step)")
+            for n, ms in row.items():
+                if not (isinstance(n, str) and n.isdigit()):
+                    bad(f"{key} batch {batch} N {str(n)[:20]!r}", "must be an integer >= 0")
+                if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 < ms < MAX_MS:
+                    bad(f"{key} batch {batch} N {n}", f"must be a latency in ms in (0, {MAX_MS:g}), got {ms!r}")
+    return tables
+
+
 def find_latency_table(key: str) -> LatencyTable | None:
     """This device's table for `key` (the device file), else the built-in one for the key, else None. A CPU
     setting with another thread count falls back to the nearest measured count."""
     info = read_device_file() or {}
-    for tables, source, margin in ((info.get("latency", {}), "measured on this device by `rvqspec bench --batch`",
-                                    MEASURED_MARGIN),
+    measured = check_latency_tables(info.get("latency", {}), device_file_path())
+    for tables, source, margin in ((measured, "measured on this device by `rvqspec bench --batch`", MEASURED_MARGIN),
                                    (json.loads(DEFAULT_TABLES.read_text()), "built-in (development machines)",
                                     DEFAULT_MARGIN)):
         entry = tables.get(key) or nearest_threads(tables, key)
@@ -176,8 +226,10 @@ class Policy:
         except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             raise RvqspecError(f"{folder} is not an `rvqspec calibrate` folder (report.json with "
                                f"acceptance_per_position and its tree-N*.json): {e}") from None
-        if per_position.shape[0] != groups - 2:
+        if per_position.dim() != 3 or per_position.shape[0] != groups - 2:
             raise RvqspecError(f"{folder} was calibrated for {per_position.shape[0] + 2} codebooks, not {groups}")
+        for n, row in rows.items():
+            check_frame_calls(row.get("measured_frame_calls"), groups, folder / "report.json", n)
         calls = {n: (measured_distribution(rows[n]["measured_frame_calls"], groups) if rows[n].get("measured_frame_calls")
                      else calls_distribution(tree, per_position)) for n, tree in trees.items()}
         return cls.build(model, trees, calls, latency)
