@@ -6,6 +6,7 @@ import torch
 from rvqspec.cli.main import main
 from rvqspec.engine.decode import decode_frame
 from rvqspec.engine.drafters import ReusedHeads
+from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.model import MultiCodeDecoder
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import Tree
@@ -134,3 +135,31 @@ def test_a_quantized_model_calibrates_with_its_own_heads(trained, tmp_path):
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["weights"] == "w8a8" and [t["budget"] for t in report["trees"]] == [2, 8]
     assert all(1 <= t["measured_tokens_per_step"] <= 3 for t in report["trees"])
+
+
+def test_an_interrupted_calibration_leaves_the_earlier_one_whole_and_a_mixed_folder_is_refused(trained, tmp_path,
+                                                                                                monkeypatch):
+    """An interrupted calibrate used to leave new trees beside the old report, and Policy accepted the mix."""
+    from rvqspec.engine.policy import Policy
+    from rvqspec.tuning import calibrate as calibration
+
+    model_dir, corpus_dir, offsets = trained
+    argv = ["calibrate", "--model", str(model_dir), "--drafter", str(offsets), "--corpus", str(corpus_dir), "--out",
+            str(tmp_path), "--frames", "50", "--eval-frames", "10", "--validation-fraction", str(FRACTION), "--json"]
+    assert main(argv + ["--budgets", "2,8"]) == 0
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    measured = calibration.measure_tree
+
+    def interrupted(*args, **kwargs):
+        if args[2].size == 8:
+            raise KeyboardInterrupt
+        return measured(*args, **kwargs)
+
+    monkeypatch.setattr(calibration, "measure_tree", interrupted)
+    assert main(argv + ["--budgets", "2,8", "--seed", "5"]) == 130
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    model = MultiCodeDecoder.from_pretrained(model_dir)
+    Policy.for_model(model, tmp_path)  # the earlier calibration, whole
+    Tree.from_paths([[0], [1]], {"predicted_tokens_per_round": 9.0}).save(tmp_path / "tree-N2.json")  # a stray tree
+    with pytest.raises(RvqspecError, match="is not the tree .* measured"):
+        Policy.for_model(model, tmp_path)

@@ -119,3 +119,31 @@ def test_draft_depth_beyond_the_frame_is_refused(tmp_path, capsys):
 
     with pytest.raises(RvqspecError, match="draft depth 20 does not fit a frame of 15"):
         make_drafter("offsets", tiny_model(), depth=20)
+
+
+@pytest.mark.parametrize("meta, message", [
+    ({"depth": "three"}, "metadata depth 'three' is not an integer"),
+    ({"depth": "5"}, r"does not fit depth 5"),
+    ({"model": "{not json"}, "metadata model '{not json' is not JSON"),
+    ({"model": "null"}, "metadata model must give the predictor's sizes"),
+    ({"kind": "medusa"}, "it holds tensors \\['offsets'\\], a medusa drafter holds"),
+])
+def test_a_drafter_file_with_damaged_metadata_is_refused(tmp_path, meta, message):
+    """These raised ValueError or KeyError, and `model: null` skipped the size check."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    model = tiny_model()
+    random_offsets(model, 3, seed=1).save(tmp_path / "d.safetensors")
+    with safe_open(tmp_path / "d.safetensors", "pt") as f:
+        metadata = f.metadata()
+    save_file(load_file(tmp_path / "d.safetensors"), tmp_path / "d.safetensors", metadata={**metadata, **meta})
+    with pytest.raises(RvqspecError, match=message):
+        Drafter.load(tmp_path / "d.safetensors", model)
+
+
+def test_a_medusa_file_given_as_offsets_is_refused(tmp_path):
+    model = tiny_model()
+    random_medusa(model, 3, seed=2).save(tmp_path / "m.safetensors")
+    with pytest.raises(RvqspecError, match="holds a 'medusa' drafter, not 'offsets'"):
+        Offsets.load(tmp_path / "m.safetensors", model)

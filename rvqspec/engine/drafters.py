@@ -111,11 +111,42 @@ class Drafter(nn.Module):
         kinds = {k.kind: k for k in (Offsets, MedusaHeads)}
         if meta.get("kind") not in kinds or (cls is not Drafter and kinds[meta["kind"]] is not cls):
             raise RvqspecError(f"{path} holds a {meta.get('kind', 'unknown')!r} drafter, not {cls.kind!r}")
-        drafter = kinds[meta["kind"]].from_tensors(tensors, int(meta["depth"]), json.loads(meta["model"]))
+        depth, identity = drafter_metadata(path, meta, tensors, kinds[meta["kind"]])
+        drafter = kinds[meta["kind"]].from_tensors(tensors, depth, identity)
         drafter.fingerprint = meta.get("fingerprint") or None
         if model is not None:
             drafter.check_model(model)
         return drafter
+
+
+IDENTITY_KEYS = ("hidden_size", "vocab_size", "num_code_groups", "num_hidden_layers", "talker_hidden_size")
+
+
+def drafter_metadata(path: Path, meta: dict, tensors: dict, kind) -> tuple[int, dict]:
+    """(depth, model identity) from a drafter file's metadata, refused unless they are what `save` writes and agree
+    with its tensors."""
+    def bad(what: str):
+        raise RvqspecError(f"{path}: {what}: the file is damaged or not one `rvqspec train-offsets` wrote")
+
+    depth = meta.get("depth", "")
+    if not (depth.isdigit() and 1 <= int(depth) <= 255):
+        bad(f"metadata depth {depth!r} is not an integer in [1, 255]")
+    try:
+        identity = json.loads(meta.get("model", ""))
+    except ValueError:
+        bad(f"metadata model {meta.get('model', '')[:60]!r} is not JSON")
+    if not (isinstance(identity, dict) and set(identity) == set(IDENTITY_KEYS)
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in identity.values())):
+        bad(f"metadata model must give the predictor's sizes ({', '.join(IDENTITY_KEYS)}), got {str(identity)[:80]}")
+    wanted = {"offsets": ("offsets",), "medusa": ("res_weight", "res_bias", "vocab")}[kind.kind]
+    if set(tensors) != set(wanted):
+        bad(f"it holds tensors {sorted(tensors)}, a {kind.kind} drafter holds {list(wanted)}")
+    first = tensors[wanted[0]]
+    rows = first.shape[0] if kind is Offsets else first.shape[1] if first.dim() > 1 else -1
+    if rows != int(depth) or first.shape[-1] != identity["hidden_size"]:
+        bad(f"its {wanted[0]} tensor {tuple(first.shape)} does not fit depth {depth} and hidden size "
+            f"{identity['hidden_size']}")
+    return int(depth), identity
 
 
 class ReusedHeads(Drafter):

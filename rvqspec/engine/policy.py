@@ -230,6 +230,10 @@ class Policy:
             raise RvqspecError(f"{folder} was calibrated for {per_position.shape[0] + 2} codebooks, not {groups}")
         for n, row in rows.items():
             check_frame_calls(row.get("measured_frame_calls"), groups, folder / "report.json", n)
+            if "predicted_tokens_per_round" in row and trees[n].meta.get("predicted_tokens_per_round") != \
+                    row["predicted_tokens_per_round"]:
+                raise RvqspecError(f"{folder / row['file']} is not the tree {folder / 'report.json'} measured (another "
+                                   "calibration's, e.g. an interrupted run): rerun `rvqspec calibrate` into this folder")
         calls = {n: (measured_distribution(rows[n]["measured_frame_calls"], groups) if rows[n].get("measured_frame_calls")
                      else calls_distribution(tree, per_position)) for n, tree in trees.items()}
         return cls.build(model, trees, calls, latency)

@@ -144,6 +144,7 @@ def calibrate(model_path: str | Path, drafter_spec: str, corpus_path: str | Path
               "frames": acceptance.frames, "eval_frames": len(eval_codes),
               "acceptance": acceptance.pooled.tolist(), "acceptance_per_position": acceptance.per_position.tolist(),
               "target_top1": acceptance.top1.tolist(), "target_entropy_nats": acceptance.entropy.tolist(), "trees": []}
+    trees = []  # written once all are measured: an interrupted run leaves an earlier calibration in `out` whole
     for budget in budgets:
         tree = grow_tree(acceptance.pooled, budget)
         row = {"budget": budget, "file": f"tree-N{budget}.json", "nodes": tree.size, "depth": tree.max_depth,
@@ -152,10 +153,12 @@ def calibrate(model_path: str | Path, drafter_spec: str, corpus_path: str | Path
         row.update(measure_tree(model, drafter, tree, eval_hidden, eval_codes[:, 0], sampler, generator))
         tree.meta.update({k: v for k, v in row.items() if k not in ("budget", "file", "measured_frame_calls")},
                          drafter=drafter.kind, sampler=asdict(sampler))
-        tree.save(out / row["file"])
+        trees.append(tree)
         report["trees"].append(row)
-    save_json(out / "report.json", report)
+    for tree, row in zip(trees, report["trees"]):
+        tree.save(out / row["file"])
     save_text(out / "report.md", report_markdown(report))
+    save_json(out / "report.json", report)  # last: the report names the trees that belong to it
     return report
 
 
