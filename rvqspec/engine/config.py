@@ -136,7 +136,10 @@ def config_from_upstream(upstream: dict) -> PredictorConfig:
             "(expected the upstream nested layout, as written by qwen-tts or `rvqspec standin build`)"
         )
     predictor = talker["code_predictor_config"]
-    if predictor.get("use_sliding_window") or (predictor.get("rope_scaling") or {}).get("rope_type", "default") != "default":
+    scaling = predictor.get("rope_scaling")
+    if scaling is not None and not isinstance(scaling, dict):
+        raise RvqspecError(f"config.json: rope_scaling must be null or an object, got {scaling!r}")
+    if predictor.get("use_sliding_window") or (scaling or {}).get("rope_type", "default") != "default":
         raise RvqspecError("unsupported code predictor: sliding-window attention or scaled RoPE")
     values = known_values(predictor, exclude=CSM_ONLY)
     values["talker_hidden_size"] = talker.get("hidden_size", values.get("hidden_size", 1024))
@@ -162,7 +165,11 @@ def config_from_csm(upstream: dict) -> PredictorConfig:
     if depth.get("mlp_bias"):
         raise RvqspecError("unsupported CSM depth decoder: mlp_bias=True (rvqspec implements bias-free MLPs)")
     values = known_values(depth, exclude=("qk_norm", "always_project", "projection_bias", "layout"))
-    values.setdefault("head_dim", depth.get("hidden_size", 1024) // depth.get("num_attention_heads", 8))
+    heads, width = depth.get("num_attention_heads", 8), depth.get("hidden_size", 1024)
+    if "head_dim" not in values and not (isinstance(heads, int) and isinstance(width, int) and heads >= 1):
+        raise RvqspecError(f"config.json: depth_decoder_config needs integer hidden_size and num_attention_heads >= 1, "
+                           f"got {width!r} and {heads!r}")
+    values.setdefault("head_dim", width // heads)
     values["num_code_groups"] = depth.get("num_codebooks", upstream.get("num_codebooks", 32))
     values["talker_hidden_size"] = depth.get("backbone_hidden_size", 2048)
     values["talker_vocab_size"] = values.get("vocab_size", 2051)
@@ -188,7 +195,7 @@ def load_config(folder: str | Path) -> PredictorConfig:
         raise RvqspecError(f"no config.json in {folder}: pass the checkpoint folder that holds config.json and *.safetensors")
     try:
         upstream = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RvqspecError(f"{path} is not valid JSON ({e}): re-download or rebuild the checkpoint") from None
     return config_from_json(upstream)
 

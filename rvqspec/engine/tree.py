@@ -94,6 +94,8 @@ class Tree:
             raise RvqspecError(f"tree file {path} is not valid JSON: {e}") from None
         if not isinstance(obj, dict) or obj.get("format") != FORMAT or not isinstance(obj.get("paths"), list):
             raise RvqspecError(f"{path} is not an rvqspec tree: expected {{\"format\": \"{FORMAT}\", \"paths\": [...]}}")
+        if not isinstance(obj.get("meta", {}), dict):
+            raise RvqspecError(f"{path}: meta must be an object (free-form), got {str(obj['meta'])[:60]}")
         return cls.from_paths(obj["paths"], obj.get("meta"))
 
     def save(self, path: str | Path) -> None:
