@@ -126,3 +126,26 @@ def test_files_of_the_user_are_not_overwritten_and_a_damaged_checkpoint_is_named
     last = tmp_path / "last.pt"
     last.write_bytes(last.read_bytes()[:100])  # a run killed while copying, a disk error...
     assert "cannot be read" in cli_error(capsys, *args, "--resume")
+
+
+def test_a_nan_in_the_corpus_is_one_line_for_train_and_calibrate(tmp_path, capsys):
+    """train-offsets trained every epoch, then KeyError: 'best' (no drafter written); calibrate a RuntimeError."""
+    from safetensors.torch import load_file, save_file
+
+    from rvqspec.cli.main import main
+    from rvqspec.tuning.corpus import Corpus
+
+    model_dir, corpus_dir = write_model_and_corpus(tmp_path, utterances=40)
+    for shard in Corpus(corpus_dir).shards:
+        data = load_file(corpus_dir / shard["file"])
+        data["hidden"][3, 0] = float("nan")
+        save_file(data, corpus_dir / shard["file"])
+    for argv in (["train-offsets", "--model", str(model_dir), "--corpus", str(corpus_dir), "--out", str(tmp_path / "r"),
+                  "--batch-size", "4", "--validation-fraction", "0.3", "--quiet"],
+                 ["calibrate", "--model", str(model_dir), "--drafter", "reused", "--corpus", str(corpus_dir), "--out",
+                  str(tmp_path / "c"), "--budgets", "2", "--frames", "10", "--eval-frames", "4",
+                  "--validation-fraction", "0.3"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "row 3: the hidden state is not finite" in err, err
+    assert not (tmp_path / "r" / "offsets.safetensors").exists() and not (tmp_path / "c" / "report.json").exists()
