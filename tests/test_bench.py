@@ -228,3 +228,20 @@ def test_sizes_without_a_controlled_run_still_plot(tmp_path, capsys):
                  "--out", str(tmp_path / "out")]) == 0
     names = {p.name for p in (tmp_path / "out").iterdir()}
     assert {"bench-quick.json", "bench-quick.md"} <= names and "error" not in capsys.readouterr().err
+
+
+def test_batched_bench_with_quantized_weights_writes_their_own_latency_tables(tmp_path, capsys, monkeypatch):
+    """--batch --weights w8a8: the policy's tables for the quantized model, under a key of its own (dtype+w8a8)."""
+    from rvqspec.bench import batched
+
+    monkeypatch.setattr(batched, "ARCHITECTURES", TINY_ARCHS)
+    arch = "0.6b"
+    code = main(["bench", "--batch", "1,3", "--archs", arch, "--dtype", "float32", "--threads", "1", "--quick",
+                 "--weights", "w8a8", "--out", str(tmp_path), "--json"])
+    assert code == 0
+    keys = list(device_file.read_device_file()["latency"])
+    assert len(keys) == 1 and keys[0].startswith("cpu/float32+w8a8/1t/")
+    report = json.loads((tmp_path / "bench-batch-quick.json").read_text())
+    assert report["settings"][0]["weights"] == "w8a8"
+    assert main(["bench", "--batch", "1", "--weights", "w8a8,w8a16", "--out", str(tmp_path)]) == 2
+    assert "one scheme" in capsys.readouterr().err

@@ -30,6 +30,7 @@ from rvqspec.engine.decode import decode_frames, tokens_per_step
 from rvqspec.engine.device_file import update_device_file
 from rvqspec.engine.drafters import ReusedHeads
 from rvqspec.engine.policy import SIZES, LatencyTable, Policy, measured_distribution, setting_key
+from rvqspec.engine.quantize import quantize
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import default_tree
 
@@ -45,13 +46,14 @@ class BatchPlan:
     calibration_iterations: int = 8
     calibration_frames: int = 16
     arch: str = "0.6b"
+    weights: str | None = None  # a scheme of rvqspec.quantize: heads set on the float model, then quantized
 
 
-def quick_batch_plan(batches, dtypes, threads, device, arch: str = "0.6b") -> BatchPlan:
+def quick_batch_plan(batches, dtypes, threads, device, arch: str = "0.6b", weights: str | None = None) -> BatchPlan:
     """The first dtype and thread count, fewer repeats, like `rvqspec bench --quick`: about 1.5 minutes on 2 shared
     cores (both default dtypes: 4.5 minutes, float32's rounds being slow)."""
     return BatchPlan(batches, dtypes[:1], threads[:1], device, latency_rounds=4, repeats=5, calibration_iterations=6,
-                     calibration_frames=8, arch=arch)
+                     calibration_frames=8, arch=arch, weights=weights)
 
 
 def upstream_decoder(model):
@@ -97,7 +99,7 @@ def batch_inputs(predictor: ControlledPredictor, batch: int, repeat: int) -> tup
 
 @torch.inference_mode()
 def time_batches(predictor: ControlledPredictor, upstream, batch: int, size: int, strength: float | None,
-                 repeats: int, sampler: Sampler) -> dict:
+                 repeats: int, sampler: Sampler, weights: str | None = None) -> dict:
     """Median ms of decoding `repeats` batches of `batch` frames with (a) our AR, (b) the policy's tree N = `size`
     (0: AR, timed once as (a)), (c) upstream; the same frames for all three, interleaved. Each of ours draws from
     its own generator seeded 0, as `rvqspec.bench.controlled.tokens_per_step` does: calibrated on the same frames
@@ -108,6 +110,7 @@ def time_batches(predictor: ControlledPredictor, upstream, batch: int, size: int
         predictor.set_strength(strength)
         if upstream is not None:
             sync_upstream_heads(upstream, model)
+    model = quantize(model, weights) if weights else model  # our AR and policy with int8 weights; upstream float
     ar_draws, policy_draws = (torch.Generator(model.device).manual_seed(0) for _ in range(2))
     inputs = [batch_inputs(predictor, batch, r) for r in range(repeats + 1)]
     runs = {"ar": lambda h, c: decode_frames(model, h, c, sampler, ar_draws)}
@@ -137,7 +140,7 @@ def time_batches(predictor: ControlledPredictor, upstream, batch: int, size: int
 
 def measure_setting(predictor: ControlledPredictor, upstream, plan: BatchPlan, strengths: dict, sampler: Sampler,
                     dtype: str, threads: int, log) -> dict:
-    model = predictor.model
+    model = quantize(predictor.model, plan.weights) if plan.weights else predictor.model
     trees = {n: default_tree(n) for n in SIZES}
     drafter = ReusedHeads(model)
     ms = {}
@@ -161,7 +164,7 @@ def measure_setting(predictor: ControlledPredictor, upstream, plan: BatchPlan, s
     for batch in plan.batches:
         size = policy.choose(batch)
         row = time_batches(predictor, upstream, batch, size, strengths[size].strength if size else None, plan.repeats,
-                           sampler)
+                           sampler, plan.weights)
         row["predicted_policy_over_ar"] = policy.predicted_speedup(batch, size) if size else 1.0
         row["why"] = policy.explain(batch)
         rows.append(row)
@@ -171,6 +174,7 @@ def measure_setting(predictor: ControlledPredictor, upstream, plan: BatchPlan, s
                                                            if upstream is not None else ""))
     switch = next((r["batch"] for r in rows if r["tree_size"] == 0), None)
     return {"dtype": dtype, "threads": threads, "device": plan.device, "key": setting_key(model),
+            "weights": model.weights,
             "latency_ms": {str(b): {str(n): v for n, v in row.items()} for b, row in ms.items()},
             "strengths": {str(n): {"strength": v.strength, "calibrated": v.measured, "frame_calls": v.frame_calls,
                                    "tokens_per_step": model.config.num_residual_codes * len(v.frame_calls)

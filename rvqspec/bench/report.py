@@ -145,7 +145,8 @@ def batch_markdown(report: dict) -> str:
              f"batched frame ({report.get('codes_per_frame', 15)} codes per row), the same batches for every method, "
              "interleaved; ratios are from one run.", ""]
     for s in report["settings"]:
-        lines += [f"## {s['dtype']}, {s['threads']} thread(s), {s['device']}", "",
+        weights = f" with {s['weights']} weights" if s.get("weights", "float") != "float" else ""
+        lines += [f"## {s['dtype']}{weights}, {s['threads']} thread(s), {s['device']}", "",
                   "| B | policy | frames/s AR (ours) | frames/s policy | frames/s upstream | policy / AR | predicted "
                   "| policy / upstream | tokens/step |", "|---|---|---|---|---|---|---|---|---|"]
         for r in s["frames"]:

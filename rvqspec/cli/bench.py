@@ -14,6 +14,7 @@ from rvqspec.engine.checkpoint import save_json, save_text
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.model import resolve_dtype
 from rvqspec.engine.policy import SIZES
+from rvqspec.engine.quantize import SCHEMES
 
 
 def parse_list(text: str, kind, allowed=None, what: str = "value") -> list:
@@ -30,7 +31,8 @@ def parse_list(text: str, kind, allowed=None, what: str = "value") -> list:
 def command_line(args) -> str:
     """The invocation, for the report (options at their values, flags when set; --batch runs name theirs)."""
     words = ["rvqspec bench"]
-    names = ("weights", "threads") if args.weights else ("batch", "archs", "dtype", "threads", "device", "rounds") \
+    names = ("weights", "threads") if args.weights and not args.batch else \
+        ("batch", "archs", "dtype", "threads", "device", "rounds", "weights") \
         if args.batch else ("archs", "model", "calibration", "trees", "drafter", "corpus", "sizes", "dtype", "threads",
                             "rounds", "device")
     for name in names:
@@ -52,8 +54,15 @@ def run_batch(args, dtypes: list[str], threads: list[int]) -> int:
     archs = parse_list(args.archs or REFERENCE_ARCH, str.lower, one_stream.ARCHS, "archs")
     if len(archs) != 1:
         raise RvqspecError(f"--batch benchmarks one architecture per run (its latency tables), got --archs {args.archs}")
-    plan = (batched.quick_batch_plan if args.quick else batched.BatchPlan)(batches, dtypes, threads,
-                                                                                   args.device, arch=archs[0])
+    weights = None
+    if args.weights:
+        schemes = parse_list(args.weights, str, SCHEMES, "weights")
+        if len(schemes) != 1:
+            raise RvqspecError(f"--batch --weights takes one scheme of {', '.join(SCHEMES)} per run (its latency "
+                               f"tables), got {args.weights}")
+        weights = schemes[0]
+    plan = (batched.quick_batch_plan if args.quick else batched.BatchPlan)(batches, dtypes, threads, args.device,
+                                                                           arch=archs[0], weights=weights)
     if args.rounds:
         plan = batched.BatchPlan(**(plan.__dict__ | {"latency_rounds": args.rounds}))
     report = batched.run_batch_bench(plan, (lambda *a, **k: None) if args.json else print)
@@ -73,9 +82,9 @@ def run_batch(args, dtypes: list[str], threads: list[int]) -> int:
 
 def run_weights(args, threads: list[int]) -> int:
     schemes = weights.check_schemes(parse_list(args.weights, str, None, "weights"))
-    if args.batch or args.model or args.calibration:
-        raise RvqspecError("--weights benchmarks the real 0.6B architecture at the paper's acceptance: drop --batch, "
-                           "--model and --calibration")
+    if args.model or args.calibration:
+        raise RvqspecError("--weights benchmarks the real 0.6B architecture at the paper's acceptance: drop --model "
+                           "and --calibration")
     plan = (weights.quick_weights_plan if args.quick else weights.WeightsPlan)(schemes, threads)
     report = weights.run_weights_bench(plan, (lambda *a, **k: None) if args.json else print)
     report["command"] = command_line(args)
@@ -99,7 +108,7 @@ def run(args) -> int:
         raise RvqspecError(f"--threads must be >= 1, got {args.threads!r}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise RvqspecError(f"--device {args.device}: no CUDA device is available here (use --device cpu)")
-    if args.weights:
+    if args.weights and not args.batch:
         return run_weights(args, threads)
     if args.batch:
         return run_batch(args, dtypes, threads)

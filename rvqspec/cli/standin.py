@@ -8,7 +8,6 @@ from rvqspec.engine.checkpoint import save_json
 from rvqspec.standin.build import STAGES, build, stage_corpus, stage_quality
 from rvqspec.standin.settings import Settings
 
-
 # What each stage imports from the `standin` extra (the others need only the base install).
 STAGE_MODULES = {"corpus": ("tqdm", "soundfile", "piper"), "codec": ("faiss", "tqdm", "soundfile"),
                  "encode": ("soundfile",), "quality": ("faster_whisper", "jiwer", "soundfile", "tqdm")}
