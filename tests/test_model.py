@@ -206,3 +206,15 @@ def test_changed_weights_reach_the_packed_and_int8_copies(write):
     expected = decode_frames(copy.deepcopy(changed), hidden, c0, greedy).codes
     assert not torch.equal(expected, before)  # the change shows in the codes
     assert torch.equal(decode_frames(model, hidden, c0, greedy).codes, expected)
+
+
+def test_probes_stay_inside_weights_of_any_size():
+    """Spread with float32 linspace, the last index of a 0.6B head tensor (31,457,280 elements) rounded past its end."""
+    from rvqspec.engine.packing import PROBES, probe
+
+    for size in (1, 2, 17, (1 << 24) + 3, 31457280):
+        weight = torch.arange(size, dtype=torch.int32) if size < 100 else torch.empty(size, dtype=torch.int8)
+        probed = probe(weight)
+        assert len(probed) == PROBES
+        if size < 100:
+            assert probed[0] == 0 and probed[-1] == size - 1

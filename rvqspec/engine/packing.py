@@ -25,7 +25,8 @@ def probe(weight: Tensor) -> Tensor:
     """A copy of a few elements spread over `weight`: writes through `.data` (which bump no version counter) show in
     it, whatever they change (a LoRA merge, another checkpoint's values)."""
     flat = weight.detach().reshape(-1)
-    return flat[torch.linspace(0, len(flat) - 1, PROBES, device=flat.device).long()].clone()
+    where = torch.arange(PROBES, device=flat.device) * (len(flat) - 1) // (PROBES - 1)  # integers: exact at any size
+    return flat[where].clone()
 
 
 class PackedWeight:
