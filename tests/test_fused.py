@@ -207,3 +207,15 @@ def test_speculative_decoding_runs_at_every_width(dtype):
             "print('ok')\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-500:]
+
+
+def test_a_speculative_frame_at_the_real_size_in_bfloat16():
+    """Real sizes reach code that tiny models do not (a head tensor of 2^25 elements, packed weights, int8 drafts
+    at width 1024): the probe of `MultiCodeDecoder.refresh` once indexed past the end of one."""
+    from rvqspec.bench.controlled import controlled_predictor
+    from rvqspec.engine.config import QWEN3_TTS_0_6B
+
+    predictor = controlled_predictor(QWEN3_TTS_0_6B, 6.0, dtype="bfloat16")
+    h, c0 = predictor.frames(1, seed=1)[0]
+    result = decode_frame(predictor.model, h, c0, Sampler(), drafter=ReusedHeads(), tree=default_tree(16))
+    assert result.codes.shape == (15,) and result.calls < 15
