@@ -13,8 +13,7 @@ install: $(VENV)/.installed
 # What the demo needs and nothing more: torch, the package with its fast-path and demo extras, the kernels.
 $(VENV)/.demo: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[fast,demo]' $(TORCH)
+	$(PY) -m pip install -q $(TORCH) -e '.[fast,demo]'
 	# Build the CPU fast path's kernels now (~20 s, cached by torch) rather than in the first decode; where they
 	# cannot be built this warns and decoding takes the plain path.
 	$(PY) -c "from rvqspec.engine import fused; fused.kernels()"

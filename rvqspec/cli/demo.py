@@ -62,6 +62,9 @@ def live_policy(model, drafter, policy: Policy, rounds: int = 5) -> Policy:
     return replace(policy, latency=table, choices={})
 
 
+INT8_SCHEME = "w8a8"  # the faster of the two for AR and speculation alike (benchmarks/results/bench-weights.md)
+
+
 def real_architecture_comparison() -> dict:
     """Measured now, on this machine: the real 0.6B architecture (random layers, heads controlled to the paper's
     2.47 tokens/step at N = 32), the policy's choice for one stream against AR, REAL_FRAMES frames each."""
@@ -78,11 +81,16 @@ def real_architecture_comparison() -> dict:
                          Policy.build(predictor.model, {32: tree}, {32: calls}, LatencyTable({}, "")), rounds=3)
     size = policy.choose(1)
     row = time_batches(predictor, None, 1, size, calibrated.strength if size else None, frames, sampler)
+    # The same heads with int8 weights (a different model): its AR and speculative frames at N = 32 beside bfloat16's.
+    int8 = time_batches(predictor, None, 1, 32, calibrated.strength, frames, sampler, weights=INT8_SCHEME)
     return {"model": "Qwen3-TTS 0.6B code predictor architecture (random weights, acceptance controlled)",
             "dtype": dtype, "threads": torch.get_num_threads(), "frames": frames, "tree_size": size,
             "target_tokens_per_step": target, "tokens_per_step": row["policy_tokens_per_step"] if size else 1.0,
             "frames_per_second": row["frames_per_second"], "speedup": row["policy_over_ar"],
-            "why": policy.explain(1)}
+            "why": policy.explain(1),
+            "int8": {"weights": INT8_SCHEME, "frames_per_second": int8["frames_per_second"],
+                     "tokens_per_step": int8["policy_tokens_per_step"],
+                     "speculative_over_float_ar": int8["frames_per_second"]["policy"] / row["frames_per_second"]["ar"]}}
 
 
 def heldout_top1(assets: Path) -> float | None:
@@ -203,6 +211,13 @@ def print_report(r: dict) -> None:
     print_real(r["real_0_6b"])
 
 
+def print_int8(real: dict) -> None:
+    q, fps = real["int8"], real["int8"]["frames_per_second"]
+    print(f"  the same with {q['weights']} weights (int8: a different model, speculation exact relative to it): AR "
+          f"{fps['ar']:.2f} frames/s, speculative N=32 {fps['policy']:.2f} ({q['tokens_per_step']:.2f} tokens/step): "
+          f"{q['speculative_over_float_ar']:.2f}x the {real['dtype']} AR's frames/s")
+
+
 def print_real(real: dict) -> None:
     fps = real["frames_per_second"]
     choice = f"speculative N={real['tree_size']} at {real['tokens_per_step']:.2f} tokens/step" if real["tree_size"] \
@@ -211,6 +226,7 @@ def print_real(real: dict) -> None:
           f"{real['frames']} frames each, heads set to the paper's {real['target_tokens_per_step']} tokens/step: "
           f"the policy runs {choice}: {fps['policy']:.2f} frames/s against AR's {fps['ar']:.2f}, speed-up "
           f"{real['speedup']:.2f}x ({real['why']})")
+    print_int8(real)
 
 
 def run_engine_demo(frames: int = 12, nodes: int = 16, seed: int = 0) -> dict:
