@@ -13,10 +13,12 @@ install: $(VENV)/.installed
 # What the demo needs and nothing more: torch, the package with its fast-path and demo extras, the kernels.
 $(VENV)/.demo: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q $(TORCH) -e '.[fast,demo]'
-	# Build the CPU fast path's kernels now (~20 s, cached by torch) rather than in the first decode; where they
-	# cannot be built this warns and decoding takes the plain path.
-	$(PY) -c "from rvqspec.engine import fused; fused.kernels()"
+	$(PY) -m pip install -q $(TORCH) 'ninja>=1.11' 'safetensors>=0.4' 'numpy>=1.26,<3'
+	# The CPU fast path's kernels build now (~20 s, cached by torch; from this checkout, which imports with the base
+	# dependencies) while pip installs the rest, rather than in the first decode; where they cannot be built this
+	# warns and decoding takes the plain path.
+	$(PY) -c "from rvqspec.engine import fused; fused.kernels()" & kernels=$$!; \
+		$(PY) -m pip install -q -e '.[fast,demo]' $(TORCH) && wait $$kernels
 	touch $@
 
 # Everything else the suite uses: tests, the reference implementations, the stand-in's build and quality tools.
