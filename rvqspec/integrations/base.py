@@ -134,7 +134,8 @@ class Acceleration:
     def fingerprint(self) -> Tensor:
         """A few elements of every watched tensor (`packing.probe`): a LoRA merge, `load_state_dict` or a write
         through `.data` after `accelerate` changes it, and the decoder is copied again."""
-        return torch.cat([probe(t).float().cpu() for t in self.watched()])
+        watched = self.watched()
+        return torch.cat([probe(t).float().to(watched[0].device) for t in watched]).cpu()  # one read of the device
 
     def quantized(self, decoder: MultiCodeDecoder) -> MultiCodeDecoder:
         """The decoder with `weights` (`rvqspec.quantize`): a different model than upstream's, chosen by the user."""
