@@ -3,12 +3,12 @@
 from each one's config.json onto it. `layout` names the checkpoint layout the weights come in.
 """
 
-import json
 import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.files import read_json
 
 LAYOUTS = ("qwen3_tts", "csm")
 ROPE_TYPES = ("default", "llama3")
@@ -193,11 +193,7 @@ def load_config(folder: str | Path) -> PredictorConfig:
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise RvqspecError(f"no config.json in {folder}: pass the checkpoint folder that holds config.json and *.safetensors")
-    try:
-        upstream = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RvqspecError(f"{path} is not valid JSON ({e}): re-download or rebuild the checkpoint") from None
-    return config_from_json(upstream)
+    return config_from_json(read_json(path, "re-download or rebuild the checkpoint"))
 
 
 def upstream_config_dict(config: PredictorConfig, talker: dict | None = None) -> dict:

@@ -10,7 +10,6 @@ JSON format (`Tree.save`/`Tree.load`):
 """
 
 import heapq
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import torch
 from torch import Tensor
 
 from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.files import read_json
 
 FORMAT = "rvqspec-tree/1"
 DEFAULT_DEPTH = 3  # K, the codes drafted ahead of the last one (the paper's)
@@ -88,10 +88,7 @@ class Tree:
         path = Path(path)
         if not path.is_file():
             raise RvqspecError(f"tree file {path} does not exist")
-        try:
-            obj = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise RvqspecError(f"tree file {path} is not valid JSON: {e}") from None
+        obj = read_json(path, "write the tree again (Tree.save, rvqspec calibrate)")
         if not isinstance(obj, dict) or obj.get("format") != FORMAT or not isinstance(obj.get("paths"), list):
             raise RvqspecError(f"{path} is not an rvqspec tree: expected {{\"format\": \"{FORMAT}\", \"paths\": [...]}}")
         if not isinstance(obj.get("meta", {}), dict):

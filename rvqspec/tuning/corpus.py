@@ -47,6 +47,7 @@ from torch import Tensor
 
 from rvqspec.engine.checkpoint import save_json, save_tensors
 from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.files import read_json
 
 FORMAT = "rvqspec-corpus/1"
 SHARD_NAME = re.compile(r"shard-(?:[0-9a-f]{8}-)?\d{5}\.safetensors")  # older corpora: shard-00000.safetensors
@@ -183,10 +184,7 @@ class Corpus:
             hint = "it has shards but no index.json: the writer did not finish, write it again" \
                 if any(self.path.glob("shard-*.safetensors")) else "pass a folder written by rvqspec.tuning.corpus.CorpusWriter"
             raise RvqspecError(f"{self.path} is not a code corpus ({hint})")
-        try:
-            index = json.loads(index_path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise RvqspecError(f"{index_path} is not valid JSON ({e}): write the corpus again") from None
+        index = read_json(index_path, "write the corpus again")
         if not isinstance(index, dict) or index.get("format") != FORMAT:
             raise RvqspecError(f"{index_path} is not an rvqspec corpus index (expected format {FORMAT!r})")
         if not 0 <= validation_fraction < 1:

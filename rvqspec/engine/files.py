@@ -1,0 +1,14 @@
+"""Reading the JSON files rvqspec takes (configs, trees, corpus indexes): one error line naming the file and the fix."""
+
+import json
+from pathlib import Path
+
+from rvqspec.engine.errors import RvqspecError
+
+
+def read_json(path: str | Path, fix: str):
+    """The JSON in `path`, or one line naming the file and the fix (damaged JSON, or bytes that are not UTF-8)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RvqspecError(f"{path} is not valid JSON ({e}): {fix}") from None
