@@ -1,5 +1,7 @@
-"""`rvqspec` command line: the entry point. Each command is a module of this package with `add_cli(subparsers)`
-(its flags and a `run(args)` that calls into the engine, tuning, bench or standin packages)."""
+"""`rvqspec` command line: speculative decoding of RVQ depth decoders (Qwen3-TTS, Sesame CSM).
+
+The entry point: each command is a module of this package with `add_cli(subparsers)` (its flags and a `run(args)`
+that calls into the engine, tuning, bench or standin packages)."""
 
 import argparse
 import importlib
