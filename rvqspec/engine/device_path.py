@@ -18,6 +18,7 @@ The CPU fast path (host walk, int8 drafts, fused kernels) switches off as one wi
 `fused.enabled(False)`; training and torch.compile take the plain path.
 """
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -43,14 +44,21 @@ def static_shapes(device: torch.device) -> bool:
 
 
 def choose(device: torch.device | str, dtype: torch.dtype) -> DevicePath:
-    """The path of a call on `device` in `dtype`, in the current grad/compile mode and fast-path switch."""
-    device = torch.device(device)
-    cpu, static = device.type == "cpu", static_shapes(device)
+    """The path of a call on `device` in `dtype`, in the current grad/compile mode and fast-path switch (read per
+    call; the answer for each combination is made once: the model's matmuls ask on every call)."""
+    device = device if isinstance(device, torch.device) else torch.device(device)
+    cpu = device.type == "cpu"
     inference = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
     fast = cpu and fused.on()
+    built = fast and inference and dtype in fused.DTYPES and fused.kernels() is not None
+    return path_of(cpu, static_shapes(device), dtype, inference, fast, built, torch.backends.mkldnn.enabled)
+
+
+@functools.cache
+def path_of(cpu: bool, static: bool, dtype: torch.dtype, inference: bool, fast: bool, built: bool,
+            mkldnn: bool) -> DevicePath:
     return DevicePath(
         static_shapes=static, host_walk=fast and not static,
-        int8_drafts=fast and inference and dtype in INT8_DRAFT_DTYPES,
-        fused_kernels=fast and inference and dtype in fused.DTYPES and fused.kernels() is not None,
-        packed_weights=cpu and inference and torch.backends.mkldnn.enabled
-        and ((dtype == torch.bfloat16 and MKLDNN_BF16) or dtype == torch.float32))
+        int8_drafts=fast and inference and dtype in INT8_DRAFT_DTYPES, fused_kernels=built,
+        packed_weights=cpu and inference and mkldnn and ((dtype == torch.bfloat16 and MKLDNN_BF16)
+                                                         or dtype == torch.float32))

@@ -50,9 +50,10 @@ def cflags() -> list[str]:
 
 def kernels():
     """The compiled kernels, or None where they cannot be built (warned about once)."""
+    if _state["tried"]:  # the hot path: decided already (set once the attempt is over), no lock
+        return _state["module"]
     with _lock:
         if not _state["tried"]:
-            _state["tried"] = True
             try:
                 from torch.utils.cpp_extension import load
                 add_ninja_to_path()
@@ -62,6 +63,7 @@ def kernels():
                               f"{str(e).strip().splitlines()[-1] if str(e).strip() else e}); decoding takes the "
                               "plain, slower path. Install ninja and a C++ compiler (`pip install 'rvqspec[fast]'`) "
                               "to get it.", RuntimeWarning, stacklevel=3)
+            _state["tried"] = True
         return _state["module"]
 
 
