@@ -10,23 +10,14 @@ float64 (tests) and accelerators keep the exact heads (`device_path.choose(...).
 
 import threading
 
-import torch
 from torch import Tensor
 
 from rvqspec.engine import device_path
+from rvqspec.engine.model import by_codebook
 from rvqspec.engine.packing import probe
-from rvqspec.engine.quantize import W8A16_MULTIPLE, quantize_rows
+from rvqspec.engine.quantize import W8A16_MULTIPLE, QuantizedHeads
 
 _lock = threading.Lock()
-
-
-def quantize(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """Symmetric per-row int8: weight ~ q * scale[:, None], rows padded with zeros to a multiple of 16 (the kernel
-    reads out of bounds, and can crash, on others: `quantize.W8A16_MULTIPLE`)."""
-    q, scale = quantize_rows(weight)
-    pad = -len(q) % W8A16_MULTIPLE
-    q, scale = torch.cat([q, q.new_zeros(pad, q.shape[1])]), torch.cat([scale, scale.new_ones(pad)])
-    return q, scale.to(weight.dtype)
 
 
 def supported(model) -> bool:
@@ -34,14 +25,14 @@ def supported(model) -> bool:
     return model.config.hidden_size % W8A16_MULTIPLE == 0
 
 
-def quantized(model) -> list[tuple[Tensor, Tensor]]:
-    """The int8 heads of `model`, rebuilt when its heads change (new tensor, in-place write or dtype)."""
+def quantized(model) -> QuantizedHeads:
+    """The int8 heads of `model` (w8a16's matmuls: the vocabulary padded to the kernel's multiple of 16), rebuilt
+    when its heads change (new tensor, in-place write or dtype; a write through .data: `MultiCodeDecoder.refresh`)."""
     heads = model.heads
     key = (heads.data_ptr(), heads._version, heads.dtype)
     with _lock:
         if model.int8_heads is None or model.int8_heads[0][:3] != key:
-            key += (probe(heads),)  # for `MultiCodeDecoder.refresh`: a write through .data
-            model.int8_heads = (key, [quantize(head) for head in heads])
+            model.int8_heads = (key + (probe(heads),), QuantizedHeads(heads, "w8a16"))
         return model.int8_heads[1]
 
 
@@ -50,11 +41,4 @@ def logits(model, hidden: Tensor, codebooks: list[int]) -> Tensor:
     if model.head_weights is not None or not device_path.choose(hidden.device, hidden.dtype).int8_drafts \
             or not supported(model):
         return model.head_logits(hidden, codebooks)  # a quantized model's heads are int8 already
-    heads, hidden, vocab = quantized(model), hidden.contiguous(), model.config.vocab_size
-    if len(set(codebooks)) == 1:
-        return torch.ops.aten._weight_int8pack_mm(hidden, *heads[codebooks[0] - 1])[:, :vocab]
-    books, out = torch.tensor(codebooks), hidden.new_empty(len(codebooks), vocab)
-    for book in sorted(set(codebooks)):
-        rows = (books == book).nonzero().squeeze(1)
-        out[rows] = torch.ops.aten._weight_int8pack_mm(hidden[rows], *heads[book - 1])[:, :vocab]
-    return out
+    return by_codebook(hidden, codebooks, model.config.vocab_size, quantized(model).logits)

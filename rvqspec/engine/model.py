@@ -110,6 +110,18 @@ def rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+def by_codebook(hidden: Tensor, codebooks: list[int], vocab: int, logits_of) -> Tensor:
+    """Logits [R, V] of hidden [R, H], row r through the head of codebooks[r]: the rows of each codebook in one
+    call of `logits_of(rows, codebook)`."""
+    if len(set(codebooks)) == 1:
+        return logits_of(hidden, codebooks[0])
+    books, logits = torch.tensor(codebooks), hidden.new_empty(len(codebooks), vocab)
+    for book in sorted(set(codebooks)):
+        rows = (books == book).nonzero().squeeze(1)
+        logits[rows] = logits_of(hidden[rows], book)
+    return logits
+
+
 class KVCache:
     """Keys and values of every layer in one buffer [layers, 2, batch, kv_heads, slots, head_dim].
 
@@ -288,11 +300,7 @@ class MultiCodeDecoder(nn.Module):
         return self.gathered_head_logits(hidden, codebook)
 
     def grouped_head_logits(self, hidden: Tensor, codebook: list[int]) -> Tensor:
-        books, logits = torch.tensor(codebook), hidden.new_empty(len(codebook), self.config.vocab_size)
-        for book in sorted(set(codebook)):
-            rows = (books == book).nonzero().squeeze(1)
-            logits[rows] = self.head_logits(hidden[rows], book)
-        return logits
+        return by_codebook(hidden, codebook, self.config.vocab_size, self.head_logits)
 
     def gathered_head_logits(self, hidden: Tensor, codebook: list[int]) -> Tensor:
         index = torch.tensor(codebook, device=hidden.device) - 1

@@ -72,27 +72,32 @@ class Int8Matmul:
             q = torch.cat([q, q.new_zeros(pad, self.in_features)])
             scale = torch.cat([scale, scale.new_ones(pad)])
         self.q, self.scale = q, scale
+        self.scales = {torch.float32: scale}  # w8a16: the scale in each activation dtype (the kernel wants it so)
         self.zero_points = torch.zeros(len(scale), dtype=torch.long)
         self.packed: Tensor | None = None  # w8a8: oneDNN's layout, made on first use
         self.lock = threading.Lock()
 
     def __call__(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
         check_cpu(x, self.scheme)
-        rows = x.reshape(-1, self.in_features).contiguous()
+        rows = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, self.in_features).contiguous()
         if self.scheme == "w8a16":
-            out = torch._weight_int8pack_mm(rows, self.q, self.scale.to(x.dtype))[:, :self.out_features]
+            if x.dtype not in self.scales:
+                self.scales[x.dtype] = self.scale.to(x.dtype)
+            out = torch._weight_int8pack_mm(rows, self.q, self.scales[x.dtype])
+            out = out[:, :self.out_features] if len(self.q) != self.out_features else out
         else:
             kernels = fused.kernels() if device_path.choose(x.device, x.dtype).fused_kernels else None
             q, scale = kernels.quantize_rows(rows) if kernels else quantize_tokens(rows)
             out = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, self.onednn_weight(), self.scale, self.zero_points,
                                                      None, 1.0, 0, torch.float32, "none", [], "")
             out = kernels.scale_rows(out, scale, x) if kernels else (out * scale).to(x.dtype)
-        out = out.reshape(*x.shape[:-1], self.out_features)
+        out = out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
         return out if bias is None else out + bias
 
     def __deepcopy__(self, memo) -> "Int8Matmul":  # a copy makes its own oneDNN layout (and lock)
         clone = copy.copy(self)
         clone.q, clone.scale, clone.zero_points = self.q.clone(), self.scale.clone(), self.zero_points.clone()
+        clone.scales = {torch.float32: clone.scale}
         clone.packed, clone.lock = None, threading.Lock()
         return clone
 
