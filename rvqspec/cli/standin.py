@@ -14,10 +14,11 @@ STAGE_MODULES = {"corpus": ("tqdm", "soundfile", "piper"), "codec": ("faiss", "t
 
 
 def run_build(args) -> int:
-    stages = list(STAGES)
-    needed = {m for stage in stages[stages.index(args.from_stage):stages.index(args.to_stage) + 1]
-              for m in STAGE_MODULES.get(stage, ())} if args.from_stage in stages and args.to_stage in stages else set()
-    flags.require_extra("rvqspec standin build", "standin", *sorted(needed))
+    stages = list(STAGES)  # names and their order are checked by `build`; here only what the chosen ones import
+    chosen = stages[stages.index(args.from_stage):stages.index(args.to_stage) + 1] \
+        if {args.from_stage, args.to_stage} <= set(stages) else []
+    flags.require_extra("rvqspec standin build", "standin",
+                        *sorted({m for stage in chosen for m in STAGE_MODULES.get(stage, ())}))
     s = Settings(work=Path(args.work), hours=args.hours, joint_steps=args.joint_steps,
                  joint_minutes=args.joint_minutes, predictor_steps=args.predictor_steps,
                  predictor_minutes=args.predictor_minutes, offsets_epochs=args.offsets_epochs, seed=args.seed)
