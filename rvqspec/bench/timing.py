@@ -108,13 +108,15 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
-def write_reports(report: dict, out: Path, name: str, to_markdown, to_plot, log=print) -> list[Path]:
-    """{name}.json, {name}.md (`to_markdown(report)`) and {name}.png (`to_plot(report, path)`) in `out`, atomically:
-    the measurements first, then the plot, which is skipped with one line where it cannot be drawn (no matplotlib,
-    the `bench` extra) rather than losing the run."""
+def write_reports(report: dict, out: Path, name: str, to_markdown, to_plot=None, log=print) -> list[Path]:
+    """{name}.json, {name}.md (`to_markdown(report)`) and {name}.png (`to_plot(report, path)`, if any) in `out`,
+    atomically: the measurements first, then the plot, which is skipped with one line where it cannot be drawn (no
+    matplotlib, the `bench` extra) rather than losing the run."""
     paths = [out / f"{name}.json", out / f"{name}.md", out / f"{name}.png"]
     save_json(paths[0], report)
     save_text(paths[1], to_markdown(report))
+    if to_plot is None:
+        return paths[:2]
     try:
         to_plot(report, paths[2])
     except ImportError:

@@ -10,7 +10,6 @@ from rvqspec.bench.one_stream import REFERENCE_ARCH, Plan, load_calibration, loa
 from rvqspec.bench.report import batch_markdown, batch_plot, markdown, plot
 from rvqspec.bench.timing import write_reports
 from rvqspec.cli import flags
-from rvqspec.engine.checkpoint import save_json, save_text
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.model import resolve_dtype
 from rvqspec.engine.policy import SIZES
@@ -88,10 +87,8 @@ def run_weights(args, threads: list[int]) -> int:
     plan = (weights.quick_weights_plan if args.quick else weights.WeightsPlan)(schemes, threads)
     report = weights.run_weights_bench(plan, (lambda *a, **k: None) if args.json else print)
     report["command"] = command_line(args)
-    name = "bench-weights-quick" if args.quick else "bench-weights"
-    paths = [Path(args.out) / f"{name}.json", Path(args.out) / f"{name}.md"]
-    save_json(paths[0], report)
-    save_text(paths[1], weights.weights_markdown(report))
+    paths = write_reports(report, Path(args.out), "bench-weights-quick" if args.quick else "bench-weights",
+                          weights.weights_markdown)
     if args.json:
         print(json.dumps({"weights": report["weights"], "report": str(paths[0])}))
     else:
