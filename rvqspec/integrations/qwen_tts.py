@@ -20,7 +20,9 @@ import contextlib
 import importlib
 import importlib.machinery
 import sys
+import threading
 import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -32,6 +34,8 @@ from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.model import MultiCodeDecoder
 from rvqspec.engine.tree import Tree
 from rvqspec.integrations.base import Acceleration
+from rvqspec.integrations.qwen_tts_stream import stream_speech
+from rvqspec.integrations.stream import CHUNK_FRAMES
 
 # Only qwen_tts's 25 Hz tokenizer imports these, when the package is imported: torchaudio has no build that
 # loads beside torch 2.13, and sox wraps a system binary. The 12 Hz models never call them.
@@ -84,9 +88,31 @@ class QwenTTSAcceleration(Acceleration):
     """A qwen-tts talker's `code_predictor.generate`, routed through `rvqspec.decode_frames`."""
 
     def __init__(self, talker, drafter, tree: Tree | str | None, generator: torch.Generator | None,
-                 calibration: str | None = None, weights: str | None = None):
-        self.talker = talker
+                 calibration: str | None = None, weights: str | None = None, tts=None):
+        self.talker, self.tts = talker, tts
+        self.stream_lock = threading.Lock()  # streams of this model take turns (qwen_tts_stream's docstring)
         super().__init__(talker, talker.code_predictor, drafter, tree, generator, calibration, weights)
+
+    def stream_custom_voice(self, *args, chunk_frames: int = CHUNK_FRAMES, first_chunk_frames: int | None = None,
+                            **kwargs) -> Iterator[tuple]:
+        """`tts.generate_custom_voice(...)` as (audio, sample_rate) chunks (rvqspec.integrations.qwen_tts_stream)."""
+        return self.stream("custom_voice", args, kwargs, chunk_frames, first_chunk_frames)
+
+    def stream_voice_design(self, *args, chunk_frames: int = CHUNK_FRAMES, first_chunk_frames: int | None = None,
+                            **kwargs) -> Iterator[tuple]:
+        """`tts.generate_voice_design(...)` as (audio, sample_rate) chunks."""
+        return self.stream("voice_design", args, kwargs, chunk_frames, first_chunk_frames)
+
+    def stream_voice_clone(self, *args, chunk_frames: int = CHUNK_FRAMES, first_chunk_frames: int | None = None,
+                           **kwargs) -> Iterator[tuple]:
+        """`tts.generate_voice_clone(...)` as (audio, sample_rate) chunks."""
+        return self.stream("base", args, kwargs, chunk_frames, first_chunk_frames)
+
+    def stream(self, kind: str, args: tuple, kwargs: dict, chunk_frames, first_chunk_frames) -> Iterator[tuple]:
+        if self.tts is None:
+            raise RvqspecError("streaming needs the whole qwen-tts model: accelerate the Qwen3TTSModel itself "
+                               "(accelerate(tts)), not its .model or its talker")
+        return stream_speech(self.tts, kind, self.stream_lock, args, kwargs, chunk_frames, first_chunk_frames)
 
     def build_decoder(self) -> MultiCodeDecoder:
         return predictor_from_upstream(self.talker)
@@ -148,7 +174,8 @@ def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator:
     fine-tuning the model: it copies the predictor's weights (a later device or dtype change is followed, an
     in-place edit is not).
     """
-    return QwenTTSAcceleration(find_talker(model), drafter, tree, generator, calibration, weights)
+    tts = model if hasattr(model, "generate_custom_voice") else None
+    return QwenTTSAcceleration(find_talker(model), drafter, tree, generator, calibration, weights, tts)
 
 
 def generate_speech(tts, text: str, language: str = "Auto", speaker: str | None = None,
