@@ -56,6 +56,8 @@ def test_demo_json_on_a_tiny_stand_in(assets, tmp_path, capsys):
     assert report["tokens_per_step"] == pytest.approx(15 / report["calls_per_frame"])
     assert report["speedup"] > 0 and 0 < report["mean_top1"] <= 1 and report["tree_nodes"] in (4, 16)
     assert report["vocoder"] == "griffin-lim"
+    for name in ("ar", "speculative"):  # streamed: the first chunk comes before the whole utterance is done
+        assert 0 < report["first_audio_seconds"][name] <= report["whole_seconds"][name]
     policy = report["policy"]
     assert policy["tree_size"] in (0, 4, 16) and "latency measured live by the demo" in policy["why"]
     if policy["tree_size"]:
@@ -71,6 +73,7 @@ def test_demo_text_names_the_policy_and_the_live_real_comparison(assets, tmp_pat
     assert main(["demo", "Hi.", "--assets", str(assets), "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     assert "decoding policy for the stand-in on this machine:" in printed
+    assert "streamed: first audio    AR" in printed
     assert "NOT THE STAND-IN, measured live now" in printed and "frames/s against AR's" in printed
 
 

@@ -73,7 +73,7 @@ ALLOWED = {
     "integrations": {"engine", "integrations"},
     "tuning": {"engine", "integrations", "tuning"},
     "bench": {"engine", "integrations", "tuning", "bench"},
-    "standin": {"engine", "tuning", "standin"},
+    "standin": {"engine", "integrations", "tuning", "standin"},
     "cli": {"engine", "integrations", "tuning", "bench", "standin", "cli"},
 }
 

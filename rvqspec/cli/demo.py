@@ -103,13 +103,16 @@ def heldout_top1(assets: Path) -> float | None:
 
 
 def synthesize(tts, codec, text: str, lang: str, seed: int, drafter=None, tree=None) -> tuple:
-    from rvqspec.standin.synthesis import synthesize_codes
+    """(synthesis, waveform, seconds to the whole utterance, seconds to the first audio chunk), streamed."""
+    from rvqspec.standin.streaming import SpeechStream
 
-    generator = torch.Generator().manual_seed(seed)
-    start = time.perf_counter()
-    synthesis = synthesize_codes(tts, text, lang, generator=generator, drafter=drafter, tree=tree)
-    wav = codec.decode(synthesis.codes)
-    return synthesis, wav, time.perf_counter() - start
+    start, chunks, first = time.perf_counter(), [], None
+    speech = SpeechStream(tts, codec, text, lang, generator=torch.Generator().manual_seed(seed), drafter=drafter,
+                          tree=tree)
+    for chunk in speech:
+        first = time.perf_counter() - start if first is None else first
+        chunks.append(torch.from_numpy(chunk))
+    return speech.synthesis, torch.cat(chunks), time.perf_counter() - start, first
 
 
 def inner_loop_times(tts, text: str, lang: str, seed: int, drafter, tree, ar, spec) -> tuple[float, float]:
@@ -162,8 +165,8 @@ def run_demo(text: str | None = None, lang: str = "en", out: str | Path = "demo_
     policy = live_policy(tts.predictor, drafter, Policy.for_model(tts.predictor, assets / "trees", LatencyTable({}, "")))
     tree, tree_source = candidate_tree(policy)
     warm_up(tts, drafter, tree)
-    ar, ar_wav, ar_seconds = synthesize(tts, codec, text, lang, seed)
-    spec, spec_wav, spec_seconds = synthesize(tts, codec, text, lang, seed, drafter, tree)
+    ar, ar_wav, ar_seconds, ar_first = synthesize(tts, codec, text, lang, seed)
+    spec, spec_wav, spec_seconds, spec_first = synthesize(tts, codec, text, lang, seed, drafter, tree)
     out = Path(out)
     files = {"ar": out / "standin_ar.wav", "speculative": out / "standin_speculative.wav"}
     for path, wav in ((files["ar"], ar_wav), (files["speculative"], spec_wav)):
@@ -186,6 +189,8 @@ def run_demo(text: str | None = None, lang: str = "en", out: str | Path = "demo_
         "real_time_factor": {"ar": ar_seconds / max(audio_seconds["ar"], 1e-9),
                              "speculative": spec_seconds / max(audio_seconds["speculative"], 1e-9)},
         "audio_seconds": audio_seconds,
+        "first_audio_seconds": {"ar": ar_first, "speculative": spec_first},
+        "whole_seconds": {"ar": ar_seconds, "speculative": spec_seconds},
         "mean_top1": float(top1.mean()) if spec.frames else None, "heldout_mean_top1": heldout,
         "wav": {k: str(v) for k, v in files.items()},
     }
@@ -204,6 +209,9 @@ def print_report(r: dict) -> None:
     print(f"    inner-loop time ratio    AR / speculative = {r['speedup']:.2f}x (median frame, same run)")
     print(f"    real-time factor         AR {r['real_time_factor']['ar']:.2f}   speculative "
           f"{r['real_time_factor']['speculative']:.2f}   (synthesis time / audio time, talker + vocoder included)")
+    first, whole = r["first_audio_seconds"], r["whole_seconds"]
+    print(f"    streamed: first audio    AR {first['ar']:.2f} s   speculative {first['speculative']:.2f} s   (whole "
+          f"utterance AR {whole['ar']:.2f} s, speculative {whole['speculative']:.2f} s)")
     heldout = f", held-out {r['heldout_mean_top1']:.3f}" if r["heldout_mean_top1"] is not None else ""
     print(f"  predictor mean top-1 probability (temperature 0.9, top-k 50): {r['mean_top1']:.3f} on this "
           f"synthesis{heldout}. The stand-in is not confident, so few drafts are accepted: its speed-up says "

@@ -7,6 +7,7 @@ The talker keeps a static KV cache: one prefill over [lang, bytes, bos], then on
 
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +32,7 @@ class Synthesis:
     frame_seconds: list[float] = field(default_factory=list)  # wall time inside decode_frame (the inner loop)
     talker_seconds: float = 0.0
     accepted: list[int] = field(default_factory=list)  # drafts accepted per speculative round
+    on_frame_seconds: float = 0.0  # wall time in the on_frame callback (a stream's vocoding), not the talker's
 
     @property
     def frames(self) -> int:
@@ -66,8 +68,10 @@ def sample_c0(tts: StandinTTS, hidden: Tensor, sampler: Sampler, generator, allo
 @torch.inference_mode()
 def synthesize_codes(tts: StandinTTS, text: str, lang: str, sampler: Sampler = Sampler(),
                      talker_sampler: Sampler = Sampler(), generator: torch.Generator | None = None,
-                     drafter=None, tree: Tree | None = None, max_frames: int | None = None) -> Synthesis:
-    """Codes [T, 16] for `text`; the predictor runs AR (drafter None) or speculative (drafter + tree)."""
+                     drafter=None, tree: Tree | None = None, max_frames: int | None = None,
+                     on_frame: Callable[[Tensor], None] | None = None) -> Synthesis:
+    """Codes [T, 16] for `text`; the predictor runs AR (drafter None) or speculative (drafter + tree).
+    `on_frame(codes [16])` is called as each frame is done (streaming)."""
     talker = tts.talker
     device = talker.norm.weight.device
     prefix = tts.prefix_embed(text, lang).to(talker.norm.weight.dtype)
@@ -97,10 +101,14 @@ def synthesize_codes(tts: StandinTTS, text: str, lang: str, sampler: Sampler = S
         frame = torch.cat([torch.tensor([c0], device=device), result.codes])
         frames.append(frame)
         states.append(hidden)
+        if on_frame is not None:
+            inner = time.perf_counter()
+            on_frame(frame)
+            out.on_frame_seconds += time.perf_counter() - inner
         if t + 1 < max_frames:
             slot = all_slots[len(prefix) + t:len(prefix) + t + 1]
             hidden = talker(tts.frame_embed(frame)[None, None], frame_positions[t:t + 1], masks[slot], slot)[0, -1]
-    out.talker_seconds = time.perf_counter() - start - out.predictor_seconds
+    out.talker_seconds = time.perf_counter() - start - out.predictor_seconds - out.on_frame_seconds
     if frames:
         out.codes, out.hidden = torch.stack(frames).cpu(), torch.stack(states).float().cpu()
     return out
