@@ -283,3 +283,61 @@ def test_stopped_is_raised_in_the_worker_once_the_consumer_left():
     next(items)
     items.close()
     assert seen == ["stopped"] and not worker_threads()
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    from helpers.upstream_tts import save_checkpoint
+
+    return save_checkpoint(tiny_qwen3_tts(seed=1), tmp_path_factory.mktemp("checkpoint"),
+                           {"max_new_tokens": 10, "do_sample": False, "subtalker_dosample": False})
+
+
+def test_synth_stream_writes_the_whole_waveform_and_reports_first_audio(checkpoint, tmp_path, monkeypatch, capsys):
+    import soundfile
+
+    from rvqspec.cli.main import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    common = ["synth", "--model", str(checkpoint), "--text", "a short line", "--speaker", "tiny", "--language",
+              "English", "--device", "cpu"]
+    assert main([*common, "--out", str(tmp_path / "whole.wav")]) == 0
+    assert main([*common, "--out", str(tmp_path / "streamed.wav"), "--stream", "--chunk-frames", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "streamed: first audio after" in printed and "real-time factor" in printed
+    whole, _ = soundfile.read(tmp_path / "whole.wav")
+    streamed, _ = soundfile.read(tmp_path / "streamed.wav")
+    np.testing.assert_allclose(streamed, whole, atol=2 / 32768)  # 16-bit files: one step apart at most
+    assert not list(tmp_path.glob("*.part.wav"))
+
+
+def test_an_interrupted_synth_stream_leaves_no_file(checkpoint, tmp_path, monkeypatch):
+    """Each chunk leaves a valid wav (a player can follow it); Ctrl-C removes the partial file, joins the worker."""
+    import soundfile
+
+    from rvqspec.cli import synth
+
+    seen = []
+    real_write = soundfile.SoundFile.write
+
+    def write_then_interrupt(self, data):
+        real_write(self, data)
+        if seen:
+            raise KeyboardInterrupt
+        self.flush()
+        seen.append(soundfile.info(self.name).frames)  # readable mid-stream, with the samples so far
+
+    monkeypatch.setattr(soundfile.SoundFile, "write", write_then_interrupt)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(KeyboardInterrupt):
+        synth.run_synth(synth_args(checkpoint, tmp_path / "out.wav"))
+    assert seen and seen[0] > 0
+    assert not list(tmp_path.iterdir()) and not worker_threads()
+
+
+def synth_args(checkpoint, out):
+    from rvqspec.cli.main import build_parser
+
+    return build_parser().parse_args(["synth", "--model", str(checkpoint), "--text", "a short line", "--speaker", "tiny",
+                              "--language", "English", "--device", "cpu", "--out", str(out), "--stream",
+                              "--chunk-frames", "2"])

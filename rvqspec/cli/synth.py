@@ -21,7 +21,8 @@ from rvqspec.engine.model import resolve_dtype
 from rvqspec.engine.quantize import SCHEMES
 from rvqspec.integrations import csm
 from rvqspec.integrations.hub import default_device, default_dtype, resolve_model
-from rvqspec.integrations.qwen_tts import accelerate, generate_speech, load_tts
+from rvqspec.integrations.qwen_tts import accelerate, generate_speech, load_tts, speech_request, upstream_refusals
+from rvqspec.integrations.stream import CHUNK_FRAMES
 from rvqspec.tuning import csm_corpus, qwen_tts_corpus
 from rvqspec.tuning.recordings import audio_with_transcripts, is_csm_checkpoint
 
@@ -60,17 +61,64 @@ def synthesize(tts, handle, text: str, out: str | Path, **speech_args) -> dict:
             "wall_seconds": seconds}
 
 
+def write_progressively(out: str | Path, chunks, sample_rate: int) -> tuple[int, float | None]:
+    """Write the audio chunks into `<stem>.part.wav` beside `out`, a valid wav after every chunk (for a player
+    to follow), renamed to `out` at the end; removed if anything stops the stream (Ctrl-C included).
+    (samples written, seconds to the first chunk)."""
+    import soundfile
+
+    out = Path(out)
+    part = out.with_name(f"{out.stem}.part{out.suffix or '.wav'}")
+    start, first, samples = time.perf_counter(), None, 0
+    try:
+        with soundfile.SoundFile(part, "w", samplerate=sample_rate, channels=1, format="WAV") as wav:
+            for audio, _ in chunks:
+                first = time.perf_counter() - start if first is None else first
+                wav.write(audio)
+                wav.flush()  # the header now counts these samples: a valid file
+                samples += len(audio)
+        part.replace(out)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+    return samples, first
+
+
+def stream_synth(tts, handle, args) -> dict:
+    entry_point, arguments = speech_request(tts, args.text, args.language, args.speaker, args.instruct,
+                                            args.ref_audio, args.ref_text)
+    sample_rate = int(tts.model.speech_tokenizer.get_output_sample_rate())
+    handle.stats.reset()
+    start = time.perf_counter()
+    with upstream_refusals():
+        chunks = getattr(handle, f"stream_{entry_point}")(**arguments, chunk_frames=args.chunk_frames)
+        samples, first = write_progressively(args.out, chunks, sample_rate)
+    seconds = time.perf_counter() - start
+    return {"out": str(args.out), "audio_seconds": samples / sample_rate, "sample_rate": sample_rate,
+            "frames": handle.stats.frames, "wall_seconds": seconds, "first_audio_seconds": first,
+            "real_time_factor": seconds / max(samples / sample_rate, 1e-9), "decoding": handle.explain(1),
+            "calls_per_frame": handle.stats.calls_per_frame, "tokens_per_step": handle.stats.tokens_per_step}
+
+
 def run_synth(args) -> int:
     drafter, tree = load_drafting(args)
+    if args.stream:
+        flags.require_extra("rvqspec synth --stream", "demo", "soundfile")
     device = default_device(args.device)
     tts = load_tts(resolve_model(args.model), device, default_dtype(args.dtype, device))
     handle = accelerate(tts, drafter=drafter, tree=tree, weights=args.weights)
     torch.manual_seed(args.seed)
-    report = synthesize(tts, handle, args.text, args.out, language=args.language, speaker=args.speaker,
-                        instruct=args.instruct, ref_audio=args.ref_audio, ref_text=args.ref_text)
+    if args.stream:
+        report = stream_synth(tts, handle, args)
+    else:
+        report = synthesize(tts, handle, args.text, args.out, language=args.language, speaker=args.speaker,
+                            instruct=args.instruct, ref_audio=args.ref_audio, ref_text=args.ref_text)
     mode = report["decoding"]
     print(f"wrote {report['out']}: {report['audio_seconds']:.2f} s of audio at {report['sample_rate']} Hz, "
           f"{report['frames']} frames in {report['wall_seconds']:.1f} s")
+    if args.stream:
+        print(f"streamed: first audio after {report['first_audio_seconds']:.2f} s, real-time factor "
+              f"{report['real_time_factor']:.2f} (synthesis time / audio time)")
     print(f"code predictor ({mode}): {report['calls_per_frame']:.2f} calls/frame, "
           f"{report['tokens_per_step']:.2f} tokens/step")
     return 0
@@ -115,6 +163,10 @@ def add_cli(subparsers) -> None:
     p.add_argument("--weights", choices=SCHEMES, help="decode the code predictor with int8 weights (rvqspec.quantize, "
                                                       "CPU): a different model than the checkpoint's, opt-in")
     p.add_argument("--seed", type=flags.seed, default=0)
+    p.add_argument("--stream", action="store_true", help="write the wav while it is generated (<stem>.part.wav, "
+                                                         "a valid file after every chunk), print time to first audio")
+    p.add_argument("--chunk-frames", type=flags.chunk_frames, default=CHUNK_FRAMES,
+                   help=f"with --stream: frames per chunk (default {CHUNK_FRAMES}; 12.5 frames a second)")
     p.set_defaults(run=run_synth)
 
 

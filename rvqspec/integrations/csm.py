@@ -16,6 +16,8 @@ generate set), read at every call. Any other call goes to upstream.
 Corpora from recordings (the backbone's teacher-forced state) are built in `rvqspec.tuning.csm_corpus`.
 """
 
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -27,6 +29,8 @@ from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.model import MultiCodeDecoder
 from rvqspec.engine.tree import Tree
 from rvqspec.integrations.base import Acceleration
+from rvqspec.integrations.csm_stream import stream_audio
+from rvqspec.integrations.stream import CHUNK_FRAMES
 
 
 def is_csm(model) -> bool:
@@ -59,7 +63,13 @@ class CsmAcceleration(Acceleration):
     def __init__(self, model, drafter, tree: Tree | str | None, generator: torch.Generator | None,
                  calibration: str | None = None, weights: str | None = None):
         self.model = model
+        self.stream_lock = threading.Lock()  # generate sets the depth decoder's generation_config per call
         super().__init__(model, model.depth_decoder, drafter, tree, generator, calibration, weights)
+
+    def stream(self, chunk_frames: int = CHUNK_FRAMES, first_chunk_frames: int | None = None,
+               **generate_kwargs) -> Iterator[tuple]:
+        """`model.generate(**generate_kwargs)` as (audio, sample_rate) chunks (rvqspec.integrations.csm_stream)."""
+        return stream_audio(self.model, self.stream_lock, generate_kwargs, chunk_frames, first_chunk_frames)
 
     def build_decoder(self) -> MultiCodeDecoder:
         return depth_decoder_from_transformers(self.model)

@@ -178,28 +178,40 @@ def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator:
     return QwenTTSAcceleration(find_talker(model), drafter, tree, generator, calibration, weights, tts)
 
 
-def generate_speech(tts, text: str, language: str = "Auto", speaker: str | None = None,
-                    instruct: str | None = None, ref_audio=None, ref_text: str | None = None,
-                    **kwargs) -> tuple[list, int]:
-    """(wavs, sample_rate) from the generate entry point of the model's type: custom voice (`speaker`, optional
-    `instruct`), voice design (`instruct`), or voice clone (`ref_audio`; ICL with `ref_text`, else x-vector
-    only). `kwargs` (sampling settings, max_new_tokens, non_streaming_mode) go to the entry point."""
+def speech_request(tts, text: str, language: str = "Auto", speaker: str | None = None, instruct: str | None = None,
+                   ref_audio=None, ref_text: str | None = None) -> tuple[str, dict]:
+    """(entry point, its arguments) for the model's type: custom_voice (`speaker`, optional `instruct`),
+    voice_design (`instruct`), or voice_clone (`ref_audio`; ICL with `ref_text`, else x-vector only)."""
     kind = tts.model.tts_model_type
     if kind == "base" and ref_audio is None:
         raise RvqspecError("this is a voice-clone (Base) model: it needs reference audio (--ref-audio), and its "
                            "transcript (--ref-text) for in-context cloning")
-    entry_points = {
-        "custom_voice": lambda: tts.generate_custom_voice(text=text, speaker=speaker, language=language,
-                                                          instruct=instruct, **kwargs),
-        "voice_design": lambda: tts.generate_voice_design(text=text, instruct=instruct or "", language=language,
-                                                          **kwargs),
-        "base": lambda: tts.generate_voice_clone(text=text, language=language, ref_audio=ref_audio,
-                                                 ref_text=ref_text, x_vector_only_mode=ref_text is None, **kwargs)}
-    if kind not in entry_points:
-        raise RvqspecError(f"unknown qwen-tts model type {kind!r}: expected one of {', '.join(entry_points)}")
+    requests = {
+        "custom_voice": ("custom_voice", dict(text=text, speaker=speaker, language=language, instruct=instruct)),
+        "voice_design": ("voice_design", dict(text=text, instruct=instruct or "", language=language)),
+        "base": ("voice_clone", dict(text=text, language=language, ref_audio=ref_audio, ref_text=ref_text,
+                                     x_vector_only_mode=ref_text is None))}
+    if kind not in requests:
+        raise RvqspecError(f"unknown qwen-tts model type {kind!r}: expected one of {', '.join(requests)}")
+    return requests[kind]
+
+
+def generate_speech(tts, text: str, language: str = "Auto", speaker: str | None = None,
+                    instruct: str | None = None, ref_audio=None, ref_text: str | None = None,
+                    **kwargs) -> tuple[list, int]:
+    """(wavs, sample_rate) from the generate entry point of the model's type (`speech_request`). `kwargs`
+    (sampling settings, max_new_tokens, non_streaming_mode) go to the entry point."""
+    entry_point, arguments = speech_request(tts, text, language, speaker, instruct, ref_audio, ref_text)
+    with upstream_refusals():
+        return getattr(tts, f"generate_{entry_point}")(**arguments, **kwargs)
+
+
+@contextlib.contextmanager
+def upstream_refusals():
+    """Upstream's way of refusing a speaker, language or mode (ValueError, NotImplementedError), as one line."""
     try:
-        return entry_points[kind]()
-    except (ValueError, NotImplementedError) as e:  # upstream's way of refusing a speaker, language or mode
+        yield
+    except (ValueError, NotImplementedError) as e:
         raise RvqspecError(f"qwen-tts refused the request: {e}") from None
 
 

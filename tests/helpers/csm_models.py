@@ -1,7 +1,7 @@
 """Tiny random Sesame CSM models (transformers `CsmForConditionalGeneration`), built from a config alone.
 
 Weights are re-drawn with a large std (norm gains stay at 1), as in `tiny.py`, so that the depth decoder's
-distributions are peaked and depend on the prefix; the Mimi codec is built as small as it goes (never run).
+distributions are peaked and depend on the prefix; the Mimi codec is built as small as it goes (run by the streaming tests only).
 """
 
 import torch
@@ -31,7 +31,8 @@ def tiny_csm(codebooks: int = 8, vocab: int = 35, seed: int = 0, std: float = 0.
                                   rope_scaling=rope_scaling),
         codec_config=dict(model_type="mimi", codebook_size=32, num_quantizers=codebooks, hidden_size=16,
                           num_filters=4, codebook_dim=16, num_hidden_layers=1, num_attention_heads=2,
-                          num_key_value_heads=2, intermediate_size=32, head_dim=8, upsample_groups=16))
+                          num_key_value_heads=2, intermediate_size=32, head_dim=8, upsample_groups=16,
+                          vector_quantization_hidden_dimension=16))
     torch.manual_seed(seed)
     model = CsmForConditionalGeneration(config).eval()
     generator = torch.Generator().manual_seed(seed)
