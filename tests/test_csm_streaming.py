@@ -29,7 +29,7 @@ def audible(model) -> None:
 
 @pytest.fixture(scope="module")
 def csm():
-    model = tiny_csm(codebooks=8, vocab=32, seed=3)  # codes inside the tiny Mimi's 32-entry codebooks
+    model = tiny_csm(codebooks=8, vocab=32, seed=3, runnable_codec=True)  # codes inside the tiny Mimi's 32-entry codebooks
     audible(model)
     return model
 

@@ -1,7 +1,7 @@
 """Tiny random Sesame CSM models (transformers `CsmForConditionalGeneration`), built from a config alone.
 
 Weights are re-drawn with a large std (norm gains stay at 1), as in `tiny.py`, so that the depth decoder's
-distributions are peaked and depend on the prefix; the Mimi codec is built as small as it goes (run by the streaming tests only).
+distributions are peaked and depend on the prefix; the Mimi codec is built as small as it goes (run by the streaming tests only, `runnable_codec`).
 """
 
 import torch
@@ -14,10 +14,10 @@ TEXT_VOCAB = 100
 
 
 def tiny_csm(codebooks: int = 8, vocab: int = 35, seed: int = 0, std: float = 0.3, dtype=torch.float64,
-             rope_scaling: dict | None = LLAMA3, backbone: int = 32, hidden: int = 24):
+             rope_scaling: dict | None = LLAMA3, backbone: int = 32, hidden: int = 24, runnable_codec: bool = False):
     """A CsmForConditionalGeneration: backbone of width `backbone` (1 layer), depth decoder of width `hidden`
     (2 Llama layers, 4 / 2 heads of dim 6), `codebooks` codebooks of `vocab` codes (the last one the padding
-    code, 0 the end-of-speech code, as in CSM)."""
+    code, 0 the end-of-speech code, as in CSM). `runnable_codec`: a Mimi whose decode runs (other seeds' draws)."""
     from transformers import CsmConfig, CsmForConditionalGeneration
 
     config = CsmConfig(
@@ -32,7 +32,7 @@ def tiny_csm(codebooks: int = 8, vocab: int = 35, seed: int = 0, std: float = 0.
         codec_config=dict(model_type="mimi", codebook_size=32, num_quantizers=codebooks, hidden_size=16,
                           num_filters=4, codebook_dim=16, num_hidden_layers=1, num_attention_heads=2,
                           num_key_value_heads=2, intermediate_size=32, head_dim=8, upsample_groups=16,
-                          vector_quantization_hidden_dimension=16))
+                          **({"vector_quantization_hidden_dimension": 16} if runnable_codec else {})))
     torch.manual_seed(seed)
     model = CsmForConditionalGeneration(config).eval()
     generator = torch.Generator().manual_seed(seed)
