@@ -92,6 +92,9 @@ def make_audible(decoder, seed: int = 0) -> None:
     import math
 
     torch.manual_seed(seed)
+    for name, tensor in [*decoder.named_buffers(), *decoder.named_parameters()]:
+        if name.endswith("embedding_sum"):  # codebooks start at zero: every code would decode to silence
+            tensor.normal_()
     for module in decoder.modules():
         if isinstance(module, (torch.nn.Conv1d, torch.nn.Linear)):
             module.weight.normal_(0, 1 / math.sqrt(module.weight[0].numel()))
