@@ -10,7 +10,7 @@ import sys
 from rvqspec.engine.errors import RvqspecError
 
 # Modules that register subcommands, in the order `rvqspec --help` lists them.
-COMMAND_MODULES = ["demo", "train", "calibrate", "synth", "standin", "eval", "bench", "inspect"]
+COMMAND_MODULES = ["demo", "train", "calibrate", "tune", "synth", "standin", "eval", "bench", "inspect"]
 # Modules that add a command to the `rvqspec corpus` group.
 CORPUS_MODULES = ["synth", "standin"]
 

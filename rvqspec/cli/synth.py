@@ -34,10 +34,15 @@ def write_wav(path: str | Path, wav, sample_rate: int) -> None:
 
 
 def load_drafting(args):
-    """(drafter, tree) from the flags, checked before any model is loaded; (None, None) for plain AR."""
+    """(drafter, tree) from the flags, checked before any model is loaded; (None, None) for plain AR (or --tuned,
+    whose folder brings its own)."""
     from rvqspec.engine.drafters import Drafter, ReusedHeads
     from rvqspec.engine.tree import Tree
 
+    if args.tuned:
+        if args.no_spec or args.drafter != "reused" or args.tree:
+            raise RvqspecError("--tuned brings its own drafter and trees: drop --drafter/--tree/--no-spec")
+        return None, "auto"
     if args.no_spec:
         if args.drafter != "reused" or args.tree:
             raise RvqspecError("--no-spec decodes autoregressively: drop --drafter/--tree, or drop --no-spec")
@@ -106,7 +111,7 @@ def run_synth(args) -> int:
         flags.require_extra("rvqspec synth --stream", "demo", "soundfile")
     device = default_device(args.device)
     tts = load_tts(resolve_model(args.model), device, default_dtype(args.dtype, device))
-    handle = accelerate(tts, drafter=drafter, tree=tree, weights=args.weights)
+    handle = accelerate(tts, drafter=drafter, tree=tree, weights=args.weights, tuned=args.tuned)
     torch.manual_seed(args.seed)
     if args.stream:
         report = stream_synth(tts, handle, args)
@@ -162,6 +167,7 @@ def add_cli(subparsers) -> None:
                                      "prior tree from this device's measured latencies")
     p.add_argument("--weights", choices=SCHEMES, help="decode the code predictor with int8 weights (rvqspec.quantize, "
                                                       "CPU): a different model than the checkpoint's, opt-in")
+    p.add_argument("--tuned", help="a folder `rvqspec tune` wrote for this checkpoint (drafter, trees, latency table)")
     p.add_argument("--seed", type=flags.seed, default=0)
     p.add_argument("--stream", action="store_true", help="write the wav while it is generated (<stem>.part.wav, "
                                                          "a valid file after every chunk), print time to first audio")

@@ -19,6 +19,7 @@ from rvqspec.engine.policy import Policy
 from rvqspec.engine.quantize import check_scheme, quantize
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import Tree
+from rvqspec.integrations.tuned import load_tuned
 
 HANDLE = "_rvqspec_acceleration"  # attribute of an accelerated model that holds its Acceleration
 # Generation settings that change the distribution and that rvqspec does not implement, with their neutral
@@ -101,16 +102,26 @@ class Acceleration:
     `owner` is the model the user holds (it keeps the handle); `target` the depth decoder whose generate is
     replaced."""
 
+    KIND = ""  # the model type a tuned folder names ("qwen-tts", "csm")
+
     def __init__(self, owner: torch.nn.Module, target: torch.nn.Module, drafter, tree: Tree | str | None,
-                 generator: torch.Generator | None, calibration: str | None = None, weights: str | None = None):
+                 generator: torch.Generator | None, calibration: str | None = None, weights: str | None = None,
+                 tuned: str | None = None):
         if getattr(owner, HANDLE, None) is not None:
             raise RvqspecError("this model is already accelerated: call handle.undo() (or deaccelerate(model)) first")
+        self.owner, self.target = owner, target
+        self.weights = weights and check_scheme(weights)
+        decoder, self.latency = self.build_decoder(), None
+        if tuned is not None:
+            if drafter is not None or calibration is not None:
+                raise RvqspecError("tuned= brings its own drafter and calibration: drop drafter= and calibration=")
+            drafter, calibration, latency = load_tuned(tuned, decoder, self.KIND)
+            self.latency = None if self.weights else latency  # measured on the float model
         check_arguments(drafter, tree)
-        self.owner, self.target, self.drafter, self.tree, self.generator = owner, target, drafter, tree, generator
-        self.calibration, self.weights = calibration, weights and check_scheme(weights)
+        self.drafter, self.tree, self.generator, self.calibration = drafter, tree, generator, calibration
         self.stats = Stats()
         self.warned: set[str] = set()
-        self.decoder, self.built_from = self.quantized(self.build_decoder()), self.fingerprint()
+        self.decoder, self.built_from = self.quantized(decoder), self.fingerprint()
         self.policy: Policy | None = None
         if drafter is not None:
             drafter.check_model(self.decoder)
@@ -149,7 +160,7 @@ class Acceleration:
         raise NotImplementedError
 
     def make_policy(self) -> Policy:
-        policy = Policy.for_model(self.decoder, self.calibration)
+        policy = Policy.for_model(self.decoder, self.calibration, self.latency)
         for tree in policy.trees.values():
             tree.check_fits(self.drafter.depth)
         return policy
@@ -172,6 +183,7 @@ class Acceleration:
         if moved or not torch.equal(fingerprint, self.built_from):
             self.decoder, self.built_from = self.quantized(self.build_decoder()), fingerprint
             if moved and self.policy is not None:
+                self.latency = None  # a tuned table is for the device and dtype it was measured on
                 self.policy = self.make_policy()
         return self.decoder
 

@@ -87,11 +87,13 @@ def predictor_from_upstream(talker) -> MultiCodeDecoder:
 class QwenTTSAcceleration(Acceleration):
     """A qwen-tts talker's `code_predictor.generate`, routed through `rvqspec.decode_frames`."""
 
+    KIND = "qwen-tts"
+
     def __init__(self, talker, drafter, tree: Tree | str | None, generator: torch.Generator | None,
-                 calibration: str | None = None, weights: str | None = None, tts=None):
+                 calibration: str | None = None, weights: str | None = None, tts=None, tuned: str | None = None):
         self.talker, self.tts = talker, tts
         self.stream_lock = threading.Lock()  # streams of this model take turns (qwen_tts_stream's docstring)
-        super().__init__(talker, talker.code_predictor, drafter, tree, generator, calibration, weights)
+        super().__init__(talker, talker.code_predictor, drafter, tree, generator, calibration, weights, tuned)
 
     def stream_custom_voice(self, *args, chunk_frames: int = CHUNK_FRAMES, first_chunk_frames: int | None = None,
                             **kwargs) -> Iterator[tuple]:
@@ -161,7 +163,8 @@ class QwenTTSAcceleration(Acceleration):
 
 
 def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator: torch.Generator | None = None,
-               calibration: str | None = None, weights: str | None = None) -> QwenTTSAcceleration:
+               calibration: str | None = None, weights: str | None = None,
+               tuned: str | None = None) -> QwenTTSAcceleration:
     """Route the code predictor of a qwen-tts model through `rvqspec.decode_frames` until `undo()`.
 
     `model`: a `qwen_tts.Qwen3TTSModel`, its `.model`, or its `.model.talker`. Each batched frame step of the
@@ -172,10 +175,11 @@ def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator:
     prior of `default_tree`); a `Tree` decodes every step speculatively with it. Sampling settings come from
     each generate call; draws use `generator`, or torch's global RNG like upstream. Call it after moving or
     fine-tuning the model: it copies the predictor's weights (a later device or dtype change is followed, an
-    in-place edit is not).
+    in-place edit is not). `tuned`: a folder `rvqspec tune` wrote for this model (its drafter, trees and latency
+    table, in place of drafter= and calibration=).
     """
     tts = model if hasattr(model, "generate_custom_voice") else None
-    return QwenTTSAcceleration(find_talker(model), drafter, tree, generator, calibration, weights, tts)
+    return QwenTTSAcceleration(find_talker(model), drafter, tree, generator, calibration, weights, tts, tuned)
 
 
 def speech_request(tts, text: str, language: str = "Auto", speaker: str | None = None, instruct: str | None = None,

@@ -170,3 +170,15 @@ def synthesize_all(tts, sentences: list[dict], seed: int, mode: str, drafter, tr
                                tree=tree if drafter is not None else None, max_frames=max_frames)
         runs.append(Run(out.codes, out.predictor_calls))
     return runs
+
+
+def self_synthesis(tts: StandinTTS, seed: int = 0):
+    """`rvqspec tune --model standin`: the built-in sentences in the stand-in's languages, free-running with the
+    deployed sampling, again and again (other draws each pass): (id, language, codes [T, 16], hidden [T, H])."""
+    from rvqspec.tuning.sentences import rounds
+
+    for turn, index, lang, text in rounds(list(tts.config.languages)):
+        generator = torch.Generator().manual_seed(stream_seed(seed, "tune", lang, index, turn))
+        synthesis = synthesize_codes(tts, text, lang, generator=generator)
+        if synthesis.frames >= 2:
+            yield f"{lang}-{index:03d}-{turn}", lang, synthesis.codes, synthesis.hidden

@@ -1,0 +1,80 @@
+"""A folder `rvqspec tune` wrote, as `accelerate(model, tuned=FOLDER)` reads it:
+
+    tune.json          what it was tuned for (model kind, architecture, dtype, a digest of the weights) and the stages
+    corpus/            the model's own synthesis, per frame the state conditioning the depth decoder and all codes
+    train/offsets.safetensors   the drafter (the trainer's folder: checkpoint, metrics.json)
+    trees/             the calibration: report.json (predicted vs measured) and tree-N*.json
+    latency.json       this device's latency table for the architecture (absent with --no-bench)
+    report.json, README.md   what was measured
+
+A folder tuned for another checkpoint, architecture or dtype is refused, naming the mismatch.
+"""
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.model import MultiCodeDecoder
+from rvqspec.engine.packing import probe
+from rvqspec.engine.policy import MEASURED_MARGIN, LatencyTable, setting_key
+
+IDENTITY, DRAFTER, TREES, LATENCY = "tune.json", Path("train") / "offsets.safetensors", "trees", "latency.json"
+
+
+def architecture(model: MultiCodeDecoder) -> str:
+    return setting_key(model).split("/")[-1]
+
+
+def weights_digest(model: MultiCodeDecoder) -> str:
+    """A digest of a few elements of every weight (`packing.probe`), upcast: equal for the same checkpoint loaded
+    in any dtype that holds its values, different after fine-tuning."""
+    values = torch.cat([probe(t).double().cpu().reshape(-1) for _, t in sorted(model.state_dict().items())])
+    return hashlib.sha256(values.numpy().tobytes()).hexdigest()[:16]
+
+
+def identity_of(model: MultiCodeDecoder, kind: str) -> dict:
+    return {"kind": kind, "architecture": architecture(model), "dtype": str(model.dtype).removeprefix("torch."),
+            "weights_digest": weights_digest(model)}
+
+
+def read_identity(folder: Path) -> dict:
+    try:
+        return json.loads((folder / IDENTITY).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise RvqspecError(f"{folder} is not a folder `rvqspec tune` wrote ({IDENTITY}: {e}): tune one with "
+                           f"`rvqspec tune --model CKPT --out {folder}`") from None
+
+
+def check_identity(folder: Path, model: MultiCodeDecoder, kind: str) -> None:
+    """Refuse `folder` unless it was tuned for this model (kind, architecture, dtype, weights)."""
+    tuned, ours = read_identity(folder), identity_of(model, kind)
+    for field, what in (("kind", "model type"), ("architecture", "architecture"), ("dtype", "dtype"),
+                        ("weights_digest", "checkpoint (its weights differ)")):
+        if tuned.get(field) != ours[field]:
+            fix = (f"load the model in {tuned.get(field)}" if field == "dtype"
+                   else "tune this model with `rvqspec tune --model CKPT --out NEW_FOLDER`")
+            raise RvqspecError(f"{folder} was tuned for another {what}: {tuned.get(field)} there, {ours[field]} "
+                               f"here: {fix}")
+
+
+def load_tuned(folder: str | Path, model: MultiCodeDecoder, kind: str):
+    """(drafter, calibration folder, latency table or None) of a tuned folder, checked against `model`."""
+    from rvqspec.engine.drafters import Drafter
+
+    folder = Path(folder)
+    check_identity(folder, model, kind)
+    missing = [name for name in (DRAFTER, Path(TREES) / "report.json") if not (folder / name).exists()]
+    if missing:
+        raise RvqspecError(f"{folder} is not finished ({', '.join(map(str, missing))} missing): rerun the same "
+                           "`rvqspec tune` command (finished stages are skipped)")
+    drafter = Drafter.load(folder / DRAFTER, model)
+    latency = None
+    if (folder / LATENCY).exists():
+        entry = json.loads((folder / LATENCY).read_text())
+        if entry.get("key") == setting_key(model):  # another thread count or device: the device file's table
+            latency = LatencyTable.from_json(entry, f"measured by rvqspec tune: {entry.get('measured_on')}",
+                                             MEASURED_MARGIN)
+    return drafter, folder / TREES, latency

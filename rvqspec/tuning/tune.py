@@ -1,0 +1,204 @@
+"""`rvqspec tune`: a drafter, trees and latency table for one checkpoint, from the model's own speech.
+
+Stages, in order, into one folder (its layout: `rvqspec.integrations.tuned`):
+1. synthesize: the model speaks the built-in sentences free-running with its deployed sampling until `minutes` of
+   audio exist; per frame the state conditioning its depth decoder and all codes -> corpus/ (split by utterance)
+2. train: offsets on that corpus (`rvqspec.tuning.train`, resumable from its checkpoint) -> train/
+3. calibrate: trees from the train split's acceptance, measured on the held-out split -> trees/
+4. bench: this device's ms per call at (B, N) for the architecture, with the calibrated trees -> latency.json
+5. report: report.json and README.md (tokens/step measured and predicted speed-up per batch size)
+
+A stage whose output exists is skipped (its files are written atomically, last of all: an interrupted stage
+left nothing that counts as done), so rerunning the same command resumes; `force` names a stage to redo, and
+the ones after it with it. Synthesis and benching need the live model, the caller's `Subject`.
+"""
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rvqspec.engine.checkpoint import save_json, save_text
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.model import MultiCodeDecoder
+from rvqspec.integrations.tuned import DRAFTER, IDENTITY, LATENCY, TREES, identity_of, read_identity
+from rvqspec.tuning.calibrate import CalibrationSettings, calibrate
+from rvqspec.tuning.corpus import Corpus, CorpusWriter, split_of
+from rvqspec.tuning.train import TrainSettings, progress_bar, train
+
+STAGES = ("synthesize", "train", "calibrate", "bench", "report")
+BUDGETS = [4, 8, 16, 32, 64]
+FRAME_RATE = 12.5  # frames a second: Qwen3-TTS, CSM (Mimi) and the stand-in alike
+DEFAULT_MINUTES = 20.0  # of synthesized audio (15,000 frames): see docs/RESULTS.md (tune) for what it gives
+
+
+@dataclass
+class Subject:
+    """The model being tuned: its kind ("qwen-tts", "csm", "standin"), the folder its predictor loads from,
+    that predictor as loaded, and its free-running synthesis: an iterator of (id, language, codes, hidden)."""
+
+    kind: str
+    model_path: Path
+    predictor: MultiCodeDecoder
+    utterances: Callable[[], Iterator[tuple]]
+    bench: Callable[[Path], dict] | None = None  # writes the latency table, returns what it measured
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    minutes: float = DEFAULT_MINUTES
+    epochs: int = 2
+    seed: int = 0
+    budgets: tuple[int, ...] = tuple(BUDGETS)
+    validation_fraction: float = 0.1
+    progress: bool = True
+    timings: dict = field(default_factory=dict, compare=False)
+
+
+def stage_done(out: Path, stage: str) -> bool:
+    return {"synthesize": (out / "corpus" / "index.json").exists(),
+            "train": (out / "train" / "metrics.json").exists() and (out / DRAFTER).exists(),
+            "calibrate": (out / TREES / "report.json").exists(),
+            "bench": (out / LATENCY).exists(),
+            "report": (out / "report.json").exists() and (out / "README.md").exists()}[stage]
+
+
+def check_folder(out: Path, identity: dict, force: str | None) -> None:
+    """A folder already tuned for another model is refused, unless everything is redone."""
+    if not (out / IDENTITY).exists():
+        return
+    tuned = read_identity(out)
+    different = [k for k in ("kind", "architecture", "dtype", "weights_digest") if tuned.get(k) != identity[k]]
+    if different and force != "synthesize":
+        raise RvqspecError(f"{out} was tuned for another model ({', '.join(f'{k}: {tuned.get(k)}' for k in different)}): "
+                           "pick another --out, or pass --force synthesize to redo it all for this one")
+
+
+def tune(subject: Subject, out: str | Path, settings: TuneSettings = TuneSettings(), force: str | None = None,
+         log=print) -> dict:
+    """Run the stages (module docstring) into `out`; returns the report."""
+    out = Path(out)
+    if force is not None and force not in STAGES:
+        raise RvqspecError(f"--force takes a stage: {', '.join(STAGES)}; got {force!r}")
+    identity = identity_of(subject.predictor, subject.kind) | {"model": str(subject.model_path)}
+    check_folder(out, identity, force)
+    out.mkdir(parents=True, exist_ok=True)
+    save_json(out / IDENTITY, identity | {"settings": asdict(settings) | {"timings": None}})
+    redo = STAGES[STAGES.index(force):] if force else ()
+    stages = {"synthesize": lambda: synthesize(subject, out, settings, overwrite="synthesize" in redo),
+              "train": lambda: train_stage(subject, out, settings, force="train" in redo),
+              "calibrate": lambda: calibrate_stage(subject, out, settings),
+              "bench": lambda: subject.bench(out) if subject.bench else None,
+              "report": lambda: write_report(subject, out, settings)}
+    for stage in STAGES:
+        if stage == "bench" and subject.bench is None:
+            log("bench: skipped (--no-bench): the policy uses this device's `rvqspec bench --batch` table if any")
+            continue
+        if stage_done(out, stage) and stage not in redo:
+            log(f"{stage}: done before, skipped")
+            continue
+        start = time.perf_counter()
+        log(f"{stage}: ...")
+        stages[stage]()
+        settings.timings[stage] = time.perf_counter() - start
+        log(f"{stage}: {settings.timings[stage]:.0f} s")
+    return json.loads((out / "report.json").read_text())
+
+
+def synthesize(subject: Subject, out: Path, settings: TuneSettings, overwrite: bool) -> None:
+    target = int(settings.minutes * 60 * FRAME_RATE)
+    config = subject.predictor.config
+    frames, utterances = 0, subject.utterances()
+    bar = progress_bar(range(target), settings.progress, desc="synthesize (frames)", unit="frame")
+    with CorpusWriter(out / "corpus", config.talker_hidden_size, config.num_code_groups, overwrite=overwrite,
+                      meta={"source": "rvqspec tune: the model's own free-running synthesis",
+                            "kind": subject.kind}) as writer:
+        splits: set[str] = set()
+        while frames < target or len(splits) < 2:  # both splits: the trees are measured on held-out utterances
+            utterance, lang, codes, hidden = next(utterances)
+            writer.add(utterance, lang, codes, hidden)
+            frames += len(codes)
+            splits.add(split_of(utterance, settings.validation_fraction))
+            if hasattr(bar, "update"):
+                bar.update(min(len(codes), target - bar.n))
+    if hasattr(bar, "close"):
+        bar.close()
+
+
+def train_stage(subject: Subject, out: Path, settings: TuneSettings, force: bool) -> None:
+    dtype = "float32"  # offsets train in float32 whatever the deployed dtype (the trainer's default)
+    train(subject.model_path, out / "corpus", out / "train",
+          TrainSettings(seed=settings.seed, validation_fraction=settings.validation_fraction),
+          epochs=settings.epochs, resume=not force and (out / "train").exists(), force=force, dtype=dtype,
+          progress=settings.progress)
+
+
+def calibrate_stage(subject: Subject, out: Path, settings: TuneSettings) -> None:
+    dtype = str(subject.predictor.dtype).removeprefix("torch.")
+    corpus = Corpus(out / "corpus", settings.validation_fraction)
+    frames = corpus.num_frames("train")
+    calibrate(subject.model_path, str(out / DRAFTER), out / "corpus", list(settings.budgets), out / TREES,
+              CalibrationSettings(frames=min(1000, frames), eval_frames=min(200, corpus.num_frames("validation")),
+                                  seed=settings.seed, validation_fraction=settings.validation_fraction),
+              dtype=dtype, device=str(subject.predictor.device))
+
+
+def write_report(subject: Subject, out: Path, settings: TuneSettings) -> None:
+    corpus = Corpus(out / "corpus", settings.validation_fraction)
+    trees = json.loads((out / TREES / "report.json").read_text())
+    metrics = json.loads((out / "train" / "metrics.json").read_text())
+    latency = json.loads((out / LATENCY).read_text()) if (out / LATENCY).exists() else None
+    identity = read_identity(out)
+    rows = [{"nodes": t["nodes"], "predicted_tokens_per_step": t["predicted_tokens_per_step"],
+             "measured_tokens_per_step": t.get("measured_tokens_per_step")} for t in trees["trees"]]
+    report = {"identity": identity, "corpus": {"utterances": len(corpus.split("train")) + len(corpus.split("validation")),
+                                               "train_frames": corpus.num_frames("train"),
+                                               "validation_frames": corpus.num_frames("validation"),
+                                               "minutes": (corpus.num_frames("train") + corpus.num_frames("validation"))
+                                               / FRAME_RATE / 60},
+              "train": {"best": metrics.get("best"), "baseline": metrics.get("baseline")}, "trees": rows,
+              "speedup": predicted_speedups(subject, out, latency), "latency": latency,
+              "timings_seconds": {**read_timings(out), **settings.timings}}
+    save_text(out / "README.md", readme(report))
+    save_json(out / "report.json", report)  # last: the stage is done once it exists
+
+
+def read_timings(out: Path) -> dict:
+    """Stage times of earlier (resumed) runs, kept in the report."""
+    try:
+        return json.loads((out / "report.json").read_text()).get("timings_seconds", {})
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def predicted_speedups(subject: Subject, out: Path, latency: dict | None) -> dict:
+    """Per batch size of the latency table: the policy's choice and its predicted speed-up over AR."""
+    if latency is None:
+        return {}
+    from rvqspec.engine.policy import MEASURED_MARGIN, LatencyTable, Policy
+
+    table = LatencyTable.from_json(latency, "rvqspec tune", MEASURED_MARGIN)
+    policy = Policy.for_model(subject.predictor, out / TREES, table)
+    return {str(b): {"tree_size": policy.choose(b), "predicted_speedup": policy.predicted_speedup(b, policy.choose(b))
+                     if policy.choose(b) else 1.0} for b in sorted(table.ms)}
+
+
+def readme(report: dict) -> str:
+    identity, corpus = report["identity"], report["corpus"]
+    lines = [f"# rvqspec tune: {identity['model']}", "",
+             f"{identity['kind']} model, architecture {identity['architecture']}, {identity['dtype']}, weights digest "
+             f"{identity['weights_digest']}.", "",
+             f"Corpus: the model's own free-running synthesis, {corpus['minutes']:.1f} minutes "
+             f"({corpus['train_frames']} train + {corpus['validation_frames']} held-out frames).", "",
+             "| tree nodes | tokens/step predicted | tokens/step measured (held-out frames) |", "|---|---|---|"]
+    lines += [f"| {r['nodes']} | {r['predicted_tokens_per_step']:.2f} | {r['measured_tokens_per_step'] or 0:.2f} |"
+              for r in report["trees"]]
+    if report["speedup"]:
+        lines += ["", "| batch | policy | predicted speed-up over AR |", "|---|---|---|"]
+        lines += [f"| {b} | {'AR' if not r['tree_size'] else 'N=' + str(r['tree_size'])} | {r['predicted_speedup']:.2f}x |"
+                  for b, r in report["speedup"].items()]
+    lines += ["", "Stage times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in report["timings_seconds"].items()), "",
+              "Use it: `accelerate(model, tuned=\"THIS_FOLDER\")`, or `rvqspec synth --tuned THIS_FOLDER`.", ""]
+    return "\n".join(lines)
+
