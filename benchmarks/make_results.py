@@ -286,6 +286,24 @@ def weights_section(bench_dir: Path) -> list[str]:
             without_title(quality) if quality else not_measured(QUALITY)]
 
 
+END_TO_END = "python benchmarks/end_to_end.py"
+TUNE = "python benchmarks/tune_standin.py"
+
+
+def end_to_end_section(bench_dir: Path) -> list[str]:
+    """A whole generate call, streamed and not (end-to-end.md), without its title."""
+    report = read_text(bench_dir / "end-to-end.md")
+    return ["## End to end and streaming: a whole qwen-tts call at the 0.6B sizes", "",
+            without_title(report) if report else not_measured(END_TO_END)]
+
+
+def tune_section(bench_dir: Path) -> list[str]:
+    """`rvqspec tune` on the stand-in (tune/tune-standin.md), without its title."""
+    report = read_text(bench_dir / "tune" / "tune-standin.md")
+    return ["## rvqspec tune: drafters from the model's own speech (the stand-in)", "",
+            without_title(report) if report else not_measured(TUNE)]
+
+
 def results_markdown(eval_report: dict | None, calibration: dict | None, calibration_path: Path,
                      bench: dict | None, bench_dir: Path, out: Path, standin_bench: dict | None = None,
                      profile_markdown: str | None = None, batch: dict[str, dict | None] | None = None) -> str:
@@ -301,7 +319,7 @@ def results_markdown(eval_report: dict | None, calibration: dict | None, calibra
         *bench_section(bench, bench_dir, out), "", *batch_section(batch or {}, bench_dir, out), "",
         *csm_section(bench_dir / "csm"), "",
         *profile_section(profile_markdown, read_text(bench_dir / "fused-path.md")), "",
-        *weights_section(bench_dir), "",
+        *weights_section(bench_dir), "", *end_to_end_section(bench_dir), "", *tune_section(bench_dir), "",
         *standin_bench_section(standin_bench, bench_dir / "standin", out), ""])
 
 

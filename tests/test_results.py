@@ -183,3 +183,18 @@ def test_a_foreign_or_damaged_report_is_named_and_nothing_is_written(tmp_path, c
 ])
 def test_bad_flags_are_refused_first(argv, message, tmp_path, capsys):
     assert_refused_first(main, argv, message, tmp_path, capsys)
+
+
+def test_end_to_end_and_tune_reports_get_their_sections(tmp_path):
+    results = tmp_path / "results"
+    (results / "tune").mkdir(parents=True)
+    text = regenerate(results, tmp_path / "none.json", tmp_path / "RESULTS.md")
+    assert "Not yet measured: run `python benchmarks/end_to_end.py`" in text
+    assert "Not yet measured: run `python benchmarks/tune_standin.py`" in text
+    (results / "end-to-end.md").write_text("# End to end\n\n| setting | whole s |\n")
+    (results / "tune" / "tune-standin.md").write_text("# tune\n\n| drafter | tokens/step |\n")
+    text = regenerate(results, tmp_path / "none.json", tmp_path / "RESULTS.md")
+    streaming = text.split("## End to end and streaming", 1)[1].split("## ", 1)[0]
+    tuning = text.split("## rvqspec tune: drafters", 1)[1].split("## ", 1)[0]
+    assert "| setting | whole s |" in streaming and "# End to end" not in streaming
+    assert "| drafter | tokens/step |" in tuning and "Not yet measured" not in tuning
