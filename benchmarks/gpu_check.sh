@@ -4,7 +4,9 @@
 #      distribution on CUDA) and the CPU engine tests under that machine's own torch;
 #   2. `rvqspec bench --batch` on the GPU (latency table per (B, N), frames/s of our batched AR and the policy);
 #   3. `rvqspec bench` on the GPU (per-call latency, acceptance-controlled speed-up of the 0.6B architecture);
-#   4. `rvqspec bench --quick --archs 0.6b,csm-1b` on the GPU: CSM-1B's depth decoder beside the 0.6B (csm/).
+#   4. `rvqspec bench --quick --archs 0.6b,csm-1b` on the GPU: CSM-1B's depth decoder beside the 0.6B (csm/);
+#   5. benchmarks/gpu_graph_baseline.py: faster-qwen3-tts's CUDA-graph predictor frame beside our eager frames
+#      (graph-baseline.*), from the wheel in .wheels/ (carry it: run(..., carry=[".wheels"])).
 # Its packages are the image's own (no install there): rvqspec runs from the checkout. Reports go to $OUT
 # (the device tool's folder) or benchmarks/results/gpu: gpu-check.log, bench-batch.*, bench.*, cache/device.json.
 set -uo pipefail
@@ -29,4 +31,6 @@ LOG=$OUT/gpu-check.log
   echo "== rvqspec bench --archs 0.6b,csm-1b (GPU)"
   $PY -m rvqspec.cli.main bench --archs 0.6b,csm-1b --quick --device cuda --dtype bfloat16 --threads 1 --no-device-file \
       --out "$OUT/csm"
+  echo "== faster-qwen3-tts CUDA-graph baseline (GPU)"
+  $PY benchmarks/gpu_graph_baseline.py --out "$OUT"
 } 2>&1 | tee "$LOG"
