@@ -2,7 +2,7 @@
 and the shipped offsets (trained on recorded speech)? Tokens/step on held-out free-running synthesis.
 
 1. `rvqspec tune --model standin` (self-synthesis of the built-in sentences, offsets, trees, latency) into
-   --work, timed per stage;
+   --work, timed per stage; per-position offsets trained on the same corpus (`--offsets per-position`);
 2. held-out sentences: the first --per-lang sentences of each language in the stand-in corpus's test split
    (Debian fortunes, `rvqspec.standin.speech`; the corpus audio is not needed), never in the built-in list;
 3. each drafter decodes them free-running (talker and predictor sampled, temperature 0.9, top-k 50) with the same
@@ -19,13 +19,14 @@ from pathlib import Path
 import torch
 
 from rvqspec.bench.timing import finish_machine, machine, machine_text, write_reports
-from rvqspec.engine.drafters import Offsets, ReusedHeads
+from rvqspec.engine.drafters import Offsets, PositionOffsets, ReusedHeads
 from rvqspec.engine.tree import Tree
 from rvqspec.standin.evaluate import tokens_per_step
 from rvqspec.standin.settings import ASSETS, OFFSETS_FILE
 from rvqspec.standin.speech import load_sentences, split_of
 from rvqspec.standin.synthesis import self_synthesis, synthesize_all
 from rvqspec.standin.talker import load_standin
+from rvqspec.tuning.train import TrainSettings, train
 from rvqspec.tuning.tune import Subject, TuneSettings, tune
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,12 +56,19 @@ def main() -> None:
     report = tune(Subject("standin", ASSETS / "model", tts.predictor, lambda: self_synthesis(tts)), args.work,
                   TuneSettings(minutes=args.minutes, epochs=args.epochs), log=lambda line: print(line, flush=True))
     tune_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    position_file = args.work / "train-position" / "position-offsets.safetensors"
+    if not position_file.exists():  # per-position offsets on the same corpus (`tune --offsets per-position`)
+        train(ASSETS / "model", args.work / "corpus", position_file.parent,
+              TrainSettings(drafter="position-offsets", validation_fraction=0.1), epochs=args.epochs)
+    position_seconds = time.perf_counter() - start
     sentences = held_out(list(tts.config.languages), args.per_lang)
     tree = Tree.load(ASSETS / "trees" / "tree-N32.json")
     drafters = {"reused heads": ReusedHeads(),
                 "offsets, recorded speech (shipped)": Offsets.load(OFFSETS_FILE, tts.predictor),
                 "offsets, self-synthesis (tune)": Offsets.load(args.work / "train" / "offsets.safetensors",
-                                                               tts.predictor)}
+                                                               tts.predictor),
+                "per-position offsets, self-synthesis": PositionOffsets.load(position_file, tts.predictor)}
     rows = {}
     for name, drafter in drafters.items():
         per_seed = []
@@ -73,7 +81,7 @@ def main() -> None:
                       "std": statistics.stdev(per_seed) if len(per_seed) > 1 else 0.0}
     result = {"tune": {"minutes": args.minutes, "epochs": args.epochs, "corpus": report["corpus"],
                        "timings_seconds": report["timings_seconds"], "wall_seconds": tune_seconds,
-                       "trained": report["train"]},
+                       "trained": report["train"], "per_position_train_seconds": position_seconds},
               "held_out": {"sentences": len(sentences), "per_lang": args.per_lang, "seeds": args.seeds,
                            "tree_nodes": tree.size},
               "drafters": rows, "machine": finish_machine(info)}

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rvqspec.engine.decode import decode_frame
-from rvqspec.engine.drafters import Drafter, MedusaHeads, Offsets, ReusedHeads, make_drafter
+from rvqspec.engine.drafters import Drafter, MedusaHeads, Offsets, PositionOffsets, ReusedHeads, make_drafter
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import Tree
@@ -26,7 +26,8 @@ def teacher_forced_hidden(model, frames: int = 3, seed: int = 0) -> torch.Tensor
 
 
 @pytest.mark.parametrize("make", [lambda m: ReusedHeads(m, 4), lambda m: random_offsets(m, 4),
-                                  lambda m: random_medusa(m, 4)], ids=["reused", "offsets", "medusa"])
+                                  lambda m: randomize(PositionOffsets.for_model(m, 4), seed=2),
+                                  lambda m: random_medusa(m, 4)], ids=["reused", "offsets", "position-offsets", "medusa"])
 def test_teacher_forced_logits_match_single_position_logits(model, make):
     drafter = make(model)
     hidden = teacher_forced_hidden(model)
@@ -66,7 +67,27 @@ def test_untrained_medusa_drafts_like_reused_heads(model):
                            reused.logits(model, hidden[3][None], [3]))
 
 
-@pytest.mark.parametrize("kind", [Offsets, MedusaHeads])
+def test_position_offsets_add_the_offset_of_their_position_and_distance(model):
+    drafter = randomize(PositionOffsets.for_model(model, 3), seed=4)
+    assert drafter.offsets.shape == (model.config.num_residual_codes, 3, model.config.hidden_size)
+    hidden = teacher_forced_hidden(model)[1]
+    for i in (1, 5, 14):
+        for j in range(1, 4 if i < 14 else 2):
+            expected = model.heads[i + j - 1] @ (hidden[i] + drafter.offsets[i - 1, j - 1])
+            torch.testing.assert_close(drafter.logits(model, hidden[i][None], [i])[0, j - 1], expected)
+    rows = drafter.logits(model, torch.stack([hidden[2], hidden[7]]), [2, 7])  # a batch: each row its position
+    torch.testing.assert_close(rows[1, 0], model.heads[7] @ (hidden[7] + drafter.offsets[6, 0]))
+
+
+def test_position_offsets_decode_the_ar_codes_when_greedy(model):
+    drafter, tree = randomize(PositionOffsets.for_model(model, 3), seed=5), Tree.from_paths([[0], [0, 0], [1]])
+    hidden, c0 = torch.randn(model.config.talker_hidden_size, dtype=model.dtype), 3
+    ar = decode_frame(model, hidden, c0, Sampler(do_sample=False))
+    assert torch.equal(decode_frame(model, hidden, c0, Sampler(do_sample=False), drafter=drafter, tree=tree).codes,
+                       ar.codes)
+
+
+@pytest.mark.parametrize("kind", [Offsets, PositionOffsets, MedusaHeads])
 def test_save_load_round_trip(model, tmp_path, kind):
     drafter = randomize(kind.for_model(model, 2), seed=3)
     drafter.save(tmp_path / "d.safetensors", {"note": "test"})

@@ -212,3 +212,12 @@ def test_tune_the_stand_in_end_to_end(tmp_path, capsys):
     assert "tokens/step on held-out frames" in capsys.readouterr().out
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["identity"]["kind"] == "standin" and report["trees"][0]["measured_tokens_per_step"] >= 1
+    corpus_written = (tmp_path / "run" / "corpus" / "index.json").stat().st_mtime_ns
+    per_position = ["tune", "--model", str(tmp_path / "standin"), "--out", str(tmp_path / "run"), "--minutes", "0.05",
+                    "--epochs", "1", "--quiet", "--no-bench", "--offsets", "per-position"]
+    assert main(per_position) == 2  # the folder holds shared offsets: retraining is asked for
+    assert "pass --force train" in capsys.readouterr().err
+    assert main([*per_position, "--force", "train"]) == 0
+    assert json.loads((tmp_path / "run" / "tune.json").read_text())["drafter"] == "train/position-offsets.safetensors"
+    assert (tmp_path / "run" / "train" / "position-offsets.safetensors").exists()
+    assert (tmp_path / "run" / "corpus" / "index.json").stat().st_mtime_ns == corpus_written  # not synthesized again

@@ -23,8 +23,9 @@ def add_cli(subparsers) -> None:
     p = subparsers.add_parser("train-offsets", help="train offsets (or Medusa heads) on a code corpus; "
                                                     "works under torchrun for several processes",
                               parents=[flags.model_flag(help="checkpoint folder of the code predictor (frozen)"),
-                                       flags.drafter_flag(("offsets", "medusa"), default="offsets",
-                                                    help="the kind to train: offsets or medusa")])
+                                       flags.drafter_flag(("offsets", "position-offsets", "medusa"), default="offsets",
+                                                    help="the kind to train: offsets (shared by all positions), "
+                                                         "position-offsets (one per position) or medusa")])
     p.add_argument("--corpus", required=True, help="code corpus folder (rvqspec.tuning.corpus format)")
     p.add_argument("--out", required=True, type=flags.out_folder, help="output folder for checkpoints and metrics")
     p.add_argument("--depth", type=flags.positive_int, default=DEFAULT_DEPTH, help="K, codes drafted ahead")

@@ -28,11 +28,11 @@ def latency_bench(predictor: MultiCodeDecoder):
         from rvqspec.engine.policy import setting_key
         from rvqspec.engine.sampling import Sampler
         from rvqspec.engine.tree import Tree
-        from rvqspec.integrations.tuned import DRAFTER, LATENCY, TREES
+        from rvqspec.integrations.tuned import LATENCY, TREES, drafter_path
 
         report = json.loads((out / TREES / "report.json").read_text())
         trees = {row["budget"]: Tree.load(out / TREES / row["file"]) for row in report["trees"]}
-        drafter = Drafter.load(out / DRAFTER, predictor)
+        drafter = Drafter.load(drafter_path(out), predictor)
         ms = {str(b): {str(n): v for n, v in latency_row(call_latency(predictor, drafter, trees, Sampler(),
                                                                       LATENCY_ROUNDS, batch=b)).items()}
               for b in LATENCY_BATCHES}
@@ -95,7 +95,8 @@ def run(args) -> int:
     subject = subject_for(args)
     if not args.no_bench:
         subject.bench = latency_bench(subject.predictor)
-    settings = TuneSettings(minutes=args.minutes, epochs=args.epochs, seed=args.seed, progress=not args.quiet)
+    settings = TuneSettings(minutes=args.minutes, epochs=args.epochs, seed=args.seed, offsets=args.offsets,
+                            progress=not args.quiet)
     report = tune(subject, args.out, settings, args.force, log=print if not args.quiet else lambda _: None)
     best = max(report["trees"], key=lambda r: r["measured_tokens_per_step"] or 0)
     speedup = report["speedup"].get("1")
@@ -115,6 +116,8 @@ def add_cli(subparsers) -> None:
     p.add_argument("--minutes", type=flags.positive_float, default=DEFAULT_MINUTES,
                    help=f"minutes of self-synthesis to train on (default {DEFAULT_MINUTES:g})")
     p.add_argument("--epochs", type=flags.positive_int, default=2, help="offset training epochs")
+    p.add_argument("--offsets", choices=("shared", "per-position"), default="shared",
+                   help="one offset per lookahead distance (the paper's), or one per start position and distance")
     p.add_argument("--batch", type=flags.positive_int, default=4, help="qwen-tts: texts per generate call")
     p.add_argument("--force", choices=STAGES, help="redo this stage and the ones after it")
     p.add_argument("--no-bench", action="store_true", help="skip the latency table (the policy then uses this "

@@ -108,7 +108,7 @@ class Drafter(nn.Module):
                 tensors = {k: f.get_tensor(k) for k in f.keys()}
         except Exception as e:  # safetensors raises its own error types for corrupt files
             raise RvqspecError(f"{path} is not a safetensors drafter file ({e})") from None
-        kinds = {k.kind: k for k in (Offsets, MedusaHeads)}
+        kinds = {k.kind: k for k in (Offsets, PositionOffsets, MedusaHeads)}
         if meta.get("kind") not in kinds or (cls is not Drafter and kinds[meta["kind"]] is not cls):
             raise RvqspecError(f"{path} holds a {meta.get('kind', 'unknown')!r} drafter, not {cls.kind!r}")
         depth, identity = drafter_metadata(path, meta, tensors, kinds[meta["kind"]])
@@ -138,11 +138,12 @@ def drafter_metadata(path: Path, meta: dict, tensors: dict, kind) -> tuple[int, 
     if not (isinstance(identity, dict) and set(identity) == set(IDENTITY_KEYS)
             and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in identity.values())):
         bad(f"metadata model must give the predictor's sizes ({', '.join(IDENTITY_KEYS)}), got {str(identity)[:80]}")
-    wanted = {"offsets": ("offsets",), "medusa": ("res_weight", "res_bias", "vocab")}[kind.kind]
+    wanted = {"offsets": ("offsets",), "position-offsets": ("offsets",),
+              "medusa": ("res_weight", "res_bias", "vocab")}[kind.kind]
     if set(tensors) != set(wanted):
         bad(f"it holds tensors {sorted(tensors)}, a {kind.kind} drafter holds {list(wanted)}")
     first = tensors[wanted[0]]
-    rows = first.shape[0] if kind is Offsets else first.shape[1] if first.dim() > 1 else -1
+    rows = first.shape[0] if kind is Offsets else first.shape[1] if first.dim() >= 3 else -1  # [(positions,) depth, ..]
     if rows != int(depth) or first.shape[-1] != identity["hidden_size"]:
         bad(f"its {wanted[0]} tensor {tuple(first.shape)} does not fit depth {depth} and hidden size "
             f"{identity['hidden_size']}")
@@ -181,6 +182,37 @@ class Offsets(Drafter):
 
     def transform(self, hidden: Tensor, position: Tensor | list[int], j: int) -> Tensor:
         return hidden + self.offsets[j - 1].to(hidden.dtype)
+
+
+class PositionOffsets(Offsets):
+    """h_i + b_{i,j}: one offset per start position i and lookahead distance j (15 x K x hidden for Qwen3-TTS,
+    still ~0.01% of the model), where `Offsets` shares b_j across positions."""
+
+    kind = "position-offsets"
+
+    def __init__(self, hidden_size: int, depth: int = DEFAULT_DEPTH, identity: dict | None = None,
+                 positions: int = 15):
+        Drafter.__init__(self, depth, identity)
+        self.offsets = nn.Parameter(torch.zeros(positions, depth, hidden_size))
+
+    @classmethod
+    def for_model(cls, model, depth: int = DEFAULT_DEPTH) -> "PositionOffsets":
+        c = model.config
+        drafter = cls(c.hidden_size, depth, model_identity(model), c.num_residual_codes).to(model.device, model.dtype)
+        drafter.fingerprint = model_fingerprint(model)
+        return drafter
+
+    @classmethod
+    def from_tensors(cls, tensors: dict, depth: int, identity: dict) -> "PositionOffsets":
+        positions, _, hidden = tensors["offsets"].shape
+        drafter = cls(hidden, depth, identity, positions)
+        drafter.load_state_dict(tensors)
+        return drafter
+
+    def transform(self, hidden: Tensor, position: Tensor | list[int], j: int) -> Tensor:
+        """hidden [B, H] at positions [B], or [B, P, H] at positions [P] (teacher forcing)."""
+        index = torch.as_tensor(position, device=hidden.device).clamp(1, self.offsets.shape[0]) - 1
+        return hidden + self.offsets[index, j - 1].to(hidden.dtype)
 
 
 class MedusaHeads(Drafter):
@@ -236,7 +268,8 @@ class MedusaHeads(Drafter):
         return hidden  # the ResBlock is applied in head/batched_head, next to its own vocabulary head
 
 
-KINDS = ("reused", "offsets", "medusa")  # what `make_drafter` makes (and `rvqspec train-offsets` trains, but reused)
+KINDS = ("reused", "offsets", "position-offsets", "medusa")  # what `make_drafter` makes (and `rvqspec train-offsets`
+# trains, but reused)
 
 
 def check_depth(depth: int, model) -> None:
@@ -251,6 +284,7 @@ def make_drafter(kind: str, model, depth: int = DEFAULT_DEPTH) -> Drafter:
     """A fresh (untrained) drafter of `kind` for `model`."""
     check_depth(depth, model)
     makers = {"reused": lambda: ReusedHeads(model, depth), "offsets": lambda: Offsets.for_model(model, depth),
+              "position-offsets": lambda: PositionOffsets.for_model(model, depth),
               "medusa": lambda: MedusaHeads.for_model(model, depth)}
     if kind not in makers:
         raise RvqspecError(f"unknown drafter {kind!r}: use one of {', '.join(makers)}")

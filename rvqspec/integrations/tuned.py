@@ -2,7 +2,8 @@
 
     tune.json          what it was tuned for (model kind, architecture, dtype, a digest of the weights) and the stages
     corpus/            the model's own synthesis, per frame the state conditioning the depth decoder and all codes
-    train/offsets.safetensors   the drafter (the trainer's folder: checkpoint, metrics.json)
+    train/offsets.safetensors   the drafter (train/position-offsets.safetensors with --offsets per-position; the
+                       trainer's folder: checkpoint, metrics.json); tune.json names it
     trees/             the calibration: report.json (predicted vs measured) and tree-N*.json
     latency.json       this device's latency table for the architecture (absent with --no-bench)
     report.json, README.md   what was measured
@@ -60,17 +61,22 @@ def check_identity(folder: Path, model: MultiCodeDecoder, kind: str) -> None:
                                f"here: {fix}")
 
 
+def drafter_path(folder: Path) -> Path:
+    return folder / read_identity(folder).get("drafter", str(DRAFTER))
+
+
 def load_tuned(folder: str | Path, model: MultiCodeDecoder, kind: str):
     """(drafter, calibration folder, latency table or None) of a tuned folder, checked against `model`."""
     from rvqspec.engine.drafters import Drafter
 
     folder = Path(folder)
     check_identity(folder, model, kind)
-    missing = [name for name in (DRAFTER, Path(TREES) / "report.json") if not (folder / name).exists()]
+    drafter_file = drafter_path(folder)
+    missing = [str(p.relative_to(folder)) for p in (drafter_file, folder / TREES / "report.json") if not p.exists()]
     if missing:
-        raise RvqspecError(f"{folder} is not finished ({', '.join(map(str, missing))} missing): rerun the same "
+        raise RvqspecError(f"{folder} is not finished ({', '.join(missing)} missing): rerun the same "
                            "`rvqspec tune` command (finished stages are skipped)")
-    drafter = Drafter.load(folder / DRAFTER, model)
+    drafter = Drafter.load(drafter_file, model)
     latency = None
     if (folder / LATENCY).exists():
         entry = json.loads((folder / LATENCY).read_text())

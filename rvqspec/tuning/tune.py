@@ -22,7 +22,7 @@ from pathlib import Path
 from rvqspec.engine.checkpoint import save_json, save_text
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.model import MultiCodeDecoder
-from rvqspec.integrations.tuned import DRAFTER, IDENTITY, LATENCY, TREES, identity_of, read_identity
+from rvqspec.integrations.tuned import IDENTITY, LATENCY, TREES, identity_of, read_identity
 from rvqspec.tuning.calibrate import CalibrationSettings, calibrate
 from rvqspec.tuning.corpus import Corpus, CorpusWriter, split_of
 from rvqspec.tuning.train import TrainSettings, progress_bar, train
@@ -52,13 +52,21 @@ class TuneSettings:
     seed: int = 0
     budgets: tuple[int, ...] = tuple(BUDGETS)
     validation_fraction: float = 0.1
+    offsets: str = "shared"  # or "per-position": one offset per start position and lookahead distance
     progress: bool = True
     timings: dict = field(default_factory=dict, compare=False)
 
 
-def stage_done(out: Path, stage: str) -> bool:
+OFFSET_KINDS = {"shared": "offsets", "per-position": "position-offsets"}  # --offsets -> the drafter kind trained
+
+
+def drafter_file(settings: TuneSettings) -> Path:
+    return Path("train") / f"{OFFSET_KINDS[settings.offsets]}.safetensors"
+
+
+def stage_done(out: Path, stage: str, settings: TuneSettings) -> bool:
     return {"synthesize": (out / "corpus" / "index.json").exists(),
-            "train": (out / "train" / "metrics.json").exists() and (out / DRAFTER).exists(),
+            "train": (out / "train" / "metrics.json").exists() and (out / drafter_file(settings)).exists(),
             "calibrate": (out / TREES / "report.json").exists(),
             "bench": (out / LATENCY).exists(),
             "report": (out / "report.json").exists() and (out / "README.md").exists()}[stage]
@@ -84,7 +92,14 @@ def tune(subject: Subject, out: str | Path, settings: TuneSettings = TuneSetting
     identity = identity_of(subject.predictor, subject.kind) | {"model": str(subject.model_path)}
     check_folder(out, identity, force)
     out.mkdir(parents=True, exist_ok=True)
-    save_json(out / IDENTITY, identity | {"settings": asdict(settings) | {"timings": None}})
+    if settings.offsets not in OFFSET_KINDS:
+        raise RvqspecError(f"offsets must be one of {', '.join(OFFSET_KINDS)}, got {settings.offsets!r}")
+    if (out / IDENTITY).exists() and read_identity(out).get("drafter") not in (None, str(drafter_file(settings))) \
+            and force not in ("synthesize", "train"):
+        raise RvqspecError(f"{out} was tuned with other offsets ({read_identity(out)['drafter']}): pass --force train "
+                           "to train these instead, or pick another --out")
+    save_json(out / IDENTITY, identity | {"drafter": str(drafter_file(settings)),
+                                          "settings": asdict(settings) | {"timings": None}})
     redo = STAGES[STAGES.index(force):] if force else ()
     stages = {"synthesize": lambda: synthesize(subject, out, settings, overwrite="synthesize" in redo),
               "train": lambda: train_stage(subject, out, settings, force="train" in redo),
@@ -95,7 +110,7 @@ def tune(subject: Subject, out: str | Path, settings: TuneSettings = TuneSetting
         if stage == "bench" and subject.bench is None:
             log("bench: skipped (--no-bench): the policy uses this device's `rvqspec bench --batch` table if any")
             continue
-        if stage_done(out, stage) and stage not in redo:
+        if stage_done(out, stage, settings) and stage not in redo:
             log(f"{stage}: done before, skipped")
             continue
         start = time.perf_counter()
@@ -129,7 +144,8 @@ def synthesize(subject: Subject, out: Path, settings: TuneSettings, overwrite: b
 def train_stage(subject: Subject, out: Path, settings: TuneSettings, force: bool) -> None:
     dtype = "float32"  # offsets train in float32 whatever the deployed dtype (the trainer's default)
     train(subject.model_path, out / "corpus", out / "train",
-          TrainSettings(seed=settings.seed, validation_fraction=settings.validation_fraction),
+          TrainSettings(drafter=OFFSET_KINDS[settings.offsets], seed=settings.seed,
+                        validation_fraction=settings.validation_fraction),
           epochs=settings.epochs, resume=not force and (out / "train").exists(), force=force, dtype=dtype,
           progress=settings.progress)
 
@@ -138,7 +154,7 @@ def calibrate_stage(subject: Subject, out: Path, settings: TuneSettings) -> None
     dtype = str(subject.predictor.dtype).removeprefix("torch.")
     corpus = Corpus(out / "corpus", settings.validation_fraction)
     frames = corpus.num_frames("train")
-    calibrate(subject.model_path, str(out / DRAFTER), out / "corpus", list(settings.budgets), out / TREES,
+    calibrate(subject.model_path, str(out / drafter_file(settings)), out / "corpus", list(settings.budgets), out / TREES,
               CalibrationSettings(frames=min(1000, frames), eval_frames=min(200, corpus.num_frames("validation")),
                                   seed=settings.seed, validation_fraction=settings.validation_fraction),
               dtype=dtype, device=str(subject.predictor.device))
