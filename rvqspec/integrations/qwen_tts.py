@@ -128,14 +128,16 @@ class QwenTTSAcceleration(Acceleration):
     def c0_codes(self, c0_embeds: Tensor) -> Tensor | None:
         """Recover each row's c0 from its embedding: upstream passes `codec_embedding(c0)`, not c0. Two codes
         with equal embeddings are interchangeable (c0 reaches the predictor only through its embedding). Row by
-        row: comparing a batch at once would hold B x vocab x hidden booleans."""
+        row: comparing a batch at once would hold B x vocab x hidden booleans; the rows whose first element matches
+        are the only ones compared whole."""
         table = self.talker.get_input_embeddings().weight
         codes = []
         for row in c0_embeds:
-            match = (table == row).all(-1).nonzero()
+            candidates = (table[:, 0] == row[0]).nonzero()[:, 0]  # one column first: 6 ms -> ~0.1 ms at 3072 x 1024
+            match = candidates[(table[candidates] == row).all(-1)]
             if not len(match):
                 return None
-            codes.append(match[0, 0])
+            codes.append(match[0])
         return torch.stack(codes)
 
     def generate(self, inputs_embeds: Tensor | None = None, max_new_tokens: int | None = None, do_sample=None,
