@@ -5,8 +5,9 @@
 #   2. `rvqspec bench --batch` on the GPU (latency table per (B, N), frames/s of our batched AR and the policy);
 #   3. `rvqspec bench` on the GPU (per-call latency, acceptance-controlled speed-up of the 0.6B architecture);
 #   4. `rvqspec bench --quick --archs 0.6b,csm-1b` on the GPU: CSM-1B's depth decoder beside the 0.6B (csm/);
-#   5. benchmarks/gpu_graph_baseline.py: faster-qwen3-tts's CUDA-graph predictor frame beside our eager frames
-#      (graph-baseline.*), from the wheel in .wheels/ (carry it: run(..., carry=[".wheels"])).
+#   5. benchmarks/gpu_graph_baseline.py: our frames eager and from CUDA graphs (B = 1..64), torch.compile's
+#      reduce-overhead, and faster-qwen3-tts's CUDA-graph predictor frame (graph-baseline.*), from its wheel in
+#      .wheels/ (carry it: run(..., carry=[".wheels"])). tests/test_cuda.py holds the graph path's exactness tests.
 # Its packages are the image's own (no install there): rvqspec runs from the checkout. Reports go to $OUT
 # (the device tool's folder) or benchmarks/results/gpu: gpu-check.log, bench-batch.*, bench.*, cache/device.json.
 set -uo pipefail
@@ -21,7 +22,7 @@ LOG=$OUT/gpu-check.log
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   $PY -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(), 'cuda', torch.version.cuda)"
   echo "== tests"
-  $PY -m pytest -q -p no:cacheprovider -n 8 tests/test_cuda.py tests/test_speculative.py tests/test_distribution.py \
+  $PY -m pytest -q -p no:cacheprovider -n 8 tests/test_cuda.py tests/test_graphs.py tests/test_speculative.py tests/test_distribution.py \
       tests/test_properties.py tests/test_policy.py tests/test_model.py tests/test_tree.py tests/test_drafters.py \
       tests/test_csm.py
   echo "== rvqspec bench --batch (GPU)"

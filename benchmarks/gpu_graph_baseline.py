@@ -1,10 +1,11 @@
-"""The GPU baseline rvqspec's speculation must beat (issue 25): faster-qwen3-tts's CUDA-graph code predictor frame
-against our eager AR and speculative frames, same GPU, same random 0.6B weights, bf16, batch 1.
+"""CUDA graphs on the GPU (issue 25): our AR and speculative frames eager and graph-captured (rvqspec.engine.graphs),
+against faster-qwen3-tts's CUDA-graph code predictor frame, same GPU, same random 0.6B weights, bf16; batch 1, then
+every batch bucket (1..64); and torch.compile(mode="reduce-overhead") of our AR frame beside the hand capture.
 
 faster-qwen3-tts (`PredictorGraph`, its whole 15-step loop captured as one CUDA graph) is loaded from its wheel
 in .wheels/ without its package __init__ (which pulls its talker and GGML backends): the predictor module only,
-around upstream qwen-tts's own code predictor holding our weights (`upstream_code_predictor`). Our frames run
-eagerly (rvqspec has no graph runner yet). Medians of --frames frames, CUDA synchronized around each.
+around upstream qwen-tts's own code predictor holding our weights (`upstream_code_predictor`). Medians of --frames
+frames, CUDA synchronized around each; the first call of each graph (its capture) is not timed.
 
     python benchmarks/gpu_graph_baseline.py --out benchmarks/results/gpu   # on the GPU machine (gpu_check.sh)
 """
@@ -25,7 +26,8 @@ sys.path.insert(0, str(ROOT))
 from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor  # noqa: E402
 from rvqspec.bench.timing import finish_machine, machine, write_reports  # noqa: E402
 from rvqspec.engine.config import QWEN3_TTS_0_6B  # noqa: E402
-from rvqspec.engine.decode import decode_frame  # noqa: E402
+from rvqspec.engine.decode import autoregressive_codes, decode_frame, decode_frames  # noqa: E402
+from rvqspec.engine.graphs import BUCKETS, GraphDecoder  # noqa: E402
 from rvqspec.engine.drafters import ReusedHeads  # noqa: E402
 from rvqspec.engine.sampling import Sampler  # noqa: E402
 from rvqspec.engine.tree import default_tree  # noqa: E402
@@ -67,9 +69,14 @@ def main() -> None:
                                     high=12.0)
     model, (hidden, c0) = predictor.model, frames[0]
     generator = torch.Generator("cuda").manual_seed(0)
-    drafter = ReusedHeads(model)
-    ours_ar = median_ms(lambda: decode_frame(model, hidden, c0, sampler, generator), args.frames)
-    ours_spec = median_ms(lambda: decode_frame(model, hidden, c0, sampler, generator, drafter, tree), args.frames)
+    drafter, graphs = ReusedHeads(model), GraphDecoder()
+    ours = {"eager_ar_frame_ms": lambda: decode_frame(model, hidden, c0, sampler, generator),
+            "eager_spec_frame_ms": lambda: decode_frame(model, hidden, c0, sampler, generator, drafter, tree),
+            "ar_frame_ms": lambda: decode_frames(model, hidden[None], torch.tensor([c0]), sampler, generator,
+                                                 graphs=graphs),
+            "spec_frame_ms": lambda: decode_frames(model, hidden[None], torch.tensor([c0]), sampler, generator,
+                                                   drafter, tree, graphs=graphs)}
+    timed = {name: median_ms(fn, args.frames) for name, fn in ours.items()}
     PredictorGraph, wheel = predictor_graph_class(args.wheels)
     upstream = upstream_code_predictor(model)
     graph = PredictorGraph(upstream, upstream.config, QWEN3_TTS_0_6B.talker_hidden_size, device="cuda",
@@ -78,24 +85,65 @@ def main() -> None:
     with torch.no_grad():
         c0_embed = model.code_embed.weight[int(c0)]  # the talker's c0 row of the shared table (offset 0)
         pred_input = torch.stack([hidden, c0_embed])[None].to(torch.bfloat16)
-    theirs = median_ms(lambda: graph.run(pred_input), args.frames)
-    report = {"graphs": {"ar_frame_ms": None, "spec_frame_ms": None, "eager_ar_frame_ms": ours_ar,
-                         "eager_spec_frame_ms": ours_spec, "upstream_graph_frame_ms": theirs},
-              "note": "rvqspec's graph runner is not built yet: ar_frame_ms / spec_frame_ms are not measured",
-              "tokens_per_step": calibrated.measured, "tree_size": 32, "faster_qwen3_tts": wheel,
-              "gpu": torch.cuda.get_device_name(), "machine": finish_machine(info)}
+    timed["upstream_graph_frame_ms"] = median_ms(lambda: graph.run(pred_input), args.frames)
+    report = {"graphs": timed, "compiled_ar_frame_ms": compiled_ar(model, hidden, c0, sampler, args.frames),
+              "batches": batched(predictor, sampler, args.frames), "tokens_per_step": calibrated.measured,
+              "tree_size": 32, "faster_qwen3_tts": wheel, "gpu": torch.cuda.get_device_name(),
+              "machine": finish_machine(info)}
     for path in write_reports(report, args.out, "graph-baseline", to_markdown):
         print(f"wrote {path}")
 
 
+def compiled_ar(model, hidden, c0, sampler, frames: int):
+    """torch.compile(mode="reduce-overhead") of the AR frame on a static cache: ms, or why it failed."""
+    cache = model.new_cache(1, model.config.num_code_groups)
+    inputs = (hidden[None].clone(), torch.tensor([c0], device="cuda"))
+    try:
+        step = torch.compile(lambda h, c: autoregressive_codes(model, cache, h, c, sampler, None),
+                             mode="reduce-overhead")
+        with torch.inference_mode():
+            for _ in range(3):
+                step(*inputs)
+            return median_ms(lambda: step(*inputs), frames)
+    except Exception as e:  # a report, not a crash: the hand capture is measured either way
+        return f"{type(e).__name__}: {str(e)[:200]}"
+
+
+def batched(predictor, sampler, frames: int) -> list[dict]:
+    """ms per frame at each bucket: eager AR, graph AR, graph speculative N = 8 and 32 (one GraphDecoder)."""
+    model, graphs, drafter, rows = predictor.model, GraphDecoder(), ReusedHeads(predictor.model), []
+    generator = torch.Generator("cuda").manual_seed(0)
+    for batch in BUCKETS:
+        picked = predictor.frames(batch, seed=batch)
+        hidden, c0 = torch.stack([h for h, _ in picked]), torch.tensor([c for _, c in picked])
+        calls = {"eager_ar": lambda: decode_frames(model, hidden, c0, sampler, generator),
+                 "graph_ar": lambda: decode_frames(model, hidden, c0, sampler, generator, graphs=graphs)}
+        for n in (8, 32):
+            calls[f"graph_spec_n{n}"] = lambda n=n: decode_frames(model, hidden, c0, sampler, generator, drafter,
+                                                                  default_tree(n), graphs=graphs)
+        row = {"batch": batch} | {name: median_ms(fn, max(frames // 3, 5)) / batch for name, fn in calls.items()}
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
 def to_markdown(r: dict) -> str:
     g = r["graphs"]
-    return "\n".join([
-        "# The GPU baseline: faster-qwen3-tts's CUDA-graph predictor frame vs rvqspec eager", "",
-        f"{r['gpu']}, bf16, batch 1, random 0.6B weights; heads at {r['tokens_per_step']:.2f} tokens/step (N=32). "
-        f"{r['note']}.", "", "| frame | ms |", "|---|---|",
-        f"| rvqspec eager AR | {g['eager_ar_frame_ms']:.2f} |", f"| rvqspec eager speculative N=32 | {g['eager_spec_frame_ms']:.2f} |",
-        f"| faster-qwen3-tts CUDA graph AR ({r['faster_qwen3_tts']}) | {g['upstream_graph_frame_ms']:.2f} |", ""])
+    compiled = r["compiled_ar_frame_ms"]
+    lines = ["# CUDA graphs: rvqspec eager and captured, faster-qwen3-tts's captured predictor frame", "",
+             f"{r['gpu']}, bf16, random 0.6B weights; heads at {r['tokens_per_step']:.2f} tokens/step (N=32).", "",
+             "| frame, batch 1 | ms |", "|---|---|",
+             f"| rvqspec eager AR | {g['eager_ar_frame_ms']:.2f} |",
+             f"| rvqspec eager speculative N=32 | {g['eager_spec_frame_ms']:.2f} |",
+             f"| rvqspec CUDA graphs AR | {g['ar_frame_ms']:.2f} |",
+             f"| rvqspec CUDA graphs speculative N=32 | {g['spec_frame_ms']:.2f} |",
+             f"| rvqspec AR, torch.compile(mode='reduce-overhead') | "
+             f"{compiled if isinstance(compiled, str) else f'{compiled:.2f}'} |",
+             f"| faster-qwen3-tts CUDA graph AR ({r['faster_qwen3_tts']}) | {g['upstream_graph_frame_ms']:.2f} |", "",
+             "| batch | eager AR ms/frame | graph AR | graph spec N=8 | graph spec N=32 |", "|---|---|---|---|---|"]
+    lines += [f"| {b['batch']} | {b['eager_ar']:.2f} | {b['graph_ar']:.2f} | {b['graph_spec_n8']:.2f} | "
+              f"{b['graph_spec_n32']:.2f} |" for b in r["batches"]]
+    return "\n".join(lines + [""])
 
 
 if __name__ == "__main__":

@@ -48,9 +48,10 @@ def exact_joint(sampler: Sampler, row: int = 0, rows: int = 1) -> torch.Tensor:
 
 
 def sample_counts(sampler: Sampler, samples: int, seed: int, drafter=None, tree=None, between_frames=None,
-                  rows: int = 0):
+                  rows: int = 0, graphs=None):
     """Histogram of decoded (c1, c2, c3) over `samples` frames, and the mean accepted drafts per round.
-    rows 0: one `decode_frame` at a time; else batches of `rows` frames (`decode_frames`), a histogram per row."""
+    rows 0: one `decode_frame` at a time; else batches of `rows` frames (`decode_frames`, through `graphs` if
+    given), a histogram per row."""
     model, talker_hidden, c0 = setup(max(rows, 1))
     vocab, last = model.config.vocab_size, model.config.num_residual_codes
     generator = torch.Generator().manual_seed(seed)
@@ -61,7 +62,8 @@ def sample_counts(sampler: Sampler, samples: int, seed: int, drafter=None, tree=
         if between_frames:
             between_frames()
         if rows:
-            result = decode_frames(model, talker_hidden, c0, sampler, generator, drafter=drafter, tree=tree).rows
+            result = decode_frames(model, talker_hidden, c0, sampler, generator, drafter=drafter, tree=tree,
+                                   graphs=graphs).rows
         else:
             result = [decode_frame(model, talker_hidden[0], c0[0], sampler, generator, drafter=drafter, tree=tree)]
         for row, frame in enumerate(result):

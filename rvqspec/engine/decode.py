@@ -4,7 +4,8 @@ Every row of a batch goes through the same predictor calls: AR takes 15 calls pe
 round one call per batch whatever each row's progress (k, the codes it has so far). A row whose frame
 is complete rides along as padding until the slowest row finishes. `decode_frame` is the batch of one.
 
-Speculative round (DESIGN section 2), all in `speculative_round`, for every row at once:
+Speculative round (DESIGN section 2), all in `round_on_device` (which `speculative_round` calls, then reads the
+result on the host once), for every row at once:
  1. drafts: the drafter reads the hidden state that produced the row's last code c_k and proposes the
     top-m codes for c_{k+1}..c_{k+K}; the tree picks N of them;
  2. one model call over [root = c_k, node_1..node_N] per row, with the row's tree mask, positions and
@@ -207,20 +208,24 @@ def decode_frame(model, talker_hidden: Tensor, c0, sampler: Sampler, generator: 
 
 @torch.inference_mode()
 def decode_frames(model, talker_hidden: Tensor, c0, sampler: Sampler, generator: torch.Generator | None = None,
-                  drafter=None, tree: Tree | None = None) -> BatchResult:
+                  drafter=None, tree: Tree | None = None, graphs=None) -> BatchResult:
     """Codes c1..c15 of B frames (talker_hidden [B, H], c0 [B]) in one batch of predictor calls.
 
     drafter None: plain AR, 15 calls for the batch; else speculative with `tree`, until every row is done.
     Each row draws from its own distribution, exactly as it would alone (identical codes when greedy).
+    `graphs`: a `rvqspec.engine.graphs.GraphDecoder`, whose captured calls replay the same decoding.
     """
     talker_hidden, c0 = check_batch(model, talker_hidden, c0, sampler)
     check_decoding(generator, drafter, tree)
     model.refresh()
+    if drafter is not None:
+        drafter.check_model(model)
+        tree.check_fits(drafter.depth, model.config.vocab_size)
+        drafter.to(model.device, model.dtype)  # no-op when it already matches
+    if graphs is not None:
+        return graphs.decode(model, talker_hidden, c0, sampler, generator, drafter, tree)
     if drafter is None:
         return decode_autoregressive(model, talker_hidden, c0, sampler, generator)
-    drafter.check_model(model)
-    tree.check_fits(drafter.depth, model.config.vocab_size)
-    drafter.to(model.device, model.dtype)  # no-op when it already matches
     return decode_speculative(model, talker_hidden, c0, sampler, generator, drafter, tree)
 
 
@@ -234,16 +239,28 @@ def prefill(model, cache, talker_hidden: Tensor, c0: Tensor) -> Tensor:
 
 def decode_autoregressive(model, talker_hidden: Tensor, c0: Tensor, sampler: Sampler,
                           generator: torch.Generator | None) -> BatchResult:
+    cache = model.new_cache(len(c0), model.config.num_code_groups)
+    return ar_batch(autoregressive_codes(model, cache, talker_hidden, c0, sampler, generator))
+
+
+def ar_batch(codes: Tensor) -> BatchResult:
+    """The result of an AR frame's codes [B, G-1]: one call per code for the batch, and for every row."""
+    calls = codes.shape[1]
+    return BatchResult(codes, calls, [FrameResult(row, calls) for row in codes])
+
+
+def autoregressive_codes(model, cache, talker_hidden: Tensor, c0: Tensor, sampler: Sampler,
+                         generator: torch.Generator | None) -> Tensor:
+    """The AR frame's 15 calls into `cache` (G slots per row): codes [B, G-1]. No host values (a CUDA graph can
+    capture it, `rvqspec.engine.graphs`)."""
     groups = model.config.num_code_groups
-    cache = model.new_cache(len(c0), groups)
     hidden = prefill(model, cache, talker_hidden, c0)
     codes = [sampler.sample(model.head_logits(hidden, 1), generator)]
     slots = torch.arange(groups, device=model.device)
     masks = slots[None, :] <= slots[:, None]
     for p in range(2, groups):
         codes.append(autoregressive_step(model, cache, sampler, generator, codes[-1], p, slots, masks))
-    codes = torch.stack(codes, dim=1)
-    return BatchResult(codes, groups - 1, [FrameResult(row, groups - 1) for row in codes])
+    return torch.stack(codes, dim=1)
 
 
 def autoregressive_step(model, cache, sampler: Sampler, generator, code: Tensor, p: int, slots: Tensor,
@@ -255,39 +272,77 @@ def autoregressive_step(model, cache, sampler: Sampler, generator, code: Tensor,
     return sampler.sample(model.head_logits(hidden, p), generator)
 
 
-def decode_speculative(model, talker_hidden: Tensor, c0: Tensor, sampler: Sampler, generator, drafter,
-                       tree: Tree) -> BatchResult:
-    plan, batch, last = plan_for(tree, model), len(c0), model.config.num_residual_codes
-    cache = model.new_cache(batch, model.config.num_code_groups + tree.size + 1)
+class EagerCalls:
+    """The predictor calls of a speculative frame, run as they come; `rvqspec.engine.graphs` replays the same
+    calls from CUDA graphs (`start`: prefill and c1, `round`: one round)."""
+
+    def __init__(self, model, batch: int, tree: Tree, sampler: Sampler, generator, drafter):
+        self.model, self.sampler, self.generator, self.drafter = model, sampler, generator, drafter
+        self.plan = plan_for(tree, model)
+        self.cache = model.new_cache(batch, model.config.num_code_groups + tree.size + 1)
+
+    def start(self, talker_hidden: Tensor, c0: Tensor) -> tuple[Tensor, Tensor]:
+        """(h_1 [B, hidden], c1 [B])."""
+        return first_code(self.model, self.cache, talker_hidden, c0, self.sampler, self.generator)
+
+    def round(self, k: Tensor, k_host: list[int], root: Tensor, hidden: Tensor) -> "RoundResult":
+        return speculative_round(self.model, self.cache, self.plan, self.sampler, self.generator, self.drafter, k,
+                                 k_host, root, hidden)
+
+
+def first_code(model, cache, talker_hidden: Tensor, c0: Tensor, sampler: Sampler, generator) -> tuple[Tensor, Tensor]:
     hidden = prefill(model, cache, talker_hidden, c0)
+    return hidden, sampler.sample(model.head_logits(hidden, 1), generator)
+
+
+def decode_speculative(model, talker_hidden: Tensor, c0: Tensor, sampler: Sampler, generator, drafter,
+                       tree: Tree, calls: EagerCalls | None = None, rows: int | None = None) -> BatchResult:
+    """`calls`: where the predictor calls run (default: eagerly); `rows`: the first rows are the frames, the rest
+    padding that starts done (a graph's batch bucket)."""
+    batch, last = len(c0), model.config.num_residual_codes
+    rows = batch if rows is None else rows
+    calls = calls or EagerCalls(model, batch, tree, sampler, generator, drafter)
+    hidden, first = calls.start(talker_hidden, c0)
     codes = torch.zeros(batch, last + tree.max_depth + 1, dtype=torch.long, device=model.device)  # + scratch
-    codes[:, 0] = sampler.sample(model.head_logits(hidden, 1), generator)
-    k_host, rows, calls = [1] * batch, [FrameResult(codes[b, :last], 1) for b in range(batch)], 1  # codes per row
+    codes[:, 0] = first
+    k_host = [1] * rows + [last] * (batch - rows)  # codes per row
+    results, calls_made = [FrameResult(codes[b, :last], 1) for b in range(rows)], 1
     k = torch.tensor(k_host, device=model.device)  # the same, for the device's gathers
     while min(k_host) < last:
         root = codes.gather(1, k[:, None] - 1)[:, 0]
-        result = speculative_round(model, cache, plan, sampler, generator, drafter, k, k_host, root, hidden)
+        result = calls.round(k, k_host, root, hidden)
         hidden, accepted = result.hidden, result.accepted
         # Draws go to c_{k+1}..; those past what a row emitted land on codes a later round overwrites.
         codes.scatter_(1, k[:, None] + torch.arange(result.draws.shape[1], device=k.device), result.draws)
-        for b, row in enumerate(rows):
+        for b, row in enumerate(results):
             if k_host[b] < last:
                 row.calls += 1
                 row.rounds.append(RoundStats(accepted[b], list(enumerate(tree.paths[result.bonus_node[b] - 1], 1))
                                              if accepted[b] else []))
                 k_host[b] = min(k_host[b] + 1 + accepted[b], last)
         k = torch.tensor(k_host, device=model.device)
-        calls += 1
-    return BatchResult(codes[:, :last], calls, rows)
+        calls_made += 1
+    return BatchResult(codes[:rows, :last], calls_made, results)
 
 
 def speculative_round(model, cache, plan: TreePlan, sampler: Sampler, generator, drafter, k: Tensor,
                       k_host: list[int], root: Tensor, hidden_k: Tensor) -> RoundResult:
     """One fused draft+verify call for every row. Row b has emitted c1..c_{k[b]} (`k_host` the same on the
     host); `root` [B] = c_k (not yet fed), `hidden_k` [B, H] = the h_k that produced it."""
-    tree, batch = plan.tree, len(k_host)
+    draws, hidden, found, node = round_on_device(model, cache, plan, sampler, generator, drafter, k, k_host, root,
+                                                 hidden_k)
+    accepted, bonus = torch.stack([found, node]).tolist()  # the round's one host read
+    return RoundResult(draws, hidden, accepted, bonus)
+
+
+def round_on_device(model, cache, plan: TreePlan, sampler: Sampler, generator, drafter, k: Tensor,
+                    k_host: list[int] | None, root: Tensor, hidden_k: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Steps 1-4: (draws, the hidden state at each row's bonus node, drafts accepted [B], bonus node [B]), all on
+    the device. With `k_host` None no step reads a host value, so a CUDA graph can capture the round."""
+    tree, batch = plan.tree, len(k)
+    positions = k if k_host is None else k_host
     # 1. Drafts from h_k: the top-m candidates per depth, picked by the tree's (depth, rank) nodes.
-    top = drafter.candidates(model, hidden_k, k_host, tree.max_depth, max(tree.top_m, 1))
+    top = drafter.candidates(model, hidden_k, positions, tree.max_depth, max(tree.top_m, 1))
     tokens = torch.cat([root[:, None], top.flatten(1)[:, plan.draft_index]], dim=1)  # [B, q]
     # 2. Verify every row's tree in one call.
     x = model.embed_codes(tokens, plan.tables[k])
@@ -296,5 +351,4 @@ def speculative_round(model, cache, plan: TreePlan, sampler: Sampler, generator,
     path = walk(model, plan, sampler, generator, k, k_host, tokens, hidden)
     # 4. Keep the K/V of the root and the accepted nodes at their positions' slots k+1.. (see module doc).
     cache.move(plan.path_slots[path.node], k[:, None] + plan.path_steps)
-    accepted, bonus = torch.stack([path.found, path.node]).tolist()  # the round's one host read
-    return RoundResult(path.draws, hidden[torch.arange(batch, device=path.node.device), path.node], accepted, bonus)
+    return path.draws, hidden[torch.arange(batch, device=path.node.device), path.node], path.found, path.node

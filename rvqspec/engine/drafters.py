@@ -56,12 +56,15 @@ class Drafter(nn.Module):
         """The input of the frozen head of codebook position+j (ReusedHeads: unchanged)."""
         return hidden
 
-    def head(self, model, hidden: Tensor, positions: list[int], j: int, rank_only: bool = False) -> Tensor:
+    def head(self, model, hidden: Tensor, positions: list[int] | Tensor, j: int, rank_only: bool = False) -> Tensor:
         """Logits [B, V] for c_{positions[b]+j} from hidden [B, H], row b at position positions[b] (codebooks
         past the last are clamped to it: those rows are pruned by the caller). rank_only: logits that only rank
-        the candidates (the CPU's int8 heads, `draft_heads`)."""
+        the candidates (the CPU's int8 heads, `draft_heads`). `positions` a host list, or a device tensor."""
         last = model.config.num_residual_codes
-        x, codebooks = self.transform(hidden, positions, j), [min(p + j, last) for p in positions]
+        x = self.transform(hidden, positions, j)
+        if isinstance(positions, Tensor):  # a device tensor: a round with no host values (CUDA graphs)
+            return model.head_logits(x, (positions + j).clamp(max=last))
+        codebooks = [min(p + j, last) for p in positions]
         return draft_heads.logits(model, x, codebooks) if rank_only else model.head_logits(x, codebooks)
 
     def logits(self, model, hidden: Tensor, positions: list[int], depth: int | None = None,
@@ -69,7 +72,8 @@ class Drafter(nn.Module):
         """Draft logits [B, depth, V] for c_{p+1}..c_{p+depth} from h_p [B, H] (row b at p = positions[b]).
         Depths past the last code of every row are 0; a row's own depths past it are garbage (pruned)."""
         depth = depth or self.depth
-        reach = depth if device_path.static_shapes(hidden.device) else min(depth, model.config.num_residual_codes - min(positions))
+        static = isinstance(positions, Tensor) or device_path.static_shapes(hidden.device)
+        reach = depth if static else min(depth, model.config.num_residual_codes - min(positions))
         rows = [self.head(model, hidden, positions, j, rank_only) for j in range(1, reach + 1)]
         rows += [hidden.new_zeros(len(positions), model.config.vocab_size)] * (depth - len(rows))
         return torch.stack(rows, dim=1)
@@ -258,7 +262,7 @@ class MedusaHeads(Drafter):
         return hidden + F.silu(torch.einsum(equation, hidden, w) + b)
 
     def head(self, model, hidden: Tensor, positions: list[int], j: int, rank_only: bool = False) -> Tensor:
-        index = torch.tensor(positions, device=hidden.device).clamp(max=self.vocab.shape[0])
+        index = torch.as_tensor(positions, device=hidden.device).clamp(max=self.vocab.shape[0])
         return torch.einsum("bh,bvh->bv", self.resblock(hidden, index, j), self.vocab[index - 1, j - 1])
 
     def batched_head(self, model, h: Tensor, positions: Tensor, j: int) -> Tensor:

@@ -285,7 +285,7 @@ class MultiCodeDecoder(nn.Module):
 
     def head_logits(self, hidden: Tensor, codebook: int | list[int]) -> Tensor:
         """Logits of codebook `codebook` (1..15) from hidden states [..., hidden]; or, with one codebook per
-        row (a host list), logits [R, V] of hidden [R, hidden].
+        row (a host list, or a device tensor), logits [R, V] of hidden [R, hidden].
 
         On the CPU rows are grouped by codebook, so that each group goes through its head's packed weight;
         elsewhere each row gathers its head (one kernel, no host work, the same shapes for every call)."""
@@ -293,6 +293,8 @@ class MultiCodeDecoder(nn.Module):
             if self.head_weights is not None:
                 return self.head_weights.logits(hidden, codebook)
             return linear(hidden, self.heads[codebook - 1], None, self.head_packs[codebook - 1])
+        if isinstance(codebook, Tensor):  # one per row on the device (a round with no host values)
+            return self.gathered_head_logits(hidden, codebook)
         if len(set(codebook)) == 1:
             return self.head_logits(hidden, codebook[0])
         if hidden.device.type == "cpu":
@@ -302,8 +304,10 @@ class MultiCodeDecoder(nn.Module):
     def grouped_head_logits(self, hidden: Tensor, codebook: list[int]) -> Tensor:
         return by_codebook(hidden, codebook, self.config.vocab_size, self.head_logits)
 
-    def gathered_head_logits(self, hidden: Tensor, codebook: list[int]) -> Tensor:
-        index = torch.tensor(codebook, device=hidden.device) - 1
+    def gathered_head_logits(self, hidden: Tensor, codebook: list[int] | Tensor) -> Tensor:
+        if self.head_weights is not None:
+            raise RvqspecError("per-row heads on the device need float heads: quantized weights run on the CPU")
+        index = torch.as_tensor(codebook, device=hidden.device) - 1
         return torch.einsum("bh,bvh->bv", hidden, self.heads[index])
 
     def teacher_forced_hidden(self, talker_hidden: Tensor, codes: Tensor) -> Tensor:

@@ -35,16 +35,19 @@ def walks_at(k, d: int, last: int):
     return k + 1 + d <= last
 
 
-def depths(plan, k_host: list[int], last: int) -> int:
-    """Depths to visit: the tree's, or fewer where no row can reach them (all of them with static shapes)."""
-    if device_path.static_shapes(plan.parent.device):
+def depths(plan, k_host: list[int] | None, last: int) -> int:
+    """Depths to visit: the tree's, or fewer where no row can reach them (all of them with static shapes, or
+    without host values: `k_host` None)."""
+    if k_host is None or device_path.static_shapes(plan.parent.device):
         return plan.tree.max_depth + 1
     return min(plan.tree.max_depth, last - min(k_host) - 1) + 1
 
 
-def walk(model, plan, sampler, generator, k: Tensor, k_host: list[int], tokens: Tensor, hidden: Tensor) -> Walk:
-    """The walk this device takes (`DevicePath.host_walk`)."""
-    if device_path.choose(tokens.device, hidden.dtype).host_walk:
+def walk(model, plan, sampler, generator, k: Tensor, k_host: list[int] | None, tokens: Tensor,
+         hidden: Tensor) -> Walk:
+    """The walk this device takes (`DevicePath.host_walk`); the device walk where the host has no k (None: a
+    captured round)."""
+    if k_host is not None and device_path.choose(tokens.device, hidden.dtype).host_walk:
         return walk_on_host(model, plan, sampler, generator, k_host, tokens, hidden)
     return walk_on_device(model, plan, sampler, generator, k, k_host, tokens, hidden)
 
@@ -74,15 +77,16 @@ def walk_on_host(model, plan, sampler, generator, k_host: list[int], tokens: Ten
     return Walk(torch.tensor(node), draws.to(tokens.device), torch.tensor(found))
 
 
-def walk_on_device(model, plan, sampler, generator, k: Tensor, k_host: list[int], tokens: Tensor,
+def walk_on_device(model, plan, sampler, generator, k: Tensor, k_host: list[int] | None, tokens: Tensor,
                    hidden: Tensor) -> Walk:
     tree, last = plan.tree, model.config.num_residual_codes
-    rows = torch.arange(len(k_host), device=tokens.device)
-    node = found = torch.zeros(len(k_host), dtype=torch.long, device=tokens.device)
+    rows = torch.arange(len(k), device=tokens.device)
+    node = found = torch.zeros(len(k), dtype=torch.long, device=tokens.device)
     alive = walks_at(k, 0, last)
     draws = []
     for d in range(depths(plan, k_host, last)):
-        codebooks = [min(kb + 1 + d, last) for kb in k_host]  # rows past their frame end draw garbage, ignored
+        # rows past their frame end draw garbage, ignored
+        codebooks = (k + 1 + d).clamp(max=last) if k_host is None else [min(kb + 1 + d, last) for kb in k_host]
         draws.append(sampler.sample(model.head_logits(hidden[rows, node], codebooks), generator))
         if d < tree.max_depth:  # children exist at depth d + 1
             start, end = tree.depth_slices[d + 1]

@@ -10,7 +10,8 @@ from rvqspec.integrations.base import HANDLE, Acceleration
 
 
 def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator: torch.Generator | None = None,
-               calibration: str | None = None, weights: str | None = None, tuned: str | None = None) -> Acceleration:
+               calibration: str | None = None, weights: str | None = None, tuned: str | None = None,
+               graphs: bool = True) -> Acceleration:
     """Route the depth decoder of `model` through `rvqspec.decode_frames` until `handle.undo()`.
 
     `model`: a qwen-tts model (`qwen_tts.Qwen3TTSModel`, its `.model` or `.model.talker`: the code predictor, 15
@@ -21,17 +22,18 @@ def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator:
     upstream's distribution (greedy: the same codes); `handle.stats` counts frames, calls and tokens/step.
     `weights="w8a8"` (or "w8a16"): decode with int8 weights instead (`rvqspec.quantize`, CPU): a different model, opt-in;
     its codes have its own distribution, and speculation is exact relative to it. `tuned`: a folder `rvqspec tune`
-    wrote for this model (drafter, trees, latency table), in place of drafter= and calibration=.
+    wrote for this model (drafter, trees, latency table), in place of drafter= and calibration=. On CUDA the
+    calls replay from CUDA graphs (`rvqspec.engine.graphs`); `graphs=False` runs them eagerly.
     """
     if csm.is_csm(model):
-        return csm.accelerate(model, drafter, tree, generator, calibration, weights, tuned)
+        return csm.accelerate(model, drafter, tree, generator, calibration, weights, tuned, graphs)
     try:
         qwen_tts.find_talker(model)
     except RvqspecError:
         raise RvqspecError(f"{type(model).__name__} is neither a qwen-tts model nor a transformers CSM model: pass a "
                            "qwen_tts.Qwen3TTSModel (or its .model / .model.talker) or a "
                            "CsmForConditionalGeneration") from None
-    return qwen_tts.accelerate(model, drafter, tree, generator, calibration, weights, tuned)  # the whole model: it streams
+    return qwen_tts.accelerate(model, drafter, tree, generator, calibration, weights, tuned, graphs)  # the whole model
 
 
 def deaccelerate(model) -> None:

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from rvqspec.engine.decode import BatchResult, decode_frames
 from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.graphs import GraphDecoder
 from rvqspec.engine.model import MultiCodeDecoder
 from rvqspec.engine.packing import probe
 from rvqspec.engine.policy import Policy
@@ -106,7 +107,7 @@ class Acceleration:
 
     def __init__(self, owner: torch.nn.Module, target: torch.nn.Module, drafter, tree: Tree | str | None,
                  generator: torch.Generator | None, calibration: str | None = None, weights: str | None = None,
-                 tuned: str | None = None):
+                 tuned: str | None = None, graphs: bool = True):
         if getattr(owner, HANDLE, None) is not None:
             raise RvqspecError("this model is already accelerated: call handle.undo() (or deaccelerate(model)) first")
         self.owner, self.target = owner, target
@@ -120,6 +121,7 @@ class Acceleration:
         check_arguments(drafter, tree)
         self.drafter, self.tree, self.generator, self.calibration = drafter, tree, generator, calibration
         self.stats = Stats()
+        self.graphs = GraphDecoder() if graphs else None  # CUDA graphs of this handle's calls (CUDA only)
         self.warned: set[str] = set()
         self.decoder, self.built_from = self.quantized(decoder), self.fingerprint()
         self.policy: Policy | None = None
@@ -229,6 +231,7 @@ class Acceleration:
         decoder = self.current_decoder()
         tree = self.tree_for(len(c0))
         result = decode_frames(decoder, hidden, c0, sampler, self.generator,
-                               self.drafter if tree is not None else None, tree)
+                               self.drafter if tree is not None else None, tree,
+                               self.graphs if decoder.device.type == "cuda" else None)
         self.stats.add(result, tree.size if tree is not None else 0)
         return result

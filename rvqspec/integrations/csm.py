@@ -63,10 +63,11 @@ class CsmAcceleration(Acceleration):
     KIND = "csm"
 
     def __init__(self, model, drafter, tree: Tree | str | None, generator: torch.Generator | None,
-                 calibration: str | None = None, weights: str | None = None, tuned: str | None = None):
+                 calibration: str | None = None, weights: str | None = None, tuned: str | None = None,
+                 graphs: bool = True):
         self.model = model
         self.stream_lock = threading.Lock()  # generate sets the depth decoder's generation_config per call
-        super().__init__(model, model.depth_decoder, drafter, tree, generator, calibration, weights, tuned)
+        super().__init__(model, model.depth_decoder, drafter, tree, generator, calibration, weights, tuned, graphs)
 
     def stream(self, chunk_frames: int = CHUNK_FRAMES, first_chunk_frames: int | None = None,
                **generate_kwargs) -> Iterator[tuple]:
@@ -104,13 +105,13 @@ class CsmAcceleration(Acceleration):
 
 def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator: torch.Generator | None = None,
                calibration: str | None = None, weights: str | None = None,
-               tuned: str | None = None) -> CsmAcceleration:
+               tuned: str | None = None, graphs: bool = True) -> CsmAcceleration:
     """Route the depth decoder of a transformers `CsmForConditionalGeneration` through `rvqspec.decode_frames`
     until `undo()`: AR (31 calls per frame step) without a drafter; with one, the decoding policy's choice per
     batch size (`tree="auto"`) or a fixed `Tree`. As `rvqspec.integrations.qwen_tts.accelerate` otherwise."""
     if not is_csm(model):
         raise RvqspecError(f"{type(model).__name__} is not a transformers CSM model: pass a CsmForConditionalGeneration")
-    return CsmAcceleration(model, drafter, tree, generator, calibration, weights, tuned)
+    return CsmAcceleration(model, drafter, tree, generator, calibration, weights, tuned, graphs)
 
 
 def load_model(folder: Path, device: str, dtype: torch.dtype):

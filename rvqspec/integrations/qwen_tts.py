@@ -90,10 +90,11 @@ class QwenTTSAcceleration(Acceleration):
     KIND = "qwen-tts"
 
     def __init__(self, talker, drafter, tree: Tree | str | None, generator: torch.Generator | None,
-                 calibration: str | None = None, weights: str | None = None, tts=None, tuned: str | None = None):
+                 calibration: str | None = None, weights: str | None = None, tts=None, tuned: str | None = None,
+                 graphs: bool = True):
         self.talker, self.tts = talker, tts
         self.stream_lock = threading.Lock()  # streams of this model take turns (qwen_tts_stream's docstring)
-        super().__init__(talker, talker.code_predictor, drafter, tree, generator, calibration, weights, tuned)
+        super().__init__(talker, talker.code_predictor, drafter, tree, generator, calibration, weights, tuned, graphs)
 
     def stream_custom_voice(self, *args, chunk_frames: int = CHUNK_FRAMES, first_chunk_frames: int | None = None,
                             **kwargs) -> Iterator[tuple]:
@@ -166,7 +167,7 @@ class QwenTTSAcceleration(Acceleration):
 
 def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator: torch.Generator | None = None,
                calibration: str | None = None, weights: str | None = None,
-               tuned: str | None = None) -> QwenTTSAcceleration:
+               tuned: str | None = None, graphs: bool = True) -> QwenTTSAcceleration:
     """Route the code predictor of a qwen-tts model through `rvqspec.decode_frames` until `undo()`.
 
     `model`: a `qwen_tts.Qwen3TTSModel`, its `.model`, or its `.model.talker`. Each batched frame step of the
@@ -178,10 +179,11 @@ def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator:
     each generate call; draws use `generator`, or torch's global RNG like upstream. Call it after moving or
     fine-tuning the model: it copies the predictor's weights (a later device or dtype change is followed, an
     in-place edit is not). `tuned`: a folder `rvqspec tune` wrote for this model (its drafter, trees and latency
-    table, in place of drafter= and calibration=).
+    table, in place of drafter= and calibration=). On CUDA the predictor's calls replay from CUDA graphs
+    (`rvqspec.engine.graphs`, captured per batch bucket on first use); `graphs=False` runs them eagerly.
     """
     tts = model if hasattr(model, "generate_custom_voice") else None
-    return QwenTTSAcceleration(find_talker(model), drafter, tree, generator, calibration, weights, tts, tuned)
+    return QwenTTSAcceleration(find_talker(model), drafter, tree, generator, calibration, weights, tts, tuned, graphs)
 
 
 def speech_request(tts, text: str, language: str = "Auto", speaker: str | None = None, instruct: str | None = None,
