@@ -2,7 +2,8 @@
 and the shipped offsets (trained on recorded speech)? Tokens/step on held-out free-running synthesis.
 
 1. `rvqspec tune --model standin` (self-synthesis of the built-in sentences, offsets, trees, latency) into
-   --work, timed per stage; per-position offsets trained on the same corpus (`--offsets per-position`);
+   --work, timed per stage; on the same corpus, per-position offsets (`--offsets per-position`) and both kinds
+   trained with the acceptance objective (`--objective acceptance`);
 2. held-out sentences: the first --per-lang sentences of each language in the stand-in corpus's test split
    (Debian fortunes, `rvqspec.standin.speech`; the corpus audio is not needed), never in the built-in list;
 3. each drafter decodes them free-running (talker and predictor sampled, temperature 0.9, top-k 50) with the same
@@ -46,6 +47,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--per-lang", type=int, default=4)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--force", help="redo this tune stage and the later ones (rvqspec tune --force)")
     parser.add_argument("--work", type=Path, default=ROOT / "data" / "standin" / "tune-self")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "tune")
     args = parser.parse_args()
@@ -54,21 +56,30 @@ def main() -> None:
     tts = load_standin(ASSETS / "model")
     start = time.perf_counter()
     report = tune(Subject("standin", ASSETS / "model", tts.predictor, lambda: self_synthesis(tts)), args.work,
-                  TuneSettings(minutes=args.minutes, epochs=args.epochs), log=lambda line: print(line, flush=True))
+                  TuneSettings(minutes=args.minutes, epochs=args.epochs), force=args.force,
+                  log=lambda line: print(line, flush=True))
     tune_seconds = time.perf_counter() - start
-    start = time.perf_counter()
-    position_file = args.work / "train-position" / "position-offsets.safetensors"
-    if not position_file.exists():  # per-position offsets on the same corpus (`tune --offsets per-position`)
-        train(ASSETS / "model", args.work / "corpus", position_file.parent,
-              TrainSettings(drafter="position-offsets", validation_fraction=0.1), epochs=args.epochs)
-    position_seconds = time.perf_counter() - start
+    trained = {}  # more drafters on the same corpus: per-position offsets, and the acceptance objective
+    for kind, objective in (("position-offsets", "codes"), ("offsets", "acceptance"), ("position-offsets", "acceptance")):
+        out = args.work / f"train-{objective}-{kind}"
+        start = time.perf_counter()
+        if not (out / f"{kind}.safetensors").exists():
+            train(ASSETS / "model", args.work / "corpus", out,
+                  TrainSettings(drafter=kind, validation_fraction=0.1, objective=objective), epochs=args.epochs,
+                  progress=False)
+        trained[(kind, objective)] = (out / f"{kind}.safetensors", time.perf_counter() - start)
     sentences = held_out(list(tts.config.languages), args.per_lang)
     tree = Tree.load(ASSETS / "trees" / "tree-N32.json")
     drafters = {"reused heads": ReusedHeads(),
                 "offsets, recorded speech (shipped)": Offsets.load(OFFSETS_FILE, tts.predictor),
                 "offsets, self-synthesis (tune)": Offsets.load(args.work / "train" / "offsets.safetensors",
                                                                tts.predictor),
-                "per-position offsets, self-synthesis": PositionOffsets.load(position_file, tts.predictor)}
+                "per-position offsets, self-synthesis": PositionOffsets.load(
+                    trained[("position-offsets", "codes")][0], tts.predictor),
+                "offsets, self-synthesis, acceptance objective": Offsets.load(
+                    trained[("offsets", "acceptance")][0], tts.predictor),
+                "per-position offsets, self-synthesis, acceptance objective": PositionOffsets.load(
+                    trained[("position-offsets", "acceptance")][0], tts.predictor)}
     rows = {}
     for name, drafter in drafters.items():
         per_seed = []
@@ -81,7 +92,8 @@ def main() -> None:
                       "std": statistics.stdev(per_seed) if len(per_seed) > 1 else 0.0}
     result = {"tune": {"minutes": args.minutes, "epochs": args.epochs, "corpus": report["corpus"],
                        "timings_seconds": report["timings_seconds"], "wall_seconds": tune_seconds,
-                       "trained": report["train"], "per_position_train_seconds": position_seconds},
+                       "trained": report["train"], "drafter_in_use": report["drafter"],
+                       "other_train_seconds": {f"{k}/{o}": t for (k, o), (_, t) in trained.items()}},
               "held_out": {"sentences": len(sentences), "per_lang": args.per_lang, "seeds": args.seeds,
                            "tree_nodes": tree.size},
               "drafters": rows, "machine": finish_machine(info)}
@@ -102,7 +114,9 @@ def to_markdown(r: dict) -> str:
              "| drafter | tokens/step (mean ± std over seeds) | per seed |", "|---|---|---|"]
     lines += [f"| {name} | {row['mean']:.3f} ± {row['std']:.3f} | {', '.join(f'{v:.3f}' for v in row['per_seed'])} |"
               for name, row in r["drafters"].items()]
-    lines += ["", "Stage times of `tune` on this CPU (1 thread), seconds: " +
+    lines += ["", f"`tune` calibrated its trained offsets and the reused heads on held-out frames and uses: "
+              f"{t['drafter_in_use']}.", "",
+              "Stage times of `tune` on this CPU (1 thread, another job running beside it), seconds: " +
               ", ".join(f"{k} {v:.0f}" for k, v in t["timings_seconds"].items()) + "."]
     return "\n".join(lines) + "\n"
 

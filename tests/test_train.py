@@ -149,3 +149,28 @@ def test_a_nan_in_the_corpus_is_one_line_for_train_and_calibrate(tmp_path, capsy
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "row 3: the hidden state is not finite" in err, err
     assert not (tmp_path / "r" / "offsets.safetensors").exists() and not (tmp_path / "c" / "report.json").exists()
+
+
+def test_the_acceptance_objective_uses_the_verifiers_own_distribution(data):
+    """p in -log sum q p is what AR decoding draws from for each codebook: the model's teacher-forced logits under
+    the deployed sampler (a shifted position, for instance, fails this)."""
+    from rvqspec.engine.sampling import Sampler
+
+    model_dir, corpus_dir = data
+    model = MultiCodeDecoder.from_pretrained(model_dir)
+    codes, hidden = Corpus(corpus_dir, FRACTION).sample("train", 8, seed=0)
+    sampler = Sampler()
+    loss = DraftLoss(model, ReusedHeads(model), "acceptance", sampler)
+    with torch.no_grad():
+        ours = loss.verifier_log_probs(model, model.teacher_forced_hidden(hidden.to(model.dtype), codes)).exp()
+        wanted = sampler.probs(model.teacher_forced_logits(hidden.to(model.dtype), codes))
+    torch.testing.assert_close(ours.float(), wanted.float(), atol=1e-5, rtol=1e-4)
+    with pytest.raises(RvqspecError, match="unknown training objective"):
+        DraftLoss(model, ReusedHeads(model), "nope")
+
+
+def test_offsets_trained_for_acceptance_raise_the_verifiers_match_probability(data, tmp_path):
+    model_dir, corpus_dir = data
+    settings = TrainSettings("offsets", 3, 16, 3e-2, 0, FRACTION, objective="acceptance")
+    metrics = train(model_dir, corpus_dir, tmp_path, settings, epochs=2, progress=False)
+    assert metrics["best"]["val_loss"] < metrics["baseline"]["loss"]  # -log P(match) fell below the reused heads'

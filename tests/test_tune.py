@@ -76,7 +76,12 @@ def test_tune_writes_a_complete_folder_that_accelerate_uses(tuned, checkpoint, c
     reference, _ = tts.generate_custom_voice(**texts)
     handle = rvqspec.accelerate(tts, tuned=str(tuned))
     try:
-        assert handle.drafter.kind == "offsets" and handle.policy is not None
+        chosen = json.loads((tuned / "tune.json").read_text())
+        measured = chosen["measured_tokens_per_step"]  # the drafter in use is the one that measured more
+        assert chosen["drafter"] == ("train/offsets.safetensors" if measured["trained"] > measured["reused"]
+                                     else "reused")
+        assert handle.drafter.kind == ("offsets" if chosen["drafter"] != "reused" else "reused")
+        assert handle.policy is not None and (tuned / "trees-other" / "report.json").exists()
         assert "measured by rvqspec tune" in handle.policy.latency.source
         handle.policy.choices.update({1: 8, 2: 8})  # speculate, whatever the tiny model's latencies chose
         wavs, _ = tts.generate_custom_voice(**texts)
@@ -218,6 +223,6 @@ def test_tune_the_stand_in_end_to_end(tmp_path, capsys):
     assert main(per_position) == 2  # the folder holds shared offsets: retraining is asked for
     assert "pass --force train" in capsys.readouterr().err
     assert main([*per_position, "--force", "train"]) == 0
-    assert json.loads((tmp_path / "run" / "tune.json").read_text())["drafter"] == "train/position-offsets.safetensors"
+    assert json.loads((tmp_path / "run" / "tune.json").read_text())["trained"] == "train/position-offsets.safetensors"
     assert (tmp_path / "run" / "train" / "position-offsets.safetensors").exists()
     assert (tmp_path / "run" / "corpus" / "index.json").stat().st_mtime_ns == corpus_written  # not synthesized again

@@ -4,11 +4,12 @@ import os
 
 from rvqspec.cli import flags
 from rvqspec.engine.drafters import DEFAULT_DEPTH
-from rvqspec.tuning.train import TrainSettings, train
+from rvqspec.tuning.train import OBJECTIVES, TrainSettings, train
 
 
 def run(args) -> int:
-    settings = TrainSettings(args.drafter, args.depth, args.batch_size, args.lr, args.seed, args.validation_fraction)
+    settings = TrainSettings(args.drafter, args.depth, args.batch_size, args.lr, args.seed, args.validation_fraction,
+                             args.objective)
     metrics = train(args.model, args.corpus, args.out, settings, args.epochs, args.max_steps, args.resume, args.force,
                     args.dtype, args.device, progress=not args.quiet)
     if int(os.environ.get("RANK", "0")) == 0 and metrics["epochs"]:
@@ -34,6 +35,9 @@ def add_cli(subparsers) -> None:
     p.add_argument("--lr", type=flags.positive_float, default=1e-3)
     p.add_argument("--seed", type=flags.seed, default=0, help="data order (and Medusa init)")
     p.add_argument("--validation-fraction", type=flags.fraction, default=0.05, help="share of utterances held out")
+    p.add_argument("--objective", choices=OBJECTIVES, default="codes",
+                   help="codes: cross entropy of the corpus's codes (the paper's); acceptance: -log P(the verifier "
+                        "draws the draft), from the model's own distribution")
     p.add_argument("--max-steps", type=flags.positive_int, default=None, help="stop after this many steps (resumable)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--force", action="store_true", help="start over even if --out holds a run")

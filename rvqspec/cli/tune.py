@@ -13,6 +13,7 @@ from rvqspec.engine.checkpoint import save_json
 from rvqspec.engine.model import MultiCodeDecoder
 from rvqspec.integrations.hub import default_device, default_dtype, resolve_model
 from rvqspec.tuning.recordings import is_csm_checkpoint
+from rvqspec.tuning.train import OBJECTIVES
 from rvqspec.tuning.tune import DEFAULT_MINUTES, STAGES, Subject, TuneSettings, tune
 
 LATENCY_BATCHES = (1, 2, 4, 8)
@@ -24,15 +25,14 @@ def latency_bench(predictor: MultiCodeDecoder):
 
     def bench(out: Path) -> dict:
         from rvqspec.bench.timing import call_latency, cpu_name, latency_row
-        from rvqspec.engine.drafters import Drafter
         from rvqspec.engine.policy import setting_key
         from rvqspec.engine.sampling import Sampler
         from rvqspec.engine.tree import Tree
-        from rvqspec.integrations.tuned import LATENCY, TREES, drafter_path
+        from rvqspec.integrations.tuned import LATENCY, TREES, tuned_drafter
 
         report = json.loads((out / TREES / "report.json").read_text())
         trees = {row["budget"]: Tree.load(out / TREES / row["file"]) for row in report["trees"]}
-        drafter = Drafter.load(drafter_path(out), predictor)
+        drafter = tuned_drafter(out, predictor)
         ms = {str(b): {str(n): v for n, v in latency_row(call_latency(predictor, drafter, trees, Sampler(),
                                                                       LATENCY_ROUNDS, batch=b)).items()}
               for b in LATENCY_BATCHES}
@@ -96,7 +96,7 @@ def run(args) -> int:
     if not args.no_bench:
         subject.bench = latency_bench(subject.predictor)
     settings = TuneSettings(minutes=args.minutes, epochs=args.epochs, seed=args.seed, offsets=args.offsets,
-                            progress=not args.quiet)
+                            objective=args.objective, progress=not args.quiet)
     report = tune(subject, args.out, settings, args.force, log=print if not args.quiet else lambda _: None)
     best = max(report["trees"], key=lambda r: r["measured_tokens_per_step"] or 0)
     speedup = report["speedup"].get("1")
@@ -118,6 +118,9 @@ def add_cli(subparsers) -> None:
     p.add_argument("--epochs", type=flags.positive_int, default=2, help="offset training epochs")
     p.add_argument("--offsets", choices=("shared", "per-position"), default="shared",
                    help="one offset per lookahead distance (the paper's), or one per start position and distance")
+    p.add_argument("--objective", choices=OBJECTIVES, default=TuneSettings.objective,
+                   help="offset training: codes (cross entropy of the synthesized codes) or acceptance "
+                        "(-log P(the verifier draws the draft))")
     p.add_argument("--batch", type=flags.positive_int, default=4, help="qwen-tts: texts per generate call")
     p.add_argument("--force", choices=STAGES, help="redo this stage and the ones after it")
     p.add_argument("--no-bench", action="store_true", help="skip the latency table (the policy then uses this "

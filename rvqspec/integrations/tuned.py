@@ -2,9 +2,11 @@
 
     tune.json          what it was tuned for (model kind, architecture, dtype, a digest of the weights) and the stages
     corpus/            the model's own synthesis, per frame the state conditioning the depth decoder and all codes
-    train/offsets.safetensors   the drafter (train/position-offsets.safetensors with --offsets per-position; the
-                       trainer's folder: checkpoint, metrics.json); tune.json names it
-    trees/             the calibration: report.json (predicted vs measured) and tree-N*.json
+    train/offsets.safetensors   the trained drafter (train/position-offsets.safetensors with --offsets per-position;
+                       the trainer's folder: checkpoint, metrics.json)
+    trees/             the calibration of the drafter in use: report.json (predicted vs measured), tree-N*.json;
+                       trees-other/ the other candidate's. tune.json names the drafter in use ("drafter"): the trained
+                       one, or "reused" where the frozen heads measured more tokens/step on held-out frames
     latency.json       this device's latency table for the architecture (absent with --no-bench)
     report.json, README.md   what was measured
 
@@ -61,22 +63,27 @@ def check_identity(folder: Path, model: MultiCodeDecoder, kind: str) -> None:
                                f"here: {fix}")
 
 
-def drafter_path(folder: Path) -> Path:
-    return folder / read_identity(folder).get("drafter", str(DRAFTER))
+def tuned_drafter(folder: Path, model: MultiCodeDecoder):
+    """The drafter a tuned folder uses: its trained file, or the reused heads where those measured better."""
+    from rvqspec.engine.drafters import Drafter, ReusedHeads
+
+    name = read_identity(folder).get("drafter", str(DRAFTER))
+    if name == "reused":
+        return ReusedHeads(model)
+    if not (folder / name).exists():
+        raise RvqspecError(f"{folder} is not finished ({name} missing): rerun the same `rvqspec tune` command "
+                           "(finished stages are skipped)")
+    return Drafter.load(folder / name, model)
 
 
 def load_tuned(folder: str | Path, model: MultiCodeDecoder, kind: str):
     """(drafter, calibration folder, latency table or None) of a tuned folder, checked against `model`."""
-    from rvqspec.engine.drafters import Drafter
-
     folder = Path(folder)
     check_identity(folder, model, kind)
-    drafter_file = drafter_path(folder)
-    missing = [str(p.relative_to(folder)) for p in (drafter_file, folder / TREES / "report.json") if not p.exists()]
-    if missing:
-        raise RvqspecError(f"{folder} is not finished ({', '.join(missing)} missing): rerun the same "
-                           "`rvqspec tune` command (finished stages are skipped)")
-    drafter = Drafter.load(drafter_file, model)
+    if not (folder / TREES / "report.json").exists():
+        raise RvqspecError(f"{folder} is not finished ({TREES}/report.json missing): rerun the same `rvqspec tune` "
+                           "command (finished stages are skipped)")
+    drafter = tuned_drafter(folder, model)
     latency = None
     if (folder / LATENCY).exists():
         entry = json.loads((folder / LATENCY).read_text())

@@ -31,6 +31,7 @@ from rvqspec.engine.checkpoint import atomic_write, save_json
 from rvqspec.engine.drafters import DEFAULT_DEPTH, Drafter, ReusedHeads, make_drafter, model_fingerprint
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.model import MultiCodeDecoder, resolve_dtype
+from rvqspec.engine.sampling import Sampler
 from rvqspec.tuning.corpus import Corpus, check_codes
 
 CHECKPOINT_FORMAT = "rvqspec-train/1"
@@ -46,29 +47,51 @@ class TrainSettings:
     lr: float = 1e-3
     seed: int = 0
     validation_fraction: float = 0.05
+    objective: str = "codes"  # or "acceptance" (`DraftLoss`)
+
+
+OBJECTIVES = ("codes", "acceptance")
 
 
 class DraftLoss(nn.Module):
-    """Per depth j: summed cross entropy and top-1 hits of the drafts for c_{i+j}, every valid i.
+    """Per depth j: the summed loss and top-1 hits of the drafts for c_{i+j}, every valid i.
 
-    The frozen model is held outside the module tree, so DDP sees only the drafter's parameters."""
+    objective "codes": cross entropy of the corpus's codes (the paper's). "acceptance": -log sum_v q(v) p(v), q the
+    draft's distribution and p the verifier's (the frozen model's own heads under the deployed sampler, given the
+    true prefix): the log-probability that a draft drawn from q is what the verifier draws, the quantity that
+    sample-then-match accepts; it needs no label, only the model. The frozen model is held outside the module
+    tree, so DDP sees only the drafter's parameters."""
 
-    def __init__(self, model: MultiCodeDecoder, drafter: Drafter):
+    def __init__(self, model: MultiCodeDecoder, drafter: Drafter, objective: str = "codes",
+                 sampler: Sampler = Sampler()):
         super().__init__()
-        self.drafter = drafter
+        if objective not in OBJECTIVES:
+            raise RvqspecError(f"unknown training objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
+        self.drafter, self.objective, self.sampler = drafter, objective, sampler
         self.frozen = [model]
 
     def forward(self, hidden: Tensor, codes: Tensor) -> tuple[Tensor, Tensor]:
         model = self.frozen[0]
         with torch.no_grad():
             h = model.teacher_forced_hidden(hidden, codes)
+            log_p = self.verifier_log_probs(model, h) if self.objective == "acceptance" else None
         losses, hits = [], []
         for j in range(1, self.drafter.depth + 1):
             logits = self.drafter.teacher_forced_logits(model, h, j)
             target = codes[:, 1 + j:]  # c_{i+j} for i = 1..G-1-j
-            losses.append(F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="sum"))
+            if log_p is None:
+                losses.append(F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="sum"))
+            else:  # the verifier's p for c_{i+j}, from h_{i+j-1}: codebooks 1+j..last
+                losses.append(-(logits.log_softmax(-1) + log_p[:, j:]).logsumexp(-1).sum())
             hits.append((logits.argmax(-1) == target).sum())
         return torch.stack(losses), torch.stack(hits)
+
+    def verifier_log_probs(self, model: MultiCodeDecoder, h: Tensor) -> Tensor:
+        """log p~ [B, last, V] of codebooks 1..last (codebook c from h_c, as AR decodes it), under the deployed
+        sampler."""
+        last = model.config.num_residual_codes
+        logits = torch.einsum("bph,pvh->bpv", h[:, 1:last + 1], model.heads[:last])
+        return self.sampler.probs(logits.float()).log().to(logits.dtype)
 
 
 def positions_per_frame(model: MultiCodeDecoder, depth: int) -> Tensor:
@@ -267,8 +290,8 @@ def start(job: Job, settings: TrainSettings, ranks: Ranks) -> Session:
     identity = {"model": model_fingerprint(model), "train_frames": corpus.num_frames("train")}
     state = load_checkpoint(job.out, settings, identity, job.resume, job.force)
     if state is None:
-        baseline = evaluate(DraftLoss(model, ReusedHeads(model, settings.depth)), corpus, settings.batch_size,
-                            ranks.rank, ranks.world_size)
+        baseline = evaluate(DraftLoss(model, ReusedHeads(model, settings.depth), settings.objective), corpus,
+                            settings.batch_size, ranks.rank, ranks.world_size)
         state = {"format": CHECKPOINT_FORMAT, "settings": asdict(settings), "identity": identity,
                  "step": 0, "epoch_loss_sum": 0.0, "best_val_loss": float("inf"),
                  "metrics": {"model": str(job.model_path), "corpus": str(job.corpus_path), "settings": asdict(settings),
@@ -287,7 +310,7 @@ def start(job: Job, settings: TrainSettings, ranks: Ranks) -> Session:
 def run_training(session: Session) -> dict:
     """Epochs from where the session stands, to `job.epochs` or `job.max_steps`; the metrics."""
     job, ranks, steps_per_epoch = session.job, session.ranks, session.steps_per_epoch
-    loss_fn = DraftLoss(session.model, session.drafter)
+    loss_fn = DraftLoss(session.model, session.drafter, session.settings.objective)
     step_fn = DistributedDataParallel(loss_fn, device_ids=[ranks.device.index] if ranks.device.type == "cuda"
                                       else None) if ranks.world_size > 1 else loss_fn
     step = session.state["step"]

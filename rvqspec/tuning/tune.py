@@ -53,6 +53,7 @@ class TuneSettings:
     budgets: tuple[int, ...] = tuple(BUDGETS)
     validation_fraction: float = 0.1
     offsets: str = "shared"  # or "per-position": one offset per start position and lookahead distance
+    objective: str = "codes"  # the trainer's (`train.DraftLoss`): "codes" or "acceptance"
     progress: bool = True
     timings: dict = field(default_factory=dict, compare=False)
 
@@ -94,11 +95,11 @@ def tune(subject: Subject, out: str | Path, settings: TuneSettings = TuneSetting
     out.mkdir(parents=True, exist_ok=True)
     if settings.offsets not in OFFSET_KINDS:
         raise RvqspecError(f"offsets must be one of {', '.join(OFFSET_KINDS)}, got {settings.offsets!r}")
-    if (out / IDENTITY).exists() and read_identity(out).get("drafter") not in (None, str(drafter_file(settings))) \
-            and force not in ("synthesize", "train"):
-        raise RvqspecError(f"{out} was tuned with other offsets ({read_identity(out)['drafter']}): pass --force train "
-                           "to train these instead, or pick another --out")
-    save_json(out / IDENTITY, identity | {"drafter": str(drafter_file(settings)),
+    before = read_identity(out) if (out / IDENTITY).exists() else {}
+    if before.get("trained") not in (None, str(drafter_file(settings))) and force not in ("synthesize", "train"):
+        raise RvqspecError(f"{out} was tuned with other offsets ({before['trained']}): pass --force train to train "
+                           "these instead, or pick another --out")
+    save_json(out / IDENTITY, identity | {"trained": str(drafter_file(settings)), "drafter": before.get("drafter"),
                                           "settings": asdict(settings) | {"timings": None}})
     redo = STAGES[STAGES.index(force):] if force else ()
     stages = {"synthesize": lambda: synthesize(subject, out, settings, overwrite="synthesize" in redo),
@@ -145,19 +146,36 @@ def train_stage(subject: Subject, out: Path, settings: TuneSettings, force: bool
     dtype = "float32"  # offsets train in float32 whatever the deployed dtype (the trainer's default)
     train(subject.model_path, out / "corpus", out / "train",
           TrainSettings(drafter=OFFSET_KINDS[settings.offsets], seed=settings.seed,
-                        validation_fraction=settings.validation_fraction),
+                        validation_fraction=settings.validation_fraction, objective=settings.objective),
           epochs=settings.epochs, resume=not force and (out / "train").exists(), force=force, dtype=dtype,
           progress=settings.progress)
 
 
 def calibrate_stage(subject: Subject, out: Path, settings: TuneSettings) -> None:
+    """Trees for the trained drafter and for the reused heads, both measured on held-out frames; the one with more
+    tokens/step at its best tree is used (trees/, named in tune.json), the other kept in trees-other/. Training
+    lowers the loss on the corpus, which does not always mean more accepted drafts (docs/RESULTS.md, tune)."""
+    import shutil
+
     dtype = str(subject.predictor.dtype).removeprefix("torch.")
     corpus = Corpus(out / "corpus", settings.validation_fraction)
-    frames = corpus.num_frames("train")
-    calibrate(subject.model_path, str(out / drafter_file(settings)), out / "corpus", list(settings.budgets), out / TREES,
-              CalibrationSettings(frames=min(1000, frames), eval_frames=min(200, corpus.num_frames("validation")),
-                                  seed=settings.seed, validation_fraction=settings.validation_fraction),
-              dtype=dtype, device=str(subject.predictor.device))
+    calibration = CalibrationSettings(frames=min(1000, corpus.num_frames("train")),
+                                      eval_frames=min(200, corpus.num_frames("validation")), seed=settings.seed,
+                                      validation_fraction=settings.validation_fraction)
+    reports = {}
+    for name, spec in (("trained", str(out / drafter_file(settings))), ("reused", "reused")):
+        shutil.rmtree(out / f"trees-{name}", ignore_errors=True)
+        reports[name] = calibrate(subject.model_path, spec, out / "corpus", list(settings.budgets),
+                                  out / f"trees-{name}", calibration, dtype=dtype, device=str(subject.predictor.device))
+    best = {name: max(t["measured_tokens_per_step"] for t in report["trees"]) for name, report in reports.items()}
+    chosen = "trained" if best["trained"] > best["reused"] else "reused"
+    for folder in (TREES, "trees-other"):
+        shutil.rmtree(out / folder, ignore_errors=True)
+    (out / f"trees-{'reused' if chosen == 'trained' else 'trained'}").rename(out / "trees-other")
+    identity = read_identity(out) | {"drafter": str(drafter_file(settings)) if chosen == "trained" else "reused",
+                                     "measured_tokens_per_step": best}
+    save_json(out / IDENTITY, identity)
+    (out / f"trees-{chosen}").rename(out / TREES)  # last: the stage is done once trees/ exists
 
 
 def write_report(subject: Subject, out: Path, settings: TuneSettings) -> None:
@@ -168,12 +186,16 @@ def write_report(subject: Subject, out: Path, settings: TuneSettings) -> None:
     identity = read_identity(out)
     rows = [{"nodes": t["nodes"], "predicted_tokens_per_step": t["predicted_tokens_per_step"],
              "measured_tokens_per_step": t.get("measured_tokens_per_step")} for t in trees["trees"]]
+    other = json.loads((out / "trees-other" / "report.json").read_text())["trees"]
     report = {"identity": identity, "corpus": {"utterances": len(corpus.split("train")) + len(corpus.split("validation")),
                                                "train_frames": corpus.num_frames("train"),
                                                "validation_frames": corpus.num_frames("validation"),
                                                "minutes": (corpus.num_frames("train") + corpus.num_frames("validation"))
                                                / FRAME_RATE / 60},
               "train": {"best": metrics.get("best"), "baseline": metrics.get("baseline")}, "trees": rows,
+              "drafter": identity["drafter"],
+              "other_drafter_trees": [{"nodes": t["nodes"], "measured_tokens_per_step": t["measured_tokens_per_step"]}
+                                      for t in other],
               "speedup": predicted_speedups(subject, out, latency), "latency": latency,
               "timings_seconds": {**read_timings(out), **settings.timings}}
     save_text(out / "README.md", readme(report))
@@ -207,9 +229,12 @@ def readme(report: dict) -> str:
              f"{identity['weights_digest']}.", "",
              f"Corpus: the model's own free-running synthesis, {corpus['minutes']:.1f} minutes "
              f"({corpus['train_frames']} train + {corpus['validation_frames']} held-out frames).", "",
-             "| tree nodes | tokens/step predicted | tokens/step measured (held-out frames) |", "|---|---|---|"]
-    lines += [f"| {r['nodes']} | {r['predicted_tokens_per_step']:.2f} | {r['measured_tokens_per_step'] or 0:.2f} |"
-              for r in report["trees"]]
+             f"Drafter in use: {report['drafter']} (the trained offsets and the reused heads were both calibrated; the "
+             "one with more tokens/step on held-out frames is used).", "",
+             "| tree nodes | tokens/step predicted | tokens/step measured (held-out frames) | the other drafter, measured |",
+             "|---|---|---|---|"]
+    lines += [f"| {r['nodes']} | {r['predicted_tokens_per_step']:.2f} | {r['measured_tokens_per_step'] or 0:.2f} | "
+              f"{o['measured_tokens_per_step']:.2f} |" for r, o in zip(report["trees"], report["other_drafter_trees"])]
     if report["speedup"]:
         lines += ["", "| batch | policy | predicted speed-up over AR |", "|---|---|---|"]
         lines += [f"| {b} | {'AR' if not r['tree_size'] else 'N=' + str(r['tree_size'])} | {r['predicted_speedup']:.2f}x |"
