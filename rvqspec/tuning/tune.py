@@ -84,10 +84,10 @@ def check_folder(out: Path, identity: dict, force: str | None) -> None:
                            "pick another --out, or pass --force synthesize to redo it all for this one")
 
 
-def tune(subject: Subject, out: str | Path, settings: TuneSettings = TuneSettings(), force: str | None = None,
+def tune(subject: Subject, out: str | Path, settings: TuneSettings | None = None, force: str | None = None,
          log=print) -> dict:
     """Run the stages (module docstring) into `out`; returns the report."""
-    out = Path(out)
+    out, settings = Path(out), settings or TuneSettings()
     if force is not None and force not in STAGES:
         raise RvqspecError(f"--force takes a stage: {', '.join(STAGES)}; got {force!r}")
     identity = identity_of(subject.predictor, subject.kind) | {"model": str(subject.model_path)}
@@ -96,11 +96,12 @@ def tune(subject: Subject, out: str | Path, settings: TuneSettings = TuneSetting
     if settings.offsets not in OFFSET_KINDS:
         raise RvqspecError(f"offsets must be one of {', '.join(OFFSET_KINDS)}, got {settings.offsets!r}")
     before = read_identity(out) if (out / IDENTITY).exists() else {}
-    if before.get("trained") not in (None, str(drafter_file(settings))) and force not in ("synthesize", "train"):
-        raise RvqspecError(f"{out} was tuned with other offsets ({before['trained']}): pass --force train to train "
+    training = {"trained": str(drafter_file(settings)), "objective": settings.objective}
+    changed = [f"{k} {before[k]}" for k, v in training.items() if before.get(k) not in (None, v)]
+    if changed and force not in ("synthesize", "train"):
+        raise RvqspecError(f"{out} was tuned with other offsets ({', '.join(changed)}): pass --force train to train "
                            "these instead, or pick another --out")
-    save_json(out / IDENTITY, identity | {"trained": str(drafter_file(settings)), "drafter": before.get("drafter"),
-                                          "settings": asdict(settings) | {"timings": None}})
+    save_json(out / IDENTITY, before | identity | training | {"settings": asdict(settings) | {"timings": None}})
     redo = STAGES[STAGES.index(force):] if force else ()
     stages = {"synthesize": lambda: synthesize(subject, out, settings, overwrite="synthesize" in redo),
               "train": lambda: train_stage(subject, out, settings, force="train" in redo),
