@@ -29,14 +29,6 @@ from helpers.upstream_tts import (FRAME_SAMPLES, SAMPLE_RATE, save_checkpoint, t
 GREEDY = dict(do_sample=False, subtalker_dosample=False)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models are dominated by per-op overhead, which extra threads only add to on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def tts():

@@ -28,13 +28,6 @@ GREEDY = dict(do_sample=False, subtalker_dosample=False)
 TEXTS = ["hi there", "a longer sentence to say", "yes"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def tokenizer64():
@@ -149,51 +142,44 @@ def worker_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("rvqspec")]
 
 
-def test_leaving_the_loop_stops_generation_within_a_frame_and_joins_the_worker():
-    tts = tiny_qwen3_tts(seed=1)
-    handle = accelerate(tts)
-    try:
-        for audio, _ in handle.stream_custom_voice(text="hi there", speaker="tiny", language="english",
-                                                   max_new_tokens=200, chunk_frames=1, min_new_tokens=200,
-                                                   **GREEDY):
-            frames_when_left = handle.stats.frames
-            break
-        assert not worker_threads()
-        assert handle.stats.frames <= frames_when_left + 1 + 4  # in flight: one frame, and 4 queued chunks
-        assert handle.stats.frames < 50
-        assert "forward" not in vars(tts.model.talker)  # the tap is gone
-    finally:
-        handle.undo()
+@pytest.fixture
+def handle():
+    """A tiny qwen-tts model accelerated (AR), undone after the test."""
+    handle = accelerate(tiny_qwen3_tts(seed=1))
+    yield handle
+    handle.undo()
 
 
-def test_an_error_in_the_worker_reaches_the_consumer():
-    tts = tiny_qwen3_tts(seed=1)
-    handle = accelerate(tts)
-    try:
-        with pytest.raises(ValueError, match="[Ss]peaker"):
-            list(handle.stream_custom_voice(text="hi", speaker="nobody", language="english"))
-        assert not worker_threads()
-    finally:
-        handle.undo()
+def test_leaving_the_loop_stops_generation_within_a_frame_and_joins_the_worker(handle):
+    for audio, _ in handle.stream_custom_voice(text="hi there", speaker="tiny", language="english",
+                                               max_new_tokens=200, chunk_frames=1, min_new_tokens=200,
+                                               **GREEDY):
+        frames_when_left = handle.stats.frames
+        break
+    assert not worker_threads()
+    assert handle.stats.frames <= frames_when_left + 1 + 4  # in flight: one frame, and 4 queued chunks
+    assert handle.stats.frames < 50
+    assert "forward" not in vars(handle.talker)  # the tap is gone
 
 
-def test_a_consumer_that_does_not_read_holds_generation():
+def test_an_error_in_the_worker_reaches_the_consumer(handle):
+    with pytest.raises(ValueError, match="[Ss]peaker"):
+        list(handle.stream_custom_voice(text="hi", speaker="nobody", language="english"))
+    assert not worker_threads()
+
+
+def test_a_consumer_that_does_not_read_holds_generation(handle):
     """With the queue full (4 chunks), the worker waits: frames stop growing while nobody reads."""
-    tts = tiny_qwen3_tts(seed=1)
-    handle = accelerate(tts)
-    try:
-        chunks = handle.stream_custom_voice(text="hi there", speaker="tiny", language="english", max_new_tokens=100,
-                                            min_new_tokens=100, chunk_frames=1, first_chunk_frames=1, **GREEDY)
-        next(chunks)
-        time.sleep(1.0)
-        held = handle.stats.frames
-        assert held <= 1 + 4 + 1
-        time.sleep(0.3)
-        assert handle.stats.frames == held
-        chunks.close()
-        assert not worker_threads()
-    finally:
-        handle.undo()
+    chunks = handle.stream_custom_voice(text="hi there", speaker="tiny", language="english", max_new_tokens=100,
+                                        min_new_tokens=100, chunk_frames=1, first_chunk_frames=1, **GREEDY)
+    next(chunks)
+    time.sleep(1.0)
+    held = handle.stats.frames
+    assert held <= 1 + 4 + 1
+    time.sleep(0.3)
+    assert handle.stats.frames == held
+    chunks.close()
+    assert not worker_threads()
 
 
 def test_two_streams_of_one_model_each_get_their_own_audio():
@@ -226,17 +212,12 @@ def test_two_streams_of_one_model_each_get_their_own_audio():
 
 
 @pytest.mark.parametrize("chunk_frames", [0, -3, 301, 2.5, True, "12"])
-def test_bad_chunk_sizes_are_refused_before_any_work(chunk_frames):
+def test_bad_chunk_sizes_are_refused_before_any_work(chunk_frames, handle):
     with pytest.raises(RvqspecError, match="chunk_frames must be a whole number of frames from 1 to 300"):
         check_chunks(chunk_frames, None)
-    tts = tiny_qwen3_tts(seed=1)
-    handle = accelerate(tts)
-    try:
-        with pytest.raises(RvqspecError, match="chunk_frames"):
-            handle.stream_custom_voice(text="hi", speaker="tiny", language="english", chunk_frames=chunk_frames)
-        assert not worker_threads()
-    finally:
-        handle.undo()
+    with pytest.raises(RvqspecError, match="chunk_frames"):
+        handle.stream_custom_voice(text="hi", speaker="tiny", language="english", chunk_frames=chunk_frames)
+    assert not worker_threads()
 
 
 def test_the_wrong_entry_point_and_a_partial_model_are_refused():

@@ -29,13 +29,6 @@ FILES = ["tune.json", "corpus/index.json", "train/offsets.safetensors", "train/m
          "trees/tree-N4.json", "latency.json", "report.json", "README.md"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):

@@ -85,13 +85,14 @@ class Captured:
 class GraphCalls(EagerCalls):
     """`decode_speculative`'s calls (`EagerCalls`), replayed from graphs over one static cache per bucket."""
 
-    def __init__(self, graphs: "GraphDecoder", model, batch: int, tree: Tree, sampler: Sampler, generator, drafter):
+    def __init__(self, graphs: "GraphDecoder", key: tuple, model, batch: int, tree: Tree, sampler: Sampler, generator,
+                 drafter):
         super().__init__(model, batch, tree, sampler, generator, drafter)
-        self.graphs, self.tree = graphs, tree
+        self.graphs, self.key = graphs, key
 
     def start(self, talker_hidden: Tensor, c0: Tensor) -> tuple[Tensor, Tensor]:
         call = self.graphs.captured(
-            ("start", self.tree.size), lambda talker_hidden, c0: first_code(self.model, self.cache, talker_hidden, c0,
+            (*self.key, "start"), lambda talker_hidden, c0: first_code(self.model, self.cache, talker_hidden, c0,
                                                                             self.sampler, self.generator),
             {"talker_hidden": talker_hidden, "c0": c0}, self.generator)
         hidden, first = call(talker_hidden=talker_hidden, c0=c0)
@@ -99,7 +100,7 @@ class GraphCalls(EagerCalls):
 
     def round(self, k: Tensor, k_host: list[int], root: Tensor, hidden: Tensor) -> RoundResult:
         call = self.graphs.captured(
-            ("round", self.tree.size), lambda k, root, hidden: round_on_device(
+            (*self.key, "round"), lambda k, root, hidden: round_on_device(
                 self.model, self.cache, self.plan, self.sampler, self.generator, self.drafter, k, None, root, hidden),
             {"k": k, "root": root, "hidden": hidden}, self.generator)
         draws, hidden, found, node = call(k=k, root=root, hidden=hidden)
@@ -114,10 +115,8 @@ class GraphDecoder:
         self.capture, self.lock = capture, threading.Lock()
         self.graphs: dict[tuple, Captured] = {}
         self.statics: dict[tuple, object] = {}  # the static caches (a speculative bucket's in its GraphCalls)
-        self.key: tuple = ()
 
-    def captured(self, call: tuple, fn: Callable, inputs: dict[str, Tensor], generator) -> Captured:
-        key = (*self.key, *call)
+    def captured(self, key: tuple, fn: Callable, inputs: dict[str, Tensor], generator) -> Captured:
         if key not in self.graphs:
             self.graphs[key] = Captured(fn, inputs, self.capture, generator)
         return self.graphs[key]
@@ -131,19 +130,19 @@ class GraphDecoder:
                 return decode_autoregressive(model, talker_hidden, c0, sampler, generator)
             return decode_speculative(model, talker_hidden, c0, sampler, generator, drafter, tree)
         talker_hidden, c0 = padded(talker_hidden, size), padded(c0, size)
+        key = (size, model.dtype, id(model), sampler, id(generator), id(drafter), id(tree))
         with self.lock:
-            self.key = (size, model.dtype, id(model), sampler, id(generator), id(drafter), id(tree))
             if drafter is None:
-                cache = self.static(("ar",), lambda: model.new_cache(size, model.config.num_code_groups))
-                call = self.captured(("ar",), lambda talker_hidden, c0: autoregressive_codes(
+                cache = self.static((*key, "ar"), lambda: model.new_cache(size, model.config.num_code_groups))
+                call = self.captured((*key, "ar"), lambda talker_hidden, c0: autoregressive_codes(
                     model, cache, talker_hidden, c0, sampler, generator), {"talker_hidden": talker_hidden, "c0": c0},
                     generator)
                 return ar_batch(call(talker_hidden=talker_hidden, c0=c0)[:batch].clone())
-            calls = self.static(("calls",), lambda: GraphCalls(self, model, size, tree, sampler, generator, drafter))
+            calls = self.static((*key, "calls"), lambda: GraphCalls(self, key, model, size, tree, sampler, generator,
+                                                                    drafter))
             return decode_speculative(model, talker_hidden, c0, sampler, generator, drafter, tree, calls, rows=batch)
 
-    def static(self, call: tuple, make: Callable):
-        key = (*self.key, *call)
+    def static(self, key: tuple, make: Callable):
         if key not in self.statics:
             self.statics[key] = make()
         return self.statics[key]

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from rvqspec.engine.errors import RvqspecError
-from rvqspec.integrations.stream import Channel, check_chunks, chunk_ends, stream
+from rvqspec.integrations.stream import Channel, ChunkClock, check_chunks, stream
 
 LEFT_CONTEXT_FRAMES = 25  # as qwen-tts's chunked_decode (its 12 Hz decoder is Mimi-like)
 
@@ -80,22 +80,18 @@ def stream_audio(model, lock: threading.Lock, generate_kwargs: dict, chunk_frame
 def produce(model, lock: threading.Lock, generate_kwargs: dict, chunks: tuple[int, int], channel: Channel) -> None:
     eos, sample_rate = model.config.codebook_eos_token_id, int(model.codec_model.config.sampling_rate)
     rows: list[MimiRow] = []
-    ends, frames = chunk_ends(*chunks), 0
-    due = next(ends)
+    clock = ChunkClock(*chunks)
 
     def send() -> None:
         audio = [row.audio() for row in rows]
         channel.send((audio[0] if len(rows) == 1 else audio, sample_rate))
 
     def on_frame(codes: Tensor) -> None:
-        nonlocal frames, due
         channel.check()
         rows.extend(MimiRow(model.codec_model) for _ in range(len(codes) - len(rows)))
         for row, frame in zip(rows, codes):
             row.add(frame, eos)
-        frames += 1
-        if frames == due:
-            due = next(ends)
+        if clock.tick():
             send()
 
     with lock:

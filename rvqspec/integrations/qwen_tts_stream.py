@@ -28,7 +28,7 @@ from torch import Tensor
 
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.integrations.qwen_tts_audio import StreamingDecoder
-from rvqspec.integrations.stream import Channel, check_chunks, chunk_ends, stream
+from rvqspec.integrations.stream import Channel, ChunkClock, check_chunks, stream
 
 ENTRY_POINTS = {"custom_voice": "custom_voice", "voice_design": "voice_design", "base": "voice_clone"}  # model type: name
 
@@ -136,22 +136,17 @@ def produce(tts, generate: Callable, bound: inspect.BoundArguments, prefixes: li
     sample_rate = int(tts.model.speech_tokenizer.get_output_sample_rate())
     eos = tts.model.config.talker_config.codec_eos_token_id
     with lock, FrameTap(tts) as tap:
-        rows = [Row(StreamingDecoder(decoder), prefix) for prefix in prefixes]
-        ends, frames = chunk_ends(*chunks), 0
-        due = next(ends)
+        rows, clock = [Row(StreamingDecoder(decoder), prefix) for prefix in prefixes], ChunkClock(*chunks)
 
         def send() -> None:
             audio = [row.audio() for row in rows]
             channel.send((audio[0] if one_text else audio, sample_rate))
 
         def on_frame(codes: Tensor) -> None:
-            nonlocal frames, due
             channel.check()
             for row, frame in zip(rows, codes.cpu()):
                 row.add(frame, eos)
-            frames += 1
-            if frames == due:
-                due = next(ends)
+            if clock.tick():
                 send()
 
         tap.local.on_frame = on_frame

@@ -46,12 +46,18 @@ def check_chunks(chunk_frames, first_chunk_frames) -> tuple[int, int]:
     return checked("first_chunk_frames", first), every
 
 
-def chunk_ends(first: int, every: int) -> Iterator[int]:
-    """Frame counts at which a chunk is due: first, first + every, ..."""
-    end = first
-    while True:
-        yield end
-        end += every
+class ChunkClock:
+    """Counts a stream's frames: `tick()` (once a frame) is True when a chunk is due, at `first`, `first + every`, ..."""
+
+    def __init__(self, first: int, every: int):
+        self.frames, self.due, self.every = 0, first, every
+
+    def tick(self) -> bool:
+        self.frames += 1
+        if self.frames < self.due:
+            return False
+        self.due += self.every
+        return True
 
 
 class Channel:

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from rvqspec.engine.sampling import Sampler
-from rvqspec.integrations.stream import Channel, check_chunks, chunk_ends, stream
+from rvqspec.integrations.stream import Channel, ChunkClock, check_chunks, stream
 from rvqspec.standin.codec import MelRVQCodec, vocode
 from rvqspec.standin.synthesis import Synthesis, synthesize_codes
 
@@ -53,16 +53,14 @@ class SpeechStream:
                                                          drafter, tree), name="rvqspec-standin-stream")
 
     def produce(self, channel: Channel, tts, codec, text, lang, sampler, generator, drafter, tree) -> None:
-        vocoder, ends = ChunkedVocoder(codec), chunk_ends(*self.chunks)
-        due = next(ends)
+        first, every = self.chunks
+        vocoder, clock = ChunkedVocoder(codec), ChunkClock(first + CONTEXT_FRAMES, every)  # the context lags it
 
         def on_frame(frame: Tensor) -> None:
-            nonlocal due
             channel.check()
             vocoder.add(frame)
-            if len(vocoder.mels) == due + CONTEXT_FRAMES:
-                channel.send(vocoder.audio(due))
-                due = next(ends)
+            if clock.tick():
+                channel.send(vocoder.audio(len(vocoder.mels) - CONTEXT_FRAMES))
 
         synthesis = synthesize_codes(tts, text, lang, sampler, generator=generator, drafter=drafter, tree=tree,
                                      on_frame=on_frame)
