@@ -156,6 +156,10 @@ def test_tune_refuses_a_voice_clone_model_and_another_models_folder(tuned, tmp_p
     other = save_checkpoint(tiny_qwen3_tts(seed=5), tmp_path / "other", {"max_new_tokens": 12})
     assert tune_cli(other, tuned) == 2
     assert "was tuned for another model" in capsys.readouterr().err
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "README.md").write_text("my notes")
+    assert tune_cli(other, tmp_path / "mine") == 2  # a folder of the user's: nothing in it is overwritten
+    assert "did not write" in capsys.readouterr().err and (tmp_path / "mine" / "README.md").read_text() == "my notes"
 
 
 def test_self_synthesis_corpus_splits_by_utterance(tuned):

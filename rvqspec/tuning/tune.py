@@ -74,8 +74,11 @@ def stage_done(out: Path, stage: str, settings: TuneSettings) -> bool:
 
 
 def check_folder(out: Path, identity: dict, force: str | None) -> None:
-    """A folder already tuned for another model is refused, unless everything is redone."""
+    """A folder already tuned for another model is refused, unless everything is redone; so is one that holds
+    files tune did not write (its README.md or report.json would be overwritten)."""
     if not (out / IDENTITY).exists():
+        if out.is_dir() and any(out.iterdir()):
+            raise RvqspecError(f"{out} holds files `rvqspec tune` did not write: pick a new or empty --out folder")
         return
     tuned = read_identity(out)
     different = [k for k in ("kind", "architecture", "dtype", "weights_digest") if tuned.get(k) != identity[k]]
