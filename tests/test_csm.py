@@ -13,6 +13,7 @@ import rvqspec
 from rvqspec import MultiCodeDecoder, ReusedHeads, RvqspecError, Sampler, Tree, default_tree
 from rvqspec.engine.checkpoint import CSM_TIED_TABLES
 from rvqspec.engine.config import load_config
+from rvqspec.engine.quantize import QuantizedLinear
 from rvqspec.integrations.base import HANDLE
 
 from helpers.csm_models import LLAMA3, prompts, tiny_csm
@@ -122,6 +123,27 @@ def test_greedy_codes_equal_transformers_generate(codebooks, rows, frames):
         else:
             assert stats.calls < (codebooks - 1) * stats.steps  # drafts were accepted
         print(f"{codebooks} codebooks, {drafter.kind if drafter else 'AR'}: {stats}")
+
+
+def test_talker_weights_quantize_the_backbone_alone_and_keep_speculation_exact():
+    """talker_weights="w8a8" on CSM: the backbone's layers and its c0 head become int8 (the depth decoder and the
+    codec stay float); greedy speculative codes equal the AR codes of that model; undo() restores the layers."""
+    model, ids = tiny_csm(codebooks=8, seed=3), prompts(2, seed=3)
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    reference, codes = greedy(model, ids, 12), {}
+    for name, drafter, tree in (("ar", None, None), ("spec", ReusedHeads(), default_tree(8))):
+        handle = rvqspec.accelerate(model, drafter=drafter, tree=tree, talker_weights="w8a8")
+        try:
+            now = dict(model.named_modules())
+            swapped = {n for n in linears if isinstance(now[n], QuantizedLinear)}
+            assert swapped == {n for n in linears if not n.startswith(("depth_decoder.", "codec_model."))}
+            assert "lm_head" in swapped and any(n.startswith("backbone_model.") for n in swapped)
+            codes[name] = greedy(model, ids, 12)
+        finally:
+            handle.undo()
+    assert torch.equal(codes["ar"], codes["spec"])
+    assert all(dict(model.named_modules())[n] is m for n, m in linears.items())
+    assert torch.equal(greedy(model, ids, 12), reference)
 
 
 SAMPLER = dict(depth_decoder_do_sample=True, depth_decoder_temperature=0.9, depth_decoder_top_k=3)

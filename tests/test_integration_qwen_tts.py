@@ -10,6 +10,7 @@ from scipy.stats import chi2_contingency
 
 from rvqspec import MultiCodeDecoder, Offsets, ReusedHeads, RvqspecError, default_tree
 from rvqspec.cli.main import main
+from rvqspec.engine.quantize import QuantizedLinear
 from rvqspec.integrations import deaccelerate
 from rvqspec.integrations.base import HANDLE
 from rvqspec.integrations.hub import resolve_model
@@ -299,7 +300,8 @@ def checkpoint(tmp_path_factory, tts):
     return save_checkpoint(tts, tmp_path_factory.mktemp("checkpoint"), {"max_new_tokens": 6})
 
 
-@pytest.mark.parametrize("flags, calls_per_frame", [([], None), (["--no-spec"], "15.00")])
+@pytest.mark.parametrize("flags, calls_per_frame", [([], None), (["--no-spec"], "15.00"),
+                                                    (["--weights", "w8a8", "--talker-weights", "w8a8"], None)])
 def test_synth_cli_text_to_waveform(checkpoint, tmp_path, monkeypatch, capsys, flags, calls_per_frame):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     out = tmp_path / "out.wav"
@@ -460,6 +462,33 @@ def test_quantized_weights_through_accelerate_keep_speculation_exact(tts):
             handle.undo()
     assert torch.equal(codes["ar"], codes["spec"])
     assert torch.equal(talker_codes(tts.model)[0], reference)  # undone: upstream's own codes again
+
+
+def test_talker_weights_quantize_the_talker_alone_and_keep_speculation_exact(tts):
+    """accelerate(..., talker_weights="w8a8"): every linear layer of the talker outside its code predictor is int8
+    while the handle lives; the talker's states move (a different model), greedy speculative codes equal the AR
+    codes of the same quantized talker, and undo() puts the very float layers back."""
+    talker = tts.model.talker
+    linears = {name: m for name, m in talker.named_modules() if isinstance(m, torch.nn.Linear)}
+    reference, reference_hidden = talker_codes(tts.model)
+    codes, hidden = {}, {}
+    for name, drafter, tree in (("ar", None, "auto"), ("spec", ReusedHeads(), default_tree(8))):
+        handle = accelerate(tts, drafter=drafter, tree=tree, talker_weights="w8a8")
+        try:
+            now = dict(talker.named_modules())
+            swapped = {n for n in linears if isinstance(now[n], QuantizedLinear)}
+            assert swapped == {n for n in linears if not n.startswith("code_predictor.")} and "codec_head" in swapped
+            codes[name], hidden[name] = talker_codes(tts.model)
+        finally:
+            handle.undo()
+    assert torch.equal(codes["ar"], codes["spec"])
+    assert not torch.equal(hidden["ar"][:3], reference_hidden[:3])
+    assert all(dict(talker.named_modules())[n] is m for n, m in linears.items())
+    assert torch.equal(talker_codes(tts.model)[0], reference)
+    with pytest.raises(RvqspecError, match="unknown weights scheme 'w4'"):
+        accelerate(tts, talker_weights="w4")
+    assert all(dict(talker.named_modules())[n] is m for n, m in linears.items())
+    accelerate(tts).undo()  # the refused call left no handle behind
 
 
 @pytest.mark.parametrize("write", ["load_state_dict", "lora_merge", "data_copy"])

@@ -10,7 +10,8 @@ from test_distribution import DEPLOYED, FULL, g_test
 
 from rvqspec import MultiCodeDecoder, RvqspecError, Sampler, Tree, decode_frame, decode_frames, default_tree, quantize
 from rvqspec.engine.drafters import ReusedHeads, make_drafter
-from rvqspec.engine.quantize import SCHEMES, Int8Matmul, quantize_tokens
+from rvqspec.engine.quantize import (SCHEMES, Int8Matmul, QuantizedLinear, quantize_linears, quantize_tokens,
+                                     restore_linears)
 
 from helpers.tiny import random_frames, random_medusa, random_offsets, tiny_model
 
@@ -139,3 +140,24 @@ def test_the_fused_token_quantization_gives_the_plain_ops_bits(dtype):
     fused_q, fused_scale = fused.kernels().quantize_rows(x)
     assert torch.equal(q, fused_q) and torch.equal(scale, fused_scale)
     assert torch.equal(fused.kernels().scale_rows(acc, scale, x), (acc * scale).to(dtype))
+
+
+def test_quantize_linears_swaps_in_place_and_leaves_nothing_half_done():
+    """quantize_linears (a talker's layers): every Linear outside `keep` becomes int8 with nearly the float output;
+    restore_linears puts the originals back; a layer the scheme cannot take leaves every layer as it was."""
+    torch.manual_seed(0)
+    kept = torch.nn.Linear(32, 32)
+    net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.SiLU(), torch.nn.Sequential(torch.nn.Linear(64, 32)),
+                              kept)
+    originals, x = list(net.modules()), torch.randn(5, 32)
+    expected = net(x)
+    swapped = quantize_linears(net, "w8a8", keep=(kept,))
+    assert [type(m) for m in (net[0], net[2][0], net[3])] == [QuantizedLinear, QuantizedLinear, torch.nn.Linear]
+    assert torch.allclose(net(x), expected, atol=0.05, rtol=0.05) and not torch.equal(net(x), expected)
+    restore_linears(swapped)
+    assert list(net.modules()) == originals and torch.equal(net(x), expected)
+    odd = torch.nn.Sequential(torch.nn.Linear(32, 17), torch.nn.Linear(17, 8))
+    before = list(odd.modules())
+    with pytest.raises(RvqspecError, match="multiples of 16"):
+        quantize_linears(odd, "w8a16")
+    assert list(odd.modules()) == before

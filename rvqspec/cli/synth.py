@@ -111,7 +111,8 @@ def run_synth(args) -> int:
         flags.require_extra("rvqspec synth --stream", "demo", "soundfile")
     device = default_device(args.device)
     tts = load_tts(resolve_model(args.model), device, default_dtype(args.dtype, device))
-    handle = accelerate(tts, drafter=drafter, tree=tree, weights=args.weights, tuned=args.tuned)
+    handle = accelerate(tts, drafter=drafter, tree=tree, weights=args.weights, tuned=args.tuned,
+                        talker_weights=args.talker_weights)
     torch.manual_seed(args.seed)
     if args.stream:
         report = stream_synth(tts, handle, args)
@@ -167,6 +168,8 @@ def add_cli(subparsers) -> None:
                                      "prior tree from this device's measured latencies")
     p.add_argument("--weights", choices=SCHEMES, help="decode the code predictor with int8 weights (rvqspec.quantize, "
                                                       "CPU): a different model than the checkpoint's, opt-in")
+    p.add_argument("--talker-weights", choices=SCHEMES, help="the talker's layers with int8 weights too (CPU; "
+                                                             "lossy, opt-in: docs/RESULTS.md gives its cost on c0)")
     p.add_argument("--tuned", help="a folder `rvqspec tune` wrote for this checkpoint (drafter, trees, latency table)")
     p.add_argument("--seed", type=flags.seed, default=0)
     p.add_argument("--stream", action="store_true", help="write the wav while it is generated (<stem>.part.wav, "

@@ -134,6 +134,41 @@ class QuantizedHeads:
         return self.matmuls[codebook - 1](hidden)
 
 
+def quantize_linears(module: nn.Module, scheme: str, keep: tuple[nn.Module, ...] = ()) -> list[tuple]:
+    """Swap, in place, every nn.Linear under `module` (outside the modules in `keep`) for a QuantizedLinear of
+    `scheme`: how another model's layers (a talker, a backbone) get the same int8 weights. Returns the
+    (parent, name, original Linear) triples that `restore_linears` puts back."""
+    check_scheme(scheme)
+    kept = {id(m) for m in keep}
+    swapped = []
+
+    def visit(parent: nn.Module) -> None:
+        for name, child in parent.named_children():
+            if id(child) in kept:
+                continue
+            if isinstance(child, nn.Linear):
+                if child.weight.device.type != "cpu":
+                    raise RvqspecError(f"{scheme} weights run on the CPU only: this model is on "
+                                       f"{child.weight.device}; keep its float weights there, or move it to the CPU")
+                setattr(parent, name, QuantizedLinear(child, scheme))
+                swapped.append((parent, name, child))
+            else:
+                visit(child)
+
+    try:
+        visit(module)
+    except RvqspecError:  # nothing is left half-swapped
+        restore_linears(swapped)
+        raise
+    return swapped
+
+
+def restore_linears(swapped: list[tuple]) -> None:
+    """Undo `quantize_linears`: each original Linear back where it was."""
+    for parent, name, original in reversed(swapped):
+        setattr(parent, name, original)
+
+
 def quantize(model, scheme: str):
     """A new MultiCodeDecoder with `scheme`'s int8 weights (see the module docstring); `model` is untouched."""
     check_scheme(scheme)

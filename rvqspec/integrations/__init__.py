@@ -11,7 +11,7 @@ from rvqspec.integrations.base import HANDLE, Acceleration
 
 def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator: torch.Generator | None = None,
                calibration: str | None = None, weights: str | None = None, tuned: str | None = None,
-               graphs: bool = True) -> Acceleration:
+               graphs: bool = True, talker_weights: str | None = None) -> Acceleration:
     """Route the depth decoder of `model` through `rvqspec.decode_frames` until `handle.undo()`.
 
     `model`: a qwen-tts model (`qwen_tts.Qwen3TTSModel`, its `.model` or `.model.talker`: the code predictor, 15
@@ -24,16 +24,19 @@ def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator:
     its codes have its own distribution, and speculation is exact relative to it. `tuned`: a folder `rvqspec tune`
     wrote for this model (drafter, trees, latency table), in place of drafter= and calibration=. On CUDA the
     calls replay from CUDA graphs (`rvqspec.engine.graphs`); `graphs=False` runs them eagerly.
+    `talker_weights="w8a8"` (opt-in, lossy, CPU): the talker's (CSM: the backbone's) linear layers become int8 ones
+    too, until `handle.undo()`.
     """
     if csm.is_csm(model):
-        return csm.accelerate(model, drafter, tree, generator, calibration, weights, tuned, graphs)
+        return csm.accelerate(model, drafter, tree, generator, calibration, weights, tuned, graphs, talker_weights)
     try:
         qwen_tts.find_talker(model)
     except RvqspecError:
         raise RvqspecError(f"{type(model).__name__} is neither a qwen-tts model nor a transformers CSM model: pass a "
                            "qwen_tts.Qwen3TTSModel (or its .model / .model.talker) or a "
                            "CsmForConditionalGeneration") from None
-    return qwen_tts.accelerate(model, drafter, tree, generator, calibration, weights, tuned, graphs)  # the whole model
+    return qwen_tts.accelerate(model, drafter, tree, generator, calibration, weights, tuned, graphs,
+                               talker_weights)  # the whole model
 
 
 def deaccelerate(model) -> None:

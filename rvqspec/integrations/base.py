@@ -17,7 +17,7 @@ from rvqspec.engine.graphs import GraphDecoder
 from rvqspec.engine.model import MultiCodeDecoder
 from rvqspec.engine.packing import probe
 from rvqspec.engine.policy import Policy
-from rvqspec.engine.quantize import check_scheme, quantize
+from rvqspec.engine.quantize import check_scheme, quantize, quantize_linears, restore_linears
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import Tree
 from rvqspec.integrations.tuned import load_tuned
@@ -107,7 +107,7 @@ class Acceleration:
 
     def __init__(self, owner: torch.nn.Module, target: torch.nn.Module, drafter, tree: Tree | str | None,
                  generator: torch.Generator | None, calibration: str | None = None, weights: str | None = None,
-                 tuned: str | None = None, graphs: bool = True):
+                 tuned: str | None = None, graphs: bool = True, talker_weights: str | None = None):
         if getattr(owner, HANDLE, None) is not None:
             raise RvqspecError("this model is already accelerated: call handle.undo() (or deaccelerate(model)) first")
         self.owner, self.target = owner, target
@@ -131,6 +131,10 @@ class Acceleration:
                 tree.check_fits(drafter.depth)
             else:
                 self.policy = self.make_policy()
+        # Last: nothing can fail after the model's own layers are swapped.
+        talker, kept = self.talker_parts()
+        self.talker_swaps = quantize_linears(talker, talker_weights, kept) if talker_weights else []
+        self.talker_weights = talker_weights
         self.replaced_instance_method = "generate" in vars(target)
         self.upstream_generate = target.generate
         target.generate = self.generate
@@ -138,6 +142,10 @@ class Acceleration:
 
     def build_decoder(self) -> MultiCodeDecoder:
         """A MultiCodeDecoder holding a copy of the target's weights, on their device and dtype."""
+        raise NotImplementedError
+
+    def talker_parts(self) -> tuple[torch.nn.Module, tuple[torch.nn.Module, ...]]:
+        """(the model that emits c0 and the states, the submodules of it that `talker_weights` leaves alone)."""
         raise NotImplementedError
 
     def watched(self) -> list[Tensor]:
@@ -168,9 +176,10 @@ class Acceleration:
         return policy
 
     def undo(self) -> None:
-        """Give the depth decoder its own `generate` back."""
+        """Give the depth decoder its own `generate` back (and the talker its float layers)."""
         if getattr(self.owner, HANDLE, None) is not self:
             raise RvqspecError("this acceleration was already undone")
+        restore_linears(self.talker_swaps)
         if self.replaced_instance_method:
             self.target.generate = self.upstream_generate
         else:

@@ -64,10 +64,11 @@ class CsmAcceleration(Acceleration):
 
     def __init__(self, model, drafter, tree: Tree | str | None, generator: torch.Generator | None,
                  calibration: str | None = None, weights: str | None = None, tuned: str | None = None,
-                 graphs: bool = True):
+                 graphs: bool = True, talker_weights: str | None = None):
         self.model = model
         self.stream_lock = threading.Lock()  # generate sets the depth decoder's generation_config per call
-        super().__init__(model, model.depth_decoder, drafter, tree, generator, calibration, weights, tuned, graphs)
+        super().__init__(model, model.depth_decoder, drafter, tree, generator, calibration, weights, tuned, graphs,
+                         talker_weights)
 
     def stream(self, chunk_frames: int = CHUNK_FRAMES, first_chunk_frames: int | None = None,
                **generate_kwargs) -> Iterator[tuple]:
@@ -79,6 +80,10 @@ class CsmAcceleration(Acceleration):
 
     def followed_weight(self) -> Tensor:
         return self.model.depth_decoder.codebooks_head.weight
+
+    def talker_parts(self) -> tuple[torch.nn.Module, tuple[torch.nn.Module, ...]]:
+        kept = (self.model.depth_decoder, getattr(self.model, "codec_model", None))
+        return self.model, tuple(m for m in kept if m is not None)  # the backbone and its c0 head
 
     def generate(self, input_ids: Tensor | None = None, backbone_last_hidden_state: Tensor | None = None,
                  do_sample=None, top_k=None, top_p=None, temperature=None, max_new_tokens=None, min_new_tokens=None,
@@ -105,13 +110,14 @@ class CsmAcceleration(Acceleration):
 
 def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator: torch.Generator | None = None,
                calibration: str | None = None, weights: str | None = None,
-               tuned: str | None = None, graphs: bool = True) -> CsmAcceleration:
+               tuned: str | None = None, graphs: bool = True, talker_weights: str | None = None) -> CsmAcceleration:
     """Route the depth decoder of a transformers `CsmForConditionalGeneration` through `rvqspec.decode_frames`
     until `undo()`: AR (31 calls per frame step) without a drafter; with one, the decoding policy's choice per
-    batch size (`tree="auto"`) or a fixed `Tree`. As `rvqspec.integrations.qwen_tts.accelerate` otherwise."""
+    batch size (`tree="auto"`) or a fixed `Tree`. As `rvqspec.integrations.qwen_tts.accelerate` otherwise
+    (`talker_weights=` quantizes the backbone and its c0 head)."""
     if not is_csm(model):
         raise RvqspecError(f"{type(model).__name__} is not a transformers CSM model: pass a CsmForConditionalGeneration")
-    return CsmAcceleration(model, drafter, tree, generator, calibration, weights, tuned, graphs)
+    return CsmAcceleration(model, drafter, tree, generator, calibration, weights, tuned, graphs, talker_weights)
 
 
 def load_model(folder: Path, device: str, dtype: torch.dtype):

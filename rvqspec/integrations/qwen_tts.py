@@ -91,10 +91,11 @@ class QwenTTSAcceleration(Acceleration):
 
     def __init__(self, talker, drafter, tree: Tree | str | None, generator: torch.Generator | None,
                  calibration: str | None = None, weights: str | None = None, tts=None, tuned: str | None = None,
-                 graphs: bool = True):
+                 graphs: bool = True, talker_weights: str | None = None):
         self.talker, self.tts = talker, tts
         self.stream_lock = threading.Lock()  # streams of this model take turns (qwen_tts_stream's docstring)
-        super().__init__(talker, talker.code_predictor, drafter, tree, generator, calibration, weights, tuned, graphs)
+        super().__init__(talker, talker.code_predictor, drafter, tree, generator, calibration, weights, tuned, graphs,
+                         talker_weights)
 
     def stream_custom_voice(self, *args, chunk_frames: int = CHUNK_FRAMES, first_chunk_frames: int | None = None,
                             **kwargs) -> Iterator[tuple]:
@@ -122,6 +123,9 @@ class QwenTTSAcceleration(Acceleration):
 
     def followed_weight(self) -> Tensor:
         return self.talker.code_predictor.lm_head[0].weight
+
+    def talker_parts(self) -> tuple[torch.nn.Module, tuple[torch.nn.Module, ...]]:
+        return self.talker, (self.talker.code_predictor,)  # its 28 layers, text projection and c0 head
 
     def watched(self) -> list[Tensor]:
         return super().watched() + [self.talker.get_input_embeddings().weight]  # the c0 table
@@ -167,7 +171,7 @@ class QwenTTSAcceleration(Acceleration):
 
 def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator: torch.Generator | None = None,
                calibration: str | None = None, weights: str | None = None,
-               tuned: str | None = None, graphs: bool = True) -> QwenTTSAcceleration:
+               tuned: str | None = None, graphs: bool = True, talker_weights: str | None = None) -> QwenTTSAcceleration:
     """Route the code predictor of a qwen-tts model through `rvqspec.decode_frames` until `undo()`.
 
     `model`: a `qwen_tts.Qwen3TTSModel`, its `.model`, or its `.model.talker`. Each batched frame step of the
@@ -181,9 +185,12 @@ def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator:
     in-place edit is not). `tuned`: a folder `rvqspec tune` wrote for this model (its drafter, trees and latency
     table, in place of drafter= and calibration=). On CUDA the predictor's calls replay from CUDA graphs
     (`rvqspec.engine.graphs`, captured per batch bucket on first use); `graphs=False` runs them eagerly.
+    `talker_weights="w8a8"` (or "w8a16"), opt-in and lossy: the talker's own linear layers (not the predictor's,
+    which `weights=` sets) become int8 ones (`rvqspec.engine.quantize.quantize_linears`, CPU) until `undo()`.
     """
     tts = model if hasattr(model, "generate_custom_voice") else None
-    return QwenTTSAcceleration(find_talker(model), drafter, tree, generator, calibration, weights, tts, tuned, graphs)
+    return QwenTTSAcceleration(find_talker(model), drafter, tree, generator, calibration, weights, tts, tuned, graphs,
+                               talker_weights)
 
 
 def speech_request(tts, text: str, language: str = "Auto", speaker: str | None = None, instruct: str | None = None,
