@@ -276,14 +276,25 @@ WEIGHTS = "OMP_WAIT_POLICY=PASSIVE rvqspec bench --weights bfloat16,w8a16,w8a8 -
 QUALITY = "OMP_WAIT_POLICY=PASSIVE python benchmarks/quantization_quality.py"
 
 
+TALKER = "OMP_WAIT_POLICY=PASSIVE python benchmarks/talker_weights.py"
+THREADS = "python benchmarks/threads.py"
+INT4 = "python benchmarks/int4_probe.py"
+
+
 def weights_section(bench_dir: Path) -> list[str]:
-    """Quantized weights (bench-weights.md, quantization-quality.md), both without their titles."""
-    speed, quality = read_text(bench_dir / "bench-weights.md"), read_text(bench_dir / "quantization-quality.md")
-    return ["## Quantized weights (W8A16, W8A8)", "",
-            "A quantized model is a different model: speculation is exact relative to it, and its distance from the "
-            "bfloat16 model is measured below.", "", "### Frame times per scheme", "",
-            without_title(speed) if speed else not_measured(WEIGHTS), "", "### Distance from the bfloat16 model", "",
-            without_title(quality) if quality else not_measured(QUALITY)]
+    """Quantized weights (bench-weights, quantization-quality, talker-weights, threads, int4-probe), without their
+    titles."""
+    lines = ["## Quantized weights (W8A16, W8A8)", "",
+             "A quantized model is a different model: speculation is exact relative to it, and its distance from the "
+             "bfloat16 model is measured below."]
+    for title, name, command in (("Frame times per scheme", "bench-weights.md", WEIGHTS),
+                                 ("Distance from the bfloat16 model", "quantization-quality.md", QUALITY),
+                                 ("The talker with int8 weights (opt-in)", "talker-weights.md", TALKER),
+                                 ("Threads and OpenMP's waiting", "threads.md", THREADS),
+                                 ("A 4-bit scheme?", "int4-probe.md", INT4)):
+        report = read_text(bench_dir / name)
+        lines += ["", f"### {title}", "", without_title(report) if report else not_measured(command)]
+    return lines
 
 
 END_TO_END = "python benchmarks/end_to_end.py"
