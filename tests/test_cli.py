@@ -2,12 +2,14 @@
 flags are refused before any work or any write."""
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from rvqspec.cli.main import main
+from rvqspec.cli import main as main_module
+from rvqspec.cli.main import entry, main
 
 from helpers.checkpoints import CONFIG
 from helpers.cli import assert_refused_first
@@ -28,6 +30,29 @@ def test_cli_process_exit_code_and_no_traceback(tmp_path):
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == f"rvqspec inspect: error: checkpoint folder {missing} does not exist: pass the folder that " \
                           "holds config.json and *.safetensors\n"
+
+
+def test_the_console_command_runs_with_sleeping_openmp_workers(monkeypatch):
+    """`rvqspec` starts itself again with OMP_WAIT_POLICY=PASSIVE (libgomp reads it when torch loads); a wait
+    policy the user chose is kept, and then the command runs in this process."""
+    execs = []
+
+    def execv(path, args):
+        execs.append([path, *args[1:]])
+        raise SystemExit(0)
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    monkeypatch.setattr(os, "execv", execv)
+    monkeypatch.setattr(sys, "argv", ["rvqspec", "inspect", "--model", "x"])
+    monkeypatch.setattr(main_module, "main", lambda: 7)
+    with pytest.raises(SystemExit):
+        entry()
+    assert execs == [[sys.executable, "-m", "rvqspec.cli", "inspect", "--model", "x"]]
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    execs.clear()
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert entry() == 7 and not execs and os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
 
 
 def test_cli_inspect_reports_the_checkpoint(folder, model, capsys):

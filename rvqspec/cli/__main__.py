@@ -1,5 +1,5 @@
 import sys
 
-from rvqspec.cli.main import main
+from rvqspec.cli.main import entry
 
-sys.exit(main())
+sys.exit(entry())

@@ -5,6 +5,7 @@ that calls into the engine, tuning, bench or standin packages)."""
 
 import argparse
 import importlib
+import os
 import sys
 
 from rvqspec.engine.errors import RvqspecError
@@ -62,6 +63,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"rvqspec {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+# OpenMP workers that sleep between parallel regions: beside another job, spinning ones make 2 threads 1.4-2.5x
+# slower than 1, sleeping ones about even; on a quiet machine spinning is faster (benchmarks/results/threads.md).
+WAIT_POLICY = "PASSIVE"
+
+
+def entry() -> int:
+    """The `rvqspec` console command: `main()` with OMP_WAIT_POLICY=PASSIVE unless the user set a wait policy.
+    libgomp reads it when torch loads, which is before this runs, so the command starts itself once more with it."""
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        os.environ["OMP_WAIT_POLICY"] = WAIT_POLICY
+        os.execv(sys.executable, [sys.executable, "-m", "rvqspec.cli", *sys.argv[1:]])
+    return main()
 
 
 if __name__ == "__main__":
