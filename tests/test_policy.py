@@ -145,6 +145,21 @@ def test_built_in_tables_parse():
         assert latency.sizes and all(0 in row for row in latency.ms.values())
 
 
+@pytest.mark.parametrize("weights", ["float", "w8a8"])
+def test_the_built_in_tables_cover_the_real_predictor_in_bfloat16_float_and_w8a8(tmp_path, monkeypatch, weights):
+    """A machine that never ran `rvqspec bench --batch` still gets a table for the 0.6B predictor, quantized too
+    (until then, tree="auto" decoded a w8a8 model AR)."""
+    from types import SimpleNamespace
+
+    from rvqspec.engine.config import QWEN3_TTS_0_6B
+
+    monkeypatch.setenv("RVQSPEC_CACHE", str(tmp_path))  # no device file
+    model = SimpleNamespace(config=QWEN3_TTS_0_6B, device=torch.device("cpu"), dtype=torch.bfloat16, weights=weights)
+    found = find_latency_table(setting_key(model))
+    assert found is not None and "built-in" in found.source and found.margin == 0.15
+    assert ("+w8a8" in found.source) == (weights == "w8a8")
+
+
 def test_policy_choices_decode_the_same_codes():
     """Whatever N the policy picks per batch size, greedy codes are AR's."""
     model = tiny_model(groups=GROUPS)
