@@ -136,10 +136,14 @@ def test_the_fused_token_quantization_gives_the_plain_ops_bits(dtype):
 
     x, acc = torch.randn(37, 64).to(dtype) * 3, torch.randn(37, 48)
     x[5] = 0  # an all-zero token: the scale's floor
+    x[6] = torch.tensor([127.0, 2.5, -3.5, 0.5, -0.5, 1.5, 126.5, -126.5] * 8)  # scale 1: ties round half to even
     q, scale = quantize_tokens(x)
     fused_q, fused_scale = fused.kernels().quantize_rows(x)
     assert torch.equal(q, fused_q) and torch.equal(scale, fused_scale)
+    assert q[6, :8].tolist() == [127, 2, -4, 0, 0, 2, 126, -126]
     assert torch.equal(fused.kernels().scale_rows(acc, scale, x), (acc * scale).to(dtype))
+    wide = torch.randn(5, 1001).to(dtype) * 40  # a width that is no multiple of the vector length
+    assert all(torch.equal(a, b) for a, b in zip(quantize_tokens(wide), fused.kernels().quantize_rows(wide)))
 
 
 def test_quantize_linears_swaps_in_place_and_leaves_nothing_half_done():
