@@ -13,8 +13,7 @@ from pathlib import Path
 
 import torch
 
-from rvqspec.bench.timing import finish_machine, machine, machine_text
-from rvqspec.engine.checkpoint import save_json, save_text
+from rvqspec.bench.timing import finish_machine, machine, machine_text, write_reports
 from rvqspec.engine.packing import Linear
 from rvqspec.engine.quantize import Int8Matmul
 
@@ -78,8 +77,7 @@ def main() -> None:
     info = machine()
     report = {"calls": args.calls, "kernels": measure(args.calls)}
     report["machine"] = finish_machine(info)
-    save_json(args.out / "int4-probe.json", report)
-    save_text(args.out / "int4-probe.md", markdown(report))
+    write_reports(report, args.out, "int4-probe", markdown)
     print(markdown(report))
 
 

@@ -21,6 +21,7 @@ of benchmarks/quantization_quality.py: KL at temperature 0.9, TV of the deployed
 """
 
 import argparse
+import contextlib
 import copy
 import statistics
 import time
@@ -31,8 +32,7 @@ from end_to_end import Timers, controlled_heads, real_size_tts
 from quantization_quality import DEPLOYED, SENTENCES, distances
 
 import rvqspec
-from rvqspec.bench.timing import finish_machine, machine, machine_text
-from rvqspec.engine.checkpoint import save_json, save_text
+from rvqspec.bench.timing import finish_machine, machine, machine_text, write_reports
 from rvqspec.engine.quantize import quantize_linears, restore_linears
 from rvqspec.integrations.qwen_tts import accelerate
 from rvqspec.standin.settings import MODEL_DIR
@@ -90,29 +90,45 @@ def speed(tts, threads: list[int], repeats: int, log) -> dict:
     return out
 
 
+@contextlib.contextmanager
+def talker_at(talker, scheme: str):
+    """The talker's linear layers at `scheme` inside the block ("bfloat16": as they are), swapped as
+    `accelerate(talker_weights=)` swaps them."""
+    swapped = quantize_linears(talker, scheme, (talker.code_predictor,)) if scheme in SCHEMES else []
+    try:
+        yield
+    finally:
+        restore_linears(swapped)
+
+
 @torch.inference_mode()
-def talker_steps(tts, calls: list[dict], threads: list[int], repeats: int, log) -> dict:
-    """Median ms of one talker step (transformer + c0 head, one new position) per scheme and thread count."""
+def replay(talker, calls: list[dict]) -> tuple[torch.Tensor, list[float]]:
+    """`talker` fed the recorded calls in order, on a cache of its own: its c0 logits [steps, 1, V], and the seconds
+    of each step after the prefill (transformer + c0 head, one new position)."""
     from transformers import DynamicCache
 
+    cache, rows, seconds = DynamicCache(), [], []
+    for i, kwargs in enumerate(calls):
+        start = time.perf_counter()
+        hidden = talker.model(**kwargs, past_key_values=cache).last_hidden_state
+        logits = talker.codec_head(hidden[:, -1])
+        if i:
+            seconds.append(time.perf_counter() - start)
+        rows.append(logits.float())
+    return torch.cat(rows)[:, None], seconds
+
+
+def talker_steps(tts, calls: list[dict], threads: list[int], repeats: int, log) -> dict:
+    """Median ms of one talker step per scheme and thread count."""
     talker, out = tts.model.talker, {}
     for count in threads:
         torch.set_num_threads(count)
         times = {scheme: [] for scheme in ("bfloat16", *SCHEMES)}
         for repeat in range(repeats + 1):  # the first warms up
             for scheme in times:
-                swapped = quantize_linears(talker, scheme, (talker.code_predictor,)) if scheme in SCHEMES else []
-                try:
-                    cache = DynamicCache()
-                    talker.model(**calls[0], past_key_values=cache)
-                    for kwargs in calls[1:]:
-                        start = time.perf_counter()
-                        hidden = talker.model(**kwargs, past_key_values=cache).last_hidden_state
-                        talker.codec_head(hidden[:, -1])
-                        if repeat:
-                            times[scheme].append(time.perf_counter() - start)
-                finally:
-                    restore_linears(swapped)
+                with talker_at(talker, scheme):
+                    seconds = replay(talker, calls)[1]
+                times[scheme] += seconds if repeat else []
         table = {scheme: {"step_ms": 1e3 * statistics.median(values)} for scheme, values in times.items()}
         for row in table.values():
             row["over_bf16"] = table["bfloat16"]["step_ms"] / row["step_ms"]
@@ -170,27 +186,12 @@ def recorded_talker_calls(tts) -> list[dict]:
     return calls
 
 
-@torch.inference_mode()
-def replayed_c0_logits(talker, calls: list[dict]) -> torch.Tensor:
-    """c0 logits [steps, 1, V] of `talker` fed the recorded calls in order, on a cache of its own."""
-    from transformers import DynamicCache
-
-    cache, rows = DynamicCache(), []
-    for kwargs in calls:
-        hidden = talker.model(**kwargs, past_key_values=cache).last_hidden_state
-        rows.append(talker.codec_head(hidden[:, -1]).float())
-    return torch.cat(rows)[:, None]
-
-
 def real_c0(tts, calls: list[dict], log) -> dict:
     talker = tts.model.talker
-    reference, out = replayed_c0_logits(talker, calls), {"steps": len(calls), "distances": {}}
+    reference, out = replay(talker, calls)[0], {"steps": len(calls), "distances": {}}
     for scheme in SCHEMES:
-        swapped = quantize_linears(talker, scheme, (talker.code_predictor,))
-        try:
-            out["distances"][scheme] = distances(reference, replayed_c0_logits(talker, calls))
-        finally:
-            restore_linears(swapped)
+        with talker_at(talker, scheme):
+            out["distances"][scheme] = distances(reference, replay(talker, calls)[0])
     log(f"0.6B c0: {len(calls)} talker steps")
     return out
 
@@ -241,8 +242,7 @@ def main() -> None:
     report["speed"] = speed(tts, threads, args.repeats, print)
     torch.set_num_threads(1)
     report["machine"] = finish_machine(info)
-    save_json(args.out / "talker-weights.json", report)
-    save_text(args.out / "talker-weights.md", markdown(report))
+    write_reports(report, args.out, "talker-weights", markdown)
     print(markdown(report))
 
 

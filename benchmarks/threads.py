@@ -129,8 +129,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.child)))
         return
-    from rvqspec.bench.timing import finish_machine, machine
-    from rvqspec.engine.checkpoint import save_json, save_text
+    from rvqspec.bench.timing import finish_machine, machine, write_reports
 
     info, runs = machine(), {}
     for wait, env in WAITS.items():
@@ -138,8 +137,7 @@ def main() -> None:
             runs.setdefault(wait, {})[load] = run_child(env, args.frames, load == "loaded")
             print(wait, load, runs[wait][load], flush=True)
     report = {"frames": args.frames, "runs": runs, "machine": finish_machine(info)}
-    save_json(args.out / "threads.json", report)
-    save_text(args.out / "threads.md", markdown(report))
+    write_reports(report, args.out, "threads", markdown)
     print(markdown(report))
 
 

@@ -134,7 +134,6 @@ class Acceleration:
         # Last: nothing can fail after the model's own layers are swapped.
         talker, kept = self.talker_parts()
         self.talker_swaps = quantize_linears(talker, talker_weights, kept) if talker_weights else []
-        self.talker_weights = talker_weights
         self.replaced_instance_method = "generate" in vars(target)
         self.upstream_generate = target.generate
         target.generate = self.generate
