@@ -108,14 +108,25 @@ def device(text: str) -> str:
 
 
 def out_file(text: str) -> str:
-    """An output file: refused when it names a folder, or when its folder cannot be made (a file is in the way)."""
+    """An output file: a regular file (replaced) or nothing yet (its folder is made). Refused: a folder, a device
+    (/dev/full), a FIFO or a socket, which an atomic rename would replace, and a path whose folder cannot be made
+    (a file is in the way). A symlink is written through: its target, returned, is checked and replaced, the link
+    kept."""
     path = Path(text)
+    if path.is_symlink():
+        try:
+            path = path.resolve()
+        except (OSError, RuntimeError) as e:  # a loop: RuntimeError up to Python 3.12, OSError from 3.13
+            raise argparse.ArgumentTypeError(f"{text} is a symlink that cannot be followed ({e}): name a file") from None
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a folder: name the file to write")
+    if path.exists() and not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text} is not a regular file (a device, FIFO or socket): name a file to "
+                                         "write")
     blocking = next((p for p in path.absolute().parents if p.exists() and not p.is_dir()), None)
     if blocking is not None:
         raise argparse.ArgumentTypeError(f"{text}: {blocking} is a file, so no folder can hold the output")
-    return text
+    return str(path)
 
 
 def out_folder(text: str) -> str:

@@ -4,6 +4,7 @@ The entry point: each command is a module of this package with `add_cli(subparse
 that calls into the engine, tuning, bench or standin packages)."""
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -14,6 +15,8 @@ from rvqspec.engine.errors import RvqspecError
 COMMAND_MODULES = ["demo", "train", "calibrate", "tune", "synth", "standin", "eval", "bench", "inspect"]
 # Modules that add a command to the `rvqspec corpus` group.
 CORPUS_MODULES = ["synth", "standin"]
+# Errors of a write that ran out of room: the work failed (exit 1), the input was fine (a refusal is exit 2).
+DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
 class UsageError(Exception):
@@ -58,8 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except OSError as e:  # a path the user gave cannot be read or written (missing, a file, permissions, disk full)
         where = f": {e.filename}" if e.filename else ""
-        print(one_line(f"rvqspec {args.command}: error: {e.strerror or e}{where}"), file=sys.stderr)
-        return 2
+        full = e.errno in DISK_FULL
+        fix = ": free some space, or write elsewhere" if full else ""
+        print(one_line(f"rvqspec {args.command}: error: {e.strerror or e}{where}{fix}"), file=sys.stderr)
+        return 1 if full else 2
     except KeyboardInterrupt:
         print(f"rvqspec {args.command}: interrupted", file=sys.stderr)
         return 130

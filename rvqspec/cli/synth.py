@@ -9,7 +9,10 @@ Sesame CSM checkpoint (transformers), its Mimi codes and the backbone's state in
 nothing is ever downloaded.
 """
 
+import errno
+import os
 import time
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import torch
@@ -27,10 +30,30 @@ from rvqspec.tuning import csm_corpus, qwen_tts_corpus
 from rvqspec.tuning.recordings import audio_with_transcripts, is_csm_checkpoint
 
 
+SF_ERR_SYSTEM = 2  # libsndfile's error code for a failed system call (a full disk, the file size limit)
+
+
+@contextmanager
+def wav_errors():
+    """A failed libsndfile write raised as the OSError it is. libsndfile says only "System error" for a full disk or
+    a file over the size limit; the cause is the C errno of its last call, which cffi keeps per thread."""
+    import soundfile
+
+    try:
+        yield
+    except soundfile.LibsndfileError as e:
+        code = soundfile._ffi.errno if e.code == SF_ERR_SYSTEM else 0
+        raise OSError(code or errno.EIO, os.strerror(code) if code else f"libsndfile: {e}") from None
+
+
 def write_wav(path: str | Path, wav, sample_rate: int) -> None:
     import soundfile
 
-    atomic_write(path, lambda tmp: soundfile.write(tmp, wav, sample_rate, format="WAV"))
+    def write(tmp: str) -> None:
+        with wav_errors():
+            soundfile.write(tmp, wav, sample_rate, format="WAV")
+
+    atomic_write(path, write)
 
 
 def load_drafting(args):
@@ -67,25 +90,26 @@ def synthesize(tts, handle, text: str, out: str | Path, **speech_args) -> dict:
 
 
 def write_progressively(out: str | Path, chunks, sample_rate: int) -> tuple[int, float | None]:
-    """Write the audio chunks into `<stem>.part.wav` beside `out`, a valid wav after every chunk (for a player
-    to follow), renamed to `out` at the end; removed if anything stops the stream (Ctrl-C included).
-    (samples written, seconds to the first chunk)."""
+    """Write the audio chunks into a partial file beside `out` (`.<name>.<random>.part.wav`, created anew: never a
+    file of the user's), a valid wav after every chunk (for a player to follow), renamed onto `out` at the end;
+    removed if anything stops the stream (Ctrl-C, a full disk). The stream is closed, its worker joined, before
+    this returns or raises: a worker still running when the process exits aborts it ("terminate called without an
+    active exception"). (samples written, seconds to the first chunk)."""
     import soundfile
 
-    out = Path(out)
-    part = out.with_name(f"{out.stem}.part{out.suffix or '.wav'}")
     start, first, samples = time.perf_counter(), None, 0
-    try:
-        with soundfile.SoundFile(part, "w", samplerate=sample_rate, channels=1, format="WAV") as wav:
+
+    def write(part: str) -> None:
+        nonlocal first, samples
+        with wav_errors(), soundfile.SoundFile(part, "w", samplerate=sample_rate, channels=1, format="WAV") as wav:
             for audio, _ in chunks:
                 first = time.perf_counter() - start if first is None else first
                 wav.write(audio)
                 wav.flush()  # the header now counts these samples: a valid file
                 samples += len(audio)
-        part.replace(out)
-    except BaseException:
-        part.unlink(missing_ok=True)
-        raise
+
+    with closing(chunks):
+        atomic_write(out, write, suffix=".part.wav")
     return samples, first
 
 
@@ -160,7 +184,8 @@ def add_cli(subparsers) -> None:
                                             "code predictor decoded by rvqspec", parents=[model, flags.drafter_flag()])
     add_model_args(p)
     p.add_argument("--text", required=True)
-    p.add_argument("--out", required=True, help="output .wav")
+    p.add_argument("--out", required=True, type=flags.out_file, help="output .wav (a symlink: written through to "
+                                                                     "its target)")
     p.add_argument("--ref-audio", help="Base (voice clone) models: reference recording")
     p.add_argument("--ref-text", help="Base models: its transcript (in-context cloning; without it, x-vector only)")
     p.add_argument("--no-spec", action="store_true", help="plain autoregressive decoding (15 calls a frame)")
@@ -172,8 +197,8 @@ def add_cli(subparsers) -> None:
                                                              "lossy, opt-in: docs/RESULTS.md gives its cost on c0)")
     p.add_argument("--tuned", help="a folder `rvqspec tune` wrote for this checkpoint (drafter, trees, latency table)")
     p.add_argument("--seed", type=flags.seed, default=0)
-    p.add_argument("--stream", action="store_true", help="write the wav while it is generated (<stem>.part.wav, "
-                                                         "a valid file after every chunk), print time to first audio")
+    p.add_argument("--stream", action="store_true", help="write the wav while it is generated (into a hidden "
+                   ".<name>.<random>.part.wav beside it, a valid file after every chunk), print time to first audio")
     p.add_argument("--chunk-frames", type=flags.chunk_frames, default=CHUNK_FRAMES,
                    help=f"with --stream: frames per chunk (default {CHUNK_FRAMES}; 12.5 frames a second)")
     p.set_defaults(run=run_synth)

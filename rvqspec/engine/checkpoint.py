@@ -181,13 +181,14 @@ def official_state_dict(model, layout: Layout | None = None) -> dict[str, torch.
     return out
 
 
-def atomic_write(path: str | Path, write) -> None:
-    """Call write(tmp_path), then rename over `path`: a crash never leaves a half-written file. The file gets the
-    permissions the umask gives a new file (not the temporary file's 0600), and an error names `path`, not the
+def atomic_write(path: str | Path, write, suffix: str = ".tmp") -> None:
+    """Call write(tmp_path), then rename over `path`: a crash never leaves a half-written file. The temporary file
+    (`.<name>.<random><suffix>` beside `path`) is created anew, so it is never a file of the user's. The file gets
+    the permissions the umask gives a new file (not the temporary file's 0600), and an error names `path`, not the
     hidden temporary file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
     os.close(fd)
     try:
         write(tmp)
