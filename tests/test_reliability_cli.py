@@ -133,3 +133,40 @@ def test_a_full_disk_mid_stream_joins_the_worker_before_the_error_leaves(checkpo
         run_synth(args)
     assert raised.value.filename == str(tmp_path / "out.wav") and not worker_threads()
     assert not os.listdir(tmp_path)
+
+
+def test_synth_names_a_tuned_folder_passed_as_the_model(tmp_path, capsys):
+    """Case 15: transformers answered with its 3,000-character list of model types."""
+    (tmp_path / "tuned").mkdir()
+    (tmp_path / "tuned" / "tune.json").write_text("{}")
+    argv = ["synth", "--model", "{tmp}/tuned", "--text", "hi", "--out", "{tmp}/o.wav"]
+    assert_refused_first(main, argv, f"pass it as --tuned {tmp_path / 'tuned'}", tmp_path, capsys)
+    assert not (tmp_path / "o.wav").exists()
+
+
+def test_synth_names_the_standin_passed_as_the_model(tmp_path, capsys):
+    argv = ["synth", "--model", "standin", "--text", "hi", "--out", "{tmp}/o.wav"]
+    assert_refused_first(main, argv, "not a qwen-tts checkpoint (it has no speech tokenizer or text model): "
+                                     "`rvqspec demo` speaks with it", tmp_path, capsys)
+
+
+def test_inspect_reads_the_model_as_synth_and_tune_do(folder, model, tmp_path, monkeypatch, capsys):
+    """Case 15: `inspect --model standin` was refused; a cached repo id is read as synth reads it."""
+    import json
+    import shutil
+
+    import huggingface_hub.constants
+
+    from rvqspec.standin.settings import MODEL_DIR
+
+    assert main(["inspect", "--model", "standin", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["folder"] == str(MODEL_DIR)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    repo = tmp_path / "models--Org--tiny"
+    shutil.copytree(folder, repo / "snapshots" / "abc123")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    assert main(["inspect", "--model", "Org/tiny", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["folder"] == str(repo / "snapshots" / "abc123")
+    assert report["parameters"]["total"] == sum(p.numel() for p in model.parameters())

@@ -6,9 +6,11 @@ so this is also the quick way to validate a checkpoint before a long job.
 """
 
 import json
+from pathlib import Path
 
 from rvqspec.cli import flags
 from rvqspec.engine.model import MultiCodeDecoder
+from rvqspec.integrations.hub import REPO_ID, resolve_model
 
 
 def parameter_counts(model: MultiCodeDecoder) -> dict[str, int]:
@@ -23,9 +25,20 @@ def parameter_counts(model: MultiCodeDecoder) -> dict[str, int]:
             "per_token_call": layers + projection + head + c.talker_hidden_size}
 
 
+def predictor_folder(name: str) -> Path:
+    """The folder --model names, read as `synth` and `tune` read it: `standin` (the shipped stand-in), a folder, or a
+    Hugging Face repo id whose files are in the local cache."""
+    if name == "standin":
+        from rvqspec.standin.settings import MODEL_DIR
+
+        return MODEL_DIR
+    return resolve_model(name) if REPO_ID.fullmatch(name) and not Path(name).exists() else Path(name)
+
+
 def run(args) -> int:
-    model = MultiCodeDecoder.from_pretrained(args.model, dtype=args.dtype)
-    report = {"folder": str(args.model), "dtype": str(model.dtype).removeprefix("torch."),
+    folder = predictor_folder(args.model)
+    model = MultiCodeDecoder.from_pretrained(folder, dtype=args.dtype)
+    report = {"folder": str(folder), "dtype": str(model.dtype).removeprefix("torch."),
               "config": model.config.to_dict(), "parameters": parameter_counts(model)}
     if args.json:
         print(json.dumps(report))
@@ -39,8 +52,10 @@ def run(args) -> int:
 
 
 def add_cli(subparsers) -> None:
+    model = flags.model_flag(help="checkpoint folder (config.json + *.safetensors), a Hugging Face repo id already "
+                                  "in the local cache, or `standin`")
     p = subparsers.add_parser("inspect", help="load a checkpoint's depth decoder (Qwen3-TTS or CSM); print its config and sizes",
-                              parents=[flags.model_flag()])
+                              parents=[model])
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from rvqspec.cli import flags
+from rvqspec.cli.tune import is_standin_folder
 from rvqspec.engine.checkpoint import atomic_write
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.model import resolve_dtype
@@ -26,6 +27,7 @@ from rvqspec.integrations import csm
 from rvqspec.integrations.hub import default_device, default_dtype, resolve_model
 from rvqspec.integrations.qwen_tts import accelerate, generate_speech, load_tts, speech_request, upstream_refusals
 from rvqspec.integrations.stream import CHUNK_FRAMES
+from rvqspec.integrations.tuned import IDENTITY
 from rvqspec.tuning import csm_corpus, qwen_tts_corpus
 from rvqspec.tuning.recordings import audio_with_transcripts, is_csm_checkpoint
 
@@ -72,6 +74,20 @@ def load_drafting(args):
         return None, None
     drafter = ReusedHeads() if args.drafter == "reused" else Drafter.load(args.drafter)
     return drafter, Tree.load(args.tree) if args.tree else "auto"
+
+
+def qwen_tts_folder(name: str) -> Path:
+    """The checkpoint folder --model names. A folder rvqspec knows is no qwen-tts checkpoint (a tuned folder, the
+    stand-in) is refused in one line naming what to pass, before transformers answers with its list of every model
+    type it knows."""
+    if name == "standin" or is_standin_folder(Path(name)):
+        raise RvqspecError(f"{name} is the stand-in, not a qwen-tts checkpoint (it has no speech tokenizer or text "
+                           "model): `rvqspec demo` speaks with it, `rvqspec inspect --model standin` shows it")
+    folder = resolve_model(name)
+    if (folder / IDENTITY).is_file():
+        raise RvqspecError(f"{name} is a folder `rvqspec tune` wrote, not a checkpoint: pass it as --tuned {name}, "
+                           "with --model the checkpoint it was tuned for")
+    return folder
 
 
 def synthesize(tts, handle, text: str, out: str | Path, **speech_args) -> dict:
@@ -134,7 +150,7 @@ def run_synth(args) -> int:
     if args.stream:
         flags.require_extra("rvqspec synth --stream", "demo", "soundfile")
     device = default_device(args.device)
-    tts = load_tts(resolve_model(args.model), device, default_dtype(args.dtype, device))
+    tts = load_tts(qwen_tts_folder(args.model), device, default_dtype(args.dtype, device))
     handle = accelerate(tts, drafter=drafter, tree=tree, weights=args.weights, tuned=args.tuned,
                         talker_weights=args.talker_weights)
     torch.manual_seed(args.seed)
