@@ -2,7 +2,9 @@
 model's own speech (rvqspec.tuning.tune). CKPT: a qwen-tts checkpoint (CustomVoice, VoiceDesign), a transformers
 CSM checkpoint, or `standin` (the shipped stand-in; a stand-in folder also works)."""
 
+import errno
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -91,13 +93,30 @@ def subject_for(args) -> Subject:
     return qwen_tts_subject(folder, device, dtype, args.batch, args.seed)
 
 
+def disk_full(error: Exception) -> bool:
+    """A write that failed for want of space: an OSError ENOSPC, or safetensors' error wrapping one."""
+    from safetensors import SafetensorError
+
+    if isinstance(error, OSError):
+        return error.errno == errno.ENOSPC
+    return isinstance(error, SafetensorError) and f"(os error {errno.ENOSPC})" in str(error)
+
+
 def run(args) -> int:
     subject = subject_for(args)
     if not args.no_bench:
         subject.bench = latency_bench(subject.predictor)
     settings = TuneSettings(minutes=args.minutes, epochs=args.epochs, seed=args.seed, offsets=args.offsets,
                             objective=args.objective, progress=not args.quiet)
-    report = tune(subject, args.out, settings, args.force, log=print if not args.quiet else lambda _: None)
+    try:
+        report = tune(subject, args.out, settings, args.force, log=print if not args.quiet else lambda _: None)
+    except Exception as e:
+        if not disk_full(e):
+            raise
+        where = f" writing {e.filename}" if getattr(e, "filename", None) else ""
+        print(f"rvqspec tune: error: no space left on the device{where}: free some space and rerun the same command "
+              "(finished stages are kept)", file=sys.stderr)
+        return 1
     best = max(report["trees"], key=lambda r: r["measured_tokens_per_step"] or 0)
     speedup = report["speedup"].get("1")
     predicted = (f", predicted {speedup['predicted_speedup']:.2f}x at batch 1" if speedup else "")

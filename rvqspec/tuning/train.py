@@ -16,6 +16,7 @@ same data order), `offsets.safetensors` or `medusa.safetensors` (the best epoch 
 file `rvqspec calibrate` and `decode_frame` use), `metrics.json`. All written atomically.
 """
 
+import io
 import os
 import sys
 from dataclasses import asdict, dataclass
@@ -167,7 +168,11 @@ def load_checkpoint(out: Path, settings: TrainSettings, identity: dict, resume: 
 
 
 def save_checkpoint(out: Path, state: dict) -> None:
-    atomic_write(out / "last.pt", lambda tmp: torch.save(state, tmp))
+    """last.pt, serialized in memory first: a full disk is then an OSError naming the file (torch.save writing to a
+    file reports it as a RuntimeError about stream positions)."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    atomic_write(out / "last.pt", lambda tmp: Path(tmp).write_bytes(buffer.getbuffer()))
 
 
 class NoBar:
@@ -321,6 +326,8 @@ def run_training(session: Session) -> dict:
         if not finished:  # stopped at job.max_steps inside the epoch (checkpointed there)
             break
         end_epoch(session, loss_fn, epoch, step)
+    if ranks.rank == 0:  # also when nothing was left to do: a finished run resumed rewrites a lost or damaged file
+        save_json(job.out / "metrics.json", session.state["metrics"])
     return session.state["metrics"]
 
 

@@ -9,8 +9,9 @@ Stages, in order, into one folder (its layout: `rvqspec.integrations.tuned`):
 5. report: report.json and README.md (tokens/step measured and predicted speed-up per batch size)
 
 A stage whose output exists is skipped (its files are written atomically, last of all: an interrupted stage
-left nothing that counts as done), so rerunning the same command resumes; `force` names a stage to redo, and
-the ones after it with it. Synthesis and benching need the live model, the caller's `Subject`.
+left nothing that counts as done), so rerunning the same command resumes; a stage whose files are damaged (not
+JSON, not the object the next stage reads) or missing is redone. `force` names a stage to redo, and the ones after
+it with it. Synthesis and benching need the live model, the caller's `Subject`.
 """
 
 import json
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from rvqspec.engine.checkpoint import save_json, save_text
 from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.files import read_json
 from rvqspec.engine.model import MultiCodeDecoder
 from rvqspec.integrations.tuned import IDENTITY, LATENCY, TREES, identity_of, read_identity
 from rvqspec.tuning.calibrate import CalibrationSettings, calibrate
@@ -65,26 +67,47 @@ def drafter_file(settings: TuneSettings) -> Path:
     return Path("train") / f"{OFFSET_KINDS[settings.offsets]}.safetensors"
 
 
+def json_object(path: Path, *fields: str) -> dict | None:
+    """The JSON object in `path` if it holds `fields`; None where it is missing or damaged (its stage is redone)."""
+    try:
+        obj = read_json(path, "")
+    except (OSError, RvqspecError):
+        return None
+    return obj if isinstance(obj, dict) and all(f in obj for f in fields) else None
+
+
 def stage_done(out: Path, stage: str, settings: TuneSettings) -> bool:
-    return {"synthesize": (out / "corpus" / "index.json").exists(),
-            "train": (out / "train" / "metrics.json").exists() and (out / drafter_file(settings)).exists(),
-            "calibrate": (out / TREES / "report.json").exists(),
-            "bench": (out / LATENCY).exists(),
-            "report": (out / "report.json").exists() and (out / "README.md").exists()}[stage]
+    """Whether `stage`'s files exist and hold what the later stages read (training: every epoch of `settings`)."""
+    if stage == "synthesize":
+        return (out / "corpus" / "index.json").exists()
+    if stage == "train":
+        metrics = json_object(out / "train" / "metrics.json", "epochs")
+        return (metrics is not None and isinstance(metrics["epochs"], list) and len(metrics["epochs"]) >= settings.epochs
+                and (out / drafter_file(settings)).exists())
+    if stage == "calibrate":
+        return all(json_object(out / folder / "report.json", "trees") for folder in (TREES, "trees-other"))
+    if stage == "bench":
+        return json_object(out / LATENCY, "key", "ms") is not None
+    return json_object(out / "report.json", "trees") is not None and (out / "README.md").exists()
 
 
-def check_folder(out: Path, identity: dict, force: str | None) -> None:
-    """A folder already tuned for another model is refused, unless everything is redone; so is one that holds
-    files tune did not write (its README.md or report.json would be overwritten)."""
+def check_folder(out: Path, identity: dict, force: str | None) -> dict:
+    """tune.json of the run before ({} if none, or where everything is redone). A folder already tuned for another
+    model is refused, unless everything is redone; so is one that holds files tune did not write (its README.md or
+    report.json would be overwritten), and one whose tune.json is damaged (`read_identity` names --force
+    synthesize)."""
     if not (out / IDENTITY).exists():
         if out.is_dir() and any(out.iterdir()):
             raise RvqspecError(f"{out} holds files `rvqspec tune` did not write: pick a new or empty --out folder")
-        return
+        return {}
+    if force == "synthesize":
+        return {}
     tuned = read_identity(out)
     different = [k for k in ("kind", "architecture", "dtype", "weights_digest") if tuned.get(k) != identity[k]]
-    if different and force != "synthesize":
+    if different:
         raise RvqspecError(f"{out} was tuned for another model ({', '.join(f'{k}: {tuned.get(k)}' for k in different)}): "
                            "pick another --out, or pass --force synthesize to redo it all for this one")
+    return tuned
 
 
 def tune(subject: Subject, out: str | Path, settings: TuneSettings | None = None, force: str | None = None,
@@ -94,18 +117,17 @@ def tune(subject: Subject, out: str | Path, settings: TuneSettings | None = None
     if force is not None and force not in STAGES:
         raise RvqspecError(f"--force takes a stage: {', '.join(STAGES)}; got {force!r}")
     identity = identity_of(subject.predictor, subject.kind) | {"model": str(subject.model_path)}
-    check_folder(out, identity, force)
-    out.mkdir(parents=True, exist_ok=True)
     if settings.offsets not in OFFSET_KINDS:
         raise RvqspecError(f"offsets must be one of {', '.join(OFFSET_KINDS)}, got {settings.offsets!r}")
-    before = read_identity(out) if (out / IDENTITY).exists() else {}
+    before = check_folder(out, identity, force)
+    out.mkdir(parents=True, exist_ok=True)
     training = {"trained": str(drafter_file(settings)), "objective": settings.objective}
     changed = [f"{k} {before[k]}" for k, v in training.items() if before.get(k) not in (None, v)]
     if changed and force not in ("synthesize", "train"):
         raise RvqspecError(f"{out} was tuned with other offsets ({', '.join(changed)}): pass --force train to train "
                            "these instead, or pick another --out")
     save_json(out / IDENTITY, before | identity | training | {"settings": asdict(settings) | {"timings": None}})
-    redo = STAGES[STAGES.index(force):] if force else ()
+    redo = set(STAGES[STAGES.index(force):] if force else ())
     stages = {"synthesize": lambda: synthesize(subject, out, settings, overwrite="synthesize" in redo),
               "train": lambda: train_stage(subject, out, settings, force="train" in redo),
               "calibrate": lambda: calibrate_stage(subject, out, settings),
@@ -121,6 +143,7 @@ def tune(subject: Subject, out: str | Path, settings: TuneSettings | None = None
         start = time.perf_counter()
         log(f"{stage}: ...")
         stages[stage]()
+        redo.update(STAGES[STAGES.index(stage) + 1:])  # the later stages read what this one wrote: redone too
         settings.timings[stage] = time.perf_counter() - start
         log(f"{stage}: {settings.timings[stage]:.0f} s")
     return json.loads((out / "report.json").read_text())
@@ -186,7 +209,7 @@ def write_report(subject: Subject, out: Path, settings: TuneSettings) -> None:
     corpus = Corpus(out / "corpus", settings.validation_fraction)
     trees = json.loads((out / TREES / "report.json").read_text())
     metrics = json.loads((out / "train" / "metrics.json").read_text())
-    latency = json.loads((out / LATENCY).read_text()) if (out / LATENCY).exists() else None
+    latency = json_object(out / LATENCY, "key", "ms")  # None with --no-bench (a damaged table left there: ignored)
     identity = read_identity(out)
     rows = [{"nodes": t["nodes"], "predicted_tokens_per_step": t["predicted_tokens_per_step"],
              "measured_tokens_per_step": t.get("measured_tokens_per_step")} for t in trees["trees"]]
