@@ -20,6 +20,7 @@ from rvqspec.engine.policy import Policy
 from rvqspec.engine.quantize import check_scheme, quantize, quantize_linears, restore_linears
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import Tree
+from rvqspec.integrations.stream import Turns
 from rvqspec.integrations.tuned import load_tuned
 
 HANDLE = "_rvqspec_acceleration"  # attribute of an accelerated model that holds its Acceleration
@@ -121,6 +122,7 @@ class Acceleration:
         check_arguments(drafter, tree)
         self.drafter, self.tree, self.generator, self.calibration = drafter, tree, generator, calibration
         self.stats = Stats()
+        self.streams = Turns()  # the streams of this model take turns (rvqspec.integrations.stream)
         self.graphs = GraphDecoder() if graphs else None  # CUDA graphs of this handle's calls (CUDA only)
         self.warned: set[str] = set()
         self.decoder, self.built_from = self.quantized(decoder), self.fingerprint()
@@ -175,9 +177,11 @@ class Acceleration:
         return policy
 
     def undo(self) -> None:
-        """Give the depth decoder its own `generate` back (and the talker its float layers)."""
+        """Give the depth decoder its own `generate` back (and the talker its float layers). Refused while a stream
+        of this handle is generating; streams opened later are refused."""
         if getattr(self.owner, HANDLE, None) is not self:
             raise RvqspecError("this acceleration was already undone")
+        self.streams.close()
         restore_linears(self.talker_swaps)
         if self.replaced_instance_method:
             self.target.generate = self.upstream_generate

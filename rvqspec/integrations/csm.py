@@ -16,7 +16,6 @@ generate set), read at every call. Any other call goes to upstream.
 Corpora from recordings (the backbone's teacher-forced state) are built in `rvqspec.tuning.csm_corpus`.
 """
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,14 +65,13 @@ class CsmAcceleration(Acceleration):
                  calibration: str | None = None, weights: str | None = None, tuned: str | None = None,
                  graphs: bool = True, talker_weights: str | None = None):
         self.model = model
-        self.stream_lock = threading.Lock()  # generate sets the depth decoder's generation_config per call
         super().__init__(model, model.depth_decoder, drafter, tree, generator, calibration, weights, tuned, graphs,
                          talker_weights)
 
     def stream(self, chunk_frames: int = CHUNK_FRAMES, first_chunk_frames: int | None = None,
                **generate_kwargs) -> Iterator[tuple]:
         """`model.generate(**generate_kwargs)` as (audio, sample_rate) chunks (rvqspec.integrations.csm_stream)."""
-        return stream_audio(self.model, self.stream_lock, generate_kwargs, chunk_frames, first_chunk_frames)
+        return stream_audio(self.model, self.streams, generate_kwargs, chunk_frames, first_chunk_frames)
 
     def build_decoder(self) -> MultiCodeDecoder:
         return depth_decoder_from_transformers(self.model)

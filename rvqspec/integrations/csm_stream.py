@@ -12,7 +12,6 @@ codes before it and cut, as upstream qwen-tts's `chunked_decode` does: an approx
 utterance at once, whose difference tests/test_csm_streaming.py states for the tiny model (no Mimi weights here).
 """
 
-import threading
 from collections.abc import Iterator
 
 import numpy as np
@@ -20,7 +19,7 @@ import torch
 from torch import Tensor
 
 from rvqspec.engine.errors import RvqspecError
-from rvqspec.integrations.stream import Channel, ChunkClock, check_chunks, stream
+from rvqspec.integrations.stream import Channel, ChunkClock, Turns, check_chunks, stream
 
 LEFT_CONTEXT_FRAMES = 25  # as qwen-tts's chunked_decode (its 12 Hz decoder is Mimi-like)
 
@@ -66,18 +65,19 @@ class FrameStreamer:
         pass
 
 
-def stream_audio(model, lock: threading.Lock, generate_kwargs: dict, chunk_frames: int,
+def stream_audio(model, turns: Turns, generate_kwargs: dict, chunk_frames: int,
                  first_chunk_frames: int | None) -> Iterator[tuple]:
     """Yield (audio, sample_rate) chunks of `model.generate(**generate_kwargs)`: a float32 array for a batch of
-    one, a list of them (one per row, empty once a row is done) otherwise."""
+    one, a list of them (one per row, empty once a row is done) otherwise. Streams of one model take `turns`
+    (generate sets the depth decoder's generation_config per call)."""
     chunks = check_chunks(chunk_frames, first_chunk_frames)
     if "streamer" in generate_kwargs or generate_kwargs.get("output_audio"):
         raise RvqspecError("stream() passes its own streamer and decodes the audio itself: drop streamer= and "
                          "output_audio= from the arguments")
-    return stream(lambda channel: produce(model, lock, generate_kwargs, chunks, channel), name="rvqspec-csm-stream")
+    return stream(lambda channel: produce(model, generate_kwargs, chunks, channel), turns, name="rvqspec-csm-stream")
 
 
-def produce(model, lock: threading.Lock, generate_kwargs: dict, chunks: tuple[int, int], channel: Channel) -> None:
+def produce(model, generate_kwargs: dict, chunks: tuple[int, int], channel: Channel) -> None:
     eos, sample_rate = model.config.codebook_eos_token_id, int(model.codec_model.config.sampling_rate)
     rows: list[MimiRow] = []
     clock = ChunkClock(*chunks)
@@ -94,7 +94,6 @@ def produce(model, lock: threading.Lock, generate_kwargs: dict, chunks: tuple[in
         if clock.tick():
             send()
 
-    with lock:
-        model.generate(**generate_kwargs, streamer=FrameStreamer(on_frame))
+    model.generate(**generate_kwargs, streamer=FrameStreamer(on_frame))
     if any(row.done < len(row.codes) for row in rows):
         send()

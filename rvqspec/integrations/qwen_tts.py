@@ -20,7 +20,6 @@ import contextlib
 import importlib
 import importlib.machinery
 import sys
-import threading
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,7 +92,6 @@ class QwenTTSAcceleration(Acceleration):
                  calibration: str | None = None, weights: str | None = None, tts=None, tuned: str | None = None,
                  graphs: bool = True, talker_weights: str | None = None):
         self.talker, self.tts = talker, tts
-        self.stream_lock = threading.Lock()  # streams of this model take turns (qwen_tts_stream's docstring)
         super().__init__(talker, talker.code_predictor, drafter, tree, generator, calibration, weights, tuned, graphs,
                          talker_weights)
 
@@ -116,7 +114,7 @@ class QwenTTSAcceleration(Acceleration):
         if self.tts is None:
             raise RvqspecError("streaming needs the whole qwen-tts model: accelerate the Qwen3TTSModel itself "
                                "(accelerate(tts)), not its .model or its talker")
-        return stream_speech(self.tts, kind, self.stream_lock, args, kwargs, chunk_frames, first_chunk_frames)
+        return stream_speech(self.tts, kind, self.streams, args, kwargs, chunk_frames, first_chunk_frames)
 
     def build_decoder(self) -> MultiCodeDecoder:
         return predictor_from_upstream(self.talker)

@@ -13,8 +13,9 @@ streams the codes it decodes. The whole-utterance decode that `generate_*` does 
 stream's thread (each chunk was already decoded).
 
 Upstream's talker keeps per-call state on the model (`rope_deltas`, set at prefill), so two generate calls on
-one model at once would corrupt each other: streams of one model take turns (the second waits for the first),
-each with its own audio.
+one model at once would corrupt each other: streams of one model take turns (`rvqspec.integrations.stream.Turns`:
+a stream in another thread waits for the first; one in the same thread, which could never be served, is refused
+at once), each with its own audio.
 """
 
 import functools
@@ -28,7 +29,7 @@ from torch import Tensor
 
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.integrations.qwen_tts_audio import StreamingDecoder
-from rvqspec.integrations.stream import Channel, ChunkClock, check_chunks, stream
+from rvqspec.integrations.stream import Channel, ChunkClock, Turns, check_chunks, stream
 
 ENTRY_POINTS = {"custom_voice": "custom_voice", "voice_design": "voice_design", "base": "voice_clone"}  # model type: name
 
@@ -107,7 +108,7 @@ def reference_codes(tts, bound: inspect.BoundArguments, rows: int) -> list[Tenso
     return [None if c is None else c.reshape(len(c), -1) for c in codes] or [None] * rows
 
 
-def stream_speech(tts, kind: str, lock: threading.Lock, args: tuple, kwargs: dict, chunk_frames: int,
+def stream_speech(tts, kind: str, turns: Turns, args: tuple, kwargs: dict, chunk_frames: int,
                   first_chunk_frames: int | None) -> Iterator[tuple]:
     """Yield (audio, sample_rate) chunks of `tts.generate_<kind>(*args, **kwargs)` (see the module docstring):
     `audio` a float32 array for one text, a list of them (one per text, empty once a text is done) for a list."""
@@ -125,17 +126,17 @@ def stream_speech(tts, kind: str, lock: threading.Lock, args: tuple, kwargs: dic
     text = bound.arguments.get("text")
     texts = text if isinstance(text, list) else [text]
     prefixes = reference_codes(tts, bound, len(texts)) if kind == "base" else [None] * len(texts)
-    return stream(lambda channel: produce(tts, generate, bound, prefixes, lock, (first, every), channel,
-                                          one_text=not isinstance(text, list)), name="rvqspec-qwen-tts-stream")
+    return stream(lambda channel: produce(tts, generate, bound, prefixes, (first, every), channel,
+                                          one_text=not isinstance(text, list)), turns, name="rvqspec-qwen-tts-stream")
 
 
-def produce(tts, generate: Callable, bound: inspect.BoundArguments, prefixes: list, lock: threading.Lock,
-            chunks: tuple[int, int], channel: Channel, one_text: bool) -> None:
+def produce(tts, generate: Callable, bound: inspect.BoundArguments, prefixes: list, chunks: tuple[int, int],
+            channel: Channel, one_text: bool) -> None:
     """The worker: run the generate call, emitting a chunk every time enough frames are done."""
     decoder = tts.model.speech_tokenizer.model.decoder
     sample_rate = int(tts.model.speech_tokenizer.get_output_sample_rate())
     eos = tts.model.config.talker_config.codec_eos_token_id
-    with lock, FrameTap(tts) as tap:
+    with FrameTap(tts) as tap:
         rows, clock = [Row(StreamingDecoder(decoder), prefix) for prefix in prefixes], ChunkClock(*chunks)
 
         def send() -> None:

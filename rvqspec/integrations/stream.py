@@ -7,16 +7,34 @@ The consumer controls the worker: leaving the loop (break, an exception, `close(
 makes the worker's next `channel.check()` (once a frame) or `send` raise `Stopped`, which unwinds generation
 within one frame, and the worker is joined before the loop returns. An exception in the worker is raised in
 the consumer. A consumer that does not read leaves the worker waiting in `send` once `max_pending` items are
-queued, so memory stays bounded.
+queued, so memory stays bounded. Every wait polls (POLL_SECONDS): Ctrl-C always reaches the consumer.
+
+Streams of one model take turns (`Turns`, one per accelerated model): upstream keeps per-call state on the
+model, so one generate call runs at a time. A stream takes the turn in its consumer's thread when its loop
+starts, and gives it back as soon as generation ends (its last chunks may still be queued). While another
+stream holds the turn:
+- in the same thread (two streams zipped, a stream opened inside another's loop, an asyncio server
+  interleaving two responses), waiting could never end: RvqspecError at once;
+- in another thread, the new stream waits as long as the holder's consumer keeps reading. Once that consumer
+  has held a chunk for IDLE_SECONDS without asking for the next (a stream left unclosed after `break` while
+  still bound to a name, or kept alive by an exception's traceback), the waiting stream gets RvqspecError
+  naming where the idle stream was opened and the fix (close() it). The idle stream itself is left as it is:
+  reading it again continues it.
+`Turns.close()` (at `undo()`) refuses while a stream holds the turn, and streams opened after it are refused.
+Batching streams of one model into shared frame steps is the lasting answer (a future `rvqspec.Engine`).
 """
 
+import os
 import queue
 import threading
+import time
+import traceback
 from collections.abc import Callable, Iterator
 
 from rvqspec.engine.errors import RvqspecError
 
-POLL_SECONDS = 0.05  # how often a waiting worker checks whether the consumer left
+POLL_SECONDS = 0.05  # how often a wait checks whether it should end (the consumer left, Ctrl-C, the turn is free)
+IDLE_SECONDS = 30.0  # a stream whose consumer holds a chunk this long blocks no other stream (module docstring)
 CHUNK_FRAMES = 12  # about a second of audio at Qwen3-TTS's 12.5 frames a second
 FIRST_CHUNK_FRAMES = 3  # the first chunk smaller: audio starts sooner
 MAX_CHUNK_FRAMES = 300  # a bigger chunk is not a stream (upstream's own decode works in 300-frame chunks)
@@ -81,14 +99,104 @@ class Channel:
             except queue.Full:
                 continue
 
+    def receive(self):
+        """The consumer's end: the next item, waiting for it."""
+        while True:
+            try:
+                return self.items.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                continue
 
-def stream(produce: Callable[[Channel], None], max_pending: int = 4, name: str = "rvqspec-stream") -> Iterator:
-    """Yield what `produce(channel)` sends, `produce` running in its own thread (see the module docstring)."""
-    channel = Channel(max_pending)
+
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def call_site() -> str:
+    """file:line of the innermost caller outside rvqspec: where the user's loop started a stream."""
+    for frame in reversed(traceback.extract_stack()):
+        if not os.path.abspath(frame.filename).startswith(PACKAGE + os.sep):
+            return f"{frame.filename}:{frame.lineno}"
+    return "rvqspec"
+
+
+class Turn:
+    """One stream's hold on its model: where it was opened, the thread that last read it, and since when its
+    consumer has held a chunk without asking for the next (None while it waits for one)."""
+
+    def __init__(self):
+        self.opened_at, self.thread, self.idle_since = call_site(), threading.get_ident(), None
+
+    def reading(self) -> None:
+        self.thread, self.idle_since = threading.get_ident(), None
+
+    def handed(self) -> None:
+        self.idle_since = time.monotonic()
+
+    def idle_seconds(self) -> float:
+        return 0.0 if self.idle_since is None else time.monotonic() - self.idle_since
+
+
+class Turns:
+    """The streams of one model, one generation at a time (module docstring)."""
+
+    def __init__(self):
+        self.changed = threading.Condition()
+        self.holder: Turn | None = None
+        self.closed = False
+
+    def take(self, turn: Turn) -> None:
+        """Wait for the turn; RvqspecError where waiting could not end, or the holder stopped reading."""
+        with self.changed:
+            while True:
+                if self.closed:
+                    raise RvqspecError("this acceleration was undone: accelerate the model again and open a new "
+                                       "stream from the new handle")
+                holder = self.holder
+                if holder is None:
+                    self.holder = turn
+                    return
+                if holder.thread == turn.thread:
+                    raise RvqspecError(
+                        f"another stream of this model, opened at {holder.opened_at}, is open in this thread: it "
+                        "cannot go on while this one waits for it. Read it to the end or close() it first (streams "
+                        "of one model take turns; a future rvqspec.Engine will batch them)")
+                if holder.idle_seconds() > IDLE_SECONDS:
+                    raise RvqspecError(
+                        f"another stream of this model, opened at {holder.opened_at}, holds the model and has not "
+                        f"been read for {holder.idle_seconds():.0f} s (left unclosed after `break`?): close() it, "
+                        "or iterate it inside `with contextlib.closing(stream):`, and open this one again")
+                self.changed.wait(POLL_SECONDS)
+
+    def give_back(self, turn: Turn) -> None:
+        with self.changed:
+            if self.holder is turn:
+                self.holder = None
+                self.changed.notify_all()
+
+    def close(self) -> None:
+        """No streams from now on; RvqspecError (and nothing changed) while one is generating."""
+        with self.changed:
+            if self.holder is not None:
+                raise RvqspecError(f"a stream of this model, opened at {self.holder.opened_at}, is still generating: "
+                                   "read it to the end or close() it before undo()")
+            self.closed = True
+
+
+def stream(produce: Callable[[Channel], None], turns: Turns | None = None, max_pending: int = 4,
+           name: str = "rvqspec-stream") -> Iterator:
+    """Yield what `produce(channel)` sends, `produce` running in its own thread while this stream holds a turn
+    of `turns` (see the module docstring)."""
+    channel, turn = Channel(max_pending), Turn()
+    if turns is not None:
+        turns.take(turn)
 
     def work() -> None:
         try:
-            produce(channel)
+            try:
+                produce(channel)
+            finally:
+                if turns is not None:
+                    turns.give_back(turn)
             end = Finished(None)
         except Stopped:
             return
@@ -100,15 +208,20 @@ def stream(produce: Callable[[Channel], None], max_pending: int = 4, name: str =
             pass
 
     worker = threading.Thread(target=work, name=name, daemon=True)
-    worker.start()
     try:
+        worker.start()
         while True:
-            item = channel.items.get()
+            turn.reading()
+            item = channel.receive()
             if isinstance(item, Finished):
                 if item.error is not None:
                     raise item.error
                 return
+            turn.handed()
             yield item
     finally:
         channel.leaving.set()
-        worker.join()
+        if worker.is_alive():
+            worker.join()
+        if turns is not None:
+            turns.give_back(turn)
