@@ -5,6 +5,7 @@ A subclass says where the depth decoder is (`target`), how to copy it (`build_de
 generate call looks (`generate`); this class decides AR or which tree per batch size and keeps the counts.
 """
 
+import functools
 import warnings
 from dataclasses import dataclass, field
 
@@ -98,6 +99,14 @@ def check_arguments(drafter, tree) -> None:
         raise RvqspecError("a drafter was given with tree=None: pass tree='auto' (the decoding policy) or a Tree")
 
 
+def float_entries(original: torch.nn.Module, swapped: torch.nn.Module, state: dict, prefix: str, metadata) -> None:
+    """state_dict hook of a talker layer made int8 by `talker_weights`: its entries are those of the float layer it
+    replaced, so the model's `state_dict()` and `save_pretrained` give upstream's weights (the int8 copy is ours)."""
+    for key in [key for key in state if key.startswith(prefix)]:
+        del state[key]
+    original.state_dict(destination=state, prefix=prefix)
+
+
 class Acceleration:
     """What `accelerate` returns: `stats` after a generate call, `undo()` to restore upstream's depth decoder.
 
@@ -136,6 +145,8 @@ class Acceleration:
         # Last: nothing can fail after the model's own layers are swapped.
         talker, kept = self.talker_parts()
         self.talker_swaps = quantize_linears(talker, talker_weights, kept) if talker_weights else []
+        for parent, name, original in self.talker_swaps:
+            getattr(parent, name).register_state_dict_post_hook(functools.partial(float_entries, original))
         self.replaced_instance_method = "generate" in vars(target)
         self.upstream_generate = target.generate
         target.generate = self.generate
