@@ -26,7 +26,7 @@ class CountingCapture:
 
     def __call__(self, fn, generator=None):
         self.captures += 1
-        return direct_call(fn, generator)
+        return direct_call(fn)
 
 
 def test_buckets_and_padding():
