@@ -176,9 +176,9 @@ def test_changed_weights_reach_the_packed_and_int8_copies(write):
     import copy
 
     from rvqspec import ReusedHeads, decode_frames, default_tree
-    from rvqspec.engine.device_path import MKLDNN_BF16
+    from rvqspec.engine.device_path import packable
 
-    if not MKLDNN_BF16:
+    if not packable(torch.bfloat16):
         pytest.skip("no oneDNN bfloat16 on this CPU: nothing is packed")
     config = PredictorConfig(hidden_size=1024, intermediate_size=1024, num_hidden_layers=1, num_attention_heads=8,
                              num_key_value_heads=4, head_dim=128, vocab_size=64, num_code_groups=5,

@@ -10,8 +10,8 @@ from test_distribution import DEPLOYED, FULL, g_test
 
 from rvqspec import MultiCodeDecoder, RvqspecError, Sampler, Tree, decode_frame, decode_frames, default_tree, quantize
 from rvqspec.engine.drafters import ReusedHeads, make_drafter
-from rvqspec.engine.quantize import (SCHEMES, Int8Matmul, QuantizedLinear, quantize_linears, quantize_tokens,
-                                     restore_linears)
+from rvqspec.engine.quantize import (SCHEMES, ZERO_POINT, Int8Matmul, QuantizedLinear, quantize_linears,
+                                     quantize_tokens, restore_linears)
 
 from helpers.tiny import random_frames, random_medusa, random_offsets, tiny_model
 
@@ -40,7 +40,7 @@ def test_token_scales_come_from_each_row_alone():
     for i in range(6):
         alone_q, alone_scale = quantize_tokens(x[i:i + 1])
         assert torch.equal(q[i], alone_q[0]) and torch.equal(scale[i], alone_scale[0])
-    assert q.abs().max() == 127 and q.dtype == torch.int8
+    assert (q.int() - ZERO_POINT).abs().max() == 127 and q.dtype == torch.uint8
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -137,11 +137,14 @@ def test_the_fused_token_quantization_gives_the_plain_ops_bits(dtype):
     x, acc = torch.randn(37, 64).to(dtype) * 3, torch.randn(37, 48)
     x[5] = 0  # an all-zero token: the scale's floor
     x[6] = torch.tensor([127.0, 2.5, -3.5, 0.5, -0.5, 1.5, 126.5, -126.5] * 8)  # scale 1: ties round half to even
+    x[7, 3], x[8, 9], x[9, 0] = float("nan"), float("inf"), -float("inf")  # non-finite: scale NaN, q zero
     q, scale = quantize_tokens(x)
     fused_q, fused_scale = fused.kernels().quantize_rows(x)
-    assert torch.equal(q, fused_q) and torch.equal(scale, fused_scale)
-    assert q[6, :8].tolist() == [127, 2, -4, 0, 0, 2, 126, -126]
-    assert torch.equal(fused.kernels().scale_rows(acc, scale, x), (acc * scale).to(dtype))
+    assert torch.equal(q, fused_q) and torch.equal(scale.nan_to_num(-1.0), fused_scale.nan_to_num(-1.0))
+    assert (q[6, :8].int() - ZERO_POINT).tolist() == [127, 2, -4, 0, 0, 2, 126, -126]
+    assert scale[7:10].isnan().all() and (q[7:10] == ZERO_POINT).all() and scale.isnan().sum() == 3
+    torch.testing.assert_close(fused.kernels().scale_rows(acc, scale, x), (acc * scale).to(dtype), rtol=0, atol=0,
+                               equal_nan=True)  # NaN rows stay NaN
     wide = torch.randn(5, 1001).to(dtype) * 40  # a width that is no multiple of the vector length
     assert all(torch.equal(a, b) for a, b in zip(quantize_tokens(wide), fused.kernels().quantize_rows(wide)))
 

@@ -25,7 +25,7 @@ from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, contr
 from rvqspec.bench.timing import call_latency, latency_row
 from rvqspec.cli import flags
 from rvqspec.engine.config import QWEN3_TTS_0_6B
-from rvqspec.engine.device_path import MKLDNN_BF16
+from rvqspec.engine.device_path import packable
 from rvqspec.engine.drafters import Offsets, ReusedHeads
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.policy import LatencyTable, Policy, measured_distribution
@@ -71,7 +71,7 @@ def real_architecture_comparison() -> dict:
     frames = REAL_FRAMES
     from rvqspec.bench.batched import batch_inputs, time_batches
 
-    dtype = "bfloat16" if MKLDNN_BF16 else "float32"
+    dtype = "bfloat16" if packable(torch.bfloat16) else "float32"
     predictor, sampler, tree = controlled_predictor(REAL_ARCH, dtype=dtype), Sampler(), default_tree(32)
     target = PAPER_ACCEPTANCE[32]
     timed = [(h[0], int(c0)) for h, c0 in (batch_inputs(predictor, 1, r) for r in range(frames + 1))]

@@ -8,25 +8,51 @@ The speculative round (`decode.speculative_round`), the drafters, the model's fo
   row can reach are skipped instead (their heads cost time).
 - host_walk: the walk reads each depth's draws and stops at the first depth without a match (`walk.walk_on_host`);
   a host read costs nothing on the CPU. Elsewhere `walk.walk_on_device` visits every depth without a read.
-- int8_drafts: drafts rank their top-m candidates with int8 copies of the heads (`draft_heads`): where the int8
-  kernel is faster than the exact head (the CPU in bfloat16, docs/cpu-fast-path.md). A draft never changes what
-  is emitted, only how often it is accepted.
+- int8_drafts: drafts rank their top-m candidates with int8 copies of the heads (`draft_heads`), where the int8
+  kernel measured faster than the exact head. A draft never changes what is emitted, only how often it is accepted.
 - fused_kernels: the layer's elementwise work in the fused C++ kernels (`fused`), where they are built.
-- packed_weights: the large matmuls through oneDNN-prepacked copies of the weights (`packing`).
+- matmul: how the large matmuls run (`packing`): through oneDNN-prepacked weights or F.linear, for one row and for
+  many, each where it measured faster; and `pad_rows`: calls of fewer rows are padded up to that many where the
+  kernel gives a row other bits alone than inside a larger call (oneDNN's bfloat16 GEMM blocks K otherwise for 1-3
+  rows on AVX-512 CPUs without AMX), so that a verify call computes what the AR step computes.
 
-The CPU fast path (host walk, int8 drafts, fused kernels) switches off as one with `RVQSPEC_FUSED=0` or
-`fused.enabled(False)`; training and torch.compile take the plain path.
+On the CPU the last three are measured, not assumed (`measure`): a second or two at the 0.6B predictor's matmul
+shapes and the row counts decoding uses, on first use, kept in the user's cache folder per CPU model, class
+(`cpu_class`: the ISA caps included), torch version and thread count, and redone when any of them changes.
+`rvqspec inspect --device` prints the choices and the figures behind them. The CPU fast path (host walk, int8
+drafts, fused kernels) switches off as one with `RVQSPEC_FUSED=0` or `fused.enabled(False)`; training and
+torch.compile take the plain path.
 """
 
 import functools
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import asdict, dataclass
 
 import torch
+import torch.nn.functional as F
 
-from rvqspec.engine import fused
+from rvqspec.engine import cpu_class, fused
+from rvqspec.engine.checkpoint import save_json
+from rvqspec.engine.device_file import cache_dir
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.files import read_json
 
-INT8_DRAFT_DTYPES = (torch.bfloat16,)
-MKLDNN_BF16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+KERNELS_FORMAT = "rvqspec-kernels/1"
+SHAPES = ((1024, 3072), (3072, 1024))  # (in, out): the 0.6B predictor's MLP, the widest K and N of a layer
+MANY_ROWS = 33  # a verify call of N = 32
+PADS = (1, 2, 4, 8)  # candidate row floors, cheapest first
+PAD_COST = 1.25  # padding is taken where it costs at most this much of the unpadded one-row call
+HEAD_SHAPE = (1024, 2048)  # a head: hidden -> vocabulary
+DRAFT_ROWS = 4  # rows a draft head call ranks (one per tree branch drafted from)
+MEASURED_DTYPES = (torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True)
+class MatmulChoice:
+    packed_one: bool = False  # a one-row call through the prepacked weight (else F.linear)
+    packed_many: bool = False  # the same for calls of more rows
+    pad_rows: int = 1  # calls of fewer rows are padded up to this many (1: none)
 
 
 @dataclass(frozen=True)
@@ -35,7 +61,11 @@ class DevicePath:
     host_walk: bool
     int8_drafts: bool
     fused_kernels: bool
-    packed_weights: bool
+    matmul: MatmulChoice | None  # None: F.linear as it is
+
+    @property
+    def packed_weights(self) -> bool:
+        return self.matmul is not None and (self.matmul.packed_one or self.matmul.packed_many)
 
 
 def static_shapes(device: torch.device) -> bool:
@@ -57,8 +87,111 @@ def choose(device: torch.device | str, dtype: torch.dtype) -> DevicePath:
 @functools.cache
 def path_of(cpu: bool, static: bool, dtype: torch.dtype, inference: bool, fast: bool, built: bool,
             mkldnn: bool) -> DevicePath:
-    return DevicePath(
-        static_shapes=static, host_walk=fast and not static,
-        int8_drafts=fast and inference and dtype in INT8_DRAFT_DTYPES, fused_kernels=built,
-        packed_weights=cpu and inference and mkldnn and ((dtype == torch.bfloat16 and MKLDNN_BF16)
-                                                         or dtype == torch.float32))
+    measured = cpu and inference and mkldnn and dtype in MEASURED_DTYPES
+    choices = decided(dtype) if measured else None
+    return DevicePath(static_shapes=static, host_walk=fast and not static,
+                      int8_drafts=fast and choices is not None and choices["int8_drafts"], fused_kernels=built,
+                      matmul=MatmulChoice(**choices["matmul"]) if choices else None)
+
+
+def packable(dtype: torch.dtype) -> bool:
+    """oneDNN prepacks bfloat16 weights only where the CPU class has bfloat16 or AVX-512 instructions (on AVX2 it
+    raises, whatever torch's own check says, which ignores ONEDNN_MAX_CPU_ISA)."""
+    return dtype == torch.float32 or cpu_class.cpu_class().startswith(("avx512", "amx"))
+
+
+def cache_key() -> str:
+    return f"{cpu_class.describe()} | torch {torch.__version__} | {torch.get_num_threads()}t"
+
+
+_lock = threading.Lock()
+
+
+def decided(dtype: torch.dtype) -> dict:
+    """The measured choices for `dtype` on this CPU: from the cache file, else measured now and written there."""
+    key = f"{cache_key()} | {str(dtype).removeprefix('torch.')}"
+    with _lock:
+        return decided_for(key, dtype)
+
+
+@functools.cache
+def decided_for(key: str, dtype: torch.dtype) -> dict:
+    path = cache_dir() / "kernels.json"
+    try:
+        stored = read_json(path, "delete it") if path.is_file() else {}
+    except RvqspecError:  # a damaged cache: measured again and rewritten
+        stored = {}
+    entries = stored.get("entries", {}) if isinstance(stored, dict) and stored.get("format") == KERNELS_FORMAT else {}
+    if isinstance(entries.get(key), dict) and set(entries[key]) == {"matmul", "int8_drafts", "figures"}:
+        return entries[key]
+    choices = measure(dtype)
+    try:
+        save_json(path, {"format": KERNELS_FORMAT, "entries": entries | {key: choices}})
+    except OSError:  # a read-only cache: measured again next time
+        pass
+    return choices
+
+
+def median_ms(calls: dict, reps: int = 11) -> dict:
+    """Median wall time in ms of each of `calls` (name -> function), timed in turn, one call of each per repeat,
+    after one warm-up call each: a busy machine slows them alike."""
+    times = {name: [] for name in calls}
+    for rep in range(reps + 1):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            if rep:
+                times[name].append(time.perf_counter() - start)
+    return {name: sorted(t)[reps // 2] * 1e3 for name, t in times.items()}
+
+
+@torch.inference_mode()
+def measure(dtype: torch.dtype) -> dict:
+    """Time and compare, at SHAPES: the plain and packed matmuls at 1 and MANY_ROWS rows; the smallest row floor from
+    PADS that gives every row the bits it gets in any larger call, where it costs at most PAD_COST; the int8 draft
+    heads against the exact head."""
+    generator = torch.Generator().manual_seed(0)
+    figures, one, many, pads = {}, [], [], []
+    for k, n in SHAPES:
+        weight = torch.randn(n, k, generator=generator).to(dtype) / k ** 0.5
+        x = torch.randn(2 * MANY_ROWS, k, generator=generator).to(dtype)
+        kernels = {"plain": lambda rows, w=weight: F.linear(rows, w)}
+        if packable(dtype):
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight, 32)
+            kernels["packed"] = lambda rows, p=packed: torch.ops.mkldnn._linear_pointwise(rows, p, None, "none", [], "")
+        times = median_ms({(name, rows): lambda f=f, rows=rows: f(x[:rows]) for name, f in kernels.items()
+                           for rows in (1, MANY_ROWS)})
+        figures[f"{k}x{n}"] = {f"{name} {rows} rows ms": round(ms, 4) for (name, rows), ms in times.items()}
+        one.append(times.get(("packed", 1), float("inf")) < times[("plain", 1)])
+        many.append(times.get(("packed", MANY_ROWS), float("inf")) < times[("plain", MANY_ROWS)])
+        pads.append(row_floor(kernels["packed" if many[-1] else "plain"], kernels["packed" if one[-1] else "plain"], x,
+                              figures[f"{k}x{n}"]))
+    matmul = MatmulChoice(packed_one=all(one), packed_many=all(many), pad_rows=max(pads))
+    return {"matmul": asdict(matmul), "int8_drafts": int8_drafts_faster(dtype, figures), "figures": figures}
+
+
+def row_floor(kernel, one_row_kernel, x: torch.Tensor, figures: dict) -> int:
+    """The smallest floor in PADS for which a row computed by `kernel` in a call of that many rows (the row and
+    copies of it) has the bits it has inside calls of MANY_ROWS and 2 MANY_ROWS rows, if padding costs at most
+    PAD_COST times the one-row call (`one_row_kernel`)."""
+    inside = [kernel(x[:MANY_ROWS]), kernel(x)]
+    for pad in PADS:
+        alone = [kernel(x[i:i + 1].expand(pad, -1).contiguous())[:1] for i in range(MANY_ROWS)]
+        if all(torch.equal(a[0], whole[i]) for whole in inside for i, a in enumerate(alone)):
+            times = median_ms({"pad": lambda: kernel(x[:pad]), "one": lambda: one_row_kernel(x[:1])})
+            cost = times["pad"] / times["one"] if pad > 1 else 1.0
+            figures[f"pad {pad} rows cost"] = round(cost, 3)
+            return pad if cost <= PAD_COST else 1
+    figures["batch invariant"] = False  # no floor helps: rows may differ by a rounding (README: bfloat16)
+    return 1
+
+
+def int8_drafts_faster(dtype: torch.dtype, figures: dict) -> bool:
+    """Whether torch's int8 weight-only kernel ranks DRAFT_ROWS rows through a head faster than the exact head."""
+    k, n = HEAD_SHAPE
+    generator = torch.Generator().manual_seed(1)
+    head, x = torch.randn(n, k, generator=generator).to(dtype), torch.randn(DRAFT_ROWS, k, generator=generator).to(dtype)
+    q, scale = head.to(torch.int8), torch.ones(n, dtype=dtype)
+    times = median_ms({"int8 ms": lambda: torch._weight_int8pack_mm(x, q, scale), "exact ms": lambda: F.linear(x, head)})
+    figures["draft head"] = {name: round(ms, 4) for name, ms in times.items()}
+    return times["int8 ms"] < times["exact ms"]

@@ -13,6 +13,7 @@
 #include <ATen/Parallel.h>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace {
 
@@ -198,32 +199,44 @@ at::Tensor qkv_rope(const at::Tensor& qkv_, const c10::optional<at::Tensor>& q_w
   return q;
 }
 
-// w8a8's per-token int8 (engine/quantize.py): per row, s = max(max|x|, 1e-12) / 127 and q = round_half_even(x / s)
-// clamped to +-127, in float32 as the plain ops compute it (the same bits). Both loops vectorise: max is exact in
-// any order; |x / s| <= 127 (1 + 2^-23) since |x| <= max|x|, so it rounds into [-127, 127] and the clamp is a no-op
-// (left out: with it gcc's loop ran 5x slower); adding and taking away 1.5 * 2^23 rounds half to even as nearbyint
-// does (|v| < 2^22; gcc keeps the pair without -ffast-math). The scalar loop cost ~1.3 ms of a 33-row verify call.
+// w8a8's per-token int8 (engine/quantize.py): per row, s = max(max|x|, 1e-12) / 127 and q = round_half_even(x / s),
+// stored as the unsigned byte q + 128 (oneDNN's VNNI kernels multiply unsigned by signed bytes straight into int32),
+// in float32 as the plain ops compute it (the same bits). Both loops vectorise: max is exact in any order;
+// |x / s| <= 127 (1 + 2^-23) since |x| <= max|x|, so it rounds into [-127, 127] and a clamp would be a no-op (left
+// out: with it gcc's loop ran 5x slower); adding and taking away 1.5 * 2^23 rounds half to even as nearbyint does
+// (|v| < 2^22; gcc keeps the pair without -ffast-math). A row holding NaN or inf (x * 0 summed is NaN then) gets
+// scale NaN and q = 128 (zero), so its output is NaN, as in the plain ops. The scalar loop cost ~1.3 ms of a
+// 33-row verify call.
 std::vector<at::Tensor> quantize_rows(const at::Tensor& x_) {
   auto x = x_.contiguous();
   const int64_t d = x.size(-1), rows = x.numel() / d;
-  auto q = at::empty({rows, d}, x.options().dtype(at::kChar));
+  auto q = at::empty({rows, d}, x.options().dtype(at::kByte));
   auto scale = at::empty({rows, 1}, x.options().dtype(at::kFloat));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "quantize_rows", [&] {
     const scalar_t* px = x.data_ptr<scalar_t>();
-    int8_t* pq = q.data_ptr<int8_t>();
+    uint8_t* pq = q.data_ptr<uint8_t>();
     float* ps = scale.data_ptr<float>();
     at::parallel_for(0, rows, grain(d), [&](int64_t begin, int64_t end) {
       constexpr float ROUND = 12582912.f;  // 1.5 * 2^23
       for (int64_t r = begin; r < end; ++r) {
-        float top = 0;
-        _Pragma("omp simd reduction(max : top)")  // _Pragma: this code is inside a macro
-        for (int64_t i = 0; i < d; ++i) top = std::max(top, std::fabs(load<scalar_t, float>(px, r * d + i)));
+        float top = 0, finite = 0;
+        _Pragma("omp simd reduction(max : top) reduction(+ : finite)")  // _Pragma: this code is inside a macro
+        for (int64_t i = 0; i < d; ++i) {
+          const float v = load<scalar_t, float>(px, r * d + i);
+          top = std::max(top, std::fabs(v));
+          finite += v * 0.f;
+        }
+        if (std::isnan(finite)) {
+          ps[r] = std::numeric_limits<float>::quiet_NaN();
+          std::memset(pq + r * d, 128, d);
+          continue;
+        }
         const float s = std::max(top, 1e-12f) / 127.f;
         ps[r] = s;
         _Pragma("omp simd")
         for (int64_t i = 0; i < d; ++i) {
           const float v = load<scalar_t, float>(px, r * d + i) / s;
-          pq[r * d + i] = static_cast<int8_t>((v + ROUND) - ROUND);
+          pq[r * d + i] = static_cast<uint8_t>(static_cast<int32_t>((v + ROUND) - ROUND) + 128);
         }
       }
     });

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from rvqspec.engine import cpu_class
+
 SOURCE = Path(__file__).with_name("fused.cpp")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -35,17 +37,21 @@ _lock = threading.Lock()
 
 
 def build_name() -> str:
-    """One build per source, torch and CPU flags: it is compiled with -march=native."""
-    cpu = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "") \
-        if Path("/proc/cpuinfo").exists() else platform.processor()
-    key = SOURCE.read_bytes() + torch.__version__.encode() + cpu.encode()
+    """One build per source, torch, CPU flags and class: it is compiled with -march=native, less what a cap forbids."""
+    key = SOURCE.read_bytes() + torch.__version__.encode() + " ".join(sorted(cpu_class.cpu_flags())).encode() \
+        + " ".join(cflags()).encode()
     return "rvqspec_fused_" + hashlib.sha256(key).hexdigest()[:12]
 
 
 def cflags() -> list[str]:
-    """For this CPU; on x86 with 512-bit vectors where it has them (gcc prefers 256 by default)."""
+    """For this CPU under its caps (`cpu_class`): 512-bit vectors where the class has AVX-512 (gcc prefers 256 by
+    default), none of its instructions where a cap (ONEDNN_MAX_CPU_ISA=AVX2...) leaves a CPU that has them without."""
     flags = ["-O3", "-march=native", "-fopenmp-simd"]
-    return flags + ["-mprefer-vector-width=512"] if platform.machine() in ("x86_64", "AMD64") else flags
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return flags
+    if cpu_class.cpu_class().startswith(("avx512", "amx")):
+        return flags + ["-mprefer-vector-width=512"]
+    return flags + ["-mno-avx512f"] if "avx512f" in cpu_class.cpu_flags() else flags
 
 
 def kernels():

@@ -1,9 +1,12 @@
 """Prepacked oneDNN weights for CPU inference: the model's matrices, multiplied as decoding needs them.
 
 For the 1..65-row calls of decoding, PyTorch's default bf16 path re-lays out the weight on every call and MKL's
-fp32 GEMM is slow for 2..65 rows: `python benchmarks/packed_linear.py` measures the packed path faster at every row
-count in bf16, and in fp32 from a few rows on but slower for 1 row, which stays on MKL's GEMV. oneDNN costs a fixed
-overhead per call, more than small products take, hence the size floor.
+fp32 GEMM is slow for 2..65 rows: `python benchmarks/packed_linear.py` measured the packed path faster at every row
+count in bf16 on the AMX machine, and in fp32 from a few rows on but slower for 1 row, which stays on MKL's GEMV.
+Which of the two runs one row and which many is measured on the user's CPU (`device_path.measure`), and so is the
+row floor that makes a kernel give each row the same bits in any call (`MatmulChoice.pad_rows`): a call of fewer
+rows is padded with copies of its last row. oneDNN costs a fixed overhead per call, more than small products take,
+hence the size floor.
 """
 
 import threading
@@ -60,17 +63,29 @@ class PackedWeight:
         return PackedWeight, ()
 
 
-def use_packed(x: Tensor, weight: Tensor) -> bool:
-    """The device path packs (`device_path`), the weight is large enough, and float32 has more than one row."""
-    if weight.numel() < PACK_MIN_ELEMENTS or x.dtype != weight.dtype \
-            or not device_path.choose(x.device, x.dtype).packed_weights:
-        return False
-    return x.dtype == torch.bfloat16 or x.numel() > x.shape[-1]
+def matmul_choice(x: Tensor, weight: Tensor) -> device_path.MatmulChoice | None:
+    """How `x @ weight.T` runs (`device_path`): None for other dtypes than the weight's and paths that measure
+    nothing (training, accelerators, float64); weights below the size floor are padded but never packed."""
+    if x.dtype != weight.dtype:
+        return None
+    choice = device_path.choose(x.device, x.dtype).matmul
+    if choice is None or weight.numel() >= PACK_MIN_ELEMENTS:
+        return choice
+    return device_path.MatmulChoice(pad_rows=choice.pad_rows)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None, pack: PackedWeight) -> Tensor:
-    """F.linear, through the prepacked copy in `pack` where that is faster."""
-    if use_packed(x, weight):
+    """F.linear, through the prepacked copy in `pack` where that measured faster, on at least the measured row floor
+    (a smaller call padded, then cut back)."""
+    choice = matmul_choice(x, weight)
+    if choice is None:
+        return F.linear(x, weight, bias)
+    rows = x.numel() // x.shape[-1]
+    if rows < choice.pad_rows:
+        flat = x.reshape(rows, x.shape[-1])
+        padded = torch.cat([flat, flat[-1:].expand(choice.pad_rows - rows, -1)])
+        return linear(padded, weight, bias, pack)[:rows].reshape(*x.shape[:-1], -1)
+    if choice.packed_one if rows == 1 else choice.packed_many:
         return torch.ops.mkldnn._linear_pointwise(x, pack.get(weight), bias, "none", [], "")
     return F.linear(x, weight, bias)
 

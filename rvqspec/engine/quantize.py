@@ -3,9 +3,13 @@ and 15 heads hold int8 weights (symmetric, one scale per output channel); the co
 
 - "w8a16": activations stay in the model's dtype; torch's weight-only kernel (`torch._weight_int8pack_mm`).
 - "w8a8": activations are quantized to int8 per token (symmetric, one scale per row, from that row alone), the
-  integer product runs in oneDNN (`onednn.qlinear_pointwise`, AMX-int8 where the CPU has it) with an input scale
+  integer product runs in oneDNN (`onednn.qlinear_pointwise`: AMX or VNNI int8 dot products) with an input scale
   of 1, and each row is scaled back by its own token scale: exact integer dot products, then float roundings that
-  involve only that row.
+  involve only that row. The activations go in as unsigned bytes with zero point 128 (q + 128), the form the VNNI
+  instructions multiply (unsigned x signed bytes into int32); oneDNN subtracts 128 x the weight's column sums in
+  int32, exactly. Signed activations took oneDNN's reference path on AVX-512 CPUs without AMX: 250-1,900x slower
+  than bfloat16 (issue 30). CPUs without int8 dot products (AVX2, AVX-512 without VNNI) multiply bytes into
+  saturating 16-bit sums, which is not exact: w8a8 is refused there (`cpu_class.has_int8_dot`).
 
 A quantized model is a different model (as the paper's W8A16 is): its codes follow its own distribution, and
 speculation is exact relative to it. Both kernels give every row of a call the same bits whatever the other rows
@@ -20,14 +24,16 @@ import copy
 import threading
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rvqspec.engine import device_path, fused
+from rvqspec.engine import cpu_class, device_path, fused
 from rvqspec.engine.errors import RvqspecError
 
 SCHEMES = ("w8a16", "w8a8")
 FLOAT = "float"  # MultiCodeDecoder.weights of a model that is not quantized
 W8A16_MULTIPLE = 16
+ZERO_POINT = 128  # w8a8's activations as unsigned bytes: q + 128
 
 
 def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -38,18 +44,36 @@ def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def quantize_tokens(x: Tensor) -> tuple[Tensor, Tensor]:
-    """Symmetric per-row int8 of activations x [M, K]: (q [M, K] int8, scale [M, 1] float32), each row alone. The
-    CPU fast path computes the same bits in one kernel (`fused.cpp`: quantize_rows, and scale_rows on the way back)."""
+    """Symmetric per-row int8 of activations x [M, K]: (q + ZERO_POINT [M, K] uint8, scale [M, 1] float32), each row
+    alone; a row holding NaN or inf gets scale NaN and q = 0, so its output is NaN. The CPU fast path computes the
+    same bits in one kernel (`fused.cpp`: quantize_rows, and scale_rows on the way back)."""
     x = x.float()
+    finite = x.isfinite().all(1, keepdim=True)
     scale = x.abs().amax(1, keepdim=True).clamp(min=1e-12) / 127
-    return (x / scale).round_().clamp_(-127, 127).to(torch.int8), scale
+    q = (x / scale).round_().clamp_(-127, 127).where(finite, 0)
+    return (q + ZERO_POINT).to(torch.uint8), scale.where(finite, torch.nan)
 
 
 def check_scheme(scheme: str) -> str:
+    """`scheme`, if it is one and this CPU can run it exactly."""
     if scheme not in SCHEMES:
         raise RvqspecError(f"unknown weights scheme {scheme!r}: use one of {', '.join(SCHEMES)} (or leave the "
                            "weights as they are)")
+    if scheme == "w8a8" and not cpu_class.has_int8_dot():
+        raise RvqspecError(f"w8a8 needs int8 dot-product instructions (VNNI or AMX), which this CPU lacks "
+                           f"({cpu_class.describe()}): oneDNN's int8 GEMM sums byte products in saturating 16-bit "
+                           f"lanes here (not exact), at {int8_over_float32():.1f}x the time of a float32 matmul "
+                           "(measured now); use w8a16 (int8 weights, float activations) or bfloat16")
     return scheme
+
+
+def int8_over_float32(rows: int = 1, width: int = 1024) -> float:
+    """oneDNN's w8a8 product over a float32 one at [rows, width] x [width, 3 width], median times (what the refusal
+    of w8a8 quotes)."""
+    weight = torch.randn(3 * width, width)
+    matmul, x = Int8Matmul(weight, "w8a8"), torch.randn(rows, width)
+    times = device_path.median_ms({"int8": lambda: matmul(x), "float32": lambda: F.linear(x, weight)})
+    return times["int8"] / times["float32"]
 
 
 def check_cpu(x: Tensor, scheme: str) -> None:
@@ -88,8 +112,8 @@ class Int8Matmul:
         else:
             kernels = fused.kernels() if device_path.choose(x.device, x.dtype).fused_kernels else None
             q, scale = kernels.quantize_rows(rows) if kernels else quantize_tokens(rows)
-            out = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, self.onednn_weight(), self.scale, self.zero_points,
-                                                     None, 1.0, 0, torch.float32, "none", [], "")
+            out = torch.ops.onednn.qlinear_pointwise(q, 1.0, ZERO_POINT, self.onednn_weight(), self.scale,
+                                                     self.zero_points, None, 1.0, 0, torch.float32, "none", [], "")
             out = kernels.scale_rows(out, scale, x) if kernels else (out * scale).to(x.dtype)
         out = out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
         return out if bias is None else out + bias
