@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from rvqspec import RvqspecError
 from rvqspec.cli.main import main
@@ -178,3 +179,47 @@ def test_tune_on_a_full_disk_says_so_in_one_line(standin, tmp_path, monkeypatch,
             assert tune_cli(standin, tmp_path / name) == 1
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "no space left on the device" in err and "Traceback" not in err, err
+
+
+KILLED_AT_ITS_FIRST_CHECKPOINT = """
+import os, signal, sys
+from rvqspec.tuning import train
+
+save = train.save_checkpoint
+
+def save_then_die(out, state):
+    save(out, state)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+train.save_checkpoint = save_then_die
+train.train(*sys.argv[1:4], train.TrainSettings(batch_size=16, lr=3e-2, validation_fraction=0.25), epochs=2,
+            progress=False)
+"""
+
+
+def test_training_killed_at_a_checkpoint_resumes_to_the_same_bits(tmp_path):
+    """Case 19: SIGKILL right after the first checkpoint (end of epoch 1, before metrics.json), in a process whose
+    fast path is off (as where the fused kernels could not be built); resumed here, with it on: the same bits as an
+    uninterrupted run here."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from helpers.synthetic import write_model_and_corpus
+    from rvqspec.tuning.train import TrainSettings, train
+
+    model_dir, corpus_dir = write_model_and_corpus(tmp_path / "data", utterances=40)
+    settings = TrainSettings(batch_size=16, lr=3e-2, validation_fraction=0.25)
+    whole = train(model_dir, corpus_dir, tmp_path / "whole", settings, epochs=2, progress=False)
+    child = subprocess.run([sys.executable, "-c", KILLED_AT_ITS_FIRST_CHECKPOINT, str(model_dir), str(corpus_dir),
+                            str(tmp_path / "part")], env=os.environ | {"RVQSPEC_FUSED": "0"}, capture_output=True)
+    assert child.returncode == -signal.SIGKILL, child.stderr.decode()[-2000:]
+    assert not (tmp_path / "part" / "metrics.json").exists()
+    resumed = train(model_dir, corpus_dir, tmp_path / "part", settings, epochs=2, resume=True, progress=False)
+    assert resumed["epochs"] == whole["epochs"]
+    for name in ("last.pt", "offsets.safetensors"):
+        state = [torch.load(tmp_path / run / name, weights_only=True) if name.endswith(".pt") else
+                 load_file(tmp_path / run / name) for run in ("whole", "part")]
+        offsets = [s["drafter"]["offsets"] if name.endswith(".pt") else s["offsets"] for s in state]
+        assert torch.equal(*offsets), name

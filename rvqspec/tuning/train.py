@@ -61,7 +61,12 @@ class DraftLoss(nn.Module):
     draft's distribution and p the verifier's (the frozen model's own heads under the deployed sampler, given the
     true prefix): the log-probability that a draft drawn from q is what the verifier draws, the quantity that
     sample-then-match accepts; it needs no label, only the model. The frozen model is held outside the module
-    tree, so DDP sees only the drafter's parameters."""
+    tree, so DDP sees only the drafter's parameters.
+
+    Its hidden states are computed with grad enabled (its parameters are frozen: no graph is built), so that they
+    take the plain path: under no_grad a CPU forward takes the inference fast path, whose bits depend on what the
+    process could build (the fused kernels) and measured, and a run resumed in another process (after a kill) would
+    then train on other bits than the uninterrupted one."""
 
     def __init__(self, model: MultiCodeDecoder, drafter: Drafter, objective: str = "codes",
                  sampler: Sampler = Sampler()):
@@ -73,8 +78,9 @@ class DraftLoss(nn.Module):
 
     def forward(self, hidden: Tensor, codes: Tensor) -> tuple[Tensor, Tensor]:
         model = self.frozen[0]
+        with torch.enable_grad():  # the plain path, also under evaluate's no_grad (the docstring)
+            h = model.teacher_forced_hidden(hidden, codes).detach()
         with torch.no_grad():
-            h = model.teacher_forced_hidden(hidden, codes)
             log_p = self.verifier_log_probs(model, h) if self.objective == "acceptance" else None
         losses, hits = [], []
         for j in range(1, self.drafter.depth + 1):
