@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rvqspec.engine.drafters import ReusedHeads
+from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.tree import default_tree
 from rvqspec.standin.codec import hifigan
 from rvqspec.standin.streaming import CONTEXT_FRAMES, ChunkedVocoder, SpeechStream
@@ -75,3 +76,37 @@ def test_leaving_a_stand_in_stream_joins_its_worker():
     speech.close()
     assert not [t for t in threading.enumerate() if t.name.startswith("rvqspec")]
     assert CONTEXT_FRAMES >= 1
+
+
+def test_two_stand_in_streams_take_turns(monkeypatch):
+    """The talker keeps its KV cache on the model: a second stream zipped in the same thread is refused at once
+    (interleaved, the two used to corrupt each other's cache), one in another thread waits and gets its own
+    codes. Watchdog: the thread is joined with a timeout. Silence in place of vocoding (the codes are checked)."""
+    import rvqspec.standin.streaming as streaming
+
+    tts, codec = tiny_standin(seed=3), tiny_codec(24)
+    per_mel = codec.cfg.samples_per_frame // codec.cfg.mels_per_frame
+    monkeypatch.setattr(streaming, "vocode", lambda mel, cfg: torch.zeros(len(mel) * per_mel))
+    texts = ["hello there, a longer text", "quite another sentence"]
+    whole = {text: synthesize_codes(tts, text, "en", generator=torch.Generator().manual_seed(5)).codes
+             for text in texts}
+
+    def speech(text: str, chunk_frames: int) -> SpeechStream:
+        return SpeechStream(tts, codec, text, "en", generator=torch.Generator().manual_seed(5),
+                            chunk_frames=chunk_frames, first_chunk_frames=1)
+
+    first, second = speech(texts[0], 1), speech(texts[1], 1)
+    with pytest.raises(RvqspecError, match="is open in this thread: .*close\\(\\) it first"):
+        for _ in zip(first, second):
+            pass
+    first.close()
+    first, other = speech(texts[0], 1), speech(texts[1], 1)
+    waiting = threading.Thread(target=lambda: list(other))
+    chunks = iter(first)
+    next(chunks)
+    waiting.start()
+    list(chunks)
+    waiting.join(30)
+    assert not waiting.is_alive()
+    assert torch.equal(first.synthesis.codes, whole[texts[0]])
+    assert torch.equal(other.synthesis.codes, whole[texts[1]])

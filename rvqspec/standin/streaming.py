@@ -7,8 +7,12 @@ on either side and cut, and a chunk is due once the frames after it exist: the s
 behind the synthesis. With that context the chunks equal vocoding the whole utterance at once up to float
 rounding (tests/test_standin_streaming.py); without HiFi-GAN (Griffin-Lim's iterations span the whole signal)
 they only approximate it.
+
+The talker keeps its KV cache on the model (`setup_cache`), so streams of one stand-in take turns
+(`rvqspec.integrations.stream.Turns`: one in the same thread is refused at once, one in another thread waits).
 """
 
+import weakref
 from collections.abc import Iterator
 
 import numpy as np
@@ -16,11 +20,12 @@ import torch
 from torch import Tensor
 
 from rvqspec.engine.sampling import Sampler
-from rvqspec.integrations.stream import Channel, ChunkClock, check_chunks, stream
+from rvqspec.integrations.stream import Channel, ChunkClock, Turns, check_chunks, stream
 from rvqspec.standin.codec import MelRVQCodec, vocode
 from rvqspec.standin.synthesis import Synthesis, synthesize_codes
 
 CONTEXT_FRAMES = 3  # code frames (24 mel frames) each side: past HiFi-GAN's receptive field, measured
+TURNS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # stand-in model: the Turns of its streams
 
 
 class ChunkedVocoder:
@@ -50,7 +55,8 @@ class SpeechStream:
         self.chunks = check_chunks(chunk_frames, first_chunk_frames)
         self.synthesis: Synthesis | None = None
         self.items = stream(lambda channel: self.produce(channel, tts, codec, text, lang, sampler, generator,
-                                                         drafter, tree), name="rvqspec-standin-stream")
+                                                         drafter, tree), TURNS.setdefault(tts, Turns()),
+                            name="rvqspec-standin-stream")
 
     def produce(self, channel: Channel, tts, codec, text, lang, sampler, generator, drafter, tree) -> None:
         first, every = self.chunks
