@@ -113,9 +113,9 @@ PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def call_site() -> str:
     """file:line of the innermost caller outside rvqspec: where the user's loop started a stream."""
-    for frame in reversed(traceback.extract_stack()):
-        if not os.path.abspath(frame.filename).startswith(PACKAGE + os.sep):
-            return f"{frame.filename}:{frame.lineno}"
+    for frame, line in traceback.walk_stack(None):
+        if not os.path.abspath(frame.f_code.co_filename).startswith(PACKAGE + os.sep):
+            return f"{frame.f_code.co_filename}:{line}"
     return "rvqspec"
 
 
