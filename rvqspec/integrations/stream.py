@@ -9,8 +9,8 @@ within one frame, and the worker is joined before the loop returns. An exception
 the consumer. A consumer that does not read leaves the worker waiting in `send` once `max_pending` items are
 queued, so memory stays bounded. Every wait polls (POLL_SECONDS): Ctrl-C always reaches the consumer.
 
-Streams of one model take turns (`Turns`, one per accelerated model): upstream keeps per-call state on the
-model, so one generate call runs at a time. A stream takes the turn in its consumer's thread when its loop
+Streams of one model take turns (`Turns`, one per accelerated model or stand-in): upstream keeps per-call state
+on the model, so one generate call runs at a time. A stream takes the turn in its consumer's thread when its loop
 starts, and gives it back as soon as generation ends (its last chunks may still be queued). While another
 stream holds the turn:
 - in the same thread (two streams zipped, a stream opened inside another's loop, an asyncio server
@@ -34,7 +34,8 @@ from collections.abc import Callable, Iterator
 from rvqspec.engine.errors import RvqspecError
 
 POLL_SECONDS = 0.05  # how often a wait checks whether it should end (the consumer left, Ctrl-C, the turn is free)
-IDLE_SECONDS = 30.0  # a stream whose consumer holds a chunk this long blocks no other stream (module docstring)
+IDLE_SECONDS = 30.0  # a stream whose consumer holds a chunk this long blocks no other stream (module docstring):
+# longer than a player takes to play the largest chunk (MAX_CHUNK_FRAMES, 24 s)
 CHUNK_FRAMES = 12  # about a second of audio at Qwen3-TTS's 12.5 frames a second
 FIRST_CHUNK_FRAMES = 3  # the first chunk smaller: audio starts sooner
 MAX_CHUNK_FRAMES = 300  # a bigger chunk is not a stream (upstream's own decode works in 300-frame chunks)
