@@ -8,7 +8,7 @@ import torch
 
 from rvqspec.bench import one_stream, report as bench_report
 from rvqspec.cli.main import main
-from rvqspec.engine import device_file
+from rvqspec.engine import cpu_class, device_file
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.tree import default_tree
 
@@ -149,8 +149,9 @@ def test_batch_bench_json_reports_and_device_latency(tmp_path, capsys, monkeypat
     assert (tmp_path / "out" / "bench-batch-quick.png").read_bytes()[:4] == b"\x89PNG"
     latency = find_latency_table(setting["key"])  # the device file now holds this setting's table
     assert latency is not None and latency.ms[3][0] == setting["latency_ms"]["3"]["0"]
-    assert setting["key"].endswith(f"-g{TINY_ARCHS[arch].num_code_groups}") and report["codes_per_frame"] == \
-        TINY_ARCHS[arch].num_residual_codes
+    assert setting["key"].split("/")[3].endswith(f"-g{TINY_ARCHS[arch].num_code_groups}") and \
+        report["codes_per_frame"] == TINY_ARCHS[arch].num_residual_codes
+    assert setting["key"].split("/")[4] == cpu_class.cpu_class()  # tables are per CPU class
 
 
 @pytest.mark.parametrize("args, problem", [

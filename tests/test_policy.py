@@ -1,10 +1,12 @@
 """The decoding policy: the distribution of a frame's calls, the batch's expected calls, latency tables, the choice."""
 
+import functools
 import json
 
 import pytest
 import torch
 
+from rvqspec.engine import cpu_class, policy as policy_module
 from rvqspec.engine.decode import decode_frames
 from rvqspec.engine.device_file import update_device_file
 from rvqspec.engine.drafters import ReusedHeads
@@ -146,18 +148,41 @@ def test_built_in_tables_parse():
 
 
 @pytest.mark.parametrize("weights", ["float", "w8a8"])
-def test_the_built_in_tables_cover_the_real_predictor_in_bfloat16_float_and_w8a8(tmp_path, monkeypatch, weights):
-    """A machine that never ran `rvqspec bench --batch` still gets a table for the 0.6B predictor, quantized too
-    (until then, tree="auto" decoded a w8a8 model AR)."""
+@pytest.mark.parametrize("cls", ["amx", "avx512-vnni-bf16"])
+def test_the_built_in_tables_cover_the_real_predictor_per_cpu_class(tmp_path, monkeypatch, weights, cls):
+    """A machine of a measured class that never ran `rvqspec bench --batch` still gets its class's table for the 0.6B
+    predictor, quantized too (until then, tree="auto" decoded a w8a8 model AR)."""
     from types import SimpleNamespace
 
     from rvqspec.engine.config import QWEN3_TTS_0_6B
 
     monkeypatch.setenv("RVQSPEC_CACHE", str(tmp_path))  # no device file
+    monkeypatch.setattr(cpu_class, "cpu_class", lambda: cls)
     model = SimpleNamespace(config=QWEN3_TTS_0_6B, device=torch.device("cpu"), dtype=torch.bfloat16, weights=weights)
     found = find_latency_table(setting_key(model))
     assert found is not None and "built-in" in found.source and found.margin == 0.15
-    assert ("+w8a8" in found.source) == (weights == "w8a8")
+    assert ("+w8a8" in found.source) == (weights == "w8a8") and f"/{cls} on " in found.source  # its class's own
+
+
+def test_a_class_without_a_built_in_table_measures_its_own_once(tmp_path, monkeypatch):
+    """Where the built-in tables hold a setting for other classes only, the policy measures a small table for this
+    one on first use (one progress line per batch), keeps it in the device file and reads it from there after."""
+    model = tiny_model(groups=GROUPS)
+    monkeypatch.setenv("RVQSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpu_class, "cpu_class", lambda: "arm")
+    amx_key = setting_key(model).rsplit("/", 1)[0] + "/amx"
+    amx_table = {"ms": {"1": {"0": 1.0, "4": 1.01, "8": 1.02, "16": 1.03, "32": 1.04, "64": 1.05}}}
+    monkeypatch.setattr(policy_module, "built_in_tables", lambda: {amx_key: amx_table})
+    assert find_latency_table(setting_key(model)) is None  # the amx table is not borrowed
+    lines = []
+    monkeypatch.setattr(policy_module, "measure_first_use", functools.partial(policy_module.measure_first_use,
+                                                                              log=lines.append))
+    measured = Policy.for_model(model).latency
+    assert len(lines) == len(policy_module.FIRST_USE_BATCHES) and "arm" in lines[0]
+    assert sorted(measured.ms) == list(policy_module.FIRST_USE_BATCHES) and measured.ms[1] != amx_table["ms"]["1"]
+    assert "first use" in measured.source and setting_key(model).endswith("/arm")
+    again = Policy.for_model(model).latency  # from the device file now
+    assert len(lines) == len(policy_module.FIRST_USE_BATCHES) and again.ms == measured.ms
 
 
 def test_policy_choices_decode_the_same_codes():

@@ -1,86 +1,21 @@
-"""What the benchmarks share: clocks, medians of interleaved repeats, the per-call latency of the AR step and of
-speculative rounds, the machine's facts, and the report files (JSON, Markdown, plot)."""
+"""What the benchmarks share: the machine's facts (its CPU class included) and the report files (JSON, Markdown,
+plot); clocks, medians and the per-call latency of the AR step and of speculative rounds come from
+`rvqspec.engine.latency`, where the decoding policy measures its tables too."""
 
 import os
 import platform
-import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from rvqspec.engine import cpu_class
 from rvqspec.engine.checkpoint import save_json, save_text
-from rvqspec.engine.decode import autoregressive_step, plan_for, speculative_round
-from rvqspec.engine.model import MultiCodeDecoder
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import Tree
-
-TIMED_K = 7  # rounds are timed mid-frame, where every depth of a depth-3 tree is still in the frame
-
-
-def clocks(device: torch.device | None = None) -> tuple[float, float]:
-    """Wall and process CPU time, after the device's queued work (an accelerator runs asynchronously)."""
-    if device is not None and device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter(), time.process_time()
-
-
-def elapsed_ms(start: tuple[float, float], device: torch.device | None = None) -> tuple[float, float]:
-    wall, cpu = clocks(device)
-    return (wall - start[0]) * 1e3, (cpu - start[1]) * 1e3
-
-
-def medians(samples: list[tuple[float, float]]) -> dict:
-    return {"wall_ms": statistics.median(s[0] for s in samples), "cpu_ms": statistics.median(s[1] for s in samples),
-            "repeats": len(samples)}
-
-
-def timed_ks(batch: int) -> list[int]:
-    """Each row's k in a timed round: TIMED_K for one row; a batch spreads its rows over TIMED_K-2..TIMED_K+2,
-    as ragged progress does (rows at different codebooks need different heads)."""
-    return [TIMED_K - 2 + (b + 2) % 5 for b in range(batch)]
-
-
-@torch.inference_mode()
-def call_latency(model: MultiCodeDecoder, drafter, trees: dict[int, Tree], sampler: Sampler, rounds: int,
-                 warmup: int = 2, batch: int = 1) -> dict:
-    """Median wall and CPU ms of one AR step and of one speculative round per tree for `batch` rows,
-    interleaved in rounds."""
-    c, generator = model.config, torch.Generator(model.device).manual_seed(0)
-    slots = torch.arange(c.num_code_groups, device=model.device)
-    masks = slots[None, :] <= slots[:, None]
-    code = torch.ones(batch, dtype=torch.long, device=model.device)
-    hidden = torch.randn(batch, c.hidden_size, device=model.device).to(model.dtype)
-    ks = timed_ks(batch)
-    k = torch.tensor(ks, device=model.device)
-    samples: dict = {"ar": []} | {n: [] for n in trees}
-    for r in range(warmup + rounds):
-        cache = model.new_cache(batch, c.num_code_groups)
-        start = clocks(model.device)
-        autoregressive_step(model, cache, sampler, generator, code, TIMED_K + 1, slots, masks)
-        if r >= warmup:
-            samples["ar"].append(elapsed_ms(start, model.device))
-        for n, tree in trees.items():
-            plan = plan_for(tree, model)
-            cache = model.new_cache(batch, c.num_code_groups + tree.size + 1)
-            start = clocks(model.device)
-            speculative_round(model, cache, plan, sampler, generator, drafter, k, ks, code, hidden)
-            if r >= warmup:
-                samples[n].append(elapsed_ms(start, model.device))
-    ar = medians(samples["ar"])
-    spec = {n: medians(samples[n]) | {"overhead": medians(samples[n])["wall_ms"] / ar["wall_ms"] - 1,
-                                      "overhead_cpu": medians(samples[n])["cpu_ms"] / ar["cpu_ms"] - 1}
-            for n in trees}
-    return {"ar": ar, "spec": spec}
-
-
-def latency_row(latency: dict) -> dict[int, float]:
-    """A `call_latency` result as one row of a policy latency table: N -> ms per call (N = 0: the AR step)."""
-    return {0: latency["ar"]["wall_ms"]} | {n: value["wall_ms"] for n, value in latency["spec"].items()}
-
+from rvqspec.engine.latency import TIMED_K, call_latency, clocks, elapsed_ms, latency_row, medians  # noqa: F401
 
 def machine() -> dict:
-    return {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
+    return {"cpu": cpu_name(), "cpu_class": cpu_class.cpu_class(), "cores": os.cpu_count(), "torch": torch.__version__,
+            "python": platform.python_version(),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "load_before": os.getloadavg(),
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
@@ -99,13 +34,8 @@ def machine_text(m: dict) -> str:
 
 
 def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    """The CPU's model and class, caps included ("AMD EPYC: avx512-vnni-bf16"): every figure names its CPU class."""
+    return cpu_class.describe()
 
 
 def write_reports(report: dict, out: Path, name: str, to_markdown, to_plot=None, log=print) -> list[Path]:

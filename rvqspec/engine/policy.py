@@ -9,27 +9,37 @@ calls, not its mean: P(max <= c) = P(calls <= c)^B. The distribution is measured
 in an `rvqspec calibrate` report: `measured_distribution`) or, where no frames were decoded, predicted from
 the per-position acceptance (`calls_distribution`).
 latency(B, N) is ms per call at batch B (N = 0: an AR step), measured by `rvqspec bench --batch` on this
-device and stored in the device file; without one, the built-in table measured on the development
-machines (`latency_default.json`) with a larger margin; without either, AR. Speculation is chosen only
-when it is predicted `margin` faster than AR.
+device and stored in the device file; without one, the built-in table of this CPU class (`cpu_class`: tables
+measured on the development machines, natively and under ISA caps, `latency_default.json`) with a larger margin;
+for a real architecture whose built-in tables lack this class, a small table measured now (a few seconds, once:
+kept in the device file) rather than another class's; without any, AR. Speculation is chosen only when it is
+predicted `margin` faster than AR.
 """
 
 import json
 import re
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from rvqspec.engine.device_file import device_file_path, read_device_file
+from rvqspec.engine import cpu_class
+from rvqspec.engine.device_file import device_file_path, read_device_file, update_device_file
+from rvqspec.engine.drafters import ReusedHeads
 from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.latency import call_latency, latency_row
+from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import PRIOR_ACCEPTANCE, Tree, default_tree
 
 SIZES = (4, 8, 16, 32, 64)
 MEASURED_MARGIN = 0.05  # speculation must be predicted 5% faster than AR on a table measured here
 DEFAULT_MARGIN = 0.15  # ... and 15% on the built-in table of another machine
 DEFAULT_TABLES = Path(__file__).with_name("latency_default.json")
+FIRST_USE_BATCHES = (1, 2, 4)  # the small table measured where this CPU class has no built-in one
+FIRST_USE_ROUNDS = 3
 
 
 def calls_distribution(tree: Tree, per_position: Tensor) -> list[float]:
@@ -92,12 +102,13 @@ def uniform_acceptance(pooled: Tensor, groups: int) -> Tensor:
 
 def setting_key(model) -> str:
     """Which latency table fits `model` here: device, dtype (and weights scheme of a quantized model: `+w8a8`), threads
-    (CPU) and the predictor's architecture."""
+    (CPU), the predictor's architecture and, on the CPU, its class (`cpu_class`: amx, avx512-vnni-bf16, ...)."""
     c, device = model.config, model.device
     threads = f"{torch.get_num_threads()}t" if device.type == "cpu" else device.type
     arch = f"h{c.hidden_size}-l{c.num_hidden_layers}-v{c.vocab_size}-g{c.num_code_groups}"
     weights = "" if model.weights == "float" else f"+{model.weights}"
-    return f"{device.type}/{str(model.dtype).removeprefix('torch.')}{weights}/{threads}/{arch}"
+    key = f"{device.type}/{str(model.dtype).removeprefix('torch.')}{weights}/{threads}/{arch}"
+    return f"{key}/{cpu_class.cpu_class()}" if device.type == "cpu" else key
 
 
 @dataclass
@@ -128,7 +139,7 @@ class LatencyTable:
         return self.ms[below][size] * (1 - share) + self.ms[above][size] * share
 
 
-SETTING_KEY = re.compile(r"[a-z]+/[a-z0-9]+(\+[a-z0-9]+)?/[a-z0-9]+/h\d+-l\d+-v\d+-g\d+")  # as setting_key
+SETTING_KEY = re.compile(r"[a-z]+/[a-z0-9]+(\+[a-z0-9]+)?/[a-z0-9]+/h\d+-l\d+-v\d+-g\d+(/[a-z0-9-]+)?")  # setting_key
 MAX_BATCH, MAX_MS = 1 << 16, 1e7  # latencies: positive, finite, below ~3 hours per call
 
 
@@ -136,7 +147,7 @@ def valid_key(key) -> bool:
     """A `setting_key`: CPU keys name a thread count ("1t"), others their device type again."""
     if not isinstance(key, str) or not SETTING_KEY.fullmatch(key):
         return False
-    device, _, threads, _ = key.split("/")
+    device, _, threads, *_ = key.split("/")
     return re.fullmatch(r"\d+t", threads) is not None if device == "cpu" else threads == device
 
 
@@ -169,25 +180,56 @@ def check_latency_tables(tables, source) -> dict:
 
 def find_latency_table(key: str) -> LatencyTable | None:
     """This device's table for `key` (the device file), else the built-in one for the key, else None. A CPU
-    setting with another thread count falls back to the nearest measured count."""
+    setting with another thread count falls back to the nearest measured count of the same class."""
     info = read_device_file() or {}
     measured = check_latency_tables(info.get("latency", {}), device_file_path())
     for tables, source, margin in ((measured, "measured on this device by `rvqspec bench --batch`", MEASURED_MARGIN),
-                                   (json.loads(DEFAULT_TABLES.read_text()), "built-in (development machines)",
-                                    DEFAULT_MARGIN)):
+                                   (built_in_tables(), "built-in (development machines)", DEFAULT_MARGIN)):
         entry = tables.get(key) or nearest_threads(tables, key)
         if entry:
             return LatencyTable.from_json(entry, f"{source}: {entry.get('measured_on', key)}", margin)
     return None
 
 
+def built_in_tables() -> dict:
+    return json.loads(DEFAULT_TABLES.read_text())
+
+
 def nearest_threads(tables: dict, key: str) -> dict | None:
-    device, dtype, threads, arch = key.split("/")
+    """The table of `key`'s setting at the nearest thread count (CPU keys; the class must match)."""
+    device, dtype, threads, *rest = key.split("/")
     if not threads.endswith("t"):
         return None
     candidates = [(abs(int(k.split("/")[2][:-1]) - int(threads[:-1])), k) for k in tables
-                  if k.split("/")[::3] == [device, arch] and k.split("/")[1] == dtype and k.split("/")[2].endswith("t")]
+                  if k.split("/")[:2] == [device, dtype] and k.split("/")[3:] == rest and k.split("/")[2].endswith("t")]
     return tables[min(candidates)[1]] if candidates else None
+
+
+def other_classes_have(key: str) -> bool:
+    """Whether the built-in tables hold `key`'s CPU setting for another class: a real architecture, whose table for
+    this class is then measured on first use (`measure_first_use`) rather than borrowed."""
+    device, dtype, _, arch, *_ = key.split("/")
+    return device == "cpu" and any(k.split("/")[:2] == [device, dtype] and k.split("/")[3:4] == [arch]
+                                   for k in built_in_tables())
+
+
+def measure_first_use(model, trees: dict[int, Tree], log=None) -> LatencyTable:
+    """A small latency table for `model` on this CPU (batches FIRST_USE_BATCHES, the candidate trees, a few rounds:
+    seconds), written to the device file so that it is measured once; one progress line per batch on stderr."""
+    log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    key, drafter, rows = setting_key(model), ReusedHeads(model), {}
+    for batch in FIRST_USE_BATCHES:
+        log(f"rvqspec: no latency table for this CPU class ({cpu_class.describe()}): measuring {key}, batch {batch} "
+            f"of {', '.join(map(str, FIRST_USE_BATCHES))} (once; `rvqspec bench --batch` measures a fuller one)")
+        rows[batch] = latency_row(call_latency(model, drafter, trees, Sampler(), FIRST_USE_ROUNDS, batch=batch))
+    entry = {"ms": {str(b): {str(n): ms for n, ms in row.items()} for b, row in rows.items()},
+             "measured_on": f"{key} on {cpu_class.cpu_model()} at first use, {time.strftime('%Y-%m-%d %H:%M')}"}
+    try:
+        update_device_file({"latency": {key: entry}})
+    except OSError:  # a read-only cache folder: measured again next time
+        pass
+    return LatencyTable.from_json(entry, f"measured at first use on this device: {entry['measured_on']}",
+                                  MEASURED_MARGIN)
 
 
 @dataclass
@@ -204,7 +246,11 @@ class Policy:
         """`calls[N]`: the distribution of a frame's calls with tree N (`calls_distribution` from the acceptance,
         or `measured_distribution` of decoded frames); `latency`: default, the table for `model` on this device
         (`find_latency_table`)."""
-        latency = latency if latency is not None else find_latency_table(setting_key(model))
+        if latency is None:
+            key = setting_key(model)
+            latency = find_latency_table(key)
+            if latency is None and other_classes_have(key):
+                latency = measure_first_use(model, trees)
         return cls(latency, trees, calls, model.config.num_code_groups)
 
     @classmethod
