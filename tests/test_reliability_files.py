@@ -11,10 +11,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from hypothesis import given, settings, strategies as st
+from test_file_fuzz import JUNK, damage_json, refused_or_read
+
 from rvqspec import RvqspecError
 from rvqspec.cli.main import main
 from rvqspec.engine.policy import setting_key
 from rvqspec.integrations.tuned import load_tuned
+from rvqspec.tuning.tune import TuneSettings, tune
 
 from helpers.standin import tiny_standin
 
@@ -33,10 +37,22 @@ def tune_cli(standin, out, *extra) -> int:
                  "--no-bench", *extra])
 
 
+SMALL = TuneSettings(minutes=0.05, epochs=1, budgets=(4, 8), progress=False)  # two trees: a quick calibration
+
+
+def run_tune(standin, out, force: str | None = None) -> list[str]:
+    """`tune` from Python with SMALL settings; its stage lines."""
+    from rvqspec.cli.tune import standin_subject
+
+    lines: list[str] = []
+    tune(standin_subject(str(standin), 0), out, SMALL, force, log=lines.append)
+    return lines
+
+
 @pytest.fixture(scope="module")
 def tuned(standin, tmp_path_factory):
     out = tmp_path_factory.mktemp("tuned") / "run"
-    assert tune_cli(standin, out) == 0
+    run_tune(standin, out)
     return out
 
 
@@ -122,13 +138,25 @@ def test_a_damaged_tuned_folder_is_refused_when_loaded(copy, predictor, case):
     assert "\n" not in str(refused.value) and str(path) in str(refused.value)
 
 
-def resume_lines(standin, out, monkeypatch) -> tuple[int, list[str]]:
-    lines: list[str] = []
-    monkeypatch.setattr("builtins.print", lambda *a, **k: lines.append(" ".join(map(str, a))))
-    code = main(["tune", "--model", str(standin), "--out", str(out), "--minutes", "0.05", "--epochs", "1",
-                 "--no-bench"])
-    monkeypatch.undo()
-    return code, lines
+@pytest.fixture(scope="module")
+def fuzzed(tuned, predictor, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fuzzed") / "run"
+    shutil.copytree(tuned, folder, ignore=shutil.ignore_patterns("corpus"))
+    (folder / "latency.json").write_text(json.dumps(latency_entry(predictor)))
+    return folder
+
+
+@settings(max_examples=50, deadline=None)
+@given(name=st.sampled_from(["tune.json", "latency.json", "trees/report.json", "trees/tree-N4.json"]),
+       pick=st.floats(0, 1), junk=JUNK)
+def test_any_damaged_tuned_file_loads_or_is_refused_in_one_line(fuzzed, predictor, name, pick, junk):
+    path = fuzzed / name
+    original = path.read_text()
+    path.write_text(damage_json(original, pick, junk))
+    try:
+        refused_or_read(lambda: load_tuned(fuzzed, predictor, "standin"))
+    finally:
+        path.write_text(original)
 
 
 @pytest.mark.parametrize("damage, redone", [
@@ -136,13 +164,12 @@ def resume_lines(standin, out, monkeypatch) -> tuple[int, list[str]]:
     (lambda out: (out / "trees-other" / "report.json").unlink(), "calibrate"),
     (lambda out: (out / "train" / "metrics.json").write_text("[1, "), "train"),
 ], ids=["trees report not JSON", "trees-other report missing", "metrics not JSON"])
-def test_tune_resuming_a_damaged_folder_redoes_the_damaged_stage(tuned, standin, tmp_path, monkeypatch, damage,
-                                                                   redone):
+def test_tune_resuming_a_damaged_folder_redoes_the_damaged_stage(tuned, standin, tmp_path, damage, redone):
     out = tmp_path / "run"
     shutil.copytree(tuned, out)
     damage(out)
-    code, lines = resume_lines(standin, out, monkeypatch)
-    assert code == 0 and "synthesize: done before, skipped" in lines and f"{redone}: ..." in lines
+    lines = run_tune(standin, out)
+    assert "synthesize: done before, skipped" in lines and f"{redone}: ..." in lines
     for name in ("trees/report.json", "trees-other/report.json", "train/metrics.json", "report.json"):
         assert isinstance(json.loads((out / name).read_text()), dict), name
 
@@ -154,7 +181,7 @@ def test_tune_resuming_a_folder_with_a_damaged_identity_names_the_force(tuned, s
     assert tune_cli(standin, out) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "tune.json must hold a JSON object" in err and "--force synthesize" in err
-    assert tune_cli(standin, out, "--force", "synthesize") == 0
+    assert "synthesize: ..." in run_tune(standin, out, force="synthesize")
     assert isinstance(json.loads((out / "tune.json").read_text()), dict)
 
 

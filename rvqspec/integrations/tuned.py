@@ -31,7 +31,7 @@ IDENTITY, DRAFTER, TREES, LATENCY = "tune.json", Path("train") / "offsets.safete
 
 
 def architecture(model: MultiCodeDecoder) -> str:
-    return setting_key(model).split("/")[-1]
+    return setting_key(model).split("/")[3]  # device/dtype/threads/ARCHITECTURE, then a CPU class on a CPU
 
 
 def weights_digest(model: MultiCodeDecoder) -> str:
@@ -125,7 +125,7 @@ def read_latency(folder: Path, model: MultiCodeDecoder) -> LatencyTable | None:
     if not path.exists():
         return None
     entry = read_json(path, redo(folder, "bench"))
-    key = entry.get("key") if isinstance(entry, dict) else None
+    key = str(entry.get("key")) if isinstance(entry, dict) else "None"  # a list there would be no dict key
     try:
         check_latency_tables({key: entry}, path)
     except RvqspecError as e:
