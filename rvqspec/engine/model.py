@@ -9,7 +9,8 @@ the map from the official keys onto it:
 - the 15 heads are one [15, V, H] tensor (`heads`).
 CSM already has both: one table of num_codebooks x vocab rows, and heads [G-1, H, V] (stored transposed here).
 A quantized model (`engine/quantize.py`, not upstream's: a different model, opt-in) holds its layer matmuls and
-heads as int8 (`weights`, `head_weights`; `heads` is None), and refuses what needs float heads (training, saving).
+heads as int8 (`weights`, `head_weights`; `heads` is None), and refuses what needs float heads (training, saving a
+checkpoint); its state_dict holds the int8 weights (the form: engine/quantize.py), and pickles.
 
 Table t (0..G-1, G = 16 for Qwen3-TTS, 32 for CSM) embeds code c_t: table 0 is the talker's c0 table, table t>=1
 upstream's `codec_embedding[t-1]`. The token at position p carries c_{p-1} (table p-1) and predicts codebook p
@@ -28,7 +29,7 @@ from rvqspec.engine.checkpoint import combine, official_layout, predictor_prefix
 from rvqspec.engine.config import PredictorConfig, load_config
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.packing import Linear, PackedWeight, linear, probe
-from rvqspec.engine.quantize import check_scheme, quantize
+from rvqspec.engine.quantize import check_scheme, check_state, load_heads, quantize, save_heads
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64}
@@ -362,6 +363,24 @@ class MultiCodeDecoder(nn.Module):
             raise RvqspecError(f"{what} needs the float model, and this one holds {self.weights} weights: use the model "
                                "it was quantized from (save it, train with it, and quantize after loading: "
                                f"MultiCodeDecoder.from_pretrained(folder, weights={self.weights!r}))")
+
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        """nn.Module's; a quantized model adds its scheme and int8 heads (`quantize.save_heads`)."""
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self.head_weights is not None:
+            save_heads(self, destination, prefix)
+
+    def _load_from_state_dict(self, state: dict, prefix: str, metadata: dict, strict: bool, missing: list,
+                              unexpected: list, errors: list) -> None:
+        if self.head_weights is not None:
+            load_heads(self, state, prefix, missing, errors)
+        super()._load_from_state_dict(state, prefix, metadata, strict, missing, unexpected, errors)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """nn.Module's, after `quantize.check_state`: a state_dict of another weights scheme (float or int8) or
+        another shape is refused whole (RvqspecError), before anything is loaded."""
+        check_state(self, state_dict, strict)
+        return super().load_state_dict(state_dict, strict, assign)
 
     def save_pretrained(self, folder: str | Path, talker_config: dict | None = None) -> None:
         """Write config.json + model.safetensors in the official key layout (atomically)."""

@@ -18,10 +18,18 @@ What quantization costs against the float model is measured by `benchmarks/quant
 
 torch's int8 weight-only kernel reads out of bounds (and crashes) on shapes that are not multiples of 16, so w8a16
 pads the output channels to a multiple of 16 and refuses other input widths.
+
+Saving. A quantized MultiCodeDecoder's `state_dict()` holds, besides its float tensors (norms, code tables, the
+input projection), each layer matmul as `<layer>.weight_int8` (int8 [out, in]) and `<layer>.weight_scale` (float32
+[out]: weight ~ weight_int8 * weight_scale[:, None]; no padding), the heads as `heads_int8` (int8 [G-1, V, H]) and
+`heads_scale` (float32 [G-1, V]), and `scheme` (the scheme's name in ASCII, uint8). `load_state_dict` restores
+them exactly into a model of the same config and scheme and refuses another scheme or shape (`check_state`).
+`torch.save`, pickle and deepcopy leave out oneDNN's packed weights and the locks, which are made again on first use.
 """
 
 import copy
 import threading
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -87,19 +95,25 @@ class Int8Matmul:
 
     def __init__(self, weight: Tensor, scheme: str):
         self.scheme, (self.out_features, self.in_features) = scheme, weight.shape
-        q, scale = quantize_rows(weight)
-        if scheme == "w8a16":
-            if self.in_features % W8A16_MULTIPLE:
-                raise RvqspecError(f"w8a16 needs input widths that are multiples of {W8A16_MULTIPLE} (torch's int8 "
-                                   f"weight-only kernel crashes on others), got {self.in_features}: use w8a8")
-            pad = -self.out_features % W8A16_MULTIPLE
-            q = torch.cat([q, q.new_zeros(pad, self.in_features)])
-            scale = torch.cat([scale, scale.new_ones(pad)])
-        self.q, self.scale = q, scale
-        self.scales = {torch.float32: scale}  # w8a16: the scale in each activation dtype (the kernel wants it so)
-        self.zero_points = torch.zeros(len(scale), dtype=torch.long)
-        self.packed: Tensor | None = None  # w8a8: oneDNN's layout, made on first use
+        if scheme == "w8a16" and self.in_features % W8A16_MULTIPLE:
+            raise RvqspecError(f"w8a16 needs input widths that are multiples of {W8A16_MULTIPLE} (torch's int8 "
+                               f"weight-only kernel crashes on others), got {self.in_features}: use w8a8")
         self.lock = threading.Lock()
+        self.hold(*quantize_rows(weight))
+
+    def hold(self, q: Tensor, scale: Tensor) -> None:
+        """Multiply by int8 rows q [N, K] and their scales [N] from now on (copies; w8a16 pads them), dropping what
+        was derived from the previous ones."""
+        pad = -self.out_features % W8A16_MULTIPLE if self.scheme == "w8a16" else 0
+        self.q = torch.cat([q, q.new_zeros(pad, self.in_features)])
+        self.scale = torch.cat([scale.float(), scale.new_ones(pad, dtype=torch.float32)])
+        self.scales = {torch.float32: self.scale}  # w8a16: the scale in each activation dtype (the kernel wants it so)
+        self.zero_points = torch.zeros(len(self.scale), dtype=torch.long)
+        self.packed: Tensor | None = None  # w8a8: oneDNN's layout, made on first use
+
+    def rows(self) -> tuple[Tensor, Tensor]:
+        """(int8 rows [N, K], scales [N]) without w8a16's padding: what a state_dict holds."""
+        return self.q[:self.out_features], self.scale[:self.out_features]
 
     def __call__(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
         check_cpu(x, self.scheme)
@@ -118,12 +132,17 @@ class Int8Matmul:
         out = out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
         return out if bias is None else out + bias
 
-    def __deepcopy__(self, memo) -> "Int8Matmul":  # a copy makes its own oneDNN layout (and lock)
-        clone = copy.copy(self)
-        clone.q, clone.scale, clone.zero_points = self.q.clone(), self.scale.clone(), self.zero_points.clone()
-        clone.scales = {torch.float32: clone.scale}
-        clone.packed, clone.lock = None, threading.Lock()
-        return clone
+    def __getstate__(self) -> dict:
+        """Pickles and copies (torch.save, deepcopy) hold the int8 rows and scales; oneDNN's layout (an opaque
+        tensor, which pickle cannot read) and the lock are made again by the copy."""
+        q, scale = self.rows()
+        return {"scheme": self.scheme, "out_features": self.out_features, "in_features": self.in_features,
+                "q": q, "scale": scale}
+
+    def __setstate__(self, state: dict) -> None:
+        self.scheme, self.out_features, self.in_features = state["scheme"], state["out_features"], state["in_features"]
+        self.lock = threading.Lock()
+        self.hold(state["q"], state["scale"])
 
     def onednn_weight(self) -> Tensor:
         with self.lock:
@@ -147,6 +166,18 @@ class QuantizedLinear(nn.Module):
         m = self.matmul
         return f"{m.in_features} -> {m.out_features}, {m.scheme}"
 
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        """The int8 weight as `weight_int8` and `weight_scale` (see the module docstring), then the bias."""
+        destination[prefix + "weight_int8"], destination[prefix + "weight_scale"] = self.matmul.rows()
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+
+    def _load_from_state_dict(self, state: dict, prefix: str, metadata: dict, strict: bool, missing: list,
+                              unexpected: list, errors: list) -> None:
+        loaded = take_int8(state, prefix + "weight_", self.matmul.rows(), missing, errors)
+        if loaded is not None:
+            self.matmul.hold(*loaded)
+        super()._load_from_state_dict(state, prefix, metadata, strict, missing, unexpected, errors)
+
 
 class QuantizedHeads:
     """The 15 (CSM: 31) heads [V, H] as int8 matmuls: logits of one codebook at a time."""
@@ -156,6 +187,89 @@ class QuantizedHeads:
 
     def logits(self, hidden: Tensor, codebook: int) -> Tensor:
         return self.matmuls[codebook - 1](hidden)
+
+    def rows(self) -> tuple[Tensor, Tensor]:
+        """(int8 heads [G-1, V, H], scales [G-1, V])."""
+        q, scale = zip(*(matmul.rows() for matmul in self.matmuls))
+        return torch.stack(q), torch.stack(scale)
+
+    def hold(self, q: Tensor, scale: Tensor) -> None:
+        for matmul, head, head_scale in zip(self.matmuls, q, scale):
+            matmul.hold(head, head_scale)
+
+
+def fits(given: Tensor, ours: Tensor) -> bool:
+    """Whether a loaded tensor can replace ours: the same shape, and the same dtype unless both are floats."""
+    return given.shape == ours.shape and (given.dtype == ours.dtype
+                                          or given.is_floating_point() and ours.is_floating_point())
+
+
+def take_int8(state: dict, prefix: str, ours: tuple[Tensor, Tensor], missing: list, errors: list
+              ) -> tuple[Tensor, Tensor] | None:
+    """Pop `<prefix>int8` and `<prefix>scale` out of a state being loaded (nn.Module._load_from_state_dict's
+    arguments): (int8 rows, scales) where both are there and fit `ours`; None otherwise, with the missing key or
+    the mismatch reported as nn.Module reports its own."""
+    names = (prefix + "int8", prefix + "scale")
+    if not all(name in state for name in names):
+        missing.extend(name for name in names if name not in state)
+        return None
+    given = tuple(state.pop(name) for name in names)
+    for name, tensor, own in zip(names, given, ours):
+        if not fits(tensor, own):
+            errors.append(f"size mismatch for {name}: copying {tuple(tensor.shape)} {tensor.dtype} from checkpoint, "
+                          f"the model holds {tuple(own.shape)} {own.dtype}.")
+            return None
+    return given
+
+
+def scheme_name(tensor: Tensor) -> str:
+    """The scheme a state_dict's `scheme` entry (ASCII bytes) names."""
+    return bytes(torch.as_tensor(tensor).flatten().to(torch.uint8).tolist()).decode("ascii", "replace")
+
+
+def scheme_mismatch(theirs: str, ours: str) -> str:
+    fix = (f"load it into the float model, then quantize that (rvqspec.quantize(model, {ours!r}))" if theirs == FLOAT
+           else f"load it into a model of the same config quantized alike (rvqspec.quantize(model, {theirs!r}))")
+    return f"this state_dict holds {theirs} weights and the model {ours} ones: {fix}"
+
+
+def save_heads(model, destination: dict, prefix: str) -> None:
+    """A quantized MultiCodeDecoder's own state_dict entries: `scheme`, `heads_int8`, `heads_scale`."""
+    destination[prefix + "scheme"] = torch.tensor(list(model.weights.encode()), dtype=torch.uint8)
+    destination[prefix + "heads_int8"], destination[prefix + "heads_scale"] = model.head_weights.rows()
+
+
+def load_heads(model, state: dict, prefix: str, missing: list, errors: list) -> None:
+    """Restore what `save_heads` wrote, popped out of a state being loaded into quantized `model`."""
+    if prefix + "scheme" not in state:
+        missing.append(prefix + "scheme")
+    elif (theirs := scheme_name(state.pop(prefix + "scheme"))) != model.weights:
+        errors.append(scheme_mismatch(theirs, model.weights))
+        return
+    loaded = take_int8(state, prefix + "heads_", model.head_weights.rows(), missing, errors)
+    if loaded is not None:
+        model.head_weights.hold(*loaded)
+
+
+def check_state(model, state: Mapping[str, Tensor], strict: bool = True) -> None:
+    """Refuse, before anything is loaded into `model` (a MultiCodeDecoder), a state_dict of another weights scheme
+    (float included), with another shape than the model's or (`strict`) other keys: nn.Module would load part of it,
+    then raise."""
+    if "scheme" in state or strict:
+        theirs = scheme_name(state["scheme"]) if "scheme" in state else FLOAT
+        if theirs != model.weights:
+            raise RvqspecError(scheme_mismatch(theirs, model.weights))
+    ours = model.state_dict()
+    if strict and set(state) != set(ours):
+        lacking, extra = sorted(set(ours) - set(state)), sorted(set(state) - set(ours))
+        raise RvqspecError(f"this state_dict lacks {len(lacking)} of the model's entries {lacking[:3]} and has "
+                           f"{len(extra)} it lacks {extra[:3]}: load a state_dict of a model of the same config "
+                           "(or pass strict=False)")
+    for key, tensor in state.items():
+        if key in ours and isinstance(tensor, Tensor) and not fits(tensor, ours[key]):
+            raise RvqspecError(f"{key} is {tuple(tensor.shape)} {tensor.dtype} in this state_dict and "
+                               f"{tuple(ours[key].shape)} {ours[key].dtype} in the model: load a state_dict of a "
+                               "model of the same config")
 
 
 def quantize_linears(module: nn.Module, scheme: str, keep: tuple[nn.Module, ...] = ()) -> list[tuple]:
