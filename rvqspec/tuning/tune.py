@@ -24,7 +24,7 @@ from rvqspec.engine.checkpoint import save_json, save_text
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.files import read_json
 from rvqspec.engine.model import MultiCodeDecoder
-from rvqspec.integrations.tuned import IDENTITY, LATENCY, TREES, identity_of, read_identity
+from rvqspec.integrations.tuned import IDENTITY, IDENTITY_FIELDS, LATENCY, TREES, identity_of, read_identity
 from rvqspec.tuning.calibrate import CalibrationSettings, calibrate
 from rvqspec.tuning.corpus import Corpus, CorpusWriter, split_of
 from rvqspec.tuning.train import TrainSettings, progress_bar, train
@@ -103,7 +103,7 @@ def check_folder(out: Path, identity: dict, force: str | None) -> dict:
     if force == "synthesize":
         return {}
     tuned = read_identity(out)
-    different = [k for k in ("kind", "architecture", "dtype", "weights_digest") if tuned.get(k) != identity[k]]
+    different = [k for k in IDENTITY_FIELDS if tuned.get(k) != identity[k]]
     if different:
         raise RvqspecError(f"{out} was tuned for another model ({', '.join(f'{k}: {tuned.get(k)}' for k in different)}): "
                            "pick another --out, or pass --force synthesize to redo it all for this one")
