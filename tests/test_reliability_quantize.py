@@ -1,6 +1,7 @@
-"""Quantized models kept and copied (issue 36, case 6): a quantized MultiCodeDecoder's state_dict holds its int8
-weights and loads back exactly (another scheme or shape refused whole), it pickles, deep-copies and saves (also
-after a w8a8 decode has packed its weights for oneDNN)."""
+"""Quantized models kept, copied and checked (issue 36, cases 6, 13): a quantized MultiCodeDecoder's
+state_dict holds its int8 weights and loads back exactly (another scheme or shape refused whole), it pickles,
+deep-copies and saves (also after a w8a8 decode has packed its weights for oneDNN); weights holding NaN or inf
+are refused when quantized, naming the tensor."""
 
 import copy
 import io
@@ -10,10 +11,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, load_model, save_model
 
+import rvqspec
 from rvqspec import RvqspecError, Sampler, Tree, decode_frames, quantize
 from rvqspec.engine.drafters import ReusedHeads
-from rvqspec.engine.quantize import SCHEMES, Int8Matmul, QuantizedLinear, quantize_rows
+from rvqspec.engine.quantize import SCHEMES, Int8Matmul, QuantizedLinear, quantize_linears, quantize_rows
 
+from helpers.csm_models import tiny_csm
 from helpers.tiny import random_frames, tiny_model
 
 GREEDY = Sampler(do_sample=False)
@@ -137,3 +140,43 @@ def test_a_quantized_model_pickles_copies_and_saves_after_decoding(tmp_path, sch
     with pytest.raises(RvqspecError, match="needs the float model"):  # a checkpoint in upstream's layout: float only
         quantized.save_pretrained(tmp_path / "checkpoint")
     assert not (tmp_path / "checkpoint").exists()
+
+
+def poisoned(value: float, where: str):
+    model = tiny_model(seed=1, dtype=torch.float32)
+    with torch.no_grad():
+        model.get_parameter(where).view(-1)[5] = value
+    return model
+
+
+def test_non_finite_weights_are_refused_when_quantized_naming_the_tensor():
+    for value, where, kind in [(float("nan"), "layers.1.mlp.w_down.weight", "NaN"), (float("inf"), "heads", "inf"),
+                               (-float("inf"), "code_embed.weight", "inf")]:
+        for scheme in SCHEMES:
+            with pytest.raises(RvqspecError, match=rf"^{where} holds {kind}: 1 of its \d+ values are not finite; "
+                                                   "quantize a model with finite weights"):
+                quantize(poisoned(value, where), scheme)
+
+    net = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Sequential(torch.nn.Linear(16, 16)))
+    with torch.no_grad():
+        net[1][0].weight[3, 3] = float("nan")
+    with pytest.raises(RvqspecError, match=r"^1.0.weight holds NaN"):
+        quantize_linears(net, "w8a16")
+    assert [type(m) for m in (net[0], net[1][0])] == [torch.nn.Linear, torch.nn.Linear]  # nothing left swapped
+
+
+def test_accelerate_refuses_non_finite_weights_naming_the_tensor():
+    """CSM: the depth decoder's weights (weights=) and the backbone's (talker_weights=); the model stays as it was."""
+    model = tiny_csm(dtype=torch.float32)
+    generate = model.depth_decoder.generate
+    with torch.no_grad():
+        model.depth_decoder.model.layers[1].mlp.down_proj.weight[0, 0] = float("nan")
+    with pytest.raises(RvqspecError, match=r"^layers.1.mlp.w_down.weight holds NaN"):
+        rvqspec.accelerate(model, weights="w8a8")
+    with torch.no_grad():
+        model.depth_decoder.model.layers[1].mlp.down_proj.weight[0, 0] = 0
+        model.backbone_model.layers[0].mlp.up_proj.weight[1, 1] = float("inf")
+    with pytest.raises(RvqspecError, match=r"layers.0.mlp.up_proj.weight holds inf"):
+        rvqspec.accelerate(model, talker_weights="w8a16")
+    assert model.depth_decoder.generate == generate
+    assert not any(isinstance(m, QuantizedLinear) for m in model.modules())

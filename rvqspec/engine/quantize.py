@@ -17,7 +17,8 @@ hold (tests/test_quantize.py checks it), so a verify call computes, per token, e
 What quantization costs against the float model is measured by `benchmarks/quantization_quality.py`.
 
 torch's int8 weight-only kernel reads out of bounds (and crashes) on shapes that are not multiples of 16, so w8a16
-pads the output channels to a multiple of 16 and refuses other input widths.
+pads the output channels to a multiple of 16 and refuses other input widths. Weights holding NaN or inf are refused
+when quantized, naming the tensor.
 
 Saving. A quantized MultiCodeDecoder's `state_dict()` holds, besides its float tensors (norms, code tables, the
 input projection), each layer matmul as `<layer>.weight_int8` (int8 [out, in]) and `<layer>.weight_scale` (float32
@@ -29,7 +30,7 @@ them exactly into a model of the same config and scheme and refuses another sche
 
 import copy
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -272,6 +273,18 @@ def check_state(model, state: Mapping[str, Tensor], strict: bool = True) -> None
                                "model of the same config")
 
 
+def check_finite(tensors: Iterable[tuple[str, Tensor]]) -> None:
+    """Refuse weights holding NaN or inf (a damaged checkpoint, or training that diverged), naming the first: int8
+    rows scaled from them decode to garbage, or fail later in sampling."""
+    for name, tensor in tensors:
+        finite = tensor.isfinite()
+        if not finite.all():
+            kind = "NaN" if tensor.isnan().any() else "inf"
+            raise RvqspecError(f"{name} holds {kind}: {int((~finite).sum())} of its {tensor.numel()} values are not "
+                               "finite; quantize a model with finite weights (a damaged checkpoint, or training that "
+                               "diverged)")
+
+
 def quantize_linears(module: nn.Module, scheme: str, keep: tuple[nn.Module, ...] = ()) -> list[tuple]:
     """Swap, in place, every nn.Linear under `module` (outside the modules in `keep`) for a QuantizedLinear of
     `scheme`: how another model's layers (a talker, a backbone) get the same int8 weights. Returns the
@@ -280,7 +293,7 @@ def quantize_linears(module: nn.Module, scheme: str, keep: tuple[nn.Module, ...]
     kept = {id(m) for m in keep}
     swapped = []
 
-    def visit(parent: nn.Module) -> None:
+    def visit(parent: nn.Module, path: str) -> None:
         for name, child in parent.named_children():
             if id(child) in kept:
                 continue
@@ -288,13 +301,14 @@ def quantize_linears(module: nn.Module, scheme: str, keep: tuple[nn.Module, ...]
                 if child.weight.device.type != "cpu":
                     raise RvqspecError(f"{scheme} weights run on the CPU only: this model is on "
                                        f"{child.weight.device}; keep its float weights there, or move it to the CPU")
+                check_finite(child.named_parameters(prefix=path + name))
                 setattr(parent, name, QuantizedLinear(child, scheme))
                 swapped.append((parent, name, child))
             else:
-                visit(child)
+                visit(child, f"{path}{name}.")
 
     try:
-        visit(module)
+        visit(module, "")
     except RvqspecError:  # nothing is left half-swapped
         restore_linears(swapped)
         raise
@@ -315,6 +329,7 @@ def quantize(model, scheme: str):
     if model.device.type != "cpu":
         raise RvqspecError(f"{scheme} weights run on the CPU only: quantize a model on the CPU (it is on "
                            f"{model.device})")
+    check_finite(model.named_parameters())
     quantized = copy.deepcopy(model)
     for layer in quantized.layers:
         for parent, name in ((layer.attn, "wqkv"), (layer.attn, "wo"), (layer.mlp, "w_gate_up"), (layer.mlp, "w_down")):
