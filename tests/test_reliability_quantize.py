@@ -1,7 +1,7 @@
-"""Quantized models kept, copied and checked (issue 36, cases 6, 13): a quantized MultiCodeDecoder's
+"""Quantized models kept, copied and checked (issue 36, cases 6, 13, 14): a quantized MultiCodeDecoder's
 state_dict holds its int8 weights and loads back exactly (another scheme or shape refused whole), it pickles,
 deep-copies and saves (also after a w8a8 decode has packed its weights for oneDNN); weights holding NaN or inf
-are refused when quantized, naming the tensor."""
+are refused when quantized, naming the tensor; float64 models quantize and decode."""
 
 import copy
 import io
@@ -180,3 +180,17 @@ def test_accelerate_refuses_non_finite_weights_naming_the_tensor():
         rvqspec.accelerate(model, talker_weights="w8a16")
     assert model.depth_decoder.generate == generate
     assert not any(isinstance(m, QuantizedLinear) for m in model.modules())
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_float64_models_quantize_and_decode_in_float32_matmuls(scheme):
+    """torch's w8a16 kernel takes 32- and 16-bit floats: float64 activations are multiplied in float32 and cast back,
+    as w8a8 does; speculation stays exact relative to the quantized model."""
+    weight, x = torch.randn(40, 32, generator=torch.Generator().manual_seed(0)), torch.randn(5, 32).double()
+    matmul = Int8Matmul(weight, scheme)
+    out = matmul(x)
+    assert out.dtype == torch.float64 and torch.equal(out, matmul(x.float()).double())
+    quantized = quantize(tiny_model(seed=3), scheme)  # float64
+    assert quantized.dtype == torch.float64
+    ar, speculative = codes(quantized, frames(quantized, 6))
+    assert torch.equal(ar, speculative)

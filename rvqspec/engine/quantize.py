@@ -17,8 +17,9 @@ hold (tests/test_quantize.py checks it), so a verify call computes, per token, e
 What quantization costs against the float model is measured by `benchmarks/quantization_quality.py`.
 
 torch's int8 weight-only kernel reads out of bounds (and crashes) on shapes that are not multiples of 16, so w8a16
-pads the output channels to a multiple of 16 and refuses other input widths. Weights holding NaN or inf are refused
-when quantized, naming the tensor.
+pads the output channels to a multiple of 16 and refuses other input widths. It takes 32- and 16-bit float
+activations: float64 ones are multiplied in float32 and cast back (as w8a8 does). Weights holding NaN or inf are
+refused when quantized, naming the tensor.
 
 Saving. A quantized MultiCodeDecoder's `state_dict()` holds, besides its float tensors (norms, code tables, the
 input projection), each layer matmul as `<layer>.weight_int8` (int8 [out, in]) and `<layer>.weight_scale` (float32
@@ -42,6 +43,7 @@ from rvqspec.engine.errors import RvqspecError
 SCHEMES = ("w8a16", "w8a8")
 FLOAT = "float"  # MultiCodeDecoder.weights of a model that is not quantized
 W8A16_MULTIPLE = 16
+W8A16_ACTIVATIONS = (torch.float32, torch.bfloat16, torch.float16)  # what torch's kernel takes
 ZERO_POINT = 128  # w8a8's activations as unsigned bytes: q + 128
 
 
@@ -120,9 +122,10 @@ class Int8Matmul:
         check_cpu(x, self.scheme)
         rows = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, self.in_features).contiguous()
         if self.scheme == "w8a16":
-            if x.dtype not in self.scales:
-                self.scales[x.dtype] = self.scale.to(x.dtype)
-            out = torch._weight_int8pack_mm(rows, self.q, self.scales[x.dtype])
+            rows = rows if rows.dtype in W8A16_ACTIVATIONS else rows.float()
+            if rows.dtype not in self.scales:
+                self.scales[rows.dtype] = self.scale.to(rows.dtype)
+            out = torch._weight_int8pack_mm(rows, self.q, self.scales[rows.dtype]).to(x.dtype)
             out = out[:, :self.out_features] if len(self.q) != self.out_features else out
         else:
             kernels = fused.kernels() if device_path.choose(x.device, x.dtype).fused_kernels else None
