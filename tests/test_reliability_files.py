@@ -18,7 +18,7 @@ from rvqspec import RvqspecError
 from rvqspec.cli.main import main
 from rvqspec.engine.policy import setting_key
 from rvqspec.integrations.tuned import load_tuned
-from rvqspec.tuning.tune import TuneSettings, tune
+from rvqspec.tuning.tune import STAGES, TuneSettings, tune
 
 from helpers.standin import tiny_standin
 
@@ -163,13 +163,15 @@ def test_any_damaged_tuned_file_loads_or_is_refused_in_one_line(fuzzed, predicto
     (lambda out: (out / "trees" / "report.json").write_text("{"), "calibrate"),
     (lambda out: (out / "trees-other" / "report.json").unlink(), "calibrate"),
     (lambda out: (out / "train" / "metrics.json").write_text("[1, "), "train"),
-], ids=["trees report not JSON", "trees-other report missing", "metrics not JSON"])
+    (lambda out: (out / "corpus" / "index.json").write_text("[]"), "synthesize"),
+], ids=["trees report not JSON", "trees-other report missing", "metrics not JSON", "corpus index a list"])
 def test_tune_resuming_a_damaged_folder_redoes_the_damaged_stage(tuned, standin, tmp_path, damage, redone):
     out = tmp_path / "run"
     shutil.copytree(tuned, out)
     damage(out)
     lines = run_tune(standin, out)
-    assert "synthesize: done before, skipped" in lines and f"{redone}: ..." in lines
+    kept = STAGES[:STAGES.index(redone)]
+    assert [f"{stage}: done before, skipped" for stage in kept] == lines[:len(kept)] and f"{redone}: ..." in lines
     for name in ("trees/report.json", "trees-other/report.json", "train/metrics.json", "report.json"):
         assert isinstance(json.loads((out / name).read_text()), dict), name
 

@@ -79,7 +79,7 @@ def json_object(path: Path, *fields: str) -> dict | None:
 def stage_done(out: Path, stage: str, settings: TuneSettings) -> bool:
     """Whether `stage`'s files exist and hold what the later stages read (training: every epoch of `settings`)."""
     if stage == "synthesize":
-        return (out / "corpus" / "index.json").exists()
+        return json_object(out / "corpus" / "index.json", "format", "shards") is not None
     if stage == "train":
         metrics = json_object(out / "train" / "metrics.json", "epochs")
         return (metrics is not None and isinstance(metrics["epochs"], list) and len(metrics["epochs"]) >= settings.epochs
@@ -128,7 +128,7 @@ def tune(subject: Subject, out: str | Path, settings: TuneSettings | None = None
                            "these instead, or pick another --out")
     save_json(out / IDENTITY, before | identity | training | {"settings": asdict(settings) | {"timings": None}})
     redo = set(STAGES[STAGES.index(force):] if force else ())
-    stages = {"synthesize": lambda: synthesize(subject, out, settings, overwrite="synthesize" in redo),
+    stages = {"synthesize": lambda: synthesize(subject, out, settings),
               "train": lambda: train_stage(subject, out, settings, force="train" in redo),
               "calibrate": lambda: calibrate_stage(subject, out, settings),
               "bench": lambda: subject.bench(out) if subject.bench else None,
@@ -149,12 +149,13 @@ def tune(subject: Subject, out: str | Path, settings: TuneSettings | None = None
     return json.loads((out / "report.json").read_text())
 
 
-def synthesize(subject: Subject, out: Path, settings: TuneSettings, overwrite: bool) -> None:
+def synthesize(subject: Subject, out: Path, settings: TuneSettings) -> None:
+    """The corpus, written over one there (forced, or damaged: the stage runs only then)."""
     target = int(settings.minutes * 60 * FRAME_RATE)
     config = subject.predictor.config
     frames, utterances = 0, subject.utterances()
     bar = progress_bar(range(target), settings.progress, desc="synthesize (frames)", unit="frame")
-    with CorpusWriter(out / "corpus", config.talker_hidden_size, config.num_code_groups, overwrite=overwrite,
+    with CorpusWriter(out / "corpus", config.talker_hidden_size, config.num_code_groups, overwrite=True,
                       meta={"source": "rvqspec tune: the model's own free-running synthesis",
                             "kind": subject.kind}) as writer:
         splits: set[str] = set()
