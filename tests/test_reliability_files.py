@@ -164,14 +164,16 @@ def test_any_damaged_tuned_file_loads_or_is_refused_in_one_line(fuzzed, predicto
     (lambda out: (out / "trees-other" / "report.json").unlink(), "calibrate"),
     (lambda out: (out / "train" / "metrics.json").write_text("[1, "), "train"),
     (lambda out: (out / "corpus" / "index.json").write_text("[]"), "synthesize"),
-], ids=["trees report not JSON", "trees-other report missing", "metrics not JSON", "corpus index a list"])
+    (lambda out: (out / "report.json").write_text("[]"), "report"),
+], ids=["trees report not JSON", "trees-other report missing", "metrics not JSON", "corpus index a list",
+        "report a list"])
 def test_tune_resuming_a_damaged_folder_redoes_the_damaged_stage(tuned, standin, tmp_path, damage, redone):
     out = tmp_path / "run"
     shutil.copytree(tuned, out)
     damage(out)
     lines = run_tune(standin, out)
-    kept = STAGES[:STAGES.index(redone)]
-    assert [f"{stage}: done before, skipped" for stage in kept] == lines[:len(kept)] and f"{redone}: ..." in lines
+    kept = [stage for stage in STAGES[:STAGES.index(redone)] if stage != "bench"]  # the subject has no bench
+    assert all(f"{stage}: done before, skipped" in lines for stage in kept) and f"{redone}: ..." in lines
     for name in ("trees/report.json", "trees-other/report.json", "train/metrics.json", "report.json"):
         assert isinstance(json.loads((out / name).read_text()), dict), name
 

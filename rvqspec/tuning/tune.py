@@ -231,11 +231,9 @@ def write_report(subject: Subject, out: Path, settings: TuneSettings) -> None:
 
 
 def read_timings(out: Path) -> dict:
-    """Stage times of earlier (resumed) runs, kept in the report."""
-    try:
-        return json.loads((out / "report.json").read_text()).get("timings_seconds", {})
-    except (OSError, json.JSONDecodeError):
-        return {}
+    """Stage times of earlier (resumed) runs, kept in the report ({} where it is missing or damaged)."""
+    timings = (json_object(out / "report.json") or {}).get("timings_seconds")
+    return timings if isinstance(timings, dict) else {}
 
 
 def predicted_speedups(subject: Subject, out: Path, latency: dict | None) -> dict:
