@@ -9,6 +9,7 @@ import torch
 from test_distribution import DEPLOYED, FULL, g_test
 
 from rvqspec import MultiCodeDecoder, RvqspecError, Sampler, Tree, decode_frame, decode_frames, default_tree, quantize
+from rvqspec.engine import cpu_class
 from rvqspec.engine.drafters import ReusedHeads, make_drafter
 from rvqspec.engine.quantize import (SCHEMES, ZERO_POINT, Int8Matmul, QuantizedLinear, quantize_linears,
                                      quantize_tokens, restore_linears)
@@ -17,10 +18,13 @@ from helpers.tiny import random_frames, random_medusa, random_offsets, tiny_mode
 
 GREEDY = Sampler(do_sample=False)
 DTYPES = (torch.float32, torch.bfloat16)
+# w8a8 needs int8 dot products (refused on other CPU classes: test_cpu_classes.py); HERE: each scheme, so marked.
+needs_w8a8 = pytest.mark.skipif(not cpu_class.has_int8_dot(), reason="w8a8 needs int8 dot products (VNNI or AMX)")
+HERE = [pytest.param(s, marks=needs_w8a8) if s == "w8a8" else s for s in SCHEMES]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("scheme", HERE)
 def test_every_row_of_a_call_gets_the_bits_it_gets_alone(scheme, dtype):
     """What makes a verify call compute, per token, exactly what that token's AR step computes."""
     torch.manual_seed(0)
@@ -43,7 +47,7 @@ def test_token_scales_come_from_each_row_alone():
     assert (q.int() - ZERO_POINT).abs().max() == 127 and q.dtype == torch.uint8
 
 
-@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("scheme", HERE)
 def test_quantized_speculative_codes_equal_its_ar_codes_when_greedy(scheme):
     """float32 activations: in bfloat16 the attention's roundings differ between a verify call and an AR step, for
     the float model as for a quantized one, so near-ties can go either way there."""
@@ -62,6 +66,7 @@ def test_quantized_speculative_codes_equal_its_ar_codes_when_greedy(scheme):
     assert (float_codes != ar).any() or scheme == "w8a16"  # a different model (w8a16 may round to the same codes)
 
 
+@needs_w8a8
 def test_quantizing_leaves_the_original_model_as_it_was():
     model = tiny_model(seed=1, dtype=torch.float32)
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -83,7 +88,7 @@ def quantized_joint(model: MultiCodeDecoder, sampler: Sampler, talker_hidden, c0
     return sampler.probs(logits).double().gather(-1, outcomes[..., None]).squeeze(-1).prod(-1)
 
 
-@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("scheme", HERE)
 def test_quantized_sampled_codes_follow_its_own_ar_distribution(scheme):
     """The enumerated G-test of test_distribution, on the quantized model (4 codebooks of 4 codes, hidden 16)."""
     model = quantize(tiny_model(seed=3, groups=4, vocab=4, hidden=16, layers=1, dtype=torch.float32), scheme)
@@ -101,6 +106,7 @@ def test_quantized_sampled_codes_follow_its_own_ar_distribution(scheme):
         assert g_test(observed, probs) > 1e-3, name
 
 
+@needs_w8a8
 def test_what_needs_float_weights_is_refused(tmp_path):
     model = tiny_model(seed=1, dtype=torch.float32)
     quantized = quantize(model, "w8a8")
@@ -120,6 +126,7 @@ def test_what_needs_float_weights_is_refused(tmp_path):
         MultiCodeDecoder.from_pretrained(tmp_path / "missing", weights="int3")
 
 
+@needs_w8a8
 def test_from_pretrained_quantizes_what_it_loads(tmp_path):
     model = tiny_model(seed=2, dtype=torch.float32)
     model.save_pretrained(tmp_path / "ckpt")
@@ -149,6 +156,7 @@ def test_the_fused_token_quantization_gives_the_plain_ops_bits(dtype):
     assert all(torch.equal(a, b) for a, b in zip(quantize_tokens(wide), fused.kernels().quantize_rows(wide)))
 
 
+@needs_w8a8
 def test_quantize_linears_swaps_in_place_and_leaves_nothing_half_done():
     """quantize_linears (a talker's layers): every Linear outside `keep` becomes int8 with nearly the float output;
     restore_linears puts the originals back; a layer the scheme cannot take leaves every layer as it was."""

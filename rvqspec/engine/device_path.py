@@ -12,9 +12,10 @@ The speculative round (`decode.speculative_round`), the drafters, the model's fo
   kernel measured faster than the exact head. A draft never changes what is emitted, only how often it is accepted.
 - fused_kernels: the layer's elementwise work in the fused C++ kernels (`fused`), where they are built.
 - matmul: how the large matmuls run (`packing`): through oneDNN-prepacked weights or F.linear, for one row and for
-  many, each where it measured faster; and `pad_rows`: calls of fewer rows are padded up to that many where the
-  kernel gives a row other bits alone than inside a larger call (oneDNN's bfloat16 GEMM blocks K otherwise for 1-3
-  rows on AVX-512 CPUs without AMX), so that a verify call computes what the AR step computes.
+  many, each where it measured faster; and `pad_rows` / `attention_rows`: calls of fewer rows (queries) are padded
+  up to that many where the kernel gives a row other bits alone than inside a larger call (on a Zen 4, oneDNN's
+  bfloat16 GEMM at K = 3072 and torch's flash attention both block otherwise for 1-3 rows), so that a verify call
+  computes what the AR step computes.
 
 On the CPU the last three are measured, not assumed (`measure`): a second or two at the 0.6B predictor's matmul
 shapes and the row counts decoding uses, on first use, kept in the user's cache folder per CPU model, class
@@ -46,6 +47,7 @@ PAD_COST = 1.25  # padding is taken where it costs at most this much of the unpa
 HEAD_SHAPE = (1024, 2048)  # a head: hidden -> vocabulary
 DRAFT_ROWS = 4  # rows a draft head call ranks (one per tree branch drafted from)
 MEASURED_DTYPES = (torch.bfloat16, torch.float32)
+ATTENTION_SLOTS = (24, 40, 80)  # cache lengths of a frame's verify calls: 16 committed slots and a tree
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class MatmulChoice:
     packed_one: bool = False  # a one-row call through the prepacked weight (else F.linear)
     packed_many: bool = False  # the same for calls of more rows
     pad_rows: int = 1  # calls of fewer rows are padded up to this many (1: none)
+    attention_rows: int = 1  # the same for the queries of an attention call over the cache
 
 
 @dataclass(frozen=True)
@@ -166,7 +169,8 @@ def measure(dtype: torch.dtype) -> dict:
         many.append(times.get(("packed", MANY_ROWS), float("inf")) < times[("plain", MANY_ROWS)])
         pads.append(row_floor(kernels["packed" if many[-1] else "plain"], kernels["packed" if one[-1] else "plain"], x,
                               figures[f"{k}x{n}"]))
-    matmul = MatmulChoice(packed_one=all(one), packed_many=all(many), pad_rows=max(pads))
+    matmul = MatmulChoice(packed_one=all(one), packed_many=all(many), pad_rows=max(pads),
+                          attention_rows=attention_floor(dtype, figures))
     return {"matmul": asdict(matmul), "int8_drafts": int8_drafts_faster(dtype, figures), "figures": figures}
 
 
@@ -183,6 +187,38 @@ def row_floor(kernel, one_row_kernel, x: torch.Tensor, figures: dict) -> int:
             figures[f"pad {pad} rows cost"] = round(cost, 3)
             return pad if cost <= PAD_COST else 1
     figures["batch invariant"] = False  # no floor helps: rows may differ by a rounding (README: bfloat16)
+    return 1
+
+
+def attention_floor(dtype: torch.dtype, figures: dict, heads: int = 16, kv_heads: int = 8, dim: int = 128) -> int:
+    """The smallest query floor in PADS for which a query row attended in a call of that many rows (copies of it)
+    gets the bits it gets inside calls of MANY_ROWS and 2 MANY_ROWS rows, at the 0.6B's heads and caches of
+    ATTENTION_SLOTS under a random mask (as a tree's); its cost is reported (attention is a small part of a call)."""
+    generator = torch.Generator().manual_seed(2)
+    cases = []
+    for slots in ATTENTION_SLOTS:
+        k, v = (torch.randn(1, kv_heads, slots, dim, generator=generator).to(dtype) for _ in range(2))
+        q = torch.randn(1, heads, 2 * MANY_ROWS, dim, generator=generator).to(dtype)
+        allowed = torch.rand(2 * MANY_ROWS, slots, generator=generator) < 0.5
+        allowed[:, 0] = True
+        cases.append((q, k, v, torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))))
+
+    def attend(case, rows: int, pad: int = 0, row: int = 0) -> torch.Tensor:
+        q, k, v, mask = case
+        if pad:  # copies, contiguous as `packing.attention` makes them (an expanded view takes another path)
+            q, mask = q[:, :, row:row + 1].expand(-1, -1, pad, -1).contiguous(), mask[row:row + 1].expand(pad, -1)
+        query, where = (q, mask.contiguous()) if pad else (q[:, :, :rows], mask[:rows])
+        return F.scaled_dot_product_attention(query, k, v, attn_mask=where, enable_gqa=True)
+
+    inside = [(case, attend(case, rows)) for case in cases for rows in (MANY_ROWS, 2 * MANY_ROWS)]
+    for pad in PADS:
+        if all(torch.equal(attend(case, 1, pad, i)[:, :, 0], whole[:, :, i]) for case, whole in inside
+               for i in range(MANY_ROWS)):
+            times = median_ms({"pad": lambda: attend(cases[-1], 1, pad), "one": lambda: attend(cases[-1], 1)})
+            figures["attention"] = {f"pad {pad} rows cost": round(times["pad"] / times["one"], 3),
+                                    "one row ms": round(times["one"], 4)}
+            return pad
+    figures["attention"] = {"batch invariant": False}
     return 1
 
 

@@ -65,11 +65,20 @@ inline double vexp(double x) { return std::exp(x); }
 
 // out[i] = round(round(x[i] * inv) * w[i]) as upstream's RMSNorm, which normalises in float32 whatever the
 // dtype (float64 too); inv = 1 / rms(x).
+// The sum of squares runs in SUM_LANES partial sums chosen by index, then added in order: the same bits for a row
+// wherever its buffer lies. (An `omp simd` reduction let gcc peel iterations to align the buffer, so a row's norm
+// depended on its heap address, and a verify call's rows could differ from their AR steps in the last bit.)
+constexpr int64_t SUM_LANES = 16;
+
 template <typename T, typename A>
 inline void norm_row(const A* x, const T* w, A* out, int64_t d, double eps) {
+  float part[SUM_LANES] = {};
+  int64_t i = 0;
+  for (; i + SUM_LANES <= d; i += SUM_LANES)
+    for (int64_t j = 0; j < SUM_LANES; ++j) part[j] += static_cast<float>(x[i + j]) * static_cast<float>(x[i + j]);
+  for (; i < d; ++i) part[i % SUM_LANES] += static_cast<float>(x[i]) * static_cast<float>(x[i]);
   float sum = 0;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < d; ++i) sum += static_cast<float>(x[i]) * static_cast<float>(x[i]);
+  for (int64_t j = 0; j < SUM_LANES; ++j) sum += part[j];
   const float inv = 1.f / std::sqrt(sum / static_cast<float>(d) + static_cast<float>(eps));
   for (int64_t i = 0; i < d; ++i)
     out[i] = round_to<T, A>(round_to<T, A>(static_cast<A>(static_cast<float>(x[i]) * inv)) * load<T, A>(w, i));

@@ -100,9 +100,11 @@ def on() -> bool:
     return _state["enabled"]
 
 
-def layers(model, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache, slots: Tensor | None) -> Tensor:
-    """model.forward's layer loop and final norm with the fused kernels (same inputs as the plain loop). Without a
-    cache (teacher forcing under no_grad) the K/V go to a cache of the call's own, attended causally."""
+def layers(model, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache, slots: Tensor | None,
+           attention) -> Tensor:
+    """model.forward's layer loop and final norm with the fused kernels (same inputs as the plain loop; `attention`:
+    the plain loop's attention over the cache, `packing.attention`). Without a cache (teacher forcing under
+    no_grad) the K/V go to a cache of the call's own, attended causally."""
     ops, blocks, eps = kernels(), model.layers, model.config.rms_norm_eps
     length, d = x.shape[1], cos.shape[-1]
     causal = cache is None and mask is None
@@ -114,8 +116,8 @@ def layers(model, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cach
         attn = block.attn
         q = ops.qkv_rope(attn.wqkv(h), weight(attn.q_norm), weight(attn.k_norm), cos, sin, eps, attn.heads,
                          attn.kv_heads, cache.kv[i, 0], cache.kv[i, 1], slots)
-        y = F.scaled_dot_product_attention(q, cache.kv[i, 0], cache.kv[i, 1], attn_mask=mask, is_causal=causal,
-                                           enable_gqa=True)
+        y = F.scaled_dot_product_attention(q, cache.kv[i, 0], cache.kv[i, 1], is_causal=True, enable_gqa=True) \
+            if causal else attention(q, cache.kv[i, 0], cache.kv[i, 1], mask)
         x, h = ops.add_rms_norm(x, attn.wo(y.transpose(1, 2).reshape(*x.shape[:2], -1)), block.mlp_norm.weight, eps)
         after = blocks[i + 1].attn_norm if i + 1 < len(blocks) else model.norm
         x, h = ops.add_rms_norm(x, block.mlp.w_down(ops.silu_mul(block.mlp.w_gate_up(h))), after.weight, eps)

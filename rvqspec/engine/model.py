@@ -28,7 +28,7 @@ from rvqspec.engine import device_path, fused
 from rvqspec.engine.checkpoint import combine, official_layout, predictor_prefix, read_tensors, save_predictor
 from rvqspec.engine.config import PredictorConfig, load_config
 from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.packing import Linear, PackedWeight, linear, probe
+from rvqspec.engine.packing import Linear, PackedWeight, attention, linear, probe
 from rvqspec.engine.quantize import check_scheme, check_state, load_heads, quantize, save_heads
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -174,7 +174,7 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=mask is None, attn_mask=mask, enable_gqa=True)
         else:
             k, v = cache.write(layer, slots, k, v)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+            y = attention(q, k, v, mask)
         return self.wo(y.transpose(1, 2).reshape(batch, length, -1))
 
 
@@ -279,7 +279,7 @@ class MultiCodeDecoder(nn.Module):
         if mask is not None and mask.dim() == 3:  # per row: [B, 1, T, slots], broadcast over the heads
             mask = mask.unsqueeze(1)
         if device_path.choose(x.device, x.dtype).fused_kernels:
-            return fused.layers(self, x, cos, sin, mask, cache, slots)
+            return fused.layers(self, x, cos, sin, mask, cache, slots, attention)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, mask, cache, i, slots)
         return self.norm(x)

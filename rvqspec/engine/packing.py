@@ -90,6 +90,19 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None, pack: PackedWeight) -
     return F.linear(x, weight, bias)
 
 
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """SDPA of queries q [B, H, T, D] over the cache k, v under `mask` ([T, S] or [B, 1, T, S]), with fewer queries
+    than the measured floor padded by copies of the last (`MatmulChoice.attention_rows`): the AR step's one query
+    then gets the bits it gets inside a verify call."""
+    choice = device_path.choose(q.device, q.dtype).matmul
+    rows, floor = q.shape[-2], choice.attention_rows if choice else 1
+    if rows >= floor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    q = torch.cat([q, q[..., -1:, :].expand(*q.shape[:-2], floor - rows, -1)], dim=-2)
+    mask = torch.cat([mask, mask[..., -1:, :].expand(*mask.shape[:-2], floor - rows, -1)], dim=-2)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)[..., :rows, :]
+
+
 class Linear(nn.Linear):
     """nn.Linear with the prepacked CPU inference path of `linear` (same parameters and state dict)."""
 

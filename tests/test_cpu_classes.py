@@ -1,0 +1,175 @@
+"""CPU classes (`engine/cpu_class.py`) and the measured kernel choices (`engine/device_path.py`): the class follows the
+ISA caps, what a class cannot run exactly is refused, the matmuls give a row the same bits in an AR step and in a
+verify call, and the exactness tests pass under a cap too (`test_the_exactness_tests_pass_under_an_isa_cap`)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rvqspec import MultiCodeDecoder, ReusedHeads, RvqspecError, Sampler, decode_frame, decode_frames, default_tree
+from rvqspec import quantize
+from rvqspec.engine import cpu_class, device_path, fused, packing
+from rvqspec.engine.config import PredictorConfig
+from rvqspec.engine.quantize import ZERO_POINT, Int8Matmul, quantize_tokens
+
+ROOT = Path(__file__).resolve().parents[1]
+AVX2_CAP = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}  # a Zen 3 / older Intel client
+CAPPED = "RVQSPEC_TEST_CAPPED"  # set in the capped run, which must not start itself again
+
+
+def class_under(caps: dict) -> str:
+    """The class a process gets under `caps` alone (the caps of this process, if any, left out)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")} | caps
+    code = "from rvqspec.engine import cpu_class; print(cpu_class.cpu_class())"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                          cwd=ROOT).stdout.strip()
+
+
+def test_each_cap_names_the_class_it_stands_in_for():
+    flags = cpu_class.cpu_flags()
+    if not {"avx512_vnni", "avx512bw", "avx512vl", "avx2", "fma"} <= flags:
+        pytest.skip("needs an AVX-512 VNNI CPU to reach the lower classes by capping")
+    assert class_under({}) in ("amx", "avx512-vnni-bf16", "avx512-vnni")
+    assert class_under({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"}) == "avx512-vnni"
+    assert class_under({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}) == "avx512"
+    assert class_under(AVX2_CAP) == "avx2"
+    assert class_under({"ATEN_CPU_CAPABILITY": "avx2"}) in ("avx2", "avx2-vnni")  # ATen's cap counts as much
+    if "avx_vnni" not in flags:  # Zen 4 has AVX-512 VNNI but not the VEX-coded AVX-VNNI: that cap is AVX2 there
+        assert class_under({"ONEDNN_MAX_CPU_ISA": "AVX2_VNNI"}) == "avx2"
+
+
+def test_caps_allow_what_onednn_allows():
+    assert cpu_class.onednn_allows("amx", "") and cpu_class.onednn_allows("amx", "ALL")
+    assert not cpu_class.onednn_allows("amx", "AVX512_CORE_BF16")
+    assert cpu_class.onednn_allows("avx512-vnni-bf16", "AVX512_CORE_BF16")
+    assert not cpu_class.onednn_allows("avx2-vnni", "AVX512_CORE_BF16")  # AVX-VNNI is a bit of its own in oneDNN
+    assert cpu_class.onednn_allows("avx2-vnni", "AVX2_VNNI") and not cpu_class.onednn_allows("avx2-vnni", "AVX2")
+    assert not cpu_class.aten_allows("avx512", "AVX2") and cpu_class.aten_allows("avx2", "AVX512")
+
+
+def test_the_fused_kernels_are_compiled_for_the_class(monkeypatch):
+    """Under a cap below AVX-512 on a CPU that has it, no AVX-512 instruction may reach the fused kernels."""
+    monkeypatch.setattr(cpu_class, "cpu_flags", lambda: {"avx512f", "avx2", "fma"})
+    monkeypatch.setattr(cpu_class, "cpu_class", lambda: "avx2")
+    assert "-mno-avx512f" in fused.cflags() and "-mprefer-vector-width=512" not in fused.cflags()
+    capped = fused.build_name()
+    monkeypatch.setattr(cpu_class, "cpu_class", lambda: "avx512-vnni-bf16")
+    assert "-mprefer-vector-width=512" in fused.cflags() and fused.build_name() != capped
+
+
+def test_w8a8_is_refused_where_the_class_has_no_int8_dot_products(monkeypatch):
+    model = MultiCodeDecoder(PredictorConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=16,
+                                             num_code_groups=4, talker_hidden_size=32, talker_vocab_size=19))
+    monkeypatch.setattr(cpu_class, "cpu_class", lambda: "avx2")
+    with pytest.raises(RvqspecError, match=r"w8a8 needs int8 dot-product instructions .*saturating 16-bit .* "
+                                           r"[0-9.]+x the time of a float32 matmul .* use w8a16"):
+        quantize(model, "w8a8")
+    assert quantize(model, "w8a16").weights == "w8a16"
+
+
+@pytest.mark.skipif(not cpu_class.has_int8_dot(), reason="w8a8 needs int8 dot products (VNNI or AMX)")
+@pytest.mark.parametrize("width", [1024, 3072])
+def test_w8a8_rows_are_exact_integer_products_alone_and_in_a_verify_call(width):
+    """The int32 dot products, scaled per output channel and per token: what each row gets, whether it is alone
+    (the AR step, M = 1, where oneDNN has a kernel of its own) or one of 33 rows (a verify call)."""
+    generator = torch.Generator().manual_seed(width)
+    weight, x = torch.randn(256, width, generator=generator), torch.randn(33, width, generator=generator) * 4
+    x[3] = 127 * x[3].sign()  # a loud token: pairs of large products that would saturate 16-bit sums
+    matmul = Int8Matmul(weight, "w8a8")
+    q, scale = quantize_tokens(x)
+    exact = (q.long() - ZERO_POINT) @ matmul.q.long().t()  # int64: no rounding, no saturation
+    expected = exact.float() * matmul.scale * scale
+    with torch.inference_mode():
+        assert torch.equal(matmul(x), expected)
+        assert all(torch.equal(matmul(x[i:i + 1])[0], expected[i]) for i in range(33))
+
+
+@pytest.mark.parametrize("shape", device_path.SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_the_large_matmuls_give_a_row_its_bits_alone_and_in_a_verify_call(shape, dtype):
+    """Each row of a 33-row call (a verify call of N = 32) equals that row computed alone (its AR step), through the
+    measured kernels and row floor; where no floor made this CPU's kernel batch-invariant, the measurement says so."""
+    choices = device_path.decided(dtype)
+    if choices["figures"].get("batch invariant") is False:
+        pytest.skip(f"no row floor makes this CPU's {dtype} GEMM batch-invariant ({cpu_class.describe()})")
+    generator = torch.Generator().manual_seed(0)
+    weight = (torch.randn(shape[1], shape[0], generator=generator) / shape[0] ** 0.5).to(dtype)
+    x = torch.randn(33, shape[0], generator=generator).to(dtype)
+    pack = packing.PackedWeight()
+    with torch.inference_mode():
+        whole = packing.linear(x, weight, None, pack)
+        assert all(torch.equal(packing.linear(x[i:i + 1], weight, None, pack)[0], whole[i]) for i in range(33))
+
+
+@pytest.mark.parametrize("fast", [
+    False, pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=(
+        "the fused CPU path: a verify call's root row differs in its last bits from the AR step of the same token "
+        "(found with a forward hook on the first round; the matmuls, the attention and each fused kernel give every "
+        "row the same bits alone and in a call, tested above): bfloat16 greedy identity does not hold on this path "
+        "yet (README: exactness per CPU class)")))], ids=["plain", "fused"])
+def test_bfloat16_greedy_speculative_codes_equal_ar_at_real_widths(fast):
+    """A bfloat16 predictor at the 0.6B's widths (K = 3072 in the MLP's down projection, where the GEMM blocked K
+    otherwise for 1-3 rows on Zen 4 and greedy identity broke): speculative codes are AR's, batched and alone."""
+    config = PredictorConfig(hidden_size=1024, intermediate_size=3072, num_hidden_layers=1, num_attention_heads=8,
+                             num_key_value_heads=4, head_dim=64, vocab_size=256, num_code_groups=16,
+                             talker_hidden_size=1024, talker_vocab_size=259)
+    torch.manual_seed(0)
+    model = MultiCodeDecoder(config).eval().requires_grad_(False)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.normal_(0, 0.2 if name == "heads" else 0.05)
+    model = model.to(torch.bfloat16)
+    generator = torch.Generator().manual_seed(4)
+    hidden, c0 = torch.randn(4, 1024, generator=generator).bfloat16(), torch.randint(256, (4,), generator=generator)
+    greedy, drafter = Sampler(do_sample=False), ReusedHeads(model)
+    with fused.enabled(fast):
+        ar = decode_frames(model, hidden, c0, greedy).codes
+        for tree in (default_tree(8), default_tree(32)):
+            assert torch.equal(decode_frames(model, hidden, c0, greedy, drafter=drafter, tree=tree).codes, ar)
+            for i in range(4):
+                assert torch.equal(decode_frame(model, hidden[i], int(c0[i]), greedy, drafter=drafter,
+                                                tree=tree).codes, ar[i])
+
+
+def test_the_kernel_choices_are_measured_once_per_cpu_and_kept(tmp_path, monkeypatch):
+    """decided(): measured on first use and written to the cache folder under a key naming the CPU, its class, torch
+    and the thread count; read back, not measured again; a damaged file is measured again and rewritten."""
+    monkeypatch.setenv("RVQSPEC_CACHE", str(tmp_path))
+    device_path.decided_for.cache_clear()
+    measured = []
+    real = device_path.measure
+    monkeypatch.setattr(device_path, "measure", lambda dtype: measured.append(dtype) or real(dtype))
+    first = device_path.decided(torch.float32)
+    stored = json.loads((tmp_path / "kernels.json").read_text())
+    (key,) = stored["entries"]
+    assert cpu_class.cpu_class() in key and torch.__version__ in key and f"{torch.get_num_threads()}t" in key
+    assert stored["entries"][key] == first and set(first["matmul"]) == {"packed_one", "packed_many", "pad_rows", "attention_rows"}
+    device_path.decided_for.cache_clear()
+    assert device_path.decided(torch.float32) == first and measured == [torch.float32]  # read, not measured
+    (tmp_path / "kernels.json").write_text("{damaged")
+    device_path.decided_for.cache_clear()
+    device_path.decided(torch.float32)
+    assert measured == [torch.float32] * 2 and json.loads((tmp_path / "kernels.json").read_text())["entries"]
+    device_path.decided_for.cache_clear()
+
+
+@pytest.mark.skipif(CAPPED in os.environ, reason="this is the capped run")
+@pytest.mark.skipif(not {"avx2", "fma"} <= cpu_class.cpu_flags(), reason="needs an x86 CPU with AVX2")
+def test_the_exactness_tests_pass_under_an_isa_cap():
+    """Greedy identity (float, bfloat16 at real widths, quantized) and the enumerated G-tests, rerun as the AVX2
+    class (ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2): other kernels, fused kernels built without AVX-512,
+    w8a8 refused."""
+    tests = ["tests/test_cpu_classes.py", "tests/test_speculative.py", "tests/test_distribution.py",
+             "tests/test_quantize.py"]
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+                         env=os.environ | AVX2_CAP | {CAPPED: "1"}, capture_output=True, text=True, cwd=ROOT,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout and "failed" not in run.stdout
