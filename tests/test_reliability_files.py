@@ -209,7 +209,7 @@ def test_tune_on_a_full_disk_says_so_in_one_line(standin, tmp_path, monkeypatch,
             patch.setattr(where, name, replacement)
             assert tune_cli(standin, tmp_path / name) == 1
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "no space left on the device" in err and "Traceback" not in err, err
+        assert err.count("\n") == 1 and "No space left on device" in err and "Traceback" not in err, err
 
 
 KILLED_AT_ITS_FIRST_CHECKPOINT = """

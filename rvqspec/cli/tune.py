@@ -4,11 +4,12 @@ CSM checkpoint, or `standin` (the shipped stand-in; a stand-in folder also works
 
 import errno
 import json
-import sys
+import os
 import time
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from rvqspec.cli import flags
 from rvqspec.engine.checkpoint import save_json
@@ -93,15 +94,6 @@ def subject_for(args) -> Subject:
     return qwen_tts_subject(folder, device, dtype, args.batch, args.seed)
 
 
-def disk_full(error: Exception) -> bool:
-    """A write that failed for want of space: an OSError ENOSPC, or safetensors' error wrapping one."""
-    from safetensors import SafetensorError
-
-    if isinstance(error, OSError):
-        return error.errno == errno.ENOSPC
-    return isinstance(error, SafetensorError) and f"(os error {errno.ENOSPC})" in str(error)
-
-
 def run(args) -> int:
     subject = subject_for(args)
     if not args.no_bench:
@@ -110,13 +102,10 @@ def run(args) -> int:
                             objective=args.objective, progress=not args.quiet)
     try:
         report = tune(subject, args.out, settings, args.force, log=print if not args.quiet else lambda _: None)
-    except Exception as e:
-        if not disk_full(e):
+    except SafetensorError as e:  # a full disk under safetensors' own error: main's one line, exit 1
+        if f"(os error {errno.ENOSPC})" not in str(e):
             raise
-        where = f" writing {e.filename}" if getattr(e, "filename", None) else ""
-        print(f"rvqspec tune: error: no space left on the device{where}: free some space and rerun the same command "
-              "(finished stages are kept)", file=sys.stderr)
-        return 1
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from None
     best = max(report["trees"], key=lambda r: r["measured_tokens_per_step"] or 0)
     speedup = report["speedup"].get("1")
     predicted = (f", predicted {speedup['predicted_speedup']:.2f}x at batch 1" if speedup else "")
