@@ -1,5 +1,6 @@
-"""`rvqspec inspect MODEL_DIR`: the depth decoder a checkpoint folder holds (Qwen3-TTS's code predictor or CSM's
-depth decoder), its config and parameter counts.
+"""`rvqspec inspect --model MODEL_DIR`: the depth decoder a checkpoint folder holds (Qwen3-TTS's code predictor or
+CSM's depth decoder), its config and parameter counts. `rvqspec inspect --device`: this CPU's class and the kernel
+choices the engine measured for it (`engine/device_path.py`), with the figures behind them.
 
 Loading the predictor checks the whole folder (config, every tensor the predictor needs and its shape),
 so this is also the quick way to validate a checkpoint before a long job.
@@ -8,7 +9,11 @@ so this is also the quick way to validate a checkpoint before a long job.
 import json
 from pathlib import Path
 
+import torch
+
 from rvqspec.cli import flags
+from rvqspec.engine import cpu_class, device_path, fused
+from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.model import MultiCodeDecoder
 from rvqspec.integrations.hub import REPO_ID, resolve_model
 
@@ -35,7 +40,34 @@ def predictor_folder(name: str) -> Path:
     return resolve_model(name) if REPO_ID.fullmatch(name) and not Path(name).exists() else Path(name)
 
 
+def device_report() -> dict:
+    """The CPU class and, per measured dtype, the kernel choices and their figures (measured now if not cached)."""
+    with torch.inference_mode():
+        choices = {str(dtype).removeprefix("torch."): device_path.decided(dtype) for dtype in device_path.MEASURED_DTYPES}
+    return {"cpu": cpu_class.describe(), "cpu_class": cpu_class.cpu_class(), "int8_dot_products": cpu_class.has_int8_dot(),
+            "w8a8": "runs (exact integer GEMM)" if cpu_class.has_int8_dot() else "refused: no int8 dot products",
+            "fused_kernels_cflags": fused.cflags(), "cache_key": device_path.cache_key(), "choices": choices}
+
+
+def print_device(report: dict) -> None:
+    print(f"CPU {report['cpu']} (class {report['cpu_class']}); w8a8 {report['w8a8']}")
+    print(f"  fused kernels compiled with {' '.join(report['fused_kernels_cflags'])}")
+    for dtype, choice in report["choices"].items():
+        m = choice["matmul"]
+        print(f"  {dtype}: matmuls {'packed' if m['packed_one'] else 'plain'} for one row, "
+              f"{'packed' if m['packed_many'] else 'plain'} for more; rows padded to {m['pad_rows']} (matmuls) and "
+              f"{m['attention_rows']} (attention queries); int8 draft heads {'on' if choice['int8_drafts'] else 'off'}")
+        for what, figures in choice["figures"].items():
+            print(f"    {what}: {json.dumps(figures)}")
+
+
 def run(args) -> int:
+    if args.device:
+        report = device_report()
+        print(json.dumps(report)) if args.json else print_device(report)
+        return 0
+    if args.model is None:
+        raise RvqspecError("inspect needs --model (a checkpoint folder, a cached repo id or `standin`) or --device")
     folder = predictor_folder(args.model)
     model = MultiCodeDecoder.from_pretrained(folder, dtype=args.dtype)
     report = {"folder": str(folder), "dtype": str(model.dtype).removeprefix("torch."),
@@ -52,10 +84,12 @@ def run(args) -> int:
 
 
 def add_cli(subparsers) -> None:
-    model = flags.model_flag(help="checkpoint folder (config.json + *.safetensors), a Hugging Face repo id already "
+    model = flags.model_flag(required=False, help="checkpoint folder (config.json + *.safetensors), a Hugging Face repo id already "
                                   "in the local cache, or `standin`")
     p = subparsers.add_parser("inspect", help="load a checkpoint's depth decoder (Qwen3-TTS or CSM); print its config and sizes",
                               parents=[model])
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+    p.add_argument("--device", action="store_true", help="instead: this CPU's class and the kernel choices measured "
+                                                         "for it, with their figures")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)

@@ -28,7 +28,7 @@ torch.compile take the plain path.
 import functools
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -125,7 +125,7 @@ def decided_for(key: str, dtype: torch.dtype) -> dict:
     except RvqspecError:  # a damaged cache: measured again and rewritten
         stored = {}
     entries = stored.get("entries", {}) if isinstance(stored, dict) and stored.get("format") == KERNELS_FORMAT else {}
-    if isinstance(entries.get(key), dict) and set(entries[key]) == {"matmul", "int8_drafts", "figures"}:
+    if valid_choices(entries.get(key)):
         return entries[key]
     choices = measure(dtype)
     try:
@@ -133,6 +133,14 @@ def decided_for(key: str, dtype: torch.dtype) -> dict:
     except OSError:  # a read-only cache: measured again next time
         pass
     return choices
+
+
+def valid_choices(entry) -> bool:
+    """A cached entry as `measure` writes it today (one written by an older rvqspec is measured again)."""
+    return isinstance(entry, dict) and set(entry) == {"matmul", "int8_drafts", "figures"} and \
+        isinstance(entry["matmul"], dict) and set(entry["matmul"]) == {f.name for f in fields(MatmulChoice)} and \
+        all(isinstance(v, int) and v >= 1 for k, v in entry["matmul"].items() if k.endswith("rows")) and \
+        isinstance(entry["figures"], dict) and isinstance(entry["figures"].get("batch_invariant"), dict)
 
 
 def median_ms(calls: dict, reps: int = 11) -> dict:
@@ -169,31 +177,33 @@ def measure(dtype: torch.dtype) -> dict:
         many.append(times.get(("packed", MANY_ROWS), float("inf")) < times[("plain", MANY_ROWS)])
         pads.append(row_floor(kernels["packed" if many[-1] else "plain"], kernels["packed" if one[-1] else "plain"], x,
                               figures[f"{k}x{n}"]))
-    matmul = MatmulChoice(packed_one=all(one), packed_many=all(many), pad_rows=max(pads),
-                          attention_rows=attention_floor(dtype, figures))
+    attention_rows = attention_floor(dtype, figures)
+    figures["batch_invariant"] = {"matmuls": all(pads), "attention": attention_rows > 0}
+    matmul = MatmulChoice(packed_one=all(one), packed_many=all(many), pad_rows=max(max(pads), 1),
+                          attention_rows=max(attention_rows, 1))
     return {"matmul": asdict(matmul), "int8_drafts": int8_drafts_faster(dtype, figures), "figures": figures}
 
 
 def row_floor(kernel, one_row_kernel, x: torch.Tensor, figures: dict) -> int:
-    """The smallest floor in PADS for which a row computed by `kernel` in a call of that many rows (the row and
-    copies of it) has the bits it has inside calls of MANY_ROWS and 2 MANY_ROWS rows, if padding costs at most
-    PAD_COST times the one-row call (`one_row_kernel`)."""
+    """The smallest floor in PADS for which a row computed in a call of that many rows (the row and copies of it:
+    `one_row_kernel` for one row, else `kernel`, as `packing.linear` runs them) has the bits it has inside calls of
+    MANY_ROWS and 2 MANY_ROWS rows, where padding costs at most PAD_COST times the one-row call; 0 where none does."""
     inside = [kernel(x[:MANY_ROWS]), kernel(x)]
     for pad in PADS:
-        alone = [kernel(x[i:i + 1].expand(pad, -1).contiguous())[:1] for i in range(MANY_ROWS)]
+        run = one_row_kernel if pad == 1 else kernel
+        alone = [run(x[i:i + 1].expand(pad, -1).contiguous())[:1] for i in range(MANY_ROWS)]
         if all(torch.equal(a[0], whole[i]) for whole in inside for i, a in enumerate(alone)):
-            times = median_ms({"pad": lambda: kernel(x[:pad]), "one": lambda: one_row_kernel(x[:1])})
-            cost = times["pad"] / times["one"] if pad > 1 else 1.0
-            figures[f"pad {pad} rows cost"] = round(cost, 3)
-            return pad if cost <= PAD_COST else 1
-    figures["batch invariant"] = False  # no floor helps: rows may differ by a rounding (README: bfloat16)
-    return 1
+            times = median_ms({"pad": lambda: run(x[:pad]), "one": lambda: one_row_kernel(x[:1])})
+            figures[f"pad {pad} rows cost"] = round(times["pad"] / times["one"], 3)
+            return pad if pad == 1 or times["pad"] <= PAD_COST * times["one"] else 0
+    return 0
 
 
 def attention_floor(dtype: torch.dtype, figures: dict, heads: int = 16, kv_heads: int = 8, dim: int = 128) -> int:
     """The smallest query floor in PADS for which a query row attended in a call of that many rows (copies of it)
     gets the bits it gets inside calls of MANY_ROWS and 2 MANY_ROWS rows, at the 0.6B's heads and caches of
-    ATTENTION_SLOTS under a random mask (as a tree's); its cost is reported (attention is a small part of a call)."""
+    ATTENTION_SLOTS under a random mask (as a tree's); its cost is reported (attention is a small part of a call); 0
+    where none does."""
     generator = torch.Generator().manual_seed(2)
     cases = []
     for slots in ATTENTION_SLOTS:
@@ -218,8 +228,7 @@ def attention_floor(dtype: torch.dtype, figures: dict, heads: int = 16, kv_heads
             figures["attention"] = {f"pad {pad} rows cost": round(times["pad"] / times["one"], 3),
                                     "one row ms": round(times["one"], 4)}
             return pad
-    figures["attention"] = {"batch invariant": False}
-    return 1
+    return 0
 
 
 def int8_drafts_faster(dtype: torch.dtype, figures: dict) -> bool:
