@@ -297,6 +297,18 @@ def weights_section(bench_dir: Path) -> list[str]:
     return lines
 
 
+CPU_CLASSES = "OMP_WAIT_POLICY=PASSIVE python benchmarks/cpu_classes.py"
+
+
+def cpu_classes_section(bench_dir: Path) -> list[str]:
+    """Frame times per CPU class (cpu-classes.md), without its title."""
+    report = read_text(bench_dir / "cpu-classes.md")
+    return ["## CPU classes: each class's kernels, tables and frame times", "",
+            "The sections after this one were measured on an Intel Xeon with AMX (class amx) unless they say "
+            "otherwise; this one measures every class the development machine reaches natively or under ISA caps.",
+            "", without_title(report) if report else not_measured(CPU_CLASSES)]
+
+
 END_TO_END = "python benchmarks/end_to_end.py"
 TUNE = "python benchmarks/tune_standin.py"
 
@@ -326,7 +338,8 @@ def results_markdown(eval_report: dict | None, calibration: dict | None, calibra
         "The paper's figures are for Qwen3-TTS 0.6B with trained weights (Fleurs, Apple devices). Ours are for the "
         "stand-in (a small model trained here on CPU, far less confident than the real one, hence its lower "
         "acceptance) and for the real 0.6B/1.7B architectures with random weights (latency), see DESIGN section 5.",
-        "", *eval_sections(eval_report), "", *calibration_section(calibration, calibration_path), "",
+        "", *cpu_classes_section(bench_dir), "", *eval_sections(eval_report), "",
+        *calibration_section(calibration, calibration_path), "",
         *bench_section(bench, bench_dir, out), "", *batch_section(batch or {}, bench_dir, out), "",
         *csm_section(bench_dir / "csm"), "",
         *profile_section(profile_markdown, read_text(bench_dir / "fused-path.md")), "",
