@@ -66,6 +66,7 @@ def test_cli_json_reports_and_no_device_file(tmp_path, capsys):
     for key in ("tokens_per_step", "calls_per_frame", "speedup", "speedup_at_paper_acceptance", "stand_in_speedup"):
         assert key in printed
     assert printed["calls_per_frame"] == pytest.approx(15 / printed["tokens_per_step"])
+    assert printed["cpu_class"] == cpu_class.cpu_class()  # every figure names its CPU class
     assert {p.name for p in (tmp_path / "out").iterdir()} == {"bench-quick.json", "bench-quick.md", "bench-quick.png"}
     assert (tmp_path / "out" / "bench-quick.png").read_bytes()[:4] == b"\x89PNG"
     assert "| 0.6b float32 1t |" in (tmp_path / "out" / "bench-quick.md").read_text()

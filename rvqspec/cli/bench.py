@@ -138,7 +138,7 @@ def run(args) -> int:
         print(json.dumps({k: report[k] for k in ("tokens_per_step", "calls_per_frame", "speedup",
                                                  "speedup_at_paper_acceptance", "stand_in_speedup", "chosen",
                                                  "paper_acceptance", "csm_at_paper_acceptance")}
-                         | {"report": str(paths[0])}))
+                         | {"cpu_class": report["machine"].get("cpu_class"), "report": str(paths[0])}))
         return 0
     chosen = report["chosen"]
     print(f"wrote {', '.join(map(str, paths))}" + (f"; chosen N = {chosen['tree_size']}" if chosen else ""))
