@@ -5,7 +5,7 @@ of upstream `talker.code_predictor.generate` on the same weights (sampling defau
 0.9, top-k 50), and one of our single-token AR steps (q=1 forward, one head, one draw). Figures are medians over the
 repeats. The single-token call is set against the memory-bandwidth limit: bytes of weights it reads
 (layers, final norm, one head, one embedding row) / this machine's copy bandwidth (median `.copy_` of a
-large tensor, read + write counted). Timing does not depend on weight values (DESIGN section 5).
+large tensor, read + write counted). Timing does not depend on weight values (docs/design.md, section 5).
 
     nice -n 0 .venv/bin/python benchmarks/ar_vs_upstream.py   # writes benchmarks/results/ar_vs_upstream.{json,md}
 """
@@ -25,6 +25,7 @@ import rvqspec  # noqa: E402
 from rvqspec.bench.timing import finish_machine, machine, machine_text  # noqa: E402
 from rvqspec.cli.inspect import parameter_counts  # noqa: E402
 from rvqspec.engine.checkpoint import save_json, save_text  # noqa: E402
+from rvqspec.engine.context import new_context  # noqa: E402
 from rvqspec.engine.decode import autoregressive_step, prefill  # noqa: E402
 from rvqspec.integrations.qwen_tts import predictor_from_upstream  # noqa: E402
 
@@ -69,7 +70,9 @@ def single_token_call(model: rvqspec.MultiCodeDecoder, hidden: torch.Tensor, c0:
     slots = torch.arange(groups)
     masks = slots[None, :] <= slots[:, None]
     code = torch.tensor([7])
-    return torch.inference_mode()(lambda: autoregressive_step(model, cache, SAMPLER, None, code, 2, slots, masks))
+    with torch.inference_mode():
+        ctx = new_context(model, cache, SAMPLER, None, None, None, 1)
+    return torch.inference_mode()(lambda: autoregressive_step(ctx, code, 2, slots, masks))
 
 
 def measure(args) -> dict:

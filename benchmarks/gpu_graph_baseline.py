@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor  # noqa: E402
 from rvqspec.bench.timing import finish_machine, machine, write_reports  # noqa: E402
 from rvqspec.engine.config import QWEN3_TTS_0_6B  # noqa: E402
+from rvqspec.engine.context import new_context  # noqa: E402
 from rvqspec.engine.decode import autoregressive_codes, decode_frame, decode_frames  # noqa: E402
 from rvqspec.engine.graphs import BUCKETS, GraphDecoder  # noqa: E402
 from rvqspec.engine.drafters import ReusedHeads  # noqa: E402
@@ -98,8 +99,10 @@ def compiled_ar(model, hidden, c0, sampler, frames: int):
     """torch.compile(mode="reduce-overhead") of the AR frame on a static cache: ms, or why it failed."""
     cache = model.new_cache(1, model.config.num_code_groups)
     inputs = (hidden[None].clone(), torch.tensor([c0], device="cuda"))
+    with torch.inference_mode():
+        ctx = new_context(model, cache, sampler, None, None, None, 1)
     try:
-        step = torch.compile(lambda h, c: autoregressive_codes(model, cache, h, c, sampler, None),
+        step = torch.compile(lambda h, c: autoregressive_codes(ctx, h, c),
                              mode="reduce-overhead")
         with torch.inference_mode():
             for _ in range(3):

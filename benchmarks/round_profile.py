@@ -28,7 +28,8 @@ from rvqspec.bench.one_stream import ARCHS
 from rvqspec.bench.timing import TIMED_K, clocks, elapsed_ms, finish_machine, machine, machine_text
 from rvqspec.engine import device_path
 from rvqspec.engine.checkpoint import save_json, save_text
-from rvqspec.engine.decode import autoregressive_step, plan_for, speculative_round
+from rvqspec.engine.context import new_context
+from rvqspec.engine.decode import autoregressive_step, speculative_round
 from rvqspec.engine.drafters import ReusedHeads
 from rvqspec.engine.quantize import SCHEMES, quantize
 from rvqspec.engine.sampling import Sampler
@@ -46,12 +47,13 @@ def op_kind(name: str) -> str:
 
 def pieces(model, cache, drafter, tree, sampler, generator) -> dict:
     """Closures, one per timed piece, over the same state the engine uses at k = TIMED_K (a batch of one)."""
-    c, plan, k = model.config, plan_for(tree, model), TIMED_K
+    ctx = new_context(model, cache, sampler, generator, drafter, tree, 1)
+    c, plan, k = model.config, ctx.plan, TIMED_K
     slots = torch.arange(cache.slots)  # one cache for all pieces: AR masks cover the tree's slots too
     masks = slots[None, :] <= slots[:, None]
     code, hidden_k = torch.ones(1, dtype=torch.long), torch.randn(1, c.hidden_size).to(model.dtype)
     ks, k_row = [k], torch.tensor([k])
-    top = drafter.candidates(model, hidden_k, ks, tree.max_depth, max(tree.top_m, 1))
+    top = drafter.candidates(ctx, hidden_k, ks)
     tokens = torch.cat([code[:, None], top.flatten(1)[:, plan.draft_index]], dim=1)
     x = model.embed_codes(tokens, plan.tables[k_row])
     position = slots[k + 1:k + 2]
@@ -60,20 +62,19 @@ def pieces(model, cache, drafter, tree, sampler, generator) -> dict:
     node = torch.zeros(1, dtype=torch.long)
 
     def the_walk():  # the engine's, as `speculative_round` calls it
-        path = walk(model, plan, sampler, generator, k_row, ks, tokens, hidden)
+        path = walk(ctx, k_row, ks, tokens, hidden)
         return [path.node, path.found]
 
     return {
         "ar: forward q=1": lambda: model(x1, position, masks[k + 1:k + 2], cache, position),
         "ar: head + sample": lambda: sampler.sample(model.head_logits(hidden[:, 0], k + 1), generator),
-        "ar: whole step": lambda: autoregressive_step(model, cache, sampler, generator, code, k + 1, slots, masks),
-        "round: drafts": lambda: drafter.candidates(model, hidden_k, ks, tree.max_depth, max(tree.top_m, 1)),
+        "ar: whole step": lambda: autoregressive_step(ctx, code, k + 1, slots, masks),
+        "round: drafts": lambda: drafter.candidates(ctx, hidden_k, ks),
         f"round: forward q={tree.size + 1}": lambda: model(x, plan.positions[k_row], plan.masks[k_row], cache,
                                                            plan.scratch),
         "round: walk": lambda: torch.stack(the_walk()).tolist(),
         "round: cache move": lambda: cache.move(plan.path_slots[node], k_row[:, None] + plan.path_steps),
-        "round: whole": lambda: speculative_round(model, cache, plan, sampler, generator, drafter, k_row, ks, code,
-                                                  hidden_k),
+        "round: whole": lambda: speculative_round(ctx, k_row, ks, code, hidden_k),
     }
 
 

@@ -152,8 +152,8 @@ class RoundMarker(Drafter):
         super().__init__(3, None)
         self.reused, self.on_round = ReusedHeads(model), on_round
 
-    def logits(self, model, hidden, positions, depth=None, rank_only=False):
-        logits = self.reused.logits(model, hidden, positions, depth)
+    def logits(self, model, hidden, positions, depth=None, rank_only=False, path=None):
+        logits = self.reused.logits(model, hidden, positions, depth, path=path)
         self.on_round(logits.argmax(-1))  # each row's chain drafts: the child of its depth-d node is column d
         return logits
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 from test_distribution import DEPLOYED, FULL, SAMPLES, exact_joint, g_test, sample_counts, setup
 
-from rvqspec.engine.decode import decode_frames
+from rvqspec.engine.decode import decode_frames, padded
 from rvqspec.engine.drafters import ReusedHeads
-from rvqspec.engine.graphs import BUCKETS, GraphDecoder, bucket_for, direct_call, padded
+from rvqspec.engine.graphs import BUCKETS, GraphDecoder, bucket_for, direct_call
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import Tree, default_tree
 

@@ -67,7 +67,7 @@ def test_rounds_and_compacted_cache(tree, groups, model_seed, drafter_kind, extr
 
     def recording_round(*args):
         out = original_round(*args)
-        cache, k_host = args[1], args[7]
+        cache, k_host = args[0].cache, args[2]
         rounds.append((list(k_host), out.draws.clone(), list(out.accepted), out.hidden.clone(), cache.kv.clone()))
         return out
 

@@ -32,8 +32,8 @@ class OracleDrafter(Drafter):
         self.generator = torch.Generator().manual_seed(seed)
         self.codes: list[list[int]] = []
 
-    def logits(self, model, hidden, positions: list[int], depth: int | None = None, rank_only: bool = False
-               ) -> torch.Tensor:
+    def logits(self, model, hidden, positions: list[int], depth: int | None = None, rank_only: bool = False,
+               path=None) -> torch.Tensor:
         depth, vocab = depth or self.depth, model.config.vocab_size
         scores = torch.empty(len(positions), depth, vocab, dtype=torch.float64)
         for b, position in enumerate(positions):

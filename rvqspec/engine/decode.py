@@ -4,8 +4,13 @@ Every row of a batch goes through the same predictor calls: AR takes 15 calls pe
 round one call per batch whatever each row's progress (k, the codes it has so far). A row whose frame
 is complete rides along as padding until the slowest row finishes. `decode_frame` is the batch of one.
 
-Speculative round (DESIGN section 2), all in `round_on_device` (which `speculative_round` calls, then reads the
-result on the host once), for every row at once:
+A decode call makes its `RoundContext` once (`context.py`: the model, the cache, the tree's plan, the sampler, the
+generator, the drafter and the resolved device path), then runs its steps over it: `decode_speculative` is one loop
+of `steps.round(ctx, ...)`. The steps are these functions, eager; `graphs=` swaps in the same functions replayed
+from captured calls (`graphs.py`), and nothing here knows of it.
+
+Speculative round (docs/design.md, section 2), all in `round_on_device` (which `speculative_round` calls, then reads
+the result on the host once), for every row at once:
  1. drafts: the drafter reads the hidden state that produced the row's last code c_k and proposes the
     top-m codes for c_{k+1}..c_{k+K}; the tree picks N of them;
  2. one model call over [root = c_k, node_1..node_N] per row, with the row's tree mask, positions and
@@ -13,8 +18,8 @@ result on the host once), for every row at once:
  3. sample-then-match: walking from the root, a fresh draw x ~ p~(node) is taken at the current node
     (exactly AR sampling wherever the walk goes) and the child whose token is x is accepted; the draw at
     the deepest accepted node is the bonus code. Only the nodes on the path reach the heads and the
-    sampler. On an accelerator the walk runs on the device, one draw per depth, and the host reads the
-    result once; on the CPU it stops at the first depth without a match (`walk`);
+    sampler. On the CPU's path the walk reads each depth and stops at the first one without a match; on an
+    accelerator's it runs on the device, one draw per depth, and the host reads the result once (`walk`);
  4. each row's K/V entries of the root and its accepted nodes are moved to consecutive slots.
 Because every emitted code is a draw from the verifier's p~ given the true prefix, the output has
 exactly the distribution of AR decoding (and greedy codes are identical).
@@ -26,11 +31,15 @@ slots that its mask hides until a later round overwrites them, so a round's shap
 (B, N) and a row never needs a Python branch of its own.
 """
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from rvqspec.engine.context import RoundContext, frame_slots, new_context
 from rvqspec.engine.drafters import Drafter
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.sampling import Sampler
@@ -77,38 +86,6 @@ def tokens_per_step(frames: list[FrameResult]) -> float:
 
 
 @dataclass
-class TreePlan:
-    """Everything a round needs about the tree, built once per (tree, groups, device) and kept in `tree.plans`.
-    Per-k tables are stacked so that a batch gathers each row's by its k. q = N + 1 query tokens (root + nodes).
-
-    Worked example: the tree [[0], [1], [0, 0]] (q = 4: root 0; node 1 = rank 0 at depth 1; node 2 = rank 1 at
-    depth 1; node 3 = rank 0 at depth 2 under node 1), G = 16 codebooks, a row at k = 3 (c1..c3 emitted):
-      parent        [0, 0, 0, 1]
-      draft_index   [0, 1, 2]: node 1 takes depth 1 rank 0, node 2 depth 1 rank 1, node 3 depth 2 rank 0 of the
-                    drafter's [depth, m] top-m table, flattened (m = 2, the tree's top_m)
-      scratch       [16, 17, 18, 19]: the tree's cache slots, after the G committed ones
-      positions[3]  [4, 5, 5, 6]: position k + 1 + depth (the root c_3 sits at position 4)
-      tables[3]     [3, 4, 4, 5]: the root is code c_3 (table 3), depth-1 drafts c_4, depth-2 drafts c_5
-      masks[3]      [4, 20]: slots 0..3 (committed) for every query, then each query's ancestors and itself
-                    among the scratch slots (node 3 sees slots 16, 17, 19)
-      path_slots    [[16, 16, 16], [16, 17, 17], [16, 18, 18], [16, 17, 19]]: root..node, padded with the node
-      path_steps    [1, 2, 3]: a path's entries go to slots k + 1, k + 2, ... (positions 4, 5, 6 at k = 3)
-      children      [[1, 2], [3], [], []]: the host walk's child lists
-    """
-
-    tree: Tree
-    parent: Tensor  # [q]
-    draft_index: Tensor  # [N] index into the drafter's flattened top-m table [depth, m]
-    scratch: Tensor  # [q] cache slots of the tree
-    positions: Tensor  # [G, q] per k: position ids k+1+depth
-    tables: Tensor  # [G, q] per k: embedding table of each token (clamped past the last code)
-    masks: Tensor  # [G, q, G+q] per k: committed slots 0..k, then the tree's ancestors
-    path_slots: Tensor  # [q, max_depth+1] per node: scratch slots of root..node, padded with the node's own
-    path_steps: Tensor  # [max_depth+1] 1, 2, ...: where the path goes, counted from the row's k
-    children: list[list[int]]  # per node, its children (host lists, for the host walk)
-
-
-@dataclass
 class RoundResult:
     """What one speculative round gives every row (see `speculative_round`)."""
 
@@ -116,32 +93,6 @@ class RoundResult:
     hidden: Tensor  # [B, H] the hidden state that produced each row's last draw (the next round drafts from it)
     accepted: list[int]  # per row, drafts accepted (host list)
     bonus_node: list[int]  # per row, the tree node of the bonus draw (0: the root; host list)
-
-
-def plan_for(tree: Tree, model) -> TreePlan:
-    key = (model.config.num_code_groups, str(model.device))
-    if key not in tree.plans:
-        tree.plans[key] = build_plan(tree, model.config.num_code_groups, model.device)
-    return tree.plans[key]
-
-
-def build_plan(tree: Tree, groups: int, device: torch.device) -> TreePlan:
-    q, depth, ks = tree.size + 1, tree.depth, torch.arange(groups)[:, None]
-    committed = torch.arange(groups)[None, :] <= ks  # [k, slot]: slot <= k
-    masks = torch.cat([committed[:, None, :].expand(-1, q, -1), tree.ancestors.expand(groups, -1, -1)], dim=2)
-    ancestors = tree.ancestors.tolist()
-    paths = [[a for a in range(q) if ancestors[n][a]] for n in range(q)]
-    paths = [path + path[-1:] * (tree.max_depth + 1 - len(path)) for path in paths]
-    children = [[] for _ in range(q)]
-    for child, parent in enumerate(tree.parent.tolist()[1:], 1):
-        children[parent].append(child)
-    return TreePlan(
-        tree=tree, parent=tree.parent.to(device),
-        draft_index=((depth[1:] - 1) * max(tree.top_m, 1) + tree.rank[1:]).to(device),
-        scratch=torch.arange(groups, groups + q, device=device),
-        positions=(ks + 1 + depth).to(device), tables=(ks + depth).clamp(max=groups - 1).to(device),
-        masks=masks.to(device), path_slots=(groups + torch.tensor(paths)).to(device),
-        path_steps=torch.arange(1, tree.max_depth + 2, device=device), children=children)
 
 
 def check_frame(model, talker_hidden: Tensor, c0) -> tuple[Tensor, Tensor]:
@@ -213,7 +164,8 @@ def decode_frames(model, talker_hidden: Tensor, c0, sampler: Sampler, generator:
 
     drafter None: plain AR, 15 calls for the batch; else speculative with `tree`, until every row is done.
     Each row draws from its own distribution, exactly as it would alone (identical codes when greedy).
-    `graphs`: a `rvqspec.engine.graphs.GraphDecoder`, whose captured calls replay the same decoding.
+    `graphs`: where the calls run, a `rvqspec.engine.graphs.GraphDecoder` (captured calls, replayed; the same
+    decoding); default: eagerly (`eager_calls`).
     """
     talker_hidden, c0 = check_batch(model, talker_hidden, c0, sampler)
     check_decoding(generator, drafter, tree)
@@ -222,11 +174,35 @@ def decode_frames(model, talker_hidden: Tensor, c0, sampler: Sampler, generator:
         drafter.check_model(model)
         tree.check_fits(drafter.depth, model.config.vocab_size)
         drafter.to(model.device, model.dtype)  # no-op when it already matches
-    if graphs is not None:
-        return graphs.decode(model, talker_hidden, c0, sampler, generator, drafter, tree)
-    if drafter is None:
-        return decode_autoregressive(model, talker_hidden, c0, sampler, generator)
-    return decode_speculative(model, talker_hidden, c0, sampler, generator, drafter, tree)
+    calls = eager_calls if graphs is None else graphs.calls
+    with calls(model, len(c0), sampler, generator, drafter, tree) as (ctx, steps):
+        talker_hidden, c0 = padded(talker_hidden, ctx.batch), padded(c0, ctx.batch)
+        if drafter is None:
+            return ar_batch(steps.frame(ctx, talker_hidden, c0)[:ctx.rows])
+        return decode_speculative(ctx, steps, talker_hidden, c0)
+
+
+class Steps(NamedTuple):
+    """The calls a decode makes, each a function of the decode's `RoundContext` and its own inputs: eager by default
+    (`eager_calls`); `rvqspec.engine.graphs` gives the same functions replayed from captured calls."""
+
+    frame: Callable[[RoundContext, Tensor, Tensor], Tensor]  # an AR frame: codes [B, G-1]
+    start: Callable[[RoundContext, Tensor, Tensor], tuple[Tensor, Tensor]]  # a speculative frame's h_1 and c1
+    round: Callable[[RoundContext, Tensor, list[int], Tensor, Tensor], RoundResult]  # `speculative_round`
+
+
+@contextmanager
+def eager_calls(model, batch: int, sampler: Sampler, generator: torch.Generator | None, drafter, tree: Tree | None
+                ) -> Iterator[tuple[RoundContext, Steps]]:
+    """A decode's context over a fresh cache of `batch` rows, and its steps run as they come."""
+    cache = model.new_cache(batch, frame_slots(model, tree if drafter is not None else None))
+    yield new_context(model, cache, sampler, generator, drafter, tree, batch), \
+        Steps(autoregressive_codes, first_code, speculative_round)
+
+
+def padded(x: Tensor, size: int) -> Tensor:
+    """`x` [B, ...] with its last row repeated up to `size` rows (a context's padding rows)."""
+    return torch.cat([x, x[-1:].expand(size - len(x), *x.shape[1:])]) if size > len(x) else x
 
 
 def prefill(model, cache, talker_hidden: Tensor, c0: Tensor) -> Tensor:
@@ -237,118 +213,95 @@ def prefill(model, cache, talker_hidden: Tensor, c0: Tensor) -> Tensor:
     return model(x, positions, mask, cache, positions)[:, 1]
 
 
-def decode_autoregressive(model, talker_hidden: Tensor, c0: Tensor, sampler: Sampler,
-                          generator: torch.Generator | None) -> BatchResult:
-    cache = model.new_cache(len(c0), model.config.num_code_groups)
-    return ar_batch(autoregressive_codes(model, cache, talker_hidden, c0, sampler, generator))
-
-
 def ar_batch(codes: Tensor) -> BatchResult:
     """The result of an AR frame's codes [B, G-1]: one call per code for the batch, and for every row."""
     calls = codes.shape[1]
     return BatchResult(codes, calls, [FrameResult(row, calls) for row in codes])
 
 
-def autoregressive_codes(model, cache, talker_hidden: Tensor, c0: Tensor, sampler: Sampler,
-                         generator: torch.Generator | None) -> Tensor:
-    """The AR frame's 15 calls into `cache` (G slots per row): codes [B, G-1]. No host values (a CUDA graph can
+def autoregressive_codes(ctx: RoundContext, talker_hidden: Tensor, c0: Tensor) -> Tensor:
+    """The AR frame's 15 calls into `ctx.cache` (G slots per row): codes [B, G-1]. No host values (a CUDA graph can
     capture it, `rvqspec.engine.graphs`)."""
-    groups = model.config.num_code_groups
-    hidden = prefill(model, cache, talker_hidden, c0)
-    codes = [sampler.sample(model.head_logits(hidden, 1), generator)]
+    model, groups = ctx.model, ctx.model.config.num_code_groups
+    hidden = prefill(model, ctx.cache, talker_hidden, c0)
+    codes = [ctx.sampler.sample(model.head_logits(hidden, 1), ctx.generator)]
     slots = torch.arange(groups, device=model.device)
     masks = slots[None, :] <= slots[:, None]
     for p in range(2, groups):
-        codes.append(autoregressive_step(model, cache, sampler, generator, codes[-1], p, slots, masks))
+        codes.append(autoregressive_step(ctx, codes[-1], p, slots, masks))
     return torch.stack(codes, dim=1)
 
 
-def autoregressive_step(model, cache, sampler: Sampler, generator, code: Tensor, p: int, slots: Tensor,
-                        masks: Tensor) -> Tensor:
+def autoregressive_step(ctx: RoundContext, code: Tensor, p: int, slots: Tensor, masks: Tensor) -> Tensor:
     """One AR call: feed c_{p-1} (`code` [B]) at position p (slot p), return c_p [B]. masks[p]: slots <= p."""
     position = slots[p:p + 1]
-    x = model.embed_codes(code, position - 1)[:, None]
-    hidden = model(x, position, masks[p:p + 1], cache, position)[:, 0]
-    return sampler.sample(model.head_logits(hidden, p), generator)
+    x = ctx.model.embed_codes(code, position - 1)[:, None]
+    hidden = ctx.model(x, position, masks[p:p + 1], ctx.cache, position)[:, 0]
+    return ctx.sampler.sample(ctx.model.head_logits(hidden, p), ctx.generator)
 
 
-class EagerCalls:
-    """The predictor calls of a speculative frame, run as they come; `rvqspec.engine.graphs` replays the same
-    calls from CUDA graphs (`start`: prefill and c1, `round`: one round)."""
-
-    def __init__(self, model, batch: int, tree: Tree, sampler: Sampler, generator, drafter):
-        self.model, self.sampler, self.generator, self.drafter = model, sampler, generator, drafter
-        self.plan = plan_for(tree, model)
-        self.cache = model.new_cache(batch, model.config.num_code_groups + tree.size + 1)
-
-    def start(self, talker_hidden: Tensor, c0: Tensor) -> tuple[Tensor, Tensor]:
-        """(h_1 [B, hidden], c1 [B])."""
-        return first_code(self.model, self.cache, talker_hidden, c0, self.sampler, self.generator)
-
-    def round(self, k: Tensor, k_host: list[int], root: Tensor, hidden: Tensor) -> "RoundResult":
-        return speculative_round(self.model, self.cache, self.plan, self.sampler, self.generator, self.drafter, k,
-                                 k_host, root, hidden)
+def first_code(ctx: RoundContext, talker_hidden: Tensor, c0: Tensor) -> tuple[Tensor, Tensor]:
+    """A speculative frame's prefill: (h_1 [B, hidden], c1 [B])."""
+    hidden = prefill(ctx.model, ctx.cache, talker_hidden, c0)
+    return hidden, ctx.sampler.sample(ctx.model.head_logits(hidden, 1), ctx.generator)
 
 
-def first_code(model, cache, talker_hidden: Tensor, c0: Tensor, sampler: Sampler, generator) -> tuple[Tensor, Tensor]:
-    hidden = prefill(model, cache, talker_hidden, c0)
-    return hidden, sampler.sample(model.head_logits(hidden, 1), generator)
-
-
-def decode_speculative(model, talker_hidden: Tensor, c0: Tensor, sampler: Sampler, generator, drafter,
-                       tree: Tree, calls: EagerCalls | None = None, rows: int | None = None) -> BatchResult:
-    """`calls`: where the predictor calls run (default: eagerly); `rows`: the first rows are the frames, the rest
-    padding that starts done (a graph's batch bucket)."""
-    batch, last = len(c0), model.config.num_residual_codes
-    rows = batch if rows is None else rows
-    calls = calls or EagerCalls(model, batch, tree, sampler, generator, drafter)
-    hidden, first = calls.start(talker_hidden, c0)
-    codes = torch.zeros(batch, last + tree.max_depth + 1, dtype=torch.long, device=model.device)  # + scratch
+def decode_speculative(ctx: RoundContext, steps: Steps, talker_hidden: Tensor, c0: Tensor) -> BatchResult:
+    """The speculative frames of `ctx`'s rows: the prefill, then rounds until every row is done. Rows past
+    `ctx.rows` are padding that starts done."""
+    batch, last, tree = ctx.batch, ctx.model.config.num_residual_codes, ctx.plan.tree
+    hidden, first = steps.start(ctx, talker_hidden, c0)
+    codes = torch.zeros(batch, last + tree.max_depth + 1, dtype=torch.long, device=first.device)  # + scratch
     codes[:, 0] = first
-    k_host = [1] * rows + [last] * (batch - rows)  # codes per row
-    results, calls_made = [FrameResult(codes[b, :last], 1) for b in range(rows)], 1
-    k = torch.tensor(k_host, device=model.device)  # the same, for the device's gathers
+    k_host = [1] * ctx.rows + [last] * (batch - ctx.rows)  # codes per row
+    results, calls_made = [FrameResult(codes[b, :last], 1) for b in range(ctx.rows)], 1
     while min(k_host) < last:
-        root = codes.gather(1, k[:, None] - 1)[:, 0]
-        result = calls.round(k, k_host, root, hidden)
-        hidden, accepted = result.hidden, result.accepted
+        k = torch.tensor(k_host, device=first.device)  # the same, for the device's gathers
+        result = steps.round(ctx, k, k_host, codes.gather(1, k[:, None] - 1)[:, 0], hidden)
+        hidden = result.hidden
         # Draws go to c_{k+1}..; those past what a row emitted land on codes a later round overwrites.
         codes.scatter_(1, k[:, None] + torch.arange(result.draws.shape[1], device=k.device), result.draws)
         for b, row in enumerate(results):
             if k_host[b] < last:
                 row.calls += 1
-                row.rounds.append(RoundStats(accepted[b], list(enumerate(tree.paths[result.bonus_node[b] - 1], 1))
-                                             if accepted[b] else []))
-                k_host[b] = min(k_host[b] + 1 + accepted[b], last)
-        k = torch.tensor(k_host, device=model.device)
+                row.rounds.append(round_stats(tree, result.accepted[b], result.bonus_node[b]))
+                k_host[b] = min(k_host[b] + 1 + result.accepted[b], last)
         calls_made += 1
-    return BatchResult(codes[:rows, :last], calls_made, results)
+    return BatchResult(codes[:ctx.rows, :last], calls_made, results)
 
 
-def speculative_round(model, cache, plan: TreePlan, sampler: Sampler, generator, drafter, k: Tensor,
-                      k_host: list[int], root: Tensor, hidden_k: Tensor) -> RoundResult:
+def round_stats(tree: Tree, accepted: int, bonus_node: int) -> RoundStats:
+    """A row's round: its accepted drafts, each as (depth, rank) along the path to its bonus node."""
+    return RoundStats(accepted, list(enumerate(tree.paths[bonus_node - 1], 1)) if accepted else [])
+
+
+def speculative_round(ctx: RoundContext, k: Tensor, k_host: list[int], root: Tensor, hidden_k: Tensor
+                      ) -> RoundResult:
     """One fused draft+verify call for every row. Row b has emitted c1..c_{k[b]} (`k_host` the same on the
     host); `root` [B] = c_k (not yet fed), `hidden_k` [B, H] = the h_k that produced it."""
-    draws, hidden, found, node = round_on_device(model, cache, plan, sampler, generator, drafter, k, k_host, root,
-                                                 hidden_k)
-    accepted, bonus = torch.stack([found, node]).tolist()  # the round's one host read
+    draws, hidden, found, node = round_on_device(ctx, k, k_host, root, hidden_k)
+    return read_round(draws, hidden, found, node)
+
+
+def read_round(draws: Tensor, hidden: Tensor, found: Tensor, node: Tensor) -> RoundResult:
+    """A round's result, with its one host read (accepted drafts and bonus node per row)."""
+    accepted, bonus = torch.stack([found, node]).tolist()
     return RoundResult(draws, hidden, accepted, bonus)
 
 
-def round_on_device(model, cache, plan: TreePlan, sampler: Sampler, generator, drafter, k: Tensor,
-                    k_host: list[int] | None, root: Tensor, hidden_k: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def round_on_device(ctx: RoundContext, k: Tensor, k_host: list[int] | None, root: Tensor, hidden_k: Tensor
+                    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Steps 1-4: (draws, the hidden state at each row's bonus node, drafts accepted [B], bonus node [B]), all on
-    the device. With `k_host` None no step reads a host value, so a CUDA graph can capture the round."""
-    tree, batch = plan.tree, len(k)
-    positions = k if k_host is None else k_host
+    the device. In a captured context (`ctx.captured`, `k_host` None) no step reads a host value."""
+    model, plan, cache = ctx.model, ctx.plan, ctx.cache
     # 1. Drafts from h_k: the top-m candidates per depth, picked by the tree's (depth, rank) nodes.
-    top = drafter.candidates(model, hidden_k, positions, tree.max_depth, max(tree.top_m, 1))
+    top = ctx.drafter.candidates(ctx, hidden_k, ctx.positions(k, k_host))
     tokens = torch.cat([root[:, None], top.flatten(1)[:, plan.draft_index]], dim=1)  # [B, q]
     # 2. Verify every row's tree in one call.
     x = model.embed_codes(tokens, plan.tables[k])
     hidden = model(x, plan.positions[k], plan.masks[k], cache, plan.scratch)
-    # 3. Sample-then-match (`walk`: on the CPU reading each depth, so it stops early; elsewhere on the device).
-    path = walk(model, plan, sampler, generator, k, k_host, tokens, hidden)
+    # 3. Sample-then-match (`walk`: on the host reading each depth, so it stops early; or on the device).
+    path = walk(ctx, k, k_host, tokens, hidden)
     # 4. Keep the K/V of the root and the accepted nodes at their positions' slots k+1.. (see module doc).
     cache.move(plan.path_slots[path.node], k[:, None] + plan.path_steps)
-    return path.draws, hidden[torch.arange(batch, device=path.node.device), path.node], path.found, path.node
+    return path.draws, hidden[torch.arange(len(k), device=path.node.device), path.node], path.found, path.node

@@ -1,7 +1,8 @@
 """Which implementation each part of a call takes on its device and dtype: decided here, once, for the whole engine.
 
-The speculative round (`decode.speculative_round`), the drafters, the model's forward and its matmuls read
-`choose(device, dtype)` and nothing else:
+A decode call resolves its path once (`context.new_context`: `choose`, or `captured` of it inside a CUDA graph) and
+its round, the drafters, the walk and the heads read that `ctx.path`; the model's forward and its matmuls, which
+also serve training, read `choose(device, dtype)` per call. Nothing else reads a device type to pick a path:
 
 - static_shapes: every depth is drafted and walked, even near the frame end (rows past it are masked), so that a
   round's work depends only on (B, N) and can be captured and replayed. Accelerators. On the CPU the depths no
@@ -10,6 +11,9 @@ The speculative round (`decode.speculative_round`), the drafters, the model's fo
   a host read costs nothing on the CPU. Elsewhere `walk.walk_on_device` visits every depth without a read.
 - int8_drafts: drafts rank their top-m candidates with int8 copies of the heads (`draft_heads`), where the int8
   kernel measured faster than the exact head. A draft never changes what is emitted, only how often it is accepted.
+- grouped_heads: per-row heads grouped by codebook through the packed weights (the CPU), else gathered per row.
+- captured: the call is captured (`graphs`): no host values, so static shapes, the device walk, gathered heads
+  indexed by device codebooks, exact draft heads.
 - fused_kernels: the layer's elementwise work in the fused C++ kernels (`fused`), where they are built.
 - matmul: how the large matmuls run (`packing`): through oneDNN-prepacked weights or F.linear, for one row and for
   many, each where it measured faster; and `pad_rows` / `attention_rows`: calls of fewer rows (queries) are padded
@@ -28,7 +32,7 @@ torch.compile take the plain path.
 import functools
 import threading
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 import torch
 import torch.nn.functional as F
@@ -65,6 +69,9 @@ class DevicePath:
     int8_drafts: bool
     fused_kernels: bool
     matmul: MatmulChoice | None  # None: F.linear as it is
+    grouped_heads: bool = False  # per-row heads: rows grouped by codebook through each head's packed weight (the
+    # CPU), else each row gathers its head (one kernel, the same shapes for every call)
+    captured: bool = False  # a captured call (CUDA graphs): no host values, so per-row codebooks are device tensors
 
     @property
     def packed_weights(self) -> bool:
@@ -94,7 +101,13 @@ def path_of(cpu: bool, static: bool, dtype: torch.dtype, inference: bool, fast: 
     choices = decided(dtype) if measured else None
     return DevicePath(static_shapes=static, host_walk=fast and not static,
                       int8_drafts=fast and choices is not None and choices["int8_drafts"], fused_kernels=built,
-                      matmul=MatmulChoice(**choices["matmul"]) if choices else None)
+                      matmul=MatmulChoice(**choices["matmul"]) if choices else None, grouped_heads=cpu)
+
+
+def captured(path: DevicePath) -> DevicePath:
+    """The path of a captured call: it reads no host value, so its shapes are static, its walk is on the device and
+    its heads are gathered by device codebooks (the int8 draft heads take host codebooks)."""
+    return replace(path, static_shapes=True, host_walk=False, int8_drafts=False, grouped_heads=False, captured=True)
 
 
 def packable(dtype: torch.dtype) -> bool:

@@ -5,14 +5,14 @@ reads of a round. Drafts need only the top-m candidates, never a distribution, a
 emitted (the walk draws from the exact heads), only how often it is accepted; so in bfloat16 they rank with per-row
 int8 copies of the heads (half the bytes) through `torch.ops.aten._weight_int8pack_mm`, faster there than the exact
 head. Its float32 kernel is slower than the exact head (both measured in docs/cpu-fast-path.md), so float32,
-float64 (tests) and accelerators keep the exact heads (`device_path.choose(...).int8_drafts`).
+float64 (tests) and accelerators keep the exact heads (`DevicePath.int8_drafts`).
 """
 
 import threading
 
 from torch import Tensor
 
-from rvqspec.engine import device_path
+from rvqspec.engine.device_path import DevicePath
 from rvqspec.engine.model import by_codebook
 from rvqspec.engine.packing import probe
 from rvqspec.engine.quantize import W8A16_MULTIPLE, QuantizedHeads
@@ -36,9 +36,9 @@ def quantized(model) -> QuantizedHeads:
         return model.int8_heads[1]
 
 
-def logits(model, hidden: Tensor, codebooks: list[int]) -> Tensor:
-    """Approximate logits [R, V] of hidden [R, H], row r through the head of codebooks[r]: for ranking only."""
-    if model.head_weights is not None or not device_path.choose(hidden.device, hidden.dtype).int8_drafts \
-            or not supported(model):
-        return model.head_logits(hidden, codebooks)  # a quantized model's heads are int8 already
+def logits(model, hidden: Tensor, codebooks: list[int] | Tensor, path: DevicePath) -> Tensor:
+    """Approximate logits [R, V] of hidden [R, H], row r through the head of codebooks[r]: for ranking only. The int8
+    copies where `path.int8_drafts` and the model's heads are float; else the exact heads."""
+    if model.head_weights is not None or not path.int8_drafts or not supported(model):
+        return model.head_logits(hidden, codebooks, path)  # a quantized model's heads are int8 already
     return by_codebook(hidden, codebooks, model.config.vocab_size, quantized(model).logits)

@@ -18,6 +18,8 @@ from torch import Tensor, nn
 
 from rvqspec.engine import device_path, draft_heads
 from rvqspec.engine.checkpoint import save_tensors
+from rvqspec.engine.context import RoundContext, codebooks_ahead
+from rvqspec.engine.device_path import DevicePath
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.tree import DEFAULT_DEPTH
 
@@ -56,31 +58,32 @@ class Drafter(nn.Module):
         """The input of the frozen head of codebook position+j (ReusedHeads: unchanged)."""
         return hidden
 
-    def head(self, model, hidden: Tensor, positions: list[int] | Tensor, j: int, rank_only: bool = False) -> Tensor:
-        """Logits [B, V] for c_{positions[b]+j} from hidden [B, H], row b at position positions[b] (codebooks
-        past the last are clamped to it: those rows are pruned by the caller). rank_only: logits that only rank
-        the candidates (the CPU's int8 heads, `draft_heads`). `positions` a host list, or a device tensor."""
-        last = model.config.num_residual_codes
+    def head(self, model, hidden: Tensor, positions: list[int] | Tensor, j: int, path: DevicePath,
+             rank_only: bool = False) -> Tensor:
+        """Logits [B, V] for c_{positions[b]+j} from hidden [B, H], row b at position positions[b] (a host list, or
+        in a captured call a device tensor; codebooks past the last are clamped to it: those rows are pruned by the
+        caller). rank_only: logits that only rank the candidates (the CPU's int8 heads, `draft_heads`)."""
         x = self.transform(hidden, positions, j)
-        if isinstance(positions, Tensor):  # a device tensor: a round with no host values (CUDA graphs)
-            return model.head_logits(x, (positions + j).clamp(max=last))
-        codebooks = [min(p + j, last) for p in positions]
-        return draft_heads.logits(model, x, codebooks) if rank_only else model.head_logits(x, codebooks)
+        codebooks = codebooks_ahead(positions, j, model.config.num_residual_codes, path.captured)
+        return draft_heads.logits(model, x, codebooks, path) if rank_only else model.head_logits(x, codebooks, path)
 
-    def logits(self, model, hidden: Tensor, positions: list[int], depth: int | None = None,
-               rank_only: bool = False) -> Tensor:
+    def logits(self, model, hidden: Tensor, positions: list[int] | Tensor, depth: int | None = None,
+               rank_only: bool = False, path: DevicePath | None = None) -> Tensor:
         """Draft logits [B, depth, V] for c_{p+1}..c_{p+depth} from h_p [B, H] (row b at p = positions[b]).
-        Depths past the last code of every row are 0; a row's own depths past it are garbage (pruned)."""
-        depth = depth or self.depth
-        static = isinstance(positions, Tensor) or device_path.static_shapes(hidden.device)
-        reach = depth if static else min(depth, model.config.num_residual_codes - min(positions))
-        rows = [self.head(model, hidden, positions, j, rank_only) for j in range(1, reach + 1)]
+        Depths past the last code of every row are 0 (computed anyway with `path.static_shapes`); a row's own
+        depths past it are garbage (pruned). `path`: a round's (default: `device_path.choose` for this call)."""
+        depth, path = depth or self.depth, path or device_path.choose(hidden.device, hidden.dtype)
+        reach = depth if path.static_shapes else min(depth, model.config.num_residual_codes - min(positions))
+        rows = [self.head(model, hidden, positions, j, path, rank_only) for j in range(1, reach + 1)]
         rows += [hidden.new_zeros(len(positions), model.config.vocab_size)] * (depth - len(rows))
         return torch.stack(rows, dim=1)
 
-    def candidates(self, model, hidden: Tensor, positions: list[int], depth: int, m: int) -> Tensor:
-        """The top-m draft codes [B, depth, m] per depth: all a round needs, so ranked by rank-only logits."""
-        return self.logits(model, hidden, positions, depth, rank_only=True).topk(m, dim=-1).indices
+    def candidates(self, ctx: RoundContext, hidden: Tensor, positions: list[int] | Tensor) -> Tensor:
+        """A round's top-m draft codes [B, K, m] per depth (K, m: the tree's depth and top_m): all a round needs, so
+        ranked by rank-only logits. `positions`: each row's k, as `ctx.positions` gives it."""
+        tree = ctx.plan.tree
+        logits = self.logits(ctx.model, hidden, positions, tree.max_depth, rank_only=True, path=ctx.path)
+        return logits.topk(max(tree.top_m, 1), dim=-1).indices
 
     def teacher_forced_logits(self, model, hidden: Tensor, j: int) -> Tensor:
         """Logits [B, P, V] for c_{i+j} from h_i [B, G, H], for i = 1..G-1-j (all positions at once)."""
@@ -261,7 +264,8 @@ class MedusaHeads(Drafter):
         equation = "bh,bgh->bg" if hidden.dim() == 2 else "bph,pgh->bpg"
         return hidden + F.silu(torch.einsum(equation, hidden, w) + b)
 
-    def head(self, model, hidden: Tensor, positions: list[int], j: int, rank_only: bool = False) -> Tensor:
+    def head(self, model, hidden: Tensor, positions: list[int] | Tensor, j: int, path: DevicePath,
+             rank_only: bool = False) -> Tensor:
         index = torch.as_tensor(positions, device=hidden.device).clamp(max=self.vocab.shape[0])
         return torch.einsum("bh,bvh->bv", self.resblock(hidden, index, j), self.vocab[index - 1, j - 1])
 

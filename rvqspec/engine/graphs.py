@@ -1,9 +1,13 @@
 """CUDA graphs for the predictor's calls: an AR frame, or a speculative frame's prefill and rounds, each replayed
 from one captured graph (on CUDA an eager predictor step is launch-bound: benchmarks/results/gpu/bench.md).
 
-What makes a call capturable: its shapes depend only on (B, N) (`decode.round_on_device` with no host k: the
-device walk visits every depth, per-row heads are gathered by device k; the fixed compaction) and it reads no
-host value. The host still reads each round's result once, between replays (the loop in `decode_speculative`).
+The edge: `decode_frames(..., graphs=)` asks `GraphDecoder.calls` for its context and steps, and gets a captured
+context over the bucket's static cache and the same step functions (`decode.Steps`: the AR frame, the prefill, the
+round) wrapped as replays; decode.py never imports this module, and its loop is the same either way.
+
+What makes a call capturable: its shapes depend only on (B, N) and it reads no host value. A captured context's path
+(`device_path.captured`) gives both: the device walk visits every depth, per-row heads are gathered by device k, the
+compaction is fixed. The host still reads each round's result once, between replays (`decode.read_round`).
 
     graphs = GraphDecoder()                     # one per decoding object (a handle), never on the shared model
     result = rvqspec.decode_frames(model, talker_hidden, c0, sampler, generator, drafter, tree, graphs=graphs)
@@ -28,14 +32,16 @@ runs the same static-buffer code each time, so everything but the capture itself
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from rvqspec.engine.decode import (BatchResult, RoundResult, ar_batch, autoregressive_codes, decode_autoregressive,
-                                   decode_speculative, first_code, plan_for, round_on_device)
+from rvqspec.engine.context import RoundContext, frame_slots, new_context
+from rvqspec.engine.decode import (RoundResult, Steps, autoregressive_codes, eager_calls, first_code, read_round,
+                                   round_on_device)
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import Tree
@@ -48,11 +54,6 @@ CAPACITY = 32  # cache entries (each an AR frame, or a speculative frame's start
 def bucket_for(batch: int) -> int | None:
     """The smallest bucket that holds `batch` rows (None past the largest: eager)."""
     return next((size for size in BUCKETS if size >= batch), None)
-
-
-def padded(x: Tensor, size: int) -> Tensor:
-    """`x` [B, ...] with its last row repeated up to `size` rows."""
-    return torch.cat([x, x[-1:].expand(size - len(x), *x.shape[1:])]) if size > len(x) else x
 
 
 def cuda_graph(fn: Callable[[], object]) -> Callable[[], object]:
@@ -150,30 +151,6 @@ class Entry:
         return self.calls[name]
 
 
-class GraphCalls:
-    """`decode_speculative`'s calls (as `decode.EagerCalls`: start, round), replayed from one entry's graphs. The
-    captured functions reach the model and the drafter through the key's weak references."""
-
-    def __init__(self, key: Key, entry: Entry, plan, rows: int, generator: torch.Generator | None):
-        self.key, self.entry, self.plan, self.rows, self.generator = key, entry, plan, rows, generator
-
-    def start(self, talker_hidden: Tensor, c0: Tensor) -> tuple[Tensor, Tensor]:
-        model, cache = self.key.model, self.entry.cache
-        call = self.entry.captured("start", lambda sampler, talker_hidden, c0: first_code(
-            model(), cache, talker_hidden, c0, sampler, None), {"talker_hidden": talker_hidden, "c0": c0}, 1)
-        hidden, first = call(self.rows, self.generator, talker_hidden=talker_hidden, c0=c0)
-        return hidden.clone(), first.clone()
-
-    def round(self, k: Tensor, k_host: list[int], root: Tensor, hidden: Tensor) -> RoundResult:
-        model, drafter, cache, plan = self.key.model, self.key.drafter, self.entry.cache, self.plan
-        call = self.entry.captured("round", lambda sampler, k, root, hidden: round_on_device(
-            model(), cache, plan, sampler, None, drafter(), k, None, root, hidden),
-            {"k": k, "root": root, "hidden": hidden}, depths(plan, None, model().config.num_residual_codes))
-        draws, hidden, found, node = call(self.rows, self.generator, k=k, root=root, hidden=hidden)
-        accepted, bonus = torch.stack([found, node]).tolist()  # the round's one host read
-        return RoundResult(draws.clone(), hidden.clone(), accepted, bonus)
-
-
 class GraphDecoder:
     """`decode_frames` with its calls captured (module docstring), at most `capacity` cache entries. Thread-safe: one
     lock per decoder."""
@@ -197,30 +174,77 @@ class GraphDecoder:
                 self.graphs.popitem(last=False)
         return self.graphs[key]
 
-    def decode(self, model, talker_hidden: Tensor, c0: Tensor, sampler: Sampler, generator: torch.Generator | None,
-               drafter, tree: Tree | None) -> BatchResult:
-        """`decode_frames` past its checks (it calls this with `graphs=`); past the largest bucket, eagerly."""
+    @contextmanager
+    def calls(self, model, batch: int, sampler: Sampler, generator: torch.Generator | None, drafter,
+              tree: Tree | None) -> Iterator[tuple[RoundContext, Steps]]:
+        """`decode_frames`'s context and steps (it calls this with `graphs=`): over the static cache of `batch`'s
+        bucket, each step replayed from its captured call, under this decoder's lock for the whole decode; past the
+        largest bucket, eager."""
         if self.capture is cuda_graph and model.device.type != "cuda":
             raise RvqspecError(f"CUDA graphs replay calls on a GPU but this model is on {model.device}: decode without "
                                "graphs= (accelerate(..., graphs=False)), or move the model to a CUDA device")
-        batch, size = len(c0), bucket_for(len(c0))
+        size = bucket_for(batch)
         if size is None:
-            if drafter is None:
-                return decode_autoregressive(model, talker_hidden, c0, sampler, generator)
-            return decode_speculative(model, talker_hidden, c0, sampler, generator, drafter, tree)
-        talker_hidden, c0 = padded(talker_hidden, size), padded(c0, size)
-        groups, vocab = model.config.num_code_groups, model.config.vocab_size
-        key = Key("ar" if drafter is None else "speculative", size, None if drafter is None else tuple(tree.paths),
+            with eager_calls(model, batch, sampler, generator, drafter, tree) as found:
+                yield found
+            return
+        tree = tree if drafter is not None else None
+        key = Key("ar" if drafter is None else "speculative", size, None if tree is None else tuple(tree.paths),
                   sampler, model.dtype, str(model.device), weakref.ref(model),
                   None if drafter is None else weakref.ref(drafter))
         with self.lock:
-            if drafter is None:
-                entry = self.entry(key, lambda: model.new_cache(size, groups), sampler, vocab)
-                cache, model_ref = entry.cache, key.model
-                call = entry.captured("ar", lambda sampler, talker_hidden, c0: autoregressive_codes(
-                    model_ref(), cache, talker_hidden, c0, sampler, None), {"talker_hidden": talker_hidden, "c0": c0},
-                    groups - 1)
-                return ar_batch(call(batch, generator, talker_hidden=talker_hidden, c0=c0)[:batch].clone())
-            entry = self.entry(key, lambda: model.new_cache(size, groups + tree.size + 1), sampler, vocab)
-            calls = GraphCalls(key, entry, plan_for(tree, model), batch, generator)
-            return decode_speculative(model, talker_hidden, c0, sampler, generator, drafter, tree, calls, rows=batch)
+            entry = self.entry(key, lambda: model.new_cache(size, frame_slots(model, tree)), sampler,
+                               model.config.vocab_size)
+            ctx = new_context(model, entry.cache, sampler, generator, drafter, tree, batch, captured=True)
+            yield ctx, Steps(replayed_frame(entry, key, ctx), replayed_start(entry, key, ctx),
+                             replayed_round(entry, key, ctx))
+
+
+def contexts(key: Key, ctx: RoundContext) -> Callable[["Noise"], RoundContext]:
+    """The context a captured call runs in, given its noise: `ctx`'s cache, plan, path and rows, the model and the
+    drafter reached through the key's weak references (a cache entry keeps neither alive), the noise as its sampler
+    and no generator (the noise holds the draws)."""
+    cache, plan, path, rows = ctx.cache, ctx.plan, ctx.path, ctx.rows
+    return lambda noise: RoundContext(key.model(), cache, plan, noise, None, key.drafter and key.drafter(), path, rows)
+
+
+def replayed(entry: Entry, key: Key, ctx: RoundContext, name: str, step: Callable, draws: int) -> Callable:
+    """`step(ctx, talker_hidden, c0)` replayed from its capture (its outputs: the capture's static buffers)."""
+    live = contexts(key, ctx)
+
+    def run(ctx: RoundContext, talker_hidden: Tensor, c0: Tensor):
+        call = entry.captured(name, lambda noise, **inputs: step(live(noise), **inputs),
+                              {"talker_hidden": talker_hidden, "c0": c0}, draws)
+        return call(ctx.rows, ctx.generator, talker_hidden=talker_hidden, c0=c0)
+
+    return run
+
+
+def replayed_frame(entry: Entry, key: Key, ctx: RoundContext) -> Callable:
+    """`decode.autoregressive_codes` replayed: the AR frame's codes, copied out."""
+    replay = replayed(entry, key, ctx, "ar", autoregressive_codes, ctx.model.config.num_residual_codes)
+    return lambda ctx, talker_hidden, c0: replay(ctx, talker_hidden, c0).clone()
+
+
+def replayed_start(entry: Entry, key: Key, ctx: RoundContext) -> Callable:
+    """`decode.first_code` replayed: h_1 and c1, copied out."""
+    replay = replayed(entry, key, ctx, "start", first_code, 1)
+
+    def start(ctx: RoundContext, talker_hidden: Tensor, c0: Tensor) -> tuple[Tensor, Tensor]:
+        hidden, first = replay(ctx, talker_hidden, c0)
+        return hidden.clone(), first.clone()
+
+    return start
+
+
+def replayed_round(entry: Entry, key: Key, ctx: RoundContext) -> Callable:
+    """`decode.speculative_round` as the replay of `decode.round_on_device` (no host k), then its one host read."""
+    live = contexts(key, ctx)
+
+    def run(ctx: RoundContext, k: Tensor, k_host: list[int], root: Tensor, hidden: Tensor) -> RoundResult:
+        call = entry.captured("round", lambda noise, **inputs: round_on_device(live(noise), k_host=None, **inputs),
+                              {"k": k, "root": root, "hidden_k": hidden}, depths(ctx, None))
+        draws, hidden, found, node = call(ctx.rows, ctx.generator, k=k, root=root, hidden_k=hidden)
+        return read_round(draws.clone(), hidden.clone(), found, node)
+
+    return run

@@ -7,7 +7,8 @@ import time
 
 import torch
 
-from rvqspec.engine.decode import autoregressive_step, plan_for, speculative_round
+from rvqspec.engine.context import frame_slots, new_context
+from rvqspec.engine.decode import autoregressive_step, speculative_round
 from rvqspec.engine.model import MultiCodeDecoder
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import Tree
@@ -52,16 +53,16 @@ def call_latency(model: MultiCodeDecoder, drafter, trees: dict[int, Tree], sampl
     k = torch.tensor(ks, device=model.device)
     samples: dict = {"ar": []} | {n: [] for n in trees}
     for r in range(warmup + rounds):
-        cache = model.new_cache(batch, c.num_code_groups)
+        ctx = new_context(model, model.new_cache(batch, c.num_code_groups), sampler, generator, None, None, batch)
         start = clocks(model.device)
-        autoregressive_step(model, cache, sampler, generator, code, TIMED_K + 1, slots, masks)
+        autoregressive_step(ctx, code, TIMED_K + 1, slots, masks)
         if r >= warmup:
             samples["ar"].append(elapsed_ms(start, model.device))
         for n, tree in trees.items():
-            plan = plan_for(tree, model)
-            cache = model.new_cache(batch, c.num_code_groups + tree.size + 1)
+            cache = model.new_cache(batch, frame_slots(model, tree))
+            ctx = new_context(model, cache, sampler, generator, drafter, tree, batch)
             start = clocks(model.device)
-            speculative_round(model, cache, plan, sampler, generator, drafter, k, ks, code, hidden)
+            speculative_round(ctx, k, ks, code, hidden)
             if r >= warmup:
                 samples[n].append(elapsed_ms(start, model.device))
     ar = medians(samples["ar"])

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from rvqspec.engine import device_path, fused
 from rvqspec.engine.checkpoint import combine, official_layout, predictor_prefix, read_tensors, save_predictor
 from rvqspec.engine.config import PredictorConfig, load_config
+from rvqspec.engine.device_path import DevicePath
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.packing import Linear, PackedWeight, attention, linear, probe
 from rvqspec.engine.quantize import check_scheme, check_state, load_heads, quantize, save_heads
@@ -284,21 +285,24 @@ class MultiCodeDecoder(nn.Module):
             x = layer(x, cos, sin, mask, cache, i, slots)
         return self.norm(x)
 
-    def head_logits(self, hidden: Tensor, codebook: int | list[int]) -> Tensor:
-        """Logits of codebook `codebook` (1..15) from hidden states [..., hidden]; or, with one codebook per
-        row (a host list, or a device tensor), logits [R, V] of hidden [R, hidden].
+    def head_logits(self, hidden: Tensor, codebook: int | list[int] | Tensor, path: DevicePath | None = None
+                    ) -> Tensor:
+        """Logits of codebook `codebook` (1..15) from hidden states [..., hidden]; or, with one codebook per row,
+        logits [R, V] of hidden [R, hidden]: a host list, or in a captured call (`path.captured`) a device tensor.
 
-        On the CPU rows are grouped by codebook, so that each group goes through its head's packed weight;
-        elsewhere each row gathers its head (one kernel, no host work, the same shapes for every call)."""
-        if isinstance(codebook, int):
+        `path` (default: `device_path.choose` for this call) decides how per-row heads run: grouped by codebook, so
+        that each group goes through its head's packed weight (`grouped_heads`: the CPU), or gathered per row (one
+        kernel, no host work, the same shapes for every call)."""
+        if isinstance(codebook, int):  # one codebook for every row
             if self.head_weights is not None:
                 return self.head_weights.logits(hidden, codebook)
             return linear(hidden, self.heads[codebook - 1], None, self.head_packs[codebook - 1])
-        if isinstance(codebook, Tensor):  # one per row on the device (a round with no host values)
+        path = path or device_path.choose(hidden.device, hidden.dtype)
+        if path.captured:
             return self.gathered_head_logits(hidden, codebook)
         if len(set(codebook)) == 1:
             return self.head_logits(hidden, codebook[0])
-        if hidden.device.type == "cpu":
+        if path.grouped_heads:
             return self.grouped_head_logits(hidden, codebook)
         return self.gathered_head_logits(hidden, codebook)
 

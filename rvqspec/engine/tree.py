@@ -35,7 +35,6 @@ class Tree:
     rank: Tensor = field(init=False)  # [q] rank of each node's draft (0 for the root)
     ancestors: Tensor = field(init=False)  # [q, q] True where column is an ancestor of row, or row itself
     depth_slices: list[tuple[int, int]] = field(init=False)  # node index range of each depth 0..max_depth
-    plans: dict = field(init=False, repr=False, compare=False, default_factory=dict)  # decode.plan_for's, per device
 
     def __post_init__(self) -> None:
         self.paths = validate_paths(self.paths)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rvqspec.engine import device_path
+from rvqspec.engine.context import RoundContext, codebooks_ahead
 
 
 @dataclass
@@ -35,36 +35,36 @@ def walks_at(k, d: int, last: int):
     return k + 1 + d <= last
 
 
-def depths(plan, k_host: list[int] | None, last: int) -> int:
-    """Depths to visit: the tree's, or fewer where no row can reach them (all of them with static shapes, or
-    without host values: `k_host` None)."""
-    if k_host is None or device_path.static_shapes(plan.parent.device):
-        return plan.tree.max_depth + 1
-    return min(plan.tree.max_depth, last - min(k_host) - 1) + 1
+def depths(ctx: RoundContext, k_host: list[int] | None) -> int:
+    """Depths to visit: the tree's, or fewer where no row can reach them (all of them with static shapes, which a
+    captured call, without host values, always takes)."""
+    tree, last = ctx.plan.tree, ctx.model.config.num_residual_codes
+    if ctx.path.static_shapes:
+        return tree.max_depth + 1
+    return min(tree.max_depth, last - min(k_host) - 1) + 1
 
 
-def walk(model, plan, sampler, generator, k: Tensor, k_host: list[int] | None, tokens: Tensor,
-         hidden: Tensor) -> Walk:
-    """The walk this device takes (`DevicePath.host_walk`); the device walk where the host has no k (None: a
-    captured round)."""
-    if k_host is not None and device_path.choose(tokens.device, hidden.dtype).host_walk:
-        return walk_on_host(model, plan, sampler, generator, k_host, tokens, hidden)
-    return walk_on_device(model, plan, sampler, generator, k, k_host, tokens, hidden)
+def walk(ctx: RoundContext, k: Tensor, k_host: list[int] | None, tokens: Tensor, hidden: Tensor) -> Walk:
+    """The walk of the context's path (`DevicePath.host_walk`)."""
+    if ctx.path.host_walk:
+        return walk_on_host(ctx, k_host, tokens, hidden)
+    return walk_on_device(ctx, k, k_host, tokens, hidden)
 
 
-def walk_on_host(model, plan, sampler, generator, k_host: list[int], tokens: Tensor, hidden: Tensor) -> Walk:
-    last, batch, candidates = model.config.num_residual_codes, len(k_host), tokens.tolist()
+def walk_on_host(ctx: RoundContext, k_host: list[int], tokens: Tensor, hidden: Tensor) -> Walk:
+    model, plan, last = ctx.model, ctx.plan, ctx.model.config.num_residual_codes
+    batch, candidates = len(k_host), tokens.tolist()
     node, found = [0] * batch, [0] * batch
     walking = [b for b in range(batch) if walks_at(k_host[b], 0, last)]  # finished rows ride along
-    visited = depths(plan, k_host, last)
+    visited = depths(ctx, k_host)
     draws = torch.zeros(batch, max(visited, 1), dtype=torch.long)
     for d in range(visited):
         if not walking:
             break
         rows = torch.tensor(walking)
         logits = model.head_logits(hidden[rows, torch.tensor([node[b] for b in walking])],
-                                   [k_host[b] + 1 + d for b in walking])
-        drawn = sampler.sample(logits, generator)
+                                   [k_host[b] + 1 + d for b in walking], ctx.path)
+        drawn = ctx.sampler.sample(logits, ctx.generator)
         draws[rows, d] = drawn
         going_on = []
         for b, code in zip(walking, drawn.tolist()):
@@ -77,20 +77,21 @@ def walk_on_host(model, plan, sampler, generator, k_host: list[int], tokens: Ten
     return Walk(torch.tensor(node), draws.to(tokens.device), torch.tensor(found))
 
 
-def walk_on_device(model, plan, sampler, generator, k: Tensor, k_host: list[int] | None, tokens: Tensor,
-                   hidden: Tensor) -> Walk:
-    tree, last = plan.tree, model.config.num_residual_codes
+def walk_on_device(ctx: RoundContext, k: Tensor, k_host: list[int] | None, tokens: Tensor, hidden: Tensor) -> Walk:
+    tree, last = ctx.plan.tree, ctx.model.config.num_residual_codes
     rows = torch.arange(len(k), device=tokens.device)
     node = found = torch.zeros(len(k), dtype=torch.long, device=tokens.device)
     alive = walks_at(k, 0, last)
+    positions = ctx.positions(k, k_host)
     draws = []
-    for d in range(depths(plan, k_host, last)):
+    for d in range(depths(ctx, k_host)):
         # rows past their frame end draw garbage, ignored
-        codebooks = (k + 1 + d).clamp(max=last) if k_host is None else [min(kb + 1 + d, last) for kb in k_host]
-        draws.append(sampler.sample(model.head_logits(hidden[rows, node], codebooks), generator))
+        codebooks = codebooks_ahead(positions, 1 + d, last, ctx.captured)
+        logits = ctx.model.head_logits(hidden[rows, node], codebooks, ctx.path)
+        draws.append(ctx.sampler.sample(logits, ctx.generator))
         if d < tree.max_depth:  # children exist at depth d + 1
             start, end = tree.depth_slices[d + 1]
-            match = (plan.parent[start:end] == node[:, None]) & (tokens[:, start:end] == draws[-1][:, None])
+            match = (ctx.plan.parent[start:end] == node[:, None]) & (tokens[:, start:end] == draws[-1][:, None])
             match &= (alive & walks_at(k, d, last))[:, None]
             alive = match.any(1)  # siblings differ: at most one child matches
             node = torch.where(alive, start + match.long().argmax(1), node)

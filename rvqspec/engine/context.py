@@ -1,0 +1,144 @@
+"""The round context: what every predictor call of one `decode_frames` call reads, made once per call.
+
+The call's path (`device_path.DevicePath`) is resolved here, from the model's device and dtype, and a captured call
+(CUDA graphs) takes the path that reads no host value (`device_path.captured`). The drafters, the walk and the heads
+read `ctx.path` and `ctx.captured` to pick an implementation, never a device type or an argument's type.
+
+The tree's plan (`TreePlan`) is built here too, once per (tree, code groups, device), and kept in a bounded cache on
+the decoding side (least recently used first out), never on the caller's `Tree`.
+"""
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from rvqspec.engine import device_path
+from rvqspec.engine.device_path import DevicePath
+from rvqspec.engine.model import KVCache, MultiCodeDecoder
+from rvqspec.engine.sampling import Sampler
+from rvqspec.engine.tree import Tree
+
+PLANS = 64  # trees' plans kept (a plan is a few small tensors)
+
+
+@dataclass
+class TreePlan:
+    """Everything a round needs about the tree, built once per (tree, groups, device) (`plan_for`). Per-k tables are
+    stacked so that a batch gathers each row's by its k. q = N + 1 query tokens (root + nodes).
+
+    Worked example: the tree [[0], [1], [0, 0]] (q = 4: root 0; node 1 = rank 0 at depth 1; node 2 = rank 1 at
+    depth 1; node 3 = rank 0 at depth 2 under node 1), G = 16 codebooks, a row at k = 3 (c1..c3 emitted):
+      parent        [0, 0, 0, 1]
+      draft_index   [0, 1, 2]: node 1 takes depth 1 rank 0, node 2 depth 1 rank 1, node 3 depth 2 rank 0 of the
+                    drafter's [depth, m] top-m table, flattened (m = 2, the tree's top_m)
+      scratch       [16, 17, 18, 19]: the tree's cache slots, after the G committed ones
+      positions[3]  [4, 5, 5, 6]: position k + 1 + depth (the root c_3 sits at position 4)
+      tables[3]     [3, 4, 4, 5]: the root is code c_3 (table 3), depth-1 drafts c_4, depth-2 drafts c_5
+      masks[3]      [4, 20]: slots 0..3 (committed) for every query, then each query's ancestors and itself
+                    among the scratch slots (node 3 sees slots 16, 17, 19)
+      path_slots    [[16, 16, 16], [16, 17, 17], [16, 18, 18], [16, 17, 19]]: root..node, padded with the node
+      path_steps    [1, 2, 3]: a path's entries go to slots k + 1, k + 2, ... (positions 4, 5, 6 at k = 3)
+      children      [[1, 2], [3], [], []]: the host walk's child lists
+    """
+
+    tree: Tree
+    parent: Tensor  # [q]
+    draft_index: Tensor  # [N] index into the drafter's flattened top-m table [depth, m]
+    scratch: Tensor  # [q] cache slots of the tree
+    positions: Tensor  # [G, q] per k: position ids k+1+depth
+    tables: Tensor  # [G, q] per k: embedding table of each token (clamped past the last code)
+    masks: Tensor  # [G, q, G+q] per k: committed slots 0..k, then the tree's ancestors
+    path_slots: Tensor  # [q, max_depth+1] per node: scratch slots of root..node, padded with the node's own
+    path_steps: Tensor  # [max_depth+1] 1, 2, ...: where the path goes, counted from the row's k
+    children: list[list[int]]  # per node, its children (host lists, for the host walk)
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """One decode call's predictor, cache, tree plan, sampler, generator, drafter and path: every step of it (the AR
+    frame, the prefill, each round) reads this and its own per-round inputs only."""
+
+    model: MultiCodeDecoder
+    cache: KVCache
+    plan: TreePlan | None  # None: plain AR
+    sampler: Sampler  # in a captured call, the graph's noise sampler (`graphs.Noise`)
+    generator: torch.Generator | None
+    drafter: nn.Module | None  # a `drafters.Drafter`; None: plain AR
+    path: DevicePath
+    rows: int  # the frames; cache rows past them are padding (a graph's bucket) that starts done
+
+    @property
+    def captured(self) -> bool:
+        """The steps run inside a captured call (CUDA graphs): no step may read a host value."""
+        return self.path.captured
+
+    @property
+    def batch(self) -> int:
+        """Cache rows: the frames and their padding."""
+        return self.cache.kv.shape[2]
+
+    def positions(self, k: Tensor, k_host: list[int] | None) -> Tensor | list[int]:
+        """Each row's k as the round's steps take it: the device tensor in a captured call, else the host list."""
+        return k if self.captured else k_host
+
+
+def new_context(model: MultiCodeDecoder, cache: KVCache, sampler: Sampler, generator: torch.Generator | None,
+                drafter: nn.Module | None, tree: Tree | None, rows: int, captured: bool = False) -> RoundContext:
+    """The context of a decode call over `cache` (`rows` frames): the path resolved for the model's device and dtype
+    in the current grad mode and fast-path switch, the plan built (or found) where there is a drafter."""
+    path = device_path.choose(model.device, model.dtype)
+    plan = plan_for(tree, model) if drafter is not None else None
+    return RoundContext(model, cache, plan, sampler, generator, drafter,
+                        device_path.captured(path) if captured else path, rows)
+
+
+def frame_slots(model: MultiCodeDecoder, tree: Tree | None) -> int:
+    """Cache slots per row of a frame: G committed, and a speculative frame's tree (root and N nodes)."""
+    return model.config.num_code_groups + (tree.size + 1 if tree is not None else 0)
+
+
+def codebooks_ahead(positions: Tensor | list[int], ahead: int, last: int, captured: bool) -> Tensor | list[int]:
+    """The codebook `ahead` codes past each row's position, capped at the last (rows past it are masked or pruned):
+    a device tensor in a captured call, else a host list (`RoundContext.positions`)."""
+    if captured:
+        return (positions + ahead).clamp(max=last)
+    return [min(p + ahead, last) for p in positions]
+
+
+_plans: OrderedDict[tuple, TreePlan] = OrderedDict()  # least recently used first
+_plans_lock = threading.Lock()
+
+
+def plan_for(tree: Tree, model: MultiCodeDecoder) -> TreePlan:
+    """`tree`'s plan for `model`'s code groups and device, built on first use (trees count by value)."""
+    key = (tuple(tree.paths), model.config.num_code_groups, str(model.device))
+    with _plans_lock:
+        if key in _plans:
+            _plans.move_to_end(key)
+        else:
+            _plans[key] = build_plan(tree, model.config.num_code_groups, model.device)
+            while len(_plans) > PLANS:
+                _plans.popitem(last=False)
+        return _plans[key]
+
+
+def build_plan(tree: Tree, groups: int, device: torch.device) -> TreePlan:
+    q, depth, ks = tree.size + 1, tree.depth, torch.arange(groups)[:, None]
+    committed = torch.arange(groups)[None, :] <= ks  # [k, slot]: slot <= k
+    masks = torch.cat([committed[:, None, :].expand(-1, q, -1), tree.ancestors.expand(groups, -1, -1)], dim=2)
+    ancestors = tree.ancestors.tolist()
+    paths = [[a for a in range(q) if ancestors[n][a]] for n in range(q)]
+    paths = [path + path[-1:] * (tree.max_depth + 1 - len(path)) for path in paths]
+    children = [[] for _ in range(q)]
+    for child, parent in enumerate(tree.parent.tolist()[1:], 1):
+        children[parent].append(child)
+    return TreePlan(
+        tree=tree, parent=tree.parent.to(device),
+        draft_index=((depth[1:] - 1) * max(tree.top_m, 1) + tree.rank[1:]).to(device),
+        scratch=torch.arange(groups, groups + q, device=device),
+        positions=(ks + 1 + depth).to(device), tables=(ks + depth).clamp(max=groups - 1).to(device),
+        masks=masks.to(device), path_slots=(groups + torch.tensor(paths)).to(device),
+        path_steps=torch.arange(1, tree.max_depth + 2, device=device), children=children)
