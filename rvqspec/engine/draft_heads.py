@@ -39,6 +39,6 @@ def quantized(model) -> QuantizedHeads:
 def logits(model, hidden: Tensor, codebooks: list[int] | Tensor, path: DevicePath) -> Tensor:
     """Approximate logits [R, V] of hidden [R, H], row r through the head of codebooks[r]: for ranking only. The int8
     copies where `path.int8_drafts` and the model's heads are float; else the exact heads."""
-    if model.head_weights is not None or not path.int8_drafts or not supported(model):
+    if model.is_quantized or not path.int8_drafts or not supported(model):
         return model.head_logits(hidden, codebooks, path)  # a quantized model's heads are int8 already
     return by_codebook(hidden, codebooks, model.config.vocab_size, quantized(model).logits)

@@ -94,7 +94,7 @@ class Drafter(nn.Module):
 
     def batched_head(self, model, h: Tensor, positions: Tensor, j: int) -> Tensor:
         first = int(positions[0]) + j  # codebooks first..first+P-1 use heads[first-1 : first-1+P]
-        if model.head_weights is not None:  # int8 heads (a quantized model): one codebook at a time
+        if model.is_quantized:  # int8 heads (a quantized model): one codebook at a time
             return torch.stack([model.head_logits(h[:, p], first + p) for p in range(h.shape[1])], dim=1)
         return torch.einsum("bph,pvh->bpv", h, model.heads[first - 1:first - 1 + h.shape[1]])
 

@@ -237,13 +237,19 @@ class MultiCodeDecoder(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.norm.weight.dtype
 
+    @property
+    def is_quantized(self) -> bool:
+        """Whether this model holds int8 weights (`weights`: a scheme of `quantize`), its heads as `head_weights`
+        only (`heads` None)."""
+        return self.weights != "float"
+
     def refresh(self) -> None:
         """Drop derived copies of weights (oneDNN packs, int8 draft heads) whose weights changed without a version
         bump (a write through `.data`); `decode_frames` calls it once per call."""
         for module in self.modules():
             if isinstance(module, Linear):
                 module.pack.forget_if_changed(module.weight)
-        if self.heads is not None:
+        if not self.is_quantized:
             for pack, head in zip(self.head_packs, self.heads):
                 pack.forget_if_changed(head)
             if self.int8_heads is not None and not torch.equal(probe(self.heads), self.int8_heads[0][-1]):
@@ -294,7 +300,7 @@ class MultiCodeDecoder(nn.Module):
         that each group goes through its head's packed weight (`grouped_heads`: the CPU), or gathered per row (one
         kernel, no host work, the same shapes for every call)."""
         if isinstance(codebook, int):  # one codebook for every row
-            if self.head_weights is not None:
+            if self.is_quantized:
                 return self.head_weights.logits(hidden, codebook)
             return linear(hidden, self.heads[codebook - 1], None, self.head_packs[codebook - 1])
         path = path or device_path.choose(hidden.device, hidden.dtype)
@@ -310,7 +316,7 @@ class MultiCodeDecoder(nn.Module):
         return by_codebook(hidden, codebook, self.config.vocab_size, self.head_logits)
 
     def gathered_head_logits(self, hidden: Tensor, codebook: list[int] | Tensor) -> Tensor:
-        if self.head_weights is not None:
+        if self.is_quantized:
             raise RvqspecError("per-row heads on the device need float heads: quantized weights run on the CPU")
         index = torch.as_tensor(codebook, device=hidden.device) - 1
         return torch.einsum("bh,bvh->bv", hidden, self.heads[index])
@@ -363,7 +369,7 @@ class MultiCodeDecoder(nn.Module):
 
     def require_float(self, what: str) -> None:
         """Refuse `what` on a quantized model, whose heads exist only as int8 matmuls."""
-        if self.weights != "float":
+        if self.is_quantized:
             raise RvqspecError(f"{what} needs the float model, and this one holds {self.weights} weights: use the model "
                                "it was quantized from (save it, train with it, and quantize after loading: "
                                f"MultiCodeDecoder.from_pretrained(folder, weights={self.weights!r}))")
@@ -371,12 +377,12 @@ class MultiCodeDecoder(nn.Module):
     def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
         """nn.Module's; a quantized model adds its scheme and int8 heads (`quantize.save_heads`)."""
         super()._save_to_state_dict(destination, prefix, keep_vars)
-        if self.head_weights is not None:
+        if self.is_quantized:
             save_heads(self, destination, prefix)
 
     def _load_from_state_dict(self, state: dict, prefix: str, metadata: dict, strict: bool, missing: list,
                               unexpected: list, errors: list) -> None:
-        if self.head_weights is not None:
+        if self.is_quantized:
             load_heads(self, state, prefix, missing, errors)
         super()._load_from_state_dict(state, prefix, metadata, strict, missing, unexpected, errors)
 

@@ -327,7 +327,7 @@ def restore_linears(swapped: list[tuple]) -> None:
 def quantize(model, scheme: str):
     """A new MultiCodeDecoder with `scheme`'s int8 weights (see the module docstring); `model` is untouched."""
     check_scheme(scheme)
-    if model.weights != FLOAT:
+    if model.is_quantized:
         raise RvqspecError(f"this model is already {model.weights}-quantized: quantize the float model")
     if model.device.type != "cpu":
         raise RvqspecError(f"{scheme} weights run on the CPU only: quantize a model on the CPU (it is on "
