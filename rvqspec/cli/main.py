@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(e, file=sys.stderr)
         return 2
+    os.environ["HF_HUB_OFFLINE"] = "1"  # the CLI never downloads: upstream's loaders read the local cache only
     try:
         return args.run(args) or 0
     except RvqspecError as e:

@@ -9,12 +9,13 @@ AR and speculative calls take the same path, so AR keeps being our fastest AR.
 
 The kernels are built on first use with torch.utils.cpp_extension (needs ninja, `pip install 'rvqspec[fast]'`,
 and a C++ compiler), compiled for this CPU and cached by torch (~/.cache/torch_extensions). Where they
-cannot be built, decoding takes the plain path after one warning. `RVQSPEC_FUSED=0` (or `enabled(False)`)
-turns the whole CPU fast path off (these kernels, the int8 draft heads of `draft_heads` and the early-stopping
+cannot be built, decoding takes the plain path after one warning. `RVQSPEC_FUSED=0` (the default of every thread)
+or `enabled(False)` (for a block, in its own thread or task only) turns the whole CPU fast path off (these kernels, the int8 draft heads of `draft_heads` and the early-stopping
 walk `walk.walk_on_host`; where each applies: `device_path`), e.g. to time the previous engine side by side
 (benchmarks/fused_path.py).
 """
 
+import contextvars
 import hashlib
 import os
 import platform
@@ -32,8 +33,10 @@ from rvqspec.engine import cpu_class
 SOURCE = Path(__file__).with_name("fused.cpp")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
-_state = {"enabled": os.environ.get("RVQSPEC_FUSED", "1") != "0", "module": None, "tried": False}
+_state = {"module": None, "tried": False}
 _lock = threading.Lock()
+# The fast-path switch of the current thread (or task): `enabled` sets it for a block; RVQSPEC_FUSED the default.
+_enabled = contextvars.ContextVar("rvqspec_fused", default=os.environ.get("RVQSPEC_FUSED", "1") != "0")
 
 
 def build_name() -> str:
@@ -62,8 +65,8 @@ def kernels():
         if not _state["tried"]:
             try:
                 from torch.utils.cpp_extension import load
-                add_ninja_to_path()
-                _state["module"] = load(build_name(), [str(SOURCE)], extra_cflags=cflags(), verbose=False)
+                with ninja_on_path():
+                    _state["module"] = load(build_name(), [str(SOURCE)], extra_cflags=cflags(), verbose=False)
             except Exception as e:  # no ninja, no compiler, a read-only cache...: the plain path still works
                 warnings.warn(f"rvqspec: the fused CPU kernels could not be built ({type(e).__name__}: "
                               f"{str(e).strip().splitlines()[-1] if str(e).strip() else e}); decoding takes the "
@@ -73,31 +76,40 @@ def kernels():
         return _state["module"]
 
 
-def add_ninja_to_path() -> None:
-    """torch runs `ninja` from PATH; the pip package's binary is not on it when the venv is not activated."""
+@contextmanager
+def ninja_on_path():
+    """torch runs `ninja` from PATH; the pip package's binary is not on it when the venv is not activated: put it
+    there for the build only, and give the process its PATH back after."""
     try:
         import ninja
     except ImportError:
+        ninja = None
+    before = os.environ.get("PATH", "")
+    if ninja is None or ninja.BIN_DIR in before.split(os.pathsep):
+        yield
         return
-    if ninja.BIN_DIR not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + before
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = before
 
 
 @contextmanager
 def enabled(on: bool):
-    """Turn the CPU fast path on or off inside the block (e.g. to time or test the plain path)."""
-    before = _state["enabled"]
-    _state["enabled"] = on
+    """Turn the CPU fast path on or off inside the block, for this thread (or task) only (e.g. to time or test the
+    plain path); other threads keep theirs."""
+    token = _enabled.set(on)
     try:
         yield
     finally:
-        _state["enabled"] = before
+        _enabled.reset(token)
 
 
 def on() -> bool:
-    """Whether the CPU fast path is switched on: these kernels, the int8 draft heads and the early-stopping walk
-    (where each applies: `device_path.choose`)."""
-    return _state["enabled"]
+    """Whether the CPU fast path is switched on for this thread: these kernels, the int8 draft heads and the
+    early-stopping walk (where each applies: `device_path.choose`)."""
+    return _enabled.get()
 
 
 def layers(model, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache, slots: Tensor | None,

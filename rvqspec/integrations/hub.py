@@ -1,7 +1,6 @@
 """Where an upstream checkpoint is (a folder, or a Hugging Face repo id already in the local cache: nothing is ever
 downloaded), and the device and dtype it loads on by default."""
 
-import os
 import re
 from pathlib import Path
 
@@ -14,9 +13,9 @@ REPO_ID = re.compile(r"[\w.-]+/[\w.-]+")
 
 
 def resolve_model(name: str) -> Path:
-    """`name` if it is a folder, else the snapshot folder of Hugging Face repo `name` in the local cache.
-    Puts huggingface_hub in offline mode for this process (HF_HUB_OFFLINE=1): loading never downloads."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
+    """`name` if it is a folder, else the snapshot folder of Hugging Face repo `name` in the local cache (looked up
+    with local files only: nothing is downloaded, and the process's environment is left as it is; the CLI runs its
+    commands offline, `cli.main`)."""
     path = Path(name).expanduser()
     if path.is_dir():
         return path
