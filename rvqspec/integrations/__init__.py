@@ -6,7 +6,7 @@ import torch
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.tree import Tree
 from rvqspec.integrations import csm, qwen_tts
-from rvqspec.integrations.base import HANDLE, Acceleration
+from rvqspec.integrations.base import HANDLE, AccelerateOptions, Acceleration
 
 
 def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator: torch.Generator | None = None,
@@ -27,16 +27,16 @@ def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator:
     `talker_weights="w8a8"` (opt-in, lossy, CPU): the talker's (CSM: the backbone's) linear layers become int8 ones
     too, until `handle.undo()`.
     """
+    options = AccelerateOptions(drafter, tree, generator, calibration, weights, tuned, graphs, talker_weights)
     if csm.is_csm(model):
-        return csm.accelerate(model, drafter, tree, generator, calibration, weights, tuned, graphs, talker_weights)
+        return csm.accelerate_with(model, options)
     try:
         qwen_tts.find_talker(model)
     except RvqspecError:
         raise RvqspecError(f"{type(model).__name__} is neither a qwen-tts model nor a transformers CSM model: pass a "
                            "qwen_tts.Qwen3TTSModel (or its .model / .model.talker) or a "
                            "CsmForConditionalGeneration") from None
-    return qwen_tts.accelerate(model, drafter, tree, generator, calibration, weights, tuned, graphs,
-                               talker_weights)  # the whole model
+    return qwen_tts.accelerate_with(model, options)  # the whole model
 
 
 def deaccelerate(model) -> None:

@@ -107,6 +107,21 @@ def float_entries(original: torch.nn.Module, swapped: torch.nn.Module, state: di
     original.state_dict(destination=state, prefix=prefix)
 
 
+@dataclass(frozen=True)
+class AccelerateOptions:
+    """What `rvqspec.accelerate` was asked for (its keyword arguments, documented there), passed whole to the
+    integration that serves the model."""
+
+    drafter: torch.nn.Module | None = None
+    tree: Tree | str | None = "auto"
+    generator: torch.Generator | None = None
+    calibration: str | None = None
+    weights: str | None = None
+    tuned: str | None = None
+    graphs: bool = True
+    talker_weights: str | None = None
+
+
 class Acceleration:
     """What `accelerate` returns: `stats` after a generate call, `undo()` to restore upstream's depth decoder.
 
@@ -115,24 +130,23 @@ class Acceleration:
 
     KIND = ""  # the model type a tuned folder names ("qwen-tts", "csm")
 
-    def __init__(self, owner: torch.nn.Module, target: torch.nn.Module, drafter, tree: Tree | str | None,
-                 generator: torch.Generator | None, calibration: str | None = None, weights: str | None = None,
-                 tuned: str | None = None, graphs: bool = True, talker_weights: str | None = None):
+    def __init__(self, owner: torch.nn.Module, target: torch.nn.Module, options: AccelerateOptions):
         if getattr(owner, HANDLE, None) is not None:
             raise RvqspecError("this model is already accelerated: call handle.undo() (or deaccelerate(model)) first")
         self.owner, self.target = owner, target
-        self.weights = weights and check_scheme(weights)
+        self.weights = options.weights and check_scheme(options.weights)
         decoder, self.latency = self.build_decoder(), None
-        if tuned is not None:
+        drafter, calibration, tree = options.drafter, options.calibration, options.tree
+        if options.tuned is not None:
             if drafter is not None or calibration is not None:
                 raise RvqspecError("tuned= brings its own drafter and calibration: drop drafter= and calibration=")
-            drafter, calibration, latency = load_tuned(tuned, decoder, self.KIND)
+            drafter, calibration, latency = load_tuned(options.tuned, decoder, self.KIND)
             self.latency = None if self.weights else latency  # measured on the float model
         check_arguments(drafter, tree)
-        self.drafter, self.tree, self.generator, self.calibration = drafter, tree, generator, calibration
+        self.drafter, self.tree, self.generator, self.calibration = drafter, tree, options.generator, calibration
         self.stats = Stats()
         self.streams = Turns()  # the streams of this model take turns (rvqspec.integrations.stream)
-        self.graphs = GraphDecoder() if graphs else None  # CUDA graphs of this handle's calls (CUDA only)
+        self.graphs = GraphDecoder() if options.graphs else None  # CUDA graphs of this handle's calls (CUDA only)
         self.warned: set[str] = set()
         self.decoder, self.built_from = self.quantized(decoder), self.fingerprint()
         self.policy: Policy | None = None
@@ -144,7 +158,7 @@ class Acceleration:
                 self.policy = self.make_policy()
         # Last: nothing can fail after the model's own layers are swapped.
         talker, kept = self.talker_parts()
-        self.talker_swaps = quantize_linears(talker, talker_weights, kept) if talker_weights else []
+        self.talker_swaps = quantize_linears(talker, options.talker_weights, kept) if options.talker_weights else []
         for parent, name, original in self.talker_swaps:
             getattr(parent, name).register_state_dict_post_hook(functools.partial(float_entries, original))
         self.replaced_instance_method = "generate" in vars(target)

@@ -27,7 +27,7 @@ from rvqspec.engine.config import config_from_csm, csm_config_dict
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.model import MultiCodeDecoder
 from rvqspec.engine.tree import Tree
-from rvqspec.integrations.base import Acceleration
+from rvqspec.integrations.base import AccelerateOptions, Acceleration
 from rvqspec.integrations.csm_stream import stream_audio
 from rvqspec.integrations.stream import CHUNK_FRAMES
 
@@ -61,12 +61,9 @@ class CsmAcceleration(Acceleration):
 
     KIND = "csm"
 
-    def __init__(self, model, drafter, tree: Tree | str | None, generator: torch.Generator | None,
-                 calibration: str | None = None, weights: str | None = None, tuned: str | None = None,
-                 graphs: bool = True, talker_weights: str | None = None):
+    def __init__(self, model, options: AccelerateOptions):
         self.model = model
-        super().__init__(model, model.depth_decoder, drafter, tree, generator, calibration, weights, tuned, graphs,
-                         talker_weights)
+        super().__init__(model, model.depth_decoder, options)
 
     def stream(self, chunk_frames: int = CHUNK_FRAMES, first_chunk_frames: int | None = None,
                **generate_kwargs) -> Iterator[tuple]:
@@ -113,9 +110,15 @@ def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator:
     until `undo()`: AR (31 calls per frame step) without a drafter; with one, the decoding policy's choice per
     batch size (`tree="auto"`) or a fixed `Tree`. As `rvqspec.integrations.qwen_tts.accelerate` otherwise
     (`talker_weights=` quantizes the backbone and its c0 head)."""
+    return accelerate_with(model, AccelerateOptions(drafter, tree, generator, calibration, weights, tuned, graphs,
+                                                    talker_weights))
+
+
+def accelerate_with(model, options: AccelerateOptions) -> CsmAcceleration:
+    """`accelerate` with its arguments as one `AccelerateOptions`."""
     if not is_csm(model):
         raise RvqspecError(f"{type(model).__name__} is not a transformers CSM model: pass a CsmForConditionalGeneration")
-    return CsmAcceleration(model, drafter, tree, generator, calibration, weights, tuned, graphs, talker_weights)
+    return CsmAcceleration(model, options)
 
 
 def load_model(folder: Path, device: str, dtype: torch.dtype):

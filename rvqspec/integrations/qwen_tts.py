@@ -32,7 +32,7 @@ from rvqspec.engine.config import config_from_upstream
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.model import MultiCodeDecoder
 from rvqspec.engine.tree import Tree
-from rvqspec.integrations.base import Acceleration
+from rvqspec.integrations.base import AccelerateOptions, Acceleration
 from rvqspec.integrations.qwen_tts_stream import stream_speech
 from rvqspec.integrations.stream import CHUNK_FRAMES
 
@@ -88,12 +88,9 @@ class QwenTTSAcceleration(Acceleration):
 
     KIND = "qwen-tts"
 
-    def __init__(self, talker, drafter, tree: Tree | str | None, generator: torch.Generator | None,
-                 calibration: str | None = None, weights: str | None = None, tts=None, tuned: str | None = None,
-                 graphs: bool = True, talker_weights: str | None = None):
+    def __init__(self, talker, options: AccelerateOptions, tts=None):
         self.talker, self.tts = talker, tts
-        super().__init__(talker, talker.code_predictor, drafter, tree, generator, calibration, weights, tuned, graphs,
-                         talker_weights)
+        super().__init__(talker, talker.code_predictor, options)
 
     def stream_custom_voice(self, *args, chunk_frames: int = CHUNK_FRAMES, first_chunk_frames: int | None = None,
                             **kwargs) -> Iterator[tuple]:
@@ -186,9 +183,14 @@ def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator:
     `talker_weights="w8a8"` (or "w8a16"), opt-in and lossy: the talker's own linear layers (not the predictor's,
     which `weights=` sets) become int8 ones (`rvqspec.engine.quantize.quantize_linears`, CPU) until `undo()`.
     """
+    return accelerate_with(model, AccelerateOptions(drafter, tree, generator, calibration, weights, tuned, graphs,
+                                                    talker_weights))
+
+
+def accelerate_with(model, options: AccelerateOptions) -> QwenTTSAcceleration:
+    """`accelerate` with its arguments as one `AccelerateOptions`."""
     tts = model if hasattr(model, "generate_custom_voice") else None
-    return QwenTTSAcceleration(find_talker(model), drafter, tree, generator, calibration, weights, tts, tuned, graphs,
-                               talker_weights)
+    return QwenTTSAcceleration(find_talker(model), options, tts)
 
 
 def speech_request(tts, text: str, language: str = "Auto", speaker: str | None = None, instruct: str | None = None,
