@@ -8,7 +8,7 @@ bisected to the paper's 2.47 tokens/step at N = 32 on random frames; the figure 
 measured), and the real-size 12 Hz speech decoder (qwen-tts's default decoder config). Text goes through a
 character-level tokenizer (tests/helpers/upstream_tts.py): the text side is a few embedding rows per frame.
 EOS is made unreachable so that every run decodes FRAMES frames (a 10 s utterance). Timing does not depend on
-weight values (DESIGN section 5). Runs are interleaved, each setting once per repeat; figures are medians.
+weight values (docs/design.md, section 5). Runs are interleaved, each setting once per repeat; figures are medians.
 
     nice -n 0 .venv/bin/python benchmarks/end_to_end.py   # writes benchmarks/results/end-to-end.{json,md}
 """

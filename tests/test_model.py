@@ -34,7 +34,7 @@ def frames(config: PredictorConfig, n: int, seed: int = 1) -> tuple[torch.Tensor
 
 
 def test_presets_are_the_real_sizes():
-    """DESIGN section 1: the code predictor shared by 0.6B and 1.7B; only the talker width differs."""
+    """docs/design.md, section 1: the code predictor shared by 0.6B and 1.7B; only the talker width differs."""
     c = QWEN3_TTS_0_6B
     assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
             c.intermediate_size, c.vocab_size, c.num_code_groups, c.rope_theta, c.rms_norm_eps) == \

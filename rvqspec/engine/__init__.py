@@ -1,1 +1,21 @@
-"""The engine: the predictor, sampling, trees, drafters, the batched AR and speculative rounds, and the policy that picks one per batch size. It imports only itself."""
+"""The engine: the predictor, sampling, trees, drafters, the batched AR and speculative rounds, and the policy that
+picks one per batch size. It imports only itself.
+
+Vocabulary (every module, docstring and message uses these words in these senses; docs/design.md explains why):
+
+- predictor: the small transformer that emits a frame's residual codes c1..c15 after the talker's c0 (upstream's
+  "code predictor" or "depth decoder"; here `MultiCodeDecoder`). "Decoder" alone is not used for it.
+- codec: the speech tokenizer that turns frames of codes into audio; outside the engine (`integrations`).
+- frame: c0..c15 of one talker step; a batch decodes B frames at once, one row each. k: the codes a row has.
+- AR: one predictor call per code. A call (or step): one predictor forward over the batch.
+- draft: a code the drafter proposes for c_{k+j} (depth j, rank r among its top-m candidates); a drafter never
+  changes what is emitted, only how often drafts are accepted.
+- tree: which (depth, rank) drafts a round verifies; its size N is its number of nodes (not "budget" or "nodes"),
+  and a round's call is N + 1 tokens long (the root c_k, then the nodes).
+- round: one speculative call for the batch: draft, verify the tree, walk it (sample-then-match), compact the cache.
+- accepted: a draft the walk moves to (its code equals the draw at its parent); bonus: the draw where the walk
+  stops, emitted after the accepted drafts. A round emits accepted + 1 codes per row (fewer at the frame end).
+- tokens per step: codes emitted per predictor call (`decode.tokens_per_step`, the one definition; AR: 1).
+- path: which implementation a call takes on its device and dtype (`device_path.DevicePath`), resolved once per
+  decode call into its round context (`context.RoundContext`).
+"""

@@ -47,7 +47,7 @@ def calls_distribution(tree: Tree, per_position: Tensor) -> list[float]:
     per_position[k-1][d-1][r] = P(the rank-r draft at depth d wins | its parent did) for drafts from h_k.
 
     A node's acceptance is the product along its path (depths independent, as in the tree growth); nodes past
-    the last code are pruned and the last code gets no bonus (DESIGN section 2)."""
+    the last code are pruned and the last code gets no bonus (docs/design.md, section 2)."""
     last = per_position.shape[0] + 1
     depths_known, ranks_known = per_position.shape[1], per_position.shape[2]
     parent, depth, rank = tree.parent.tolist(), tree.depth.tolist(), tree.rank.tolist()

@@ -125,7 +125,7 @@ def validate_paths(paths: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
 
 
 def grow_tree(acceptance: Tensor, budget: int, max_depth: int | None = None) -> Tree:
-    """Greedy sparse tree (DESIGN section 3) from acceptance[d][r] = P(rank r wins at depth d+1).
+    """Greedy sparse tree (docs/design.md, section 3) from acceptance[d][r] = P(rank r wins at depth d+1).
 
     A node's value is the product of acceptance along its path, i.e. the probability that it is
     accepted; at each step the best candidate (first child or next sibling of a node already in the

@@ -1,6 +1,6 @@
 """`rvqspec calibrate`: acceptance statistics of a drafter, sparse trees grown from them, and a report.
 
-Acceptance (DESIGN section 3) is measured on free-running synthesis: talker states and c0 come from the
+Acceptance (docs/design.md, section 3) is measured on free-running synthesis: talker states and c0 come from the
 corpus (train split), the predictor samples c1..c15 with the deployed sampler, consuming its own codes.
 One teacher-forced pass over the sampled frame then gives every h_i and every target distribution p~
 at once: for position i, depth j and rank r, the probability that p~ (given the sampled prefix up to

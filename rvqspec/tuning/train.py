@@ -1,6 +1,6 @@
 """`rvqspec train-offsets`: train a drafter (offsets, or Medusa heads) against the frozen code predictor.
 
-DESIGN section 4: everything of the predictor is frozen; per batch of frames one teacher-forced pass
+docs/design.md, section 4: everything of the predictor is frozen; per batch of frames one teacher-forced pass
 over all G positions gives h_i, and for each depth j the drafter's logits for c_{i+j} (all valid i)
 are scored with cross entropy; the loss is the sum over j of the mean over positions and frames.
 Adam, lr 1e-3, 32 frames per batch by default. Each epoch: validation loss and top-1 draft accuracy
