@@ -10,6 +10,7 @@ from pathlib import Path
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.files import read_json
 
+FRAME_RATE = 12.5  # code frames a second (80 ms): Qwen3-TTS, CSM (Mimi) and the stand-in alike
 LAYOUTS = ("qwen3_tts", "csm")
 ROPE_TYPES = ("default", "llama3")
 LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")

@@ -296,7 +296,7 @@ def table2_row(name: str, drafter, runs: dict[int, list[Run]], backbone: int) ->
 
 def table3(runs: dict, sentences: list[dict], seeds: list[int], spec_mode: str | None, wers: dict,
            scored: list[dict]) -> dict:
-    from rvqspec.standin.synthesis import FRAME_RATE
+    from rvqspec.engine.config import FRAME_RATE
 
     rows = []
     for lang in dict.fromkeys(s["lang"] for s in sentences):

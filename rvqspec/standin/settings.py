@@ -10,13 +10,14 @@ from pathlib import Path
 import torch
 
 from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.policy import SIZES
 from rvqspec.standin.talker import TalkerConfig
 
 ASSETS = Path(__file__).parent / "assets"
 MODEL_DIR = ASSETS / "model"
 OFFSETS_FILE = ASSETS / "offsets.safetensors"
 TREES_DIR = ASSETS / "trees"
-BUDGETS = [4, 8, 16, 32, 64]
+BUDGETS = list(SIZES)  # the tree sizes N the stand-in's trees are grown for
 SPLITS = ("train", "validation", "test")
 SHIPPED_DTYPE = torch.float16
 ASSET_LIMIT_BYTES = 20 * 10**6

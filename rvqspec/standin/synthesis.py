@@ -21,7 +21,6 @@ from rvqspec.engine.tree import Tree
 from rvqspec.standin.speech import read_manifest
 from rvqspec.standin.talker import StandinTTS
 
-FRAME_RATE = 12.5  # code frames per second (80 ms)
 
 
 @dataclass

@@ -21,17 +21,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rvqspec.engine.checkpoint import save_json, save_text
+from rvqspec.engine.config import FRAME_RATE
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.files import read_json
 from rvqspec.engine.model import MultiCodeDecoder
+from rvqspec.engine.policy import SIZES
 from rvqspec.integrations.tuned import IDENTITY, IDENTITY_FIELDS, LATENCY, TREES, identity_of, read_identity
 from rvqspec.tuning.calibrate import CalibrationSettings, calibrate
 from rvqspec.tuning.corpus import Corpus, CorpusWriter, split_of
 from rvqspec.tuning.train import TrainSettings, progress_bar, train
 
 STAGES = ("synthesize", "train", "calibrate", "bench", "report")
-BUDGETS = [4, 8, 16, 32, 64]
-FRAME_RATE = 12.5  # frames a second: Qwen3-TTS, CSM (Mimi) and the stand-in alike
 DEFAULT_MINUTES = 20.0  # of synthesized audio (15,000 frames): see docs/RESULTS.md (tune) for what it gives
 
 
@@ -52,7 +52,7 @@ class TuneSettings:
     minutes: float = DEFAULT_MINUTES
     epochs: int = 2
     seed: int = 0
-    budgets: tuple[int, ...] = tuple(BUDGETS)
+    budgets: tuple[int, ...] = SIZES  # the tree sizes N grown
     validation_fraction: float = 0.1
     offsets: str = "shared"  # or "per-position": one offset per start position and lookahead distance
     objective: str = "codes"  # the trainer's (`train.DraftLoss`): "codes" or "acceptance"
