@@ -3,8 +3,8 @@ picks one per batch size. It imports only itself.
 
 Vocabulary (every module, docstring and message uses these words in these senses; docs/design.md explains why):
 
-- predictor: the small transformer that emits a frame's residual codes c1..c15 after the talker's c0 (upstream's
-  "code predictor" or "depth decoder"; here `MultiCodeDecoder`). "Decoder" alone is not used for it.
+- predictor: the small transformer that emits a frame's residual codes after the talker's c0 (c1..c15 for
+  Qwen3-TTS); upstream's "code predictor" (Qwen3-TTS) or "depth decoder" (CSM), the class `MultiCodeDecoder`.
 - codec: the speech tokenizer that turns frames of codes into audio; outside the engine (`integrations`).
 - frame: c0..c15 of one talker step; a batch decodes B frames at once, one row each. k: the codes a row has.
 - AR: one predictor call per code. A call (or step): one predictor forward over the batch.
