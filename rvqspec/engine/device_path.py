@@ -83,6 +83,11 @@ def static_shapes(device: torch.device) -> bool:
     return device.type != "cpu"
 
 
+def replays_graphs(device: torch.device) -> bool:
+    """Whether CUDA graphs can replay a captured call on `device` (`graphs.cuda_graph`): CUDA devices only."""
+    return device.type == "cuda"
+
+
 def choose(device: torch.device | str, dtype: torch.dtype) -> DevicePath:
     """The path of a call on `device` in `dtype`, in the current grad/compile mode and fast-path switch (read per
     call; the answer for each combination is made once: the model's matmuls ask on every call)."""

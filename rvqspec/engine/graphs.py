@@ -39,6 +39,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from rvqspec.engine import device_path
 from rvqspec.engine.context import RoundContext, frame_slots, new_context
 from rvqspec.engine.decode import (RoundResult, Steps, autoregressive_codes, eager_calls, first_code, read_round,
                                    round_on_device)
@@ -180,7 +181,7 @@ class GraphDecoder:
         """`decode_frames`'s context and steps (it calls this with `graphs=`): over the static cache of `batch`'s
         bucket, each step replayed from its captured call, under this decoder's lock for the whole decode; past the
         largest bucket, eager."""
-        if self.capture is cuda_graph and model.device.type != "cuda":
+        if self.capture is cuda_graph and not device_path.replays_graphs(model.device):
             raise RvqspecError(f"CUDA graphs replay calls on a GPU but this model is on {model.device}: decode without "
                                "graphs= (accelerate(..., graphs=False)), or move the model to a CUDA device")
         size = bucket_for(batch)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from rvqspec.engine import device_path
 from rvqspec.engine.decode import BatchResult, decode_frames
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.graphs import GraphDecoder
@@ -269,6 +270,6 @@ class Acceleration:
         tree = self.tree_for(len(c0))
         result = decode_frames(decoder, hidden, c0, sampler, self.generator,
                                self.drafter if tree is not None else None, tree,
-                               self.graphs if decoder.device.type == "cuda" else None)
+                               self.graphs if device_path.replays_graphs(decoder.device) else None)
         self.stats.add(result, tree.size if tree is not None else 0)
         return result
