@@ -10,9 +10,9 @@ AR and speculative calls take the same path, so AR keeps being our fastest AR.
 The kernels are built on first use with torch.utils.cpp_extension (needs ninja, `pip install 'rvqspec[fast]'`,
 and a C++ compiler), compiled for this CPU and cached by torch (~/.cache/torch_extensions). Where they
 cannot be built, decoding takes the plain path after one warning. `RVQSPEC_FUSED=0` (the default of every thread)
-or `enabled(False)` (for a block, in its own thread or task only) turns the whole CPU fast path off (these kernels, the int8 draft heads of `draft_heads` and the early-stopping
-walk `walk.walk_on_host`; where each applies: `device_path`), e.g. to time the previous engine side by side
-(benchmarks/fused_path.py).
+or `enabled(False)` (for a block, in its own thread or task only) turns the whole CPU fast path off (these
+kernels, the int8 draft heads of `draft_heads` and the early-stopping walk `walk.walk_on_host`; where each applies:
+`device_path`), e.g. to time the previous engine side by side (benchmarks/fused_path.py).
 """
 
 import contextvars
