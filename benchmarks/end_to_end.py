@@ -30,7 +30,7 @@ from rvqspec.bench.timing import finish_machine, machine, machine_text, write_re
 from rvqspec.engine.checkpoint import TALKER_C0_TABLE, official_state_dict  # noqa: E402
 from rvqspec.engine.config import QWEN3_TTS_0_6B  # noqa: E402
 from rvqspec.integrations.qwen_tts import accelerate, import_qwen_tts  # noqa: E402
-from rvqspec.integrations.qwen_tts_audio import StreamingDecoder  # noqa: E402
+from rvqspec.integrations.qwen_tts_audio import StreamingCodec  # noqa: E402
 
 from helpers.upstream_models import upstream_config_dict  # noqa: E402
 from helpers.upstream_tts import CODEBOOK, make_audible, tiny_text_processor, tiny_tts_config_dict  # noqa: E402
@@ -98,8 +98,8 @@ class Timers:
 
     def install(self) -> None:
         target, tokenizer = self.tts.model.talker.code_predictor, self.tts.model.speech_tokenizer
-        self.saved = (vars(target).get("generate"), vars(tokenizer).get("decode"), StreamingDecoder.decode)
-        generate, decode, stream_decode = target.generate, tokenizer.decode, StreamingDecoder.decode
+        self.saved = (vars(target).get("generate"), vars(tokenizer).get("decode"), StreamingCodec.decode)
+        generate, decode, stream_decode = target.generate, tokenizer.decode, StreamingCodec.decode
 
         def timed(fn, field):
             def call(*args, **kwargs):
@@ -111,7 +111,7 @@ class Timers:
             return call
 
         target.generate, tokenizer.decode = timed(generate, "predictor"), timed(decode, "decoder")
-        StreamingDecoder.decode = timed(stream_decode, "decoder")
+        StreamingCodec.decode = timed(stream_decode, "decoder")
 
     def remove(self) -> None:
         target, tokenizer = self.tts.model.talker.code_predictor, self.tts.model.speech_tokenizer
@@ -120,7 +120,7 @@ class Timers:
                 delattr(owner, name)
             else:
                 setattr(owner, name, saved)
-        StreamingDecoder.decode = self.saved[2]
+        StreamingCodec.decode = self.saved[2]
 
 
 REQUEST = dict(text="the quick brown fox jumps over the lazy dog, again and again", speaker="tiny",
@@ -230,7 +230,7 @@ def decoder_difference(tts, frames: int = 60, chunk_frames: int = 4) -> dict:
     try:
         codes = torch.randint(0, 2048, (frames, 16), generator=torch.Generator().manual_seed(0))
         offline = torch.as_tensor(tokenizer.decode([{"audio_codes": codes}])[0][0]).double()
-        stream = StreamingDecoder(tokenizer.model.decoder)
+        stream = StreamingCodec(tokenizer.model.decoder)
         ours = torch.cat([stream.decode(codes[i:i + chunk_frames]) for i in range(0, frames, chunk_frames)]).double()
     finally:
         tokenizer.model.to(dtype)

@@ -28,7 +28,7 @@ from rvqspec.bench.timing import finish_machine, machine, write_reports  # noqa:
 from rvqspec.engine.config import QWEN3_TTS_0_6B  # noqa: E402
 from rvqspec.engine.context import new_context  # noqa: E402
 from rvqspec.engine.decode import autoregressive_codes, decode_frame, decode_frames  # noqa: E402
-from rvqspec.engine.graphs import BUCKETS, GraphDecoder  # noqa: E402
+from rvqspec.engine.graphs import BUCKETS, GraphCache  # noqa: E402
 from rvqspec.engine.drafters import ReusedHeads  # noqa: E402
 from rvqspec.engine.sampling import Sampler  # noqa: E402
 from rvqspec.engine.tree import default_tree  # noqa: E402
@@ -70,7 +70,7 @@ def main() -> None:
                                     high=12.0)
     model, (hidden, c0) = predictor.model, frames[0]
     generator = torch.Generator("cuda").manual_seed(0)
-    drafter, graphs = ReusedHeads(model), GraphDecoder()
+    drafter, graphs = ReusedHeads(model), GraphCache()
     ours = {"eager_ar_frame_ms": lambda: decode_frame(model, hidden, c0, sampler, generator),
             "eager_spec_frame_ms": lambda: decode_frame(model, hidden, c0, sampler, generator, drafter, tree),
             "ar_frame_ms": lambda: decode_frames(model, hidden[None], torch.tensor([c0]), sampler, generator,
@@ -113,8 +113,8 @@ def compiled_ar(model, hidden, c0, sampler, frames: int):
 
 
 def batched(predictor, sampler, frames: int) -> list[dict]:
-    """ms per frame at each bucket: eager AR, graph AR, graph speculative N = 8 and 32 (one GraphDecoder)."""
-    model, graphs, drafter, rows = predictor.model, GraphDecoder(), ReusedHeads(predictor.model), []
+    """ms per frame at each bucket: eager AR, graph AR, graph speculative N = 8 and 32 (one GraphCache)."""
+    model, graphs, drafter, rows = predictor.model, GraphCache(), ReusedHeads(predictor.model), []
     generator = torch.Generator("cuda").manual_seed(0)
     for batch in BUCKETS:
         picked = predictor.frames(batch, seed=batch)

@@ -59,12 +59,12 @@ def test_batched_sampling_on_cuda_matches_enumeration():
 def test_graph_captured_greedy_codes_are_eager_and_cpu_ar_codes(name):
     """CUDA graphs (rvqspec.engine.graphs): captured AR and speculative frames, batches padded to their bucket,
     give the eager codes and the CPU's AR codes."""
-    from rvqspec.engine.graphs import GraphDecoder
+    from rvqspec.engine.graphs import GraphCache
 
     make, trees = DRAFTERS[name]
     groups, per_tree = next(iter(FRAMES_PER_TREE.items()))
     gpu = copy.deepcopy(model(groups)).to(CUDA)
-    drafter, graphs = make(gpu), GraphDecoder()
+    drafter, graphs = make(gpu), GraphCache()
     reference = greedy_reference(groups, per_tree * len(trees))
     for t, tree in enumerate(trees.values()):
         for size in (1, 3, 6):  # buckets 1, 4, 8
@@ -79,13 +79,13 @@ def test_graph_captured_greedy_codes_are_eager_and_cpu_ar_codes(name):
 
 def test_graph_captured_sampling_matches_enumeration():
     """Three frames in a bucket of four, sampled through CUDA graphs with a seeded CUDA generator."""
-    from rvqspec.engine.graphs import GraphDecoder
+    from rvqspec.engine.graphs import GraphCache
 
     cpu_model, talker_hidden, c0 = setup(3)
     gpu = copy.deepcopy(cpu_model).to(CUDA)
     from helpers.tiny import random_offsets
 
-    drafter, graphs = random_offsets(gpu, 3, seed=5), GraphDecoder()
+    drafter, graphs = random_offsets(gpu, 3, seed=5), GraphCache()
     generator = torch.Generator(CUDA).manual_seed(7)
     vocab, last = gpu.config.vocab_size, gpu.config.num_residual_codes
     place = (vocab ** torch.arange(last - 1, -1, -1)).to(CUDA)

@@ -1,5 +1,5 @@
 """The graph runner (rvqspec.engine.graphs) on the CPU, the capture replaced by a direct call on the same static
-buffers: batch buckets and padding, one capture per (call, bucket, N, ...) kept per GraphDecoder, greedy codes
+buffers: batch buckets and padding, one capture per (call, bucket, N, ...) kept per GraphCache, greedy codes
 equal to eager decoding, and the sampled distribution exact (enumerated G-test), padded batches included.
 The capture itself (torch.cuda.CUDAGraph) runs in tests/test_cuda.py on a GPU."""
 
@@ -11,7 +11,7 @@ from test_distribution import DEPLOYED, FULL, SAMPLES, exact_joint, g_test, samp
 
 from rvqspec.engine.decode import decode_frames, padded
 from rvqspec.engine.drafters import ReusedHeads
-from rvqspec.engine.graphs import BUCKETS, GraphDecoder, bucket_for, direct_call
+from rvqspec.engine.graphs import BUCKETS, GraphCache, bucket_for, direct_call
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import Tree, default_tree
 
@@ -51,7 +51,7 @@ def frames(model, rows: int, seed: int):
 def test_greedy_codes_through_graphs_equal_eager_decoding(model, rows, drafter):
     drafter = {None: None, "reused": ReusedHeads(model), "offsets": random_offsets(model, 3, seed=1)}[drafter]
     tree = default_tree(8) if drafter is not None else None
-    graphs = GraphDecoder(direct_call)
+    graphs = GraphCache(direct_call)
     for seed in range(3):  # the same captured calls serve every frame
         talker_hidden, c0 = frames(model, rows, seed)
         eager = decode_frames(model, talker_hidden, c0, GREEDY, drafter=drafter, tree=tree)
@@ -63,7 +63,7 @@ def test_greedy_codes_through_graphs_equal_eager_decoding(model, rows, drafter):
 
 def test_one_capture_per_call_and_bucket_kept_on_its_decoder(model):
     capture, drafter, tree = CountingCapture(), ReusedHeads(model), default_tree(8)
-    graphs = GraphDecoder(capture)
+    graphs = GraphCache(capture)
     for rows in (3, 4, 3):  # bucket 4 each time: the start and the round graphs once
         decode_frames(model, *frames(model, rows, rows), GREEDY, drafter=drafter, tree=tree, graphs=graphs)
     assert capture.captures == 2
@@ -71,7 +71,7 @@ def test_one_capture_per_call_and_bucket_kept_on_its_decoder(model):
     decode_frames(model, *frames(model, 2, 0), GREEDY, graphs=graphs)  # AR at bucket 2
     decode_frames(model, *frames(model, 2, 0), GREEDY, drafter=drafter, tree=default_tree(4), graphs=graphs)
     assert capture.captures == 2 + 2 + 1 + 2
-    other = GraphDecoder(capture)  # another decoding object captures its own
+    other = GraphCache(capture)  # another decoding object captures its own
     decode_frames(model, *frames(model, 3, 0), GREEDY, drafter=drafter, tree=tree, graphs=other)
     assert capture.captures == 9 and not set(map(id, other.graphs.values())) & set(map(id, graphs.graphs.values()))
 
@@ -79,7 +79,7 @@ def test_one_capture_per_call_and_bucket_kept_on_its_decoder(model):
 def test_past_the_largest_bucket_decodes_eagerly(model):
     capture = CountingCapture()
     talker_hidden, c0 = frames(model, 65, 0)
-    ours = decode_frames(model, talker_hidden, c0, GREEDY, graphs=GraphDecoder(capture))
+    ours = decode_frames(model, talker_hidden, c0, GREEDY, graphs=GraphCache(capture))
     assert capture.captures == 0 and torch.equal(ours.codes, decode_frames(model, talker_hidden, c0, GREEDY).codes)
 
 
@@ -88,7 +88,7 @@ def test_two_threads_with_their_own_decoders_get_their_own_codes(model):
 
     def work(seed: int) -> None:
         try:
-            graphs = GraphDecoder(direct_call)
+            graphs = GraphCache(direct_call)
             for _ in range(3):
                 talker_hidden, c0 = frames(model, 3, seed)
                 results[seed] = (decode_frames(model, talker_hidden, c0, GREEDY, drafter=drafter, tree=tree,
@@ -112,7 +112,7 @@ def test_sampling_through_graphs_matches_enumeration(drafter, tree):
     small = setup()[0]
     drafter = {None: None, "reused": ReusedHeads(small), "offsets": random_offsets(small, 3, seed=5)}[drafter]
     counts, accepted = sample_counts(DEPLOYED, SAMPLES, seed=7, drafter=drafter, tree=tree, rows=3,
-                                     graphs=GraphDecoder(direct_call))
+                                     graphs=GraphCache(direct_call))
     pvalues = [g_test(counts[row], exact_joint(DEPLOYED, row, 3)) for row in range(3)]
     print(f"graphs, {'AR' if drafter is None else 'speculative'}: G-test p-values {[f'{p:.3g}' for p in pvalues]}, "
           f"{accepted:.2f} drafts accepted per round")

@@ -14,7 +14,7 @@ from rvqspec import RvqspecError
 from rvqspec.engine import device_path
 from rvqspec.engine.decode import decode_frames
 from rvqspec.engine.drafters import ReusedHeads
-from rvqspec.engine.graphs import GraphDecoder, direct_call
+from rvqspec.engine.graphs import GraphCache, direct_call
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import Tree, default_tree
 
@@ -43,7 +43,7 @@ def frames(model, rows: int, seed: int = 0):
 
 
 def test_the_cache_keeps_no_model_alive():
-    graphs, refs = GraphDecoder(direct_call), []
+    graphs, refs = GraphCache(direct_call), []
     for seed in range(30):
         model = small(seed)
         drafter = ReusedHeads(model)
@@ -60,7 +60,7 @@ def test_the_cache_keeps_no_model_alive():
 
 def test_a_fresh_seeded_generator_per_call_reuses_the_graphs():
     model, capture = small(), CountingCapture()
-    graphs, drafter = GraphDecoder(capture), ReusedHeads(model)
+    graphs, drafter = GraphCache(capture), ReusedHeads(model)
     for seed in range(40):
         generator = torch.Generator().manual_seed(seed)
         decode_frames(model, *frames(model, 3), SAMPLED, generator, graphs=graphs)
@@ -71,7 +71,7 @@ def test_a_fresh_seeded_generator_per_call_reuses_the_graphs():
 
 def test_the_cache_is_bounded_least_recently_used_out():
     model, capture = small(), CountingCapture()
-    graphs, drafter = GraphDecoder(capture, capacity=3), ReusedHeads(model)
+    graphs, drafter = GraphCache(capture, capacity=3), ReusedHeads(model)
     for size in (2, 3, 4, 5, 2):  # five trees: 2 is used last, so 3 and 4 went out
         decode_frames(model, *frames(model, 1), GREEDY, drafter=drafter, tree=default_tree(size), graphs=graphs)
     assert len(graphs.graphs) == 3 and capture.captures == 2 * 5
@@ -79,11 +79,11 @@ def test_the_cache_is_bounded_least_recently_used_out():
     decode_frames(model, *frames(model, 1), GREEDY, drafter=drafter, tree=default_tree(5), graphs=graphs)
     assert capture.captures == 10  # still there
     with pytest.raises(RvqspecError, match="capacity must be an integer >= 1"):
-        GraphDecoder(direct_call, capacity=0)
+        GraphCache(direct_call, capacity=0)
 
 
 def test_a_new_model_never_replays_a_dead_models_graph():
-    graphs = GraphDecoder(direct_call)
+    graphs = GraphCache(direct_call)
     for seed in range(5):  # ids of dead models are reused: each model must get its own codes
         model = small(seed)
         talker_hidden, c0 = frames(model, 2, seed)
@@ -105,7 +105,7 @@ def test_seeded_codes_through_graphs_at_batch_3_are_eagers(walks_every_depth, dr
     model = small()
     drafter = {None: None, "reused": ReusedHeads(model), "offsets": random_offsets(model, 3, seed=1)}[drafter]
     tree = default_tree(6) if drafter is not None else None
-    graphs = GraphDecoder(direct_call)
+    graphs = GraphCache(direct_call)
     for seed in range(4):
         talker_hidden, c0 = frames(model, 3, seed)  # padded to 4
         eager = decode_frames(model, talker_hidden, c0, SAMPLED, torch.Generator().manual_seed(seed), drafter, tree)
@@ -117,7 +117,7 @@ def test_seeded_codes_through_graphs_at_batch_3_are_eagers(walks_every_depth, dr
 def test_padding_draws_nothing_from_the_generator():
     model = small()
     generator, alone = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
-    decode_frames(model, *frames(model, 3), SAMPLED, generator, graphs=GraphDecoder(direct_call))
+    decode_frames(model, *frames(model, 3), SAMPLED, generator, graphs=GraphCache(direct_call))
     decode_frames(model, *frames(model, 3), SAMPLED, alone)
     assert torch.equal(generator.get_state(), alone.get_state())
 
@@ -126,4 +126,11 @@ def test_graphs_on_a_cpu_model_say_how_to_decode_instead():
     model = small()
     with pytest.raises(RvqspecError, match=r"this model is on cpu: decode without graphs= \(accelerate\(\.\.\., "
                                            r"graphs=False\)\)"):
-        decode_frames(model, *frames(model, 1), GREEDY, graphs=GraphDecoder())
+        decode_frames(model, *frames(model, 1), GREEDY, graphs=GraphCache())
+
+
+def test_the_old_name_graph_decoder_still_works_with_a_deprecation_warning():
+    from rvqspec.engine import graphs
+
+    with pytest.warns(DeprecationWarning, match="GraphCache"):
+        assert graphs.GraphDecoder is GraphCache

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rvqspec import ReusedHeads, RvqspecError, default_tree
-from rvqspec.integrations.qwen_tts_audio import StreamingDecoder, offline_decode
+from rvqspec.integrations.qwen_tts_audio import StreamingCodec, offline_decode
 from rvqspec.integrations.stream import Stopped, check_chunks, stream
 
 from helpers.upstream_models import upstream_available
@@ -38,7 +38,7 @@ def tokenizer64():
 
 
 def streamed(decoder, codes: torch.Tensor, sizes: list[int]) -> torch.Tensor:
-    state, pieces, start = StreamingDecoder(decoder), [], 0
+    state, pieces, start = StreamingCodec(decoder), [], 0
     for size in sizes:
         pieces.append(state.decode(codes[start:start + size]))
         start += size

@@ -164,7 +164,7 @@ def decode_frames(model, talker_hidden: Tensor, c0, sampler: Sampler, generator:
 
     drafter None: plain AR, 15 calls for the batch; else speculative with `tree`, until every row is done.
     Each row draws from its own distribution, exactly as it would alone (identical codes when greedy).
-    `graphs`: where the calls run, a `rvqspec.engine.graphs.GraphDecoder` (captured calls, replayed; the same
+    `graphs`: where the calls run, a `rvqspec.engine.graphs.GraphCache` (captured calls, replayed; the same
     decoding); default: eagerly (`eager_calls`).
     """
     talker_hidden, c0 = check_batch(model, talker_hidden, c0, sampler)

@@ -1,7 +1,7 @@
 """CUDA graphs for the predictor's calls: an AR frame, or a speculative frame's prefill and rounds, each replayed
 from one captured graph (on CUDA an eager predictor step is launch-bound: benchmarks/results/gpu/bench.md).
 
-The edge: `decode_frames(..., graphs=)` asks `GraphDecoder.calls` for its context and steps, and gets a captured
+The edge: `decode_frames(..., graphs=)` asks `GraphCache.calls` for its context and steps, and gets a captured
 context over the bucket's static cache and the same step functions (`decode.Steps`: the AR frame, the prefill, the
 round) wrapped as replays; decode.py never imports this module, and its loop is the same either way.
 
@@ -9,13 +9,13 @@ What makes a call capturable: its shapes depend only on (B, N) and it reads no h
 (`device_path.captured`) gives both: the device walk visits every depth, per-row heads are gathered by device k, the
 compaction is fixed. The host still reads each round's result once, between replays (`decode.read_round`).
 
-    graphs = GraphDecoder()                     # one per decoding object (a handle), never on the shared model
+    graphs = GraphCache()                       # one per decoding object (a handle), never on the shared model
     result = rvqspec.decode_frames(model, talker_hidden, c0, sampler, generator, drafter, tree, graphs=graphs)
 
 Batches are padded up to a bucket (1, 2, 4, ..., 64, as vLLM does) by repeating the last row, so a few graphs
 serve every batch size; padding rows start done in a speculative frame and their codes are dropped. A graph is
 captured on first use per (call, bucket, tree, sampler settings, dtype, device, model, drafter) and kept on its
-GraphDecoder, least recently used first out past `capacity`. Trees and samplers count by value; the model and the
+GraphCache, least recently used first out past `capacity`. Trees and samplers count by value; the model and the
 drafter (whose weights a graph bakes in) by weak reference, so the cache keeps neither alive, and an entry whose model
 or drafter is gone is dropped. Batches past the largest bucket decode eagerly.
 
@@ -30,6 +30,7 @@ runs the same static-buffer code each time, so everything but the capture itself
 """
 
 import threading
+import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -49,7 +50,7 @@ from rvqspec.engine.tree import Tree
 from rvqspec.engine.walk import depths
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-CAPACITY = 32  # cache entries (each an AR frame, or a speculative frame's start and round) per GraphDecoder
+CAPACITY = 32  # cache entries (each an AR frame, or a speculative frame's start and round) per GraphCache
 
 
 def bucket_for(batch: int) -> int | None:
@@ -152,9 +153,10 @@ class Entry:
         return self.calls[name]
 
 
-class GraphDecoder:
-    """`decode_frames` with its calls captured (module docstring), at most `capacity` cache entries. Thread-safe: one
-    lock per decoder."""
+class GraphCache:
+    """The captured calls `decode_frames(..., graphs=)` replays (module docstring), at most `capacity` cache entries.
+    Thread-safe: one lock per cache. Named GraphDecoder before (that name still works, with a DeprecationWarning):
+    "decoder" named the predictor, the codec and this cache."""
 
     def __init__(self, capture: Callable = cuda_graph, capacity: int = CAPACITY):
         if not isinstance(capacity, int) or capacity < 1:
@@ -179,7 +181,7 @@ class GraphDecoder:
     def calls(self, model, batch: int, sampler: Sampler, generator: torch.Generator | None, drafter,
               tree: Tree | None) -> Iterator[tuple[RoundContext, Steps]]:
         """`decode_frames`'s context and steps (it calls this with `graphs=`): over the static cache of `batch`'s
-        bucket, each step replayed from its captured call, under this decoder's lock for the whole decode; past the
+        bucket, each step replayed from its captured call, under this cache's lock for the whole decode; past the
         largest bucket, eager."""
         if self.capture is cuda_graph and not device_path.replays_graphs(model.device):
             raise RvqspecError(f"CUDA graphs replay calls on a GPU but this model is on {model.device}: decode without "
@@ -249,3 +251,11 @@ def replayed_round(entry: Entry, key: Key, ctx: RoundContext) -> Callable:
         return read_round(draws.clone(), hidden.clone(), found, node)
 
     return run
+
+
+def __getattr__(name: str):
+    """`GraphDecoder`, the old name of `GraphCache`, with a DeprecationWarning."""
+    if name == "GraphDecoder":
+        warnings.warn("rvqspec.engine.graphs.GraphDecoder is now GraphCache", DeprecationWarning, stacklevel=2)
+        return GraphCache
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

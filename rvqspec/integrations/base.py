@@ -15,7 +15,7 @@ from torch import Tensor
 from rvqspec.engine import device_path
 from rvqspec.engine.decode import BatchResult, decode_frames
 from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.graphs import GraphDecoder
+from rvqspec.engine.graphs import GraphCache
 from rvqspec.engine.model import MultiCodeDecoder
 from rvqspec.engine.packing import probe
 from rvqspec.engine.policy import Policy
@@ -147,7 +147,7 @@ class Acceleration:
         self.drafter, self.tree, self.generator, self.calibration = drafter, tree, options.generator, calibration
         self.stats = Stats()
         self.streams = Turns()  # the streams of this model take turns (rvqspec.integrations.stream)
-        self.graphs = GraphDecoder() if options.graphs else None  # CUDA graphs of this handle's calls (CUDA only)
+        self.graphs = GraphCache() if options.graphs else None  # CUDA graphs of this handle's calls (CUDA only)
         self.warned: set[str] = set()
         self.decoder, self.built_from = self.quantized(decoder), self.fingerprint()
         self.policy: Policy | None = None

@@ -9,7 +9,7 @@ each convolution's last inputs and the transformer's KV cache between calls comp
 pass over the whole utterance (float rounding aside: tests/test_streaming.py bounds the difference).
 
 Upstream's own whole-utterance decode (`chunked_decode`) restarts every 300 frames from 25 frames of left
-context; `StreamingDecoder` restarts at the same frames with the same context, so it reproduces that too.
+context; `StreamingCodec` restarts at the same frames with the same context, so it reproduces that too.
 """
 
 import torch
@@ -20,7 +20,7 @@ UPSTREAM_CHUNK_FRAMES = 300
 UPSTREAM_LEFT_CONTEXT = 25
 
 
-class StreamingDecoder:
+class StreamingCodec:
     """`decode(codes)` turns the next frames of one utterance ([frames, 16] codes) into their audio.
 
     `decoder`: upstream's `Qwen3TTSTokenizerV2Decoder` (`speech_tokenizer.model.decoder`), shared, unchanged.

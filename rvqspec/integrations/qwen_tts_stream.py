@@ -1,5 +1,5 @@
 """Audio while it is generated: upstream's `generate_*` entry points in a worker, each frame's codes tapped from
-the talker as the frame is finished, decoded chunk by chunk by `StreamingDecoder`.
+the talker as the frame is finished, decoded chunk by chunk by `StreamingCodec`.
 
     handle = accelerate(tts, drafter=ReusedHeads())
     for audio, sample_rate in handle.stream_custom_voice(text=..., speaker=..., language=..., chunk_frames=12):
@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from rvqspec.engine.errors import RvqspecError
-from rvqspec.integrations.qwen_tts_audio import StreamingDecoder
+from rvqspec.integrations.qwen_tts_audio import StreamingCodec
 from rvqspec.integrations.stream import Channel, ChunkClock, Turns, check_chunks, stream
 
 ENTRY_POINTS = {"custom_voice": "custom_voice", "voice_design": "voice_design", "base": "voice_clone"}  # model type: name
@@ -37,7 +37,7 @@ ENTRY_POINTS = {"custom_voice": "custom_voice", "voice_design": "voice_design", 
 class Row:
     """One text of the call: its decoder, the frames not yet decoded, and whether its EOS came."""
 
-    def __init__(self, decoder: StreamingDecoder, prefix: Tensor | None):
+    def __init__(self, decoder: StreamingCodec, prefix: Tensor | None):
         self.decoder, self.pending, self.finished = decoder, [], False
         if prefix is not None:  # voice clone: upstream decodes the reference codes first and cuts their audio
             decoder.decode(prefix)
@@ -137,7 +137,7 @@ def produce(tts, generate: Callable, bound: inspect.BoundArguments, prefixes: li
     sample_rate = int(tts.model.speech_tokenizer.get_output_sample_rate())
     eos = tts.model.config.talker_config.codec_eos_token_id
     with FrameTap(tts) as tap:
-        rows, clock = [Row(StreamingDecoder(decoder), prefix) for prefix in prefixes], ChunkClock(*chunks)
+        rows, clock = [Row(StreamingCodec(decoder), prefix) for prefix in prefixes], ChunkClock(*chunks)
 
         def send() -> None:
             audio = [row.audio() for row in rows]
