@@ -81,6 +81,10 @@ def main() -> None:
                 + (["--quick"] if args.quick else []), caps)
         rows[cls] = json.loads(next(folder.glob("bench-weights*.json")).read_text()) | {"caps": caps}
     save_json(RESULTS / "cpu-classes.json", rows)
+    write_markdown(rows)
+
+
+def write_markdown(rows: dict) -> None:
     save_text(RESULTS / "cpu-classes.md", markdown(rows))
     print(f"wrote {RESULTS / 'cpu-classes.md'}")
 
@@ -96,11 +100,11 @@ def markdown(rows: dict) -> str:
              "| class | CPU (caps) | threads | weights | AR ms | spec ms (N) | policy | AR / bf16 AR | spec / bf16 AR | "
              "policy / bf16 AR |", "|---|---|---|---|---|---|---|---|---|---|"]
     for cls, report in rows.items():
-        caps = " ".join(f"{k}={v}" for k, v in report["caps"].items()) or "native"
+        cpu = report["machine"]["cpu"] + ("" if report["caps"] else " (native)")  # cpu_class.describe(): caps included
         for threads, schemes in report["by_threads"].items():
             for scheme, r in schemes.items():
                 policy = f"N={r['policy_tree_size']}" if r["policy_tree_size"] else "AR"
-                lines.append(f"| {cls} | {report['machine']['cpu']} ({caps}) | {threads} | {scheme} | "
+                lines.append(f"| {cls} | {cpu} | {threads} | {scheme} | "
                              f"{r['ar_frame_ms']:.1f} | {r['spec_frame_ms']:.1f} ({r['spec_tree_size']}) | {policy} | "
                              f"{r['ar_over_bf16_ar']:.2f}x | {r['spec_over_bf16_ar']:.2f}x | "
                              f"{r['policy_over_bf16_ar']:.2f}x |")

@@ -64,14 +64,12 @@ class PackedWeight:
 
 
 def matmul_choice(x: Tensor, weight: Tensor) -> device_path.MatmulChoice | None:
-    """How `x @ weight.T` runs (`device_path`): None for other dtypes than the weight's and paths that measure
-    nothing (training, accelerators, float64); weights below the size floor are padded but never packed."""
-    if x.dtype != weight.dtype:
+    """How `x @ weight.T` runs (`device_path`, measured at the 0.6B's shapes): None (plain F.linear) for weights below
+    the size floor, other dtypes than the weight's and paths that measure nothing (training, accelerators,
+    float64)."""
+    if weight.numel() < PACK_MIN_ELEMENTS or x.dtype != weight.dtype:
         return None
-    choice = device_path.choose(x.device, x.dtype).matmul
-    if choice is None or weight.numel() >= PACK_MIN_ELEMENTS:
-        return choice
-    return device_path.MatmulChoice(pad_rows=choice.pad_rows)
+    return device_path.choose(x.device, x.dtype).matmul
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None, pack: PackedWeight) -> Tensor:
