@@ -18,11 +18,12 @@ import torch
 
 from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor
 from rvqspec.bench.one_stream import ARCHS
-from rvqspec.bench.timing import clocks, elapsed_ms, finish_machine, machine, machine_text
+from rvqspec.bench.timing import finish_machine, machine, machine_text
 from rvqspec.engine import fused
 from rvqspec.engine.checkpoint import save_json, save_text
 from rvqspec.engine.decode import decode_frame, tokens_per_step
 from rvqspec.engine.drafters import ReusedHeads
+from rvqspec.engine.latency import clocks, elapsed_ms
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import default_tree
 

@@ -25,12 +25,13 @@ from torch.profiler import ProfilerActivity, profile
 
 from rvqspec.bench.controlled import PAPER_ACCEPTANCE, controlled_predictor
 from rvqspec.bench.one_stream import ARCHS
-from rvqspec.bench.timing import TIMED_K, clocks, elapsed_ms, finish_machine, machine, machine_text
+from rvqspec.bench.timing import finish_machine, machine, machine_text
 from rvqspec.engine import device_path
 from rvqspec.engine.checkpoint import save_json, save_text
 from rvqspec.engine.context import new_context
 from rvqspec.engine.decode import autoregressive_step, speculative_round
 from rvqspec.engine.drafters import ReusedHeads
+from rvqspec.engine.latency import TIMED_K, clocks, elapsed_ms
 from rvqspec.engine.quantize import SCHEMES, quantize
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import default_tree

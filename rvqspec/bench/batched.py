@@ -24,11 +24,12 @@ import torch
 
 from rvqspec.bench.controlled import (PAPER_ACCEPTANCE, ControlledPredictor, calibrate_to_paper, controlled_predictor,
                                       log_calibration, paper_round_acceptance)
-from rvqspec.bench.timing import call_latency, clocks, elapsed_ms, finish_machine, latency_row, machine
+from rvqspec.bench.timing import finish_machine, machine
 from rvqspec.engine.config import ARCHITECTURES
 from rvqspec.engine.decode import decode_frames, tokens_per_step
 from rvqspec.engine.device_file import update_device_file
 from rvqspec.engine.drafters import ReusedHeads
+from rvqspec.engine.latency import call_latency, clocks, elapsed_ms, latency_row
 from rvqspec.engine.policy import SIZES, LatencyTable, Policy, measured_distribution, setting_key
 from rvqspec.engine.quantize import quantize
 from rvqspec.engine.sampling import Sampler

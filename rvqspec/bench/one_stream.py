@@ -28,11 +28,12 @@ import torch
 
 from rvqspec.bench.controlled import (PAPER_ACCEPTANCE, Calibrated, ControlledPredictor, calibrate_to_paper,
                                       controlled_predictor, log_calibration, paper_round_acceptance, round_acceptance)
-from rvqspec.bench.timing import TIMED_K, call_latency, clocks, elapsed_ms, finish_machine, machine, medians
+from rvqspec.bench.timing import finish_machine, machine
 from rvqspec.engine.config import ARCHITECTURES as ARCHS
 from rvqspec.engine.decode import decode_frame, tokens_per_step
 from rvqspec.engine.drafters import ReusedHeads
 from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.latency import TIMED_K, call_latency, clocks, elapsed_ms, medians
 from rvqspec.engine.model import MultiCodeDecoder
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import Tree, default_tree

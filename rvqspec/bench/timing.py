@@ -1,5 +1,5 @@
 """What the benchmarks share: the machine's facts (its CPU class included) and the report files (JSON, Markdown,
-plot); clocks, medians and the per-call latency of the AR step and of speculative rounds come from
+plot). Clocks, medians and the per-call latency of the AR step and of speculative rounds are in
 `rvqspec.engine.latency`, where the decoding policy measures its tables too."""
 
 import os
@@ -11,7 +11,6 @@ import torch
 
 from rvqspec.engine import cpu_class
 from rvqspec.engine.checkpoint import save_json, save_text
-from rvqspec.engine.latency import TIMED_K, call_latency, clocks, elapsed_ms, latency_row, medians  # noqa: F401
 
 def machine() -> dict:
     return {"cpu": cpu_name(), "cpu_class": cpu_class.cpu_class(), "cores": os.cpu_count(), "torch": torch.__version__,

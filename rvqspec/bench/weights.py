@@ -19,12 +19,13 @@ from dataclasses import dataclass
 import torch
 
 from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor
-from rvqspec.bench.timing import clocks, elapsed_ms, finish_machine, machine, machine_text
+from rvqspec.bench.timing import finish_machine, machine, machine_text
 from rvqspec.engine import cpu_class
 from rvqspec.engine.config import ARCHITECTURES
 from rvqspec.engine.decode import decode_frame, tokens_per_step
 from rvqspec.engine.drafters import ReusedHeads
 from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.latency import clocks, elapsed_ms
 from rvqspec.engine.model import DTYPES, resolve_dtype
 from rvqspec.engine.policy import Policy
 from rvqspec.engine.quantize import SCHEMES, quantize

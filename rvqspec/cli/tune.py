@@ -27,7 +27,8 @@ def latency_bench(predictor: MultiCodeDecoder):
     """The bench stage: ms per call at (B, N) with the calibrated trees and the trained drafter, on this device."""
 
     def bench(out: Path) -> dict:
-        from rvqspec.bench.timing import call_latency, cpu_name, latency_row
+        from rvqspec.bench.timing import cpu_name
+        from rvqspec.engine.latency import call_latency, latency_row
         from rvqspec.engine.policy import setting_key
         from rvqspec.engine.sampling import Sampler
         from rvqspec.engine.tree import Tree
