@@ -31,7 +31,6 @@ CAPS = {  # the caps that make an AVX-512 VNNI machine stand in for each class (
     "avx512": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"},
     "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
 }
-INT8_DOT = cpu_class.INT8_DOT
 
 
 def rvqspec(args: list[str], caps: dict) -> None:
@@ -50,7 +49,7 @@ def class_of(caps: dict) -> str:
 def measure_tables(folder: Path, caps: dict, cls: str, threads: list[int], quick: bool) -> dict:
     """bench --batch for bfloat16 (and w8a8 where the class runs it) at each thread count: the class's tables."""
     tables = {}
-    for weights in ["bfloat16"] + (["w8a8"] if cls in INT8_DOT else []):
+    for weights in ["bfloat16"] + (["w8a8"] if cls in cpu_class.INT8_DOT else []):
         for t in threads:
             out = folder / f"batch-{weights}-{t}t"
             extra = ["--weights", "w8a8"] if weights == "w8a8" else []

@@ -132,6 +132,21 @@ def test_the_kernel_choices_are_measured_once_per_cpu_and_kept(tmp_path, monkeyp
     device_path.decided_for.cache_clear()
 
 
+def test_another_thread_count_reads_its_own_choices(monkeypatch):
+    """The choices are measured per thread count: after torch.set_num_threads the path asks for that count's."""
+    asked, real = [], device_path.decided
+    monkeypatch.setattr(device_path, "decided", lambda dtype: asked.append(torch.get_num_threads()) or real(dtype))
+    before = torch.get_num_threads()
+    try:
+        with torch.inference_mode():
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                device_path.choose("cpu", torch.float32)
+    finally:
+        torch.set_num_threads(before)
+    assert 2 in asked  # not the 1-thread answer again
+
+
 @pytest.mark.skipif(CAPPED in os.environ, reason="this is the capped run")
 @pytest.mark.skipif(not {"avx2", "fma"} <= cpu_class.cpu_flags(), reason="needs an x86 CPU with AVX2")
 def test_the_exactness_tests_pass_under_an_isa_cap():

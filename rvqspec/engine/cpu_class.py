@@ -22,7 +22,6 @@ from pathlib import Path
 
 import torch
 
-CLASSES = ("amx", "avx512-vnni-bf16", "avx512-vnni", "avx512", "avx2-vnni", "avx2", "arm", "other")
 # The cpuinfo flags each x86 class needs, from the top; the first the CPU has (and the caps allow) is its class.
 NEEDS = {
     "amx": {"amx_tile", "amx_int8", "amx_bf16", "avx512_bf16", "avx512_vnni", "avx512bw"},

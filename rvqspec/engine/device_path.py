@@ -96,12 +96,13 @@ def choose(device: torch.device | str, dtype: torch.dtype) -> DevicePath:
     inference = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
     fast = cpu and fused.on()
     built = fast and inference and dtype in fused.DTYPES and fused.kernels() is not None
-    return path_of(cpu, static_shapes(device), dtype, inference, fast, built, torch.backends.mkldnn.enabled)
+    threads = torch.get_num_threads() if cpu else 0  # the measured choices are per thread count (`cache_key`)
+    return path_of(cpu, static_shapes(device), dtype, inference, fast, built, torch.backends.mkldnn.enabled, threads)
 
 
 @functools.cache
 def path_of(cpu: bool, static: bool, dtype: torch.dtype, inference: bool, fast: bool, built: bool,
-            mkldnn: bool) -> DevicePath:
+            mkldnn: bool, threads: int) -> DevicePath:
     measured = cpu and inference and mkldnn and dtype in MEASURED_DTYPES
     choices = decided(dtype) if measured else None
     return DevicePath(static_shapes=static, host_walk=fast and not static,
