@@ -74,7 +74,8 @@ ALLOWED = {
     "tuning": {"engine", "integrations", "tuning"},
     "bench": {"engine", "integrations", "tuning", "bench"},
     "standin": {"engine", "integrations", "tuning", "standin"},
-    "cli": {"engine", "integrations", "tuning", "bench", "standin", "cli"},
+    "runtime": {"engine", "integrations", "tuning", "standin", "runtime"},
+    "cli": {"engine", "integrations", "tuning", "bench", "standin", "runtime", "cli"},
 }
 
 

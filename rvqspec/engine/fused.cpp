@@ -156,7 +156,7 @@ at::Tensor silu_mul(const at::Tensor& gu_) {
 
 // The attention's input side, from the fused projection qkv [B, T, (H + 2 KV) * D]: q/k RMSNorm (skipped when
 // the weight is None), RoPE (cos/sin [Bc, T, D], Bc = 1 or B), K and V written into the cache views
-// k_cache/v_cache [B, KV, S, D] at `slots` [T]. Returns q [B, H, T, D].
+// k_cache/v_cache [B, KV, S, D] at `slots` ([T] for every row, or [B, T] per row). Returns q [B, H, T, D].
 at::Tensor qkv_rope(const at::Tensor& qkv_, const c10::optional<at::Tensor>& q_w, const c10::optional<at::Tensor>& k_w,
                     const at::Tensor& cos_, const at::Tensor& sin_, double eps, int64_t heads, int64_t kv_heads,
                     at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& slots_) {
@@ -175,14 +175,16 @@ at::Tensor qkv_rope(const at::Tensor& qkv_, const c10::optional<at::Tensor>& q_w
     const scalar_t *pqw = norm_q ? qw.data_ptr<scalar_t>() : nullptr, *pkw = norm_k ? kw.data_ptr<scalar_t>() : nullptr;
     scalar_t *pq = q.data_ptr<scalar_t>(), *pk = k_cache.data_ptr<scalar_t>(), *pv = v_cache.data_ptr<scalar_t>();
     const int64_t* pslot = slots.data_ptr<int64_t>();
+    const bool per_row = slots.dim() == 2;  // [B, T]: each row's own slots (the talker's rows); [T]: shared
     const auto ks = k_cache.strides(), vs = v_cache.strides();
     at::parallel_for(0, batch * length * all, grain(d), [&](int64_t begin, int64_t end) {
       std::vector<A> row(d), normed(d);
       for (int64_t job = begin; job < end; ++job) {
         const int64_t h = job % all, t = (job / all) % length, b = job / (all * length);
+        const int64_t slot = pslot[per_row ? b * length + t : t];
         const scalar_t* x = px + job * d;
         if (h >= heads + kv_heads) {  // V: copied as it is
-          scalar_t* dst = pv + b * vs[0] + (h - heads - kv_heads) * vs[1] + pslot[t] * vs[2];
+          scalar_t* dst = pv + b * vs[0] + (h - heads - kv_heads) * vs[1] + slot * vs[2];
           std::memcpy(dst, x, d * sizeof(scalar_t));
           continue;
         }
@@ -196,7 +198,7 @@ at::Tensor qkv_rope(const at::Tensor& qkv_, const c10::optional<at::Tensor>& q_w
         }
         const scalar_t *c = pc + ((cos_batch == 1 ? 0 : b) * length + t) * d, *s = ps + (c - pc);
         scalar_t* dst = is_q ? pq + ((b * heads + h) * length + t) * d
-                             : pk + b * ks[0] + (h - heads) * ks[1] + pslot[t] * ks[2];
+                             : pk + b * ks[0] + (h - heads) * ks[1] + slot * ks[2];
         for (int64_t i = 0; i < half; ++i) {
           store<scalar_t, A>(dst, i, normed[i] * load<scalar_t, A>(c, i) - normed[i + half] * load<scalar_t, A>(s, i));
           store<scalar_t, A>(dst, i + half, normed[i + half] * load<scalar_t, A>(c, i + half) +

@@ -140,9 +140,22 @@ class KVCache:
         return self.kv.shape[4]
 
     def write(self, layer: int, slots: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        self.kv[layer, 0].index_copy_(2, slots, k)
-        self.kv[layer, 1].index_copy_(2, slots, v)
+        """Write k, v [B, kv_heads, T, head_dim] at `slots`: [T] for every row, or [B, T] per row (the talker's
+        rows, each at its own length); returns the layer's whole keys and values."""
+        if slots.dim() == 2:
+            rows = torch.arange(len(slots), device=slots.device)[:, None]
+            self.kv[layer, 0][rows, :, slots] = k.transpose(1, 2)
+            self.kv[layer, 1][rows, :, slots] = v.transpose(1, 2)
+        else:
+            self.kv[layer, 0].index_copy_(2, slots, k)
+            self.kv[layer, 1].index_copy_(2, slots, v)
         return self.kv[layer, 0], self.kv[layer, 1]
+
+    def view(self, rows: slice, slots: int) -> "KVCache":
+        """The entries of `rows` at slots 0..slots-1, as a cache whose writes land in this one (no copy)."""
+        view = KVCache.__new__(KVCache)
+        view.kv = self.kv[:, :, rows, :, :slots]
+        return view
 
     def move(self, src: Tensor, dst: Tensor) -> None:
         """In every layer and for each row b, copy the entries at slots src[b] to slots dst[b] (KV compaction).
@@ -206,6 +219,23 @@ class Block(nn.Module):
                 cache: KVCache | None, layer: int, slots: Tensor | None) -> Tensor:
         x = x + self.attn(self.attn_norm(x), cos, sin, mask, cache, layer, slots)
         return x + self.mlp(self.mlp_norm(x))
+
+
+def run_layers(model: nn.Module, x: Tensor, positions: Tensor, mask: Tensor | None, cache: "KVCache | None",
+               slots: Tensor | None) -> Tensor:
+    """The decoder stack of `model` (its `layers`, `norm`, `rope`; the predictor's or a talker's) over x [B, T, H]:
+    final-norm hidden states. Arguments as `MultiCodeDecoder.forward`; `slots` may also be [B, T] (each row its own,
+    `KVCache.write`). The CPU fast path (`fused.layers`) where `device_path` chose it."""
+    cos, sin = model.rope(positions, x.dtype)
+    if mask is not None and mask.dtype == torch.bool:  # additive, once per call rather than inside every SDPA
+        mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
+    if mask is not None and mask.dim() == 3:  # per row: [B, 1, T, slots], broadcast over the heads
+        mask = mask.unsqueeze(1)
+    if device_path.choose(x.device, x.dtype).fused_kernels:
+        return fused.layers(model, x, cos, sin, mask, cache, slots, attention)
+    for i, layer in enumerate(model.layers):
+        x = layer(x, cos, sin, mask, cache, i, slots)
+    return model.norm(x)
 
 
 class MultiCodeDecoder(nn.Module):
@@ -280,16 +310,7 @@ class MultiCodeDecoder(nn.Module):
         ([T, slots] shared, or [B, T, slots] per row; True = attend): this is how one call verifies a
         whole tree. Without: plain causal attention over the T tokens (training).
         """
-        cos, sin = self.rope(positions, x.dtype)
-        if mask is not None and mask.dtype == torch.bool:  # additive, once per call rather than inside every SDPA
-            mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
-        if mask is not None and mask.dim() == 3:  # per row: [B, 1, T, slots], broadcast over the heads
-            mask = mask.unsqueeze(1)
-        if device_path.choose(x.device, x.dtype).fused_kernels:
-            return fused.layers(self, x, cos, sin, mask, cache, slots, attention)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, mask, cache, i, slots)
-        return self.norm(x)
+        return run_layers(self, x, positions, mask, cache, slots)
 
     def head_logits(self, hidden: Tensor, codebook: int | list[int] | Tensor, path: DevicePath | None = None
                     ) -> Tensor:

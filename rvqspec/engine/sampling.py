@@ -64,3 +64,32 @@ class Sampler:
         if not self.do_sample:
             return logits.float().argmax(-1)
         return torch.multinomial(self.process(logits).softmax(-1), 1, generator=generator).squeeze(-1)
+
+
+@dataclass(frozen=True)
+class TalkerRules:
+    """How a request's c0 is drawn from the talker's logits: upstream's `generate` logits processing in Hugging Face's
+    order (repetition penalty over the row's earlier c0, no EOS before `min_new_tokens`, suppressed tokens), then
+    `sampler` (temperature, top-k, top-p, the draw; or greedy). `allowed`: a bool mask [V] of the tokens not
+    suppressed."""
+
+    sampler: Sampler
+    eos: int
+    allowed: Tensor
+    min_new_tokens: int = 0
+    repetition_penalty: float = 1.0
+
+    def scores(self, logits: Tensor, earlier: Tensor) -> Tensor:
+        """Processed float32 scores [V] of logits [V], `earlier` the row's c0 so far (LongTensor [n])."""
+        scores = logits.float().clone()
+        if self.repetition_penalty != 1.0 and len(earlier):
+            picked = scores.gather(0, earlier)
+            scores.scatter_(0, earlier, torch.where(picked < 0, picked * self.repetition_penalty,
+                                                    picked / self.repetition_penalty))
+        if len(earlier) < self.min_new_tokens:
+            scores[self.eos] = float("-inf")
+        return scores.masked_fill(~self.allowed, float("-inf"))
+
+    def draw(self, logits: Tensor, earlier: Tensor, generator: torch.Generator | None) -> int:
+        """The row's next c0."""
+        return int(self.sampler.sample(self.scores(logits, earlier)[None], generator))

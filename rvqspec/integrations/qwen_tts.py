@@ -27,10 +27,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from rvqspec.engine.checkpoint import official_layout, official_state_dict
+from rvqspec.engine.checkpoint import layers_layout, official_layout, official_state_dict
 from rvqspec.engine.config import config_from_upstream
 from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.model import MultiCodeDecoder
+from rvqspec.engine.model import MultiCodeDecoder, RotaryEmbedding
+from rvqspec.engine.talker import Talker, TalkerConfig
 from rvqspec.engine.tree import Tree
 from rvqspec.integrations.base import AccelerateOptions, Acceleration
 from rvqspec.integrations.qwen_tts_stream import stream_speech
@@ -81,6 +82,31 @@ def predictor_from_upstream(talker) -> MultiCodeDecoder:
     wanted = {name for _, parts in official_layout(config).values() for name, _ in parts}
     tensors = {f"talker.{key}": value for key, value in talker.state_dict().items() if f"talker.{key}" in wanted}
     return MultiCodeDecoder.from_official(config, tensors, talker.code_predictor.lm_head[0].weight.device)
+
+
+def talker_from_upstream(talker) -> Talker:
+    """The talker's transformer and c0 head on the engine's blocks (`engine.talker.Talker`), on its device and dtype.
+    Norms, output projections and the head share upstream's tensors; q/k/v and gate/up are concatenated (copies:
+    one matmul each, as in the predictor)."""
+    c = talker.config
+    if getattr(c, "attention_bias", False) or c.hidden_act != "silu" \
+            or (c.rope_scaling or {}).get("rope_type", "default") != "default":
+        raise RvqspecError("this talker's layers differ from Qwen3-TTS's (attention bias, activation or RoPE type): "
+                           "use accelerate(tts) instead of rvqspec.Engine for it")
+    config = TalkerConfig(c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
+                          c.num_key_value_heads, getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+                          c.vocab_size, c.rms_norm_eps, c.rope_theta,
+                          c.max_position_embeddings)
+    upstream = talker.state_dict()
+    state = {native: upstream[parts[0][0]] if len(parts) == 1 else torch.cat([upstream[name] for name, _ in parts])
+             for native, (_, parts) in layers_layout(config, "model.").items()}
+    state["codec_head.weight"] = upstream["codec_head.weight"]
+    weight = talker.codec_head.weight
+    with torch.device("meta"):  # no random init of weights about to be replaced (0.6B: seconds)
+        model = Talker(config)
+    model.load_state_dict(state, assign=True)
+    model.rope = RotaryEmbedding(config.head_dim, c.rope_theta, c.max_position_embeddings)  # its tables, computed
+    return model.to(weight.device).eval().requires_grad_(False)
 
 
 class QwenTTSAcceleration(Acceleration):

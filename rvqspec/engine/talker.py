@@ -1,0 +1,157 @@
+"""The talker on the engine's blocks: the transformer that emits each frame's c0 (Qwen3-TTS's talker, Sesame CSM's
+backbone, the stand-in's), decoding many requests at once, each one row of a shared static cache.
+
+Rows: row b of a step is row b of the cache buffer, and its tokens sit at slots 0..lengths[b]-1 (a token's slot is
+its index in its own sequence, not its RoPE position: the stand-in's positions are text-aligned). A step gives every
+row one token, written at slot lengths[b] and attending to the slots before it and itself. A new request is
+prefilled alone into a new last row; a row that leaves takes the last row's entries into its place (`RowCache.remove`),
+so a step's rows are always 0..B-1 and it reads a view of the buffer, never a gather.
+
+A step attends over the slots in use rounded up to `SLOT_MULTIPLE`, alone or in any batch, so a row's attention
+reductions run over the same lanes whatever else is in the batch (masked slots add exact zeros): with the matmuls'
+row floor (`device_path`), a row's bits do not depend on the batch (tests/test_runtime.py).
+
+Qwen3-TTS's M-RoPE gives speech and text tokens the same id in its three sections (time, height, width), so its
+rotation is 1-D RoPE at that id (upstream's `get_rope_index` for text-only input); the talker uses plain RoPE.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.model import Block, KVCache, RMSNorm, RotaryEmbedding, init_weights, run_layers
+from rvqspec.engine.packing import Linear
+
+SLOT_MULTIPLE = 64  # slots a call attends over, rounded up to this (module docstring)
+GROW_SLOTS = 512  # the cache grows by at least this many slots, and doubles its rows, when it runs out
+
+
+@dataclass(frozen=True)
+class TalkerConfig:
+    """The talker's shape (upstream's names)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int  # rows of the c0 head: codes and special tokens
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 32768
+    qk_norm: bool = True  # Qwen3's q/k norms (a Llama backbone has none)
+    rope_scaling: dict | None = None
+
+
+class Talker(nn.Module):
+    """A Qwen3 (or Llama) decoder stack with its c0 head (`codec_head`), in the predictor's layer layout (fused q/k/v
+    and gate/up: `checkpoint.official_layout`)."""
+
+    def __init__(self, config: TalkerConfig):
+        super().__init__()
+        self.config = c = config
+        self.layers = nn.ModuleList(
+            Block(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                  c.rms_norm_eps, c.qk_norm) for _ in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.codec_head = Linear(c.hidden_size, c.vocab_size, bias=False)
+        self.rope = RotaryEmbedding(c.head_dim, c.rope_theta, c.max_position_embeddings, c.rope_scaling)
+        self.apply(init_weights)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.norm.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.norm.weight.device
+
+    def forward(self, x: Tensor, positions: Tensor, mask: Tensor, cache: KVCache, slots: Tensor) -> Tensor:
+        """Final-norm hidden states [B, T, H] (arguments: `model.run_layers`)."""
+        return run_layers(self, x, positions, mask, cache, slots)
+
+
+def round_slots(slots: int) -> int:
+    return -(-slots // SLOT_MULTIPLE) * SLOT_MULTIPLE
+
+
+class RowCache:
+    """The K/V of a talker's rows, one per live request (module docstring); grows as rows and lengths need."""
+
+    def __init__(self, talker: nn.Module, rows: int = 1, slots: int = GROW_SLOTS):
+        self.talker = talker
+        self.kv = self.new(rows, round_slots(slots))
+        self.lengths: list[int] = []
+
+    def new(self, rows: int, slots: int) -> KVCache:
+        c, weight = self.talker.config, self.talker.norm.weight
+        return KVCache(c.num_hidden_layers, rows, c.num_key_value_heads, slots, c.head_dim, weight.dtype,
+                       weight.device)
+
+    @property
+    def rows(self) -> int:
+        return len(self.lengths)
+
+    def reserve(self, rows: int, slots: int) -> None:
+        """Room for `rows` rows of `slots` slots (the entries so far copied into a bigger buffer if needed)."""
+        have_rows, have_slots = self.kv.kv.shape[2], self.kv.slots
+        if rows <= have_rows and slots <= have_slots:
+            return
+        bigger = self.new(max(rows, 2 * have_rows if rows > have_rows else have_rows),
+                          max(round_slots(slots), have_slots + GROW_SLOTS if slots > have_slots else have_slots))
+        used = max(self.lengths, default=0)
+        bigger.kv[:, :, :self.rows, :, :used] = self.kv.kv[:, :, :self.rows, :, :used]
+        self.kv = bigger
+
+    def add(self) -> int:
+        """A new empty row (the last); its index."""
+        self.reserve(self.rows + 1, 1)
+        self.lengths.append(0)
+        return self.rows - 1
+
+    def remove(self, row: int) -> None:
+        """Drop `row`; the last row's entries move into its place (rows after it keep their indices)."""
+        last = self.rows - 1
+        if row != last:
+            used = self.lengths[last]
+            self.kv.kv[:, :, row, :, :used] = self.kv.kv[:, :, last, :, :used]
+            self.lengths[row] = used
+        self.lengths.pop()
+
+
+def prefill(talker: nn.Module, cache: RowCache, row: int, embeds: Tensor, positions: Tensor) -> Tensor:
+    """Run a request's prompt embeds [L, H] at RoPE ids `positions` [L] into the empty `row`: the last hidden
+    state [H] (the one that emits its first c0)."""
+    length = len(embeds)
+    check_positions(talker, positions)
+    cache.reserve(cache.rows, length)
+    width = round_slots(length)
+    slots = torch.arange(length, device=embeds.device)
+    mask = torch.arange(width, device=embeds.device)[None, :] <= slots[:, None]
+    hidden = run_layers(talker, embeds[None].to(talker.norm.weight.dtype), positions, mask,
+                        cache.kv.view(slice(row, row + 1), width), slots)
+    cache.lengths[row] = length
+    return hidden[0, -1]
+
+
+def step(talker: nn.Module, cache: RowCache, inputs: Tensor, positions: Tensor) -> Tensor:
+    """One token for each of the cache's rows: inputs [B, H] at RoPE ids `positions` [B] -> hidden states [B, H]."""
+    check_positions(talker, positions)
+    lengths = torch.tensor(cache.lengths, device=inputs.device)
+    longest = max(cache.lengths) + 1
+    cache.reserve(cache.rows, longest)
+    width = round_slots(longest)
+    mask = torch.arange(width, device=inputs.device)[None, None, :] <= lengths[:, None, None]
+    hidden = run_layers(talker, inputs[:, None].to(talker.norm.weight.dtype), positions[:, None], mask,
+                        cache.kv.view(slice(0, cache.rows), width), lengths[:, None])
+    cache.lengths = [length + 1 for length in cache.lengths]
+    return hidden[:, 0]
+
+
+def check_positions(talker: nn.Module, positions: Tensor) -> None:
+    if int(positions.max()) >= talker.rope.max_positions:
+        raise RvqspecError(f"RoPE position {int(positions.max())} exceeds the talker's {talker.rope.max_positions}: "
+                           "use a shorter text or a lower max_new_tokens")

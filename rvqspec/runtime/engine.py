@@ -1,0 +1,261 @@
+"""`rvqspec.Engine`: the whole frame loop of a TTS model in rvqspec, serving many requests at once.
+
+    engine = rvqspec.Engine(tts)                       # a qwen_tts.Qwen3TTSModel, a checkpoint folder, or "standin"
+    wavs, sr = engine.generate_custom_voice(text=..., speaker=..., language=...)   # upstream's arguments and result
+    for audio, sr in engine.stream_custom_voice(text=..., speaker=..., language=...): ...
+    request = engine.submit("custom_voice", text=..., speaker=..., language=..., seed=7)   # any thread
+    for chunk in request: ...                          # or request.audio(), request.cancel()
+    engine.close()
+
+Where `rvqspec.accelerate(tts)` swaps the predictor inside upstream's own loop (one request at a time, upstream's
+talker), the engine runs the loop itself (`runtime/scheduler.py`): the talker on the engine's blocks
+(`engine/talker.py`), the predictor through `decode_frames` with the policy's tree per batch size, and every live
+request in one batch that new ones join at frame boundaries. Prompts and settings stay upstream's
+(`runtime/qwen_tts.py`), so the codes keep upstream's distribution (greedy: the same codes).
+"""
+
+import inspect
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rvqspec.engine.drafters import Offsets, ReusedHeads
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.policy import Policy, measure_first_use
+from rvqspec.engine.tree import Tree
+from rvqspec.integrations.base import check_arguments
+from rvqspec.integrations.stream import CHUNK_FRAMES, check_chunks
+from rvqspec.runtime.request import Request
+from rvqspec.runtime.scheduler import Scheduler
+
+MAX_BATCH, MAX_QUEUE = 8, 32
+
+
+class Engine:
+    """A TTS model's frame loop over every submitted request (module docstring).
+
+    `model`: "standin" (the shipped stand-in), a folder (a qwen-tts 12 Hz checkpoint, loaded in `dtype`, or a stand-in
+    folder), or a loaded `qwen_tts.Qwen3TTSModel`. `drafter`: "auto" (the stand-in's shipped offsets, else the
+    predictor's own heads: `ReusedHeads`), a drafter, or None (AR); `tree`: "auto" (the decoding policy per batch
+    size, from `calibration` and this CPU's measured latencies) or a `Tree`. `weights` / `talker_weights`: int8
+    schemes for the predictor / the talker (`rvqspec.quantize`: another model, opt-in). At most `max_batch` requests
+    decode at once and `max_queue` wait (more: `QueueFull`). Chunks of `chunk_frames` frames (the first
+    `first_chunk_frames`)."""
+
+    def __init__(self, model="standin", drafter="auto", tree: Tree | str | None = "auto", weights: str | None = None,
+                 talker_weights: str | None = None, calibration: str | Path | None = None, max_batch: int = MAX_BATCH,
+                 max_queue: int = MAX_QUEUE, chunk_frames: int = CHUNK_FRAMES, first_chunk_frames: int | None = None,
+                 dtype: str | torch.dtype = "bfloat16", seed: int | None = None):
+        for name, value in (("max_batch", max_batch), ("max_queue", max_queue)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise RvqspecError(f"{name} must be a whole number >= 1, got {value!r}")
+        self.chunks = check_chunks(chunk_frames, first_chunk_frames)
+        self.name, self.model, shipped = load_model(model, weights, talker_weights, dtype)
+        predictor = self.model.predictor
+        if drafter == "auto":
+            drafter = Offsets.load(shipped / "offsets.safetensors", predictor) if shipped else ReusedHeads(predictor)
+            calibration = calibration or (shipped / "trees" if shipped else None)
+        if drafter is None and tree == "auto":
+            tree = None
+        check_arguments(drafter, tree)
+        policy = None
+        if drafter is not None:
+            drafter.check_model(predictor)
+            if isinstance(tree, Tree):
+                tree.check_fits(drafter.depth)
+            else:
+                policy = measured_policy(predictor, calibration)
+        self.policy, self.drafter = policy, drafter
+        seed = random.SystemRandom().getrandbits(62) if seed is None else seed
+        generator = torch.Generator(predictor.device).manual_seed(seed)
+        self.scheduler = Scheduler(self.model, drafter, tree if isinstance(tree, Tree) else None, policy,
+                                   max_batch, max_queue, generator)
+
+    # ---------------------------------------------------------------- what the model offers
+
+    @property
+    def sample_rate(self) -> int:
+        return self.model.sample_rate
+
+    @property
+    def can_clone(self) -> bool:
+        return self.model.can_clone
+
+    def voices(self) -> list[str]:
+        """The built-in voices: a custom_voice model's speakers, the stand-in's languages; [] for the others."""
+        return self.model.voices()
+
+    def clone_prompt(self, audio: np.ndarray, sample_rate: int, transcript: str | None = None):
+        """A voice-clone (Base) model's prompt for a reference clip (and its transcript, for in-context cloning)."""
+        return self.model.clone_prompt(audio, sample_rate, transcript)
+
+    # ---------------------------------------------------------------- requests
+
+    def submit(self, kind: str, seed: int | None = None, **arguments) -> Request:
+        """One request, from any thread: `kind` the entry point ("custom_voice", "voice_design", "voice_clone"; the
+        stand-in's "speech"), `arguments` upstream's for it (one text). Iterate the request for its audio."""
+        prompts = self.model.prompts(kind, arguments)
+        if len(prompts) != 1:
+            raise RvqspecError(f"submit takes one text, got {len(prompts)}: submit each (they decode together), or "
+                               f"call generate_{kind} with the list")
+        return self.enqueue(prompts[0], seed)
+
+    def speech(self, text: str, voice: str | None = None, instructions: str | None = None,
+               language: str | None = None, clone=None, seed: int | None = None, temperature: float | None = None,
+               top_k: int | None = None, top_p: float | None = None) -> Request:
+        """A request in one shape for every model (what a server maps OpenAI's fields to): `voice` a built-in voice,
+        `instructions` a voice design or instruct, `clone` a `clone_prompt`; sampling settings for the talker."""
+        if not isinstance(text, str) or not text.strip():
+            raise RvqspecError("text must be a non-empty string: pass the sentence to speak")
+        kind, arguments = self.model.speech(text, voice, instructions, language, clone)
+        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+        return self.submit(kind, seed=seed, **arguments, **{k: v for k, v in sampling.items() if v is not None})
+
+    def enqueue(self, prompt, seed: int | None) -> Request:
+        seed = random.SystemRandom().getrandbits(62) if seed is None else seed
+        generator = torch.Generator(self.model.predictor.device).manual_seed(seed)
+        request = Request(prompt, lambda: self.model.new_stream(prompt), self.sample_rate, self.chunks, generator)
+        self.scheduler.submit(request)
+        return request
+
+    # ---------------------------------------------------------------- upstream's entry points (qwen-tts)
+
+    def generate_custom_voice(self, *args, seed: int | None = None, **kwargs) -> tuple[list[np.ndarray], int]:
+        """`tts.generate_custom_voice(...)`'s arguments and result (wavs, sample_rate), decoded by the engine."""
+        return self.whole("custom_voice", args, kwargs, seed)
+
+    def generate_voice_design(self, *args, seed: int | None = None, **kwargs) -> tuple[list[np.ndarray], int]:
+        """`tts.generate_voice_design(...)`, decoded by the engine."""
+        return self.whole("voice_design", args, kwargs, seed)
+
+    def generate_voice_clone(self, *args, seed: int | None = None, **kwargs) -> tuple[list[np.ndarray], int]:
+        """`tts.generate_voice_clone(...)`, decoded by the engine."""
+        return self.whole("voice_clone", args, kwargs, seed)
+
+    def stream_custom_voice(self, *args, seed: int | None = None, **kwargs) -> Iterator[tuple[np.ndarray, int]]:
+        """(audio, sample_rate) chunks of one text of `generate_custom_voice(...)` as it is decoded."""
+        return self.stream("custom_voice", args, kwargs, seed)
+
+    def stream_voice_design(self, *args, seed: int | None = None, **kwargs) -> Iterator[tuple[np.ndarray, int]]:
+        return self.stream("voice_design", args, kwargs, seed)
+
+    def stream_voice_clone(self, *args, seed: int | None = None, **kwargs) -> Iterator[tuple[np.ndarray, int]]:
+        return self.stream("voice_clone", args, kwargs, seed)
+
+    def whole(self, kind: str, args: tuple, kwargs: dict, seed: int | None) -> tuple[list[np.ndarray], int]:
+        prompts = self.model.prompts(kind, self.named(kind, args, kwargs))
+        requests = [self.enqueue(prompt, None if seed is None else seed + i) for i, prompt in enumerate(prompts)]
+        try:
+            codes = [request.wait() for request in requests]
+        finally:
+            for request in requests:
+                request.cancel()  # only those still running (an interrupted wait)
+        return self.model.whole(codes, prompts)
+
+    def stream(self, kind: str, args: tuple, kwargs: dict, seed: int | None) -> Iterator[tuple[np.ndarray, int]]:
+        request = self.submit(kind, seed=seed, **self.named(kind, args, kwargs))
+
+        def chunks():
+            try:
+                for audio in request:
+                    yield audio, self.sample_rate
+            finally:
+                request.cancel()
+
+        return chunks()
+
+    def named(self, kind: str, args: tuple, kwargs: dict) -> dict:
+        """Upstream's arguments by name (positional ones bound to its signature)."""
+        if not args:
+            return kwargs
+        upstream = getattr(getattr(self.model, "tts", None), f"generate_{kind}", None)
+        if upstream is None:
+            raise RvqspecError(f"pass the arguments of {kind!r} by name")
+        try:
+            bound = inspect.signature(upstream).bind(*args, **kwargs)
+        except TypeError as e:
+            raise RvqspecError(f"generate_{kind} does not take these arguments: {e}") from None
+        return {**bound.arguments.pop("kwargs", {}), **bound.arguments}
+
+    # ---------------------------------------------------------------- state
+
+    def status(self) -> dict:
+        """Rows decoding, requests waiting, frames and audio seconds decoded, predictor tokens/step, the tree."""
+        active, queued = self.scheduler.counts()
+        stats = self.scheduler.stats
+        return {"active": active, "queued": queued, "frames": stats.frames,
+                "audio_seconds": stats.frames * self.model.frame_seconds, "tokens_per_step": stats.tokens_per_step,
+                "tree": self.explain(max(active, 1))}
+
+    def explain(self, batch: int = 1) -> str:
+        if self.drafter is None:
+            return "AR: no drafter"
+        if self.policy is None:
+            return f"speculative with the fixed tree of {self.scheduler.tree.size} nodes"
+        return self.policy.explain(batch)
+
+    def close(self, grace: float | None = None) -> None:
+        """Stop taking requests; those submitted finish within `grace` seconds (None: all of them), the rest are
+        cancelled; the engine's thread ends."""
+        self.scheduler.close(grace)
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close(grace=0 if exc[0] is not None else None)
+
+
+def measured_policy(predictor, calibration) -> Policy:
+    """The decoding policy with this CPU's latencies: its table, or one measured now (once: kept in the device file)."""
+    policy = Policy.for_model(predictor, calibration)
+    if policy.latency is None:
+        policy = replace(policy, latency=measure_first_use(predictor, policy.trees), choices={})
+    return policy
+
+
+def load_model(model, weights: str | None, talker_weights: str | None, dtype) -> tuple[str, object, Path | None]:
+    """(name, adapter, the shipped stand-in's assets folder or None) for Engine's `model`."""
+    from rvqspec.runtime.qwen_tts import QwenTTSModel
+
+    if isinstance(model, str) and model == "standin":
+        from rvqspec.standin.settings import ASSETS
+
+        return "standin", standin_model(ASSETS / "model", ASSETS / "codec.safetensors", weights, talker_weights), ASSETS
+    if isinstance(model, (str, Path)):
+        folder = Path(model)
+        if not (folder / "config.json").is_file():
+            raise RvqspecError(f"{folder} is not a model folder (no config.json): pass 'standin', a qwen-tts 12 Hz "
+                               "checkpoint folder or a stand-in folder")
+        if "stand_in" in json.loads((folder / "config.json").read_text()).get("talker_config", {}):
+            from rvqspec.standin.settings import ASSETS
+
+            codec = folder.parent / "codec.safetensors"
+            return folder.name, standin_model(folder, codec if codec.is_file() else ASSETS / "codec.safetensors",
+                                              weights, talker_weights), None
+        from rvqspec.engine.model import resolve_dtype
+        from rvqspec.integrations.qwen_tts import load_tts
+
+        return folder.name, QwenTTSModel(load_tts(folder, "cpu", resolve_dtype(dtype)), weights, talker_weights), None
+    if hasattr(model, "generate_custom_voice"):
+        return type(model).__name__, QwenTTSModel(model, weights, talker_weights), None
+    if hasattr(model, "talker") and hasattr(model, "predictor"):
+        from rvqspec.runtime.standin import StandinModel
+        from rvqspec.standin.codec import MelRVQCodec
+
+        return "standin", StandinModel(model, MelRVQCodec.load(), weights, talker_weights), None
+    raise RvqspecError(f"rvqspec.Engine takes 'standin', a checkpoint folder or a qwen_tts.Qwen3TTSModel, not "
+                       f"{type(model).__name__}: for other models use rvqspec.accelerate(model)")
+
+
+def standin_model(folder: Path, codec: Path, weights: str | None, talker_weights: str | None):
+    from rvqspec.runtime.standin import StandinModel
+    from rvqspec.standin.codec import MelRVQCodec
+    from rvqspec.standin.talker import load_standin
+
+    return StandinModel(load_standin(folder), MelRVQCodec.load(codec), weights, talker_weights)

@@ -1,0 +1,185 @@
+"""A qwen-tts model (`qwen_tts.Qwen3TTSModel`, 12 Hz) in the engine's frame loop.
+
+Prompts stay upstream's: `prompts` runs the model's own `generate_<entry point>` with the same arguments, and stops
+it where upstream's talker would start generating (`Qwen3TTSForConditionalGeneration.generate` ->
+`talker.generate(inputs_embeds=..., attention_mask=..., trailing_text_hidden=..., tts_pad_embed=..., **settings)`):
+every prompt upstream builds (custom voice with its speaker and instruct, voice design, voice clone with its
+reference codes) is what the engine decodes from, with upstream's settings (generate_config.json defaults
+included). From there the loop is ours (`runtime/scheduler.py`), doing what upstream's talker forward does per
+step: c0 through its logits processing, c1..c15 from the predictor, then the next input, the sum of the 16 code
+embeddings plus the trailing text (or the pad embedding once the text is used up).
+"""
+
+import contextlib
+import threading
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.quantize import quantize, quantize_linears
+from rvqspec.engine.sampling import Sampler, TalkerRules
+from rvqspec.integrations.qwen_tts import predictor_from_upstream, talker_from_upstream, upstream_refusals
+from rvqspec.integrations.qwen_tts_audio import StreamingCodec
+from rvqspec.runtime.request import AudioStream, Prompt
+
+ENTRY_POINTS = {"custom_voice": "custom_voice", "voice_design": "voice_design", "base": "voice_clone"}  # type: kind
+
+
+class Captured(Exception):
+    """Raised in place of upstream's talker.generate: the prompt it was about to decode."""
+
+    def __init__(self, arguments: dict):
+        super().__init__("prompt captured")
+        self.arguments = arguments
+
+
+class QwenTTSModel:
+    """The talker, predictor and codec of `tts` as the scheduler uses them (the interface: `runtime/standin.py`)."""
+
+    def __init__(self, tts, weights: str | None = None, talker_weights: str | None = None):
+        self.tts, self.upstream = tts, tts.model.talker
+        self.kind = ENTRY_POINTS.get(tts.model.tts_model_type)
+        if self.kind is None:
+            raise RvqspecError(f"unknown qwen-tts model type {tts.model.tts_model_type!r}: rvqspec.Engine decodes "
+                               f"{', '.join(ENTRY_POINTS)} models")
+        self.talker = talker_from_upstream(self.upstream)
+        if talker_weights:
+            quantize_linears(self.talker, talker_weights)
+        predictor = predictor_from_upstream(self.upstream)
+        self.predictor = quantize(predictor, weights) if weights else predictor
+        self.sample_rate = int(tts.model.speech_tokenizer.get_output_sample_rate())
+        self.frame_seconds = int(tts.model.speech_tokenizer.model.decoder.total_upsample) / self.sample_rate
+        self.capture_lock = threading.Lock()
+
+    @property
+    def can_clone(self) -> bool:
+        return self.kind == "voice_clone"
+
+    def voices(self) -> list[str]:
+        return list(self.tts.get_supported_speakers() or []) if self.kind == "custom_voice" else []
+
+    def c0_logits(self, hidden: Tensor) -> Tensor:
+        return self.talker.codec_head(hidden)
+
+    def frame_inputs(self, frames: Tensor) -> Tensor:
+        """The talker's next input [B, H] for frames [B, 16], summed as upstream's forward does (its own tables)."""
+        tables = [self.upstream.get_input_embeddings()] + list(self.upstream.code_predictor.get_input_embeddings())
+        return torch.cat([table(frames[:, i:i + 1]) for i, table in enumerate(tables)], dim=1).sum(1)
+
+    def speech(self, text: str, voice: str | None, instructions: str | None, language: str | None,
+               clone) -> tuple[str, dict]:
+        """(kind, arguments) of `Engine.speech`'s request for this model's entry point."""
+        arguments = dict(text=text, language=language or "Auto")
+        if self.kind == "custom_voice":
+            voices = self.voices()
+            if voice is None or voice.lower() not in {v.lower() for v in voices}:
+                raise RvqspecError(f"unknown voice {voice!r}: this model speaks as {', '.join(voices)}")
+            return self.kind, dict(arguments, speaker=voice, instruct=instructions)
+        if self.kind == "voice_design":
+            if not instructions:
+                raise RvqspecError("a voice-design model needs instructions (a description of the voice)")
+            return self.kind, dict(arguments, instruct=instructions)
+        if clone is None:
+            raise RvqspecError("a voice-clone model needs a registered voice (clone=engine.clone_prompt(...))")
+        return self.kind, dict(arguments, voice_clone_prompt=clone)
+
+    def clone_prompt(self, audio: np.ndarray, sample_rate: int, transcript: str | None):
+        if not self.can_clone:
+            raise RvqspecError(f"this is a {self.kind} model: only a voice-clone (Base) model clones voices")
+        with upstream_refusals():
+            return self.tts.create_voice_clone_prompt(ref_audio=(audio, sample_rate), ref_text=transcript,
+                                                      x_vector_only_mode=not transcript)
+
+    def prompts(self, kind: str, arguments: dict) -> list[Prompt]:
+        """One Prompt per text of `tts.generate_<kind>(**arguments)` (module docstring)."""
+        if kind != self.kind:
+            raise RvqspecError(f"this is a {self.tts.model.tts_model_type} model: submit {self.kind!r} requests")
+        captured = self.capture(kind, arguments)
+        return [self.prompt(captured, row) for row in range(len(captured["inputs_embeds"]))]
+
+    def capture(self, kind: str, arguments: dict) -> dict:
+        with self.capture_lock, self.stopping_talker() as seen, upstream_refusals():
+            try:
+                getattr(self.tts, f"generate_{kind}")(**arguments)
+            except Captured as e:
+                return {**seen, **e.arguments}
+            except TypeError as e:
+                raise RvqspecError(f"generate_{kind} does not take these arguments: {e}") from None
+        raise RvqspecError("qwen-tts generated without its talker: this qwen-tts version is not supported (0.1.1 is)")
+
+    @contextlib.contextmanager
+    def stopping_talker(self):
+        """While held (by this thread): upstream's model.generate records its arguments, its talker.generate raises
+        Captured. Instance attributes, removed after; other threads' calls pass through."""
+        model, talker, owner, seen = self.tts.model, self.upstream, threading.get_ident(), {}
+        model_generate, talker_generate = model.generate, talker.generate
+
+        def recording(*args, **kwargs):
+            if threading.get_ident() == owner:
+                seen.update(kwargs)
+            return model_generate(*args, **kwargs)
+
+        def stopping(*args, **kwargs):
+            if threading.get_ident() != owner:
+                return talker_generate(*args, **kwargs)
+            raise Captured(kwargs)
+
+        model.generate, talker.generate = recording, stopping
+        try:
+            yield seen
+        finally:
+            del model.generate, talker.generate
+
+    def prompt(self, captured: dict, row: int) -> Prompt:
+        real = captured["attention_mask"][row].bool()
+        embeds = captured["inputs_embeds"][row][real]
+        get = captured.get
+        rules = TalkerRules(
+            sampler=Sampler(do_sample=bool(get("do_sample")), temperature=float(get("temperature") or 1.0),
+                            top_k=int(get("top_k") or 0), top_p=float(get("top_p") or 1.0)),
+            eos=int(captured["eos_token_id"]), allowed=self.allowed(get("suppress_tokens") or []),
+            min_new_tokens=int(get("min_new_tokens") or 0), repetition_penalty=float(get("repetition_penalty") or 1.0))
+        sampler = Sampler(do_sample=bool(get("subtalker_dosample")), temperature=float(get("subtalker_temperature")),
+                          top_k=int(get("subtalker_top_k") or 0), top_p=float(get("subtalker_top_p") or 1.0))
+        return Prompt(embeds=embeds, positions=torch.arange(len(embeds), device=embeds.device),
+                      first_position=len(embeds) - 1, position_step=1.0, rules=rules, sampler=sampler,
+                      max_new_tokens=int(captured["max_new_tokens"]), text=captured["trailing_text_hidden"][row],
+                      pad=captured["tts_pad_embed"].reshape(-1), prefix=self.reference_codes(captured, row))
+
+    def allowed(self, suppressed: list[int]) -> Tensor:
+        allowed = torch.ones(self.upstream.config.vocab_size, dtype=torch.bool)
+        allowed[torch.tensor(suppressed, dtype=torch.long)] = False
+        return allowed.to(self.talker.device)
+
+    @staticmethod
+    def reference_codes(captured: dict, row: int) -> Tensor | None:
+        prompt = captured.get("voice_clone_prompt") or {}
+        codes = prompt.get("ref_code") if isinstance(prompt, dict) else None
+        return None if codes is None or codes[row] is None else codes[row]
+
+    def new_stream(self, prompt: Prompt) -> AudioStream:
+        return CodecStream(StreamingCodec(self.tts.model.speech_tokenizer.model.decoder), prompt.prefix)
+
+    def whole(self, codes: list[Tensor], prompts: list[Prompt]) -> tuple[list[np.ndarray], int]:
+        """Upstream's result for these codes: its decode, a clone's reference audio cut off, as generate_* does."""
+        full = [torch.cat([p.prefix.to(c.device), c]) if p.prefix is not None else c for c, p in zip(codes, prompts)]
+        wavs, sample_rate = self.tts.model.speech_tokenizer.decode([{"audio_codes": c} for c in full])
+        out = []
+        for wav, c, p in zip(wavs, full, prompts):
+            cut = 0 if p.prefix is None else int(len(p.prefix) / max(len(c), 1) * wav.shape[0])
+            out.append(wav[cut:])
+        return out, sample_rate
+
+
+class CodecStream(AudioStream):
+    """The 12 Hz codec run incrementally (`StreamingCodec`); a clone's reference codes decoded first, unheard."""
+
+    def __init__(self, codec: StreamingCodec, prefix: Tensor | None):
+        self.codec = codec
+        if prefix is not None:
+            codec.decode(prefix.reshape(len(prefix), -1).cpu())
+
+    def add(self, frames: list[Tensor]) -> np.ndarray:
+        return self.codec.decode(torch.stack(frames)).float().cpu().numpy()

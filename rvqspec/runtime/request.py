@@ -1,0 +1,154 @@
+"""One request of the engine: what it decodes from (`Prompt`), and its frames on their way to the caller as audio.
+
+The scheduler's thread puts each finished frame into the request (`put`) and ends it (`finish`); the caller's thread
+iterates the request and turns frames into audio chunks there (`AudioStream`, the model's codec), so vocoding one
+request never holds up the frame loop of the others.
+"""
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.sampling import Sampler, TalkerRules
+from rvqspec.integrations.stream import POLL_SECONDS, ChunkClock
+
+END = object()  # the last item of a request's frame queue
+
+
+class QueueFull(RvqspecError):
+    """The engine's queue of waiting requests is full: try again later (a server answers 429)."""
+
+
+@dataclass
+class Prompt:
+    """What one request decodes from, as the model's adapter builds it (`runtime/models.py`)."""
+
+    embeds: Tensor  # [L, H] the talker's prefill (upstream's prompt embeddings)
+    positions: Tensor  # [L] their RoPE ids
+    first_position: int  # frame t is fed at RoPE id first_position + round((t + 1) * position_step)
+    position_step: float
+    rules: TalkerRules  # how its c0 are drawn
+    sampler: Sampler  # how its predictor codes are drawn
+    max_new_tokens: int  # c0 draws at most, as upstream counts them (the last one's frame is never decoded)
+    text: Tensor | None = None  # [Tt, H] added to frame t's talker input while t < Tt (Qwen3-TTS's trailing text)
+    pad: Tensor | None = None  # [H] added once the text is used up
+    prefix: Tensor | None = None  # [n, G] codes the codec decodes before the request's own (a clone's reference)
+
+    def frame_position(self, frame: int) -> int:
+        return self.first_position + round((frame + 1) * self.position_step)
+
+
+class AudioStream:
+    """A request's codec, frames in, audio out: `add(frames)` -> the audio that is ready, `finish()` -> the rest.
+    `lag`: frames it holds back (context a non-causal vocoder needs)."""
+
+    lag = 0
+
+    def add(self, frames: list[Tensor]) -> np.ndarray:
+        raise NotImplementedError
+
+    def finish(self) -> np.ndarray:
+        return np.zeros(0, dtype=np.float32)
+
+
+class Request:
+    """Iterate for float32 audio chunks (mono, at `sample_rate`) as frames are decoded; `cancel()` frees its row at
+    the next frame boundary; `audio()` the whole audio; `codes` [T, G] once done. An error of its decoding is raised
+    to the caller (iteration, `audio()`, `wait()`), never to the other requests."""
+
+    def __init__(self, prompt: Prompt, new_stream: Callable[[], AudioStream], sample_rate: int,
+                 chunks: tuple[int, int], generator: torch.Generator):
+        self.prompt, self.new_stream, self.sample_rate, self.chunks = prompt, new_stream, sample_rate, chunks
+        self.generator = generator
+        self.frames: queue.Queue = queue.Queue()
+        self.decoded: list[Tensor] = []
+        self.cancelled, self.finished = threading.Event(), threading.Event()
+        self.error: BaseException | None = None
+        self.submitted = time.perf_counter()
+        self.first_audio_seconds: float | None = None
+        self.taken = False
+
+    # ---------------------------------------------------------------- the scheduler's side
+
+    def put(self, frame: Tensor) -> None:
+        self.decoded.append(frame)
+        self.frames.put(frame)
+
+    def finish(self, error: BaseException | None = None) -> None:
+        if self.finished.is_set():
+            return
+        self.error = error
+        self.finished.set()
+        self.frames.put(END)
+
+    # ---------------------------------------------------------------- the caller's side
+
+    @property
+    def done(self) -> bool:
+        return self.finished.is_set()
+
+    def cancel(self) -> None:
+        """Stop decoding this request: its row leaves the batch at the next frame boundary; iteration ends."""
+        self.cancelled.set()
+        self.frames.put(END)
+
+    def wait(self, timeout: float | None = None) -> Tensor:
+        """Block until decoding ends: the codes [T, G] (RvqspecError if it failed or `timeout` passed)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.finished.wait(POLL_SECONDS):  # polls: Ctrl-C reaches the caller
+            if self.cancelled.is_set():
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                raise RvqspecError(f"the request did not finish within {timeout} s: wait longer, or cancel() it")
+        self.raise_error()
+        return self.codes
+
+    @property
+    def codes(self) -> Tensor:
+        frames = list(self.decoded)
+        return torch.stack(frames) if frames else torch.zeros(0, 0, dtype=torch.long)
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        if self.taken:
+            raise RvqspecError("this request's audio was already read: iterate a request (or call audio()) once")
+        self.taken = True
+        stream = self.new_stream()
+        first, every = self.chunks
+        clock, pending = ChunkClock(first + stream.lag, every), []
+        while (frame := self.next_frame()) is not END:
+            pending.append(frame)
+            if clock.tick():
+                yield from self.chunk(stream.add(pending))
+                pending = []
+        if not self.cancelled.is_set():
+            yield from self.chunk(stream.add(pending) if pending else np.zeros(0, dtype=np.float32))
+            yield from self.chunk(stream.finish())
+        self.raise_error()
+
+    def next_frame(self):
+        while True:
+            try:
+                return self.frames.get(timeout=POLL_SECONDS)  # polls: Ctrl-C reaches the caller
+            except queue.Empty:
+                continue
+
+    def chunk(self, audio: np.ndarray) -> Iterator[np.ndarray]:
+        if len(audio):
+            if self.first_audio_seconds is None:
+                self.first_audio_seconds = time.perf_counter() - self.submitted
+            yield audio
+
+    def audio(self) -> np.ndarray:
+        """The whole audio (blocks until decoding ends)."""
+        return np.concatenate([np.zeros(0, dtype=np.float32), *self])

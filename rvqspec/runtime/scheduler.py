@@ -1,0 +1,207 @@
+"""The frame loop over every live request, in one thread: continuous batching at frame boundaries.
+
+One frame step, for the B rows of the batch (each a request, row b of the talker's cache):
+ 1. c0: the talker's head on each row's last hidden state; each row draws with its own rules and generator
+    (`TalkerRules`: upstream's repetition penalty, EOS and suppressed tokens, then its sampler);
+ 2. rows that drew EOS (or their last allowed token) leave at once, and so do cancelled ones;
+ 3. c1..c{G-1}: `decode_frames` for the rest, one batch per predictor sampler, AR or the policy's tree for that
+    batch size (the engine's speculation: exact, so each row's codes keep their distribution);
+ 4. each frame goes to its request (whose caller turns it into audio) and becomes the row's next talker input
+    (the model's frame embedding, plus Qwen3-TTS's trailing text);
+ 5. one talker step for all rows gives each its next hidden state.
+Between steps, waiting requests are prefilled, one by one, into new rows (up to `max_batch`): they join at the next
+step. A row's codes do not depend on the batch (greedy: the same bits; `engine/talker.py`), except that the
+predictor's draws of a batch of several rows come from the engine's generator (a lone row uses its own: a fixed
+seed then repeats its audio exactly; in a batch it keeps the same distribution).
+"""
+
+import collections
+import threading
+import traceback
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from rvqspec.engine import talker as talker_blocks
+from rvqspec.engine.decode import decode_frames
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.policy import Policy
+from rvqspec.engine.sampling import Sampler
+from rvqspec.engine.tree import Tree
+from rvqspec.integrations.base import Stats
+from rvqspec.runtime.request import QueueFull, Request
+
+
+@dataclass
+class Row:
+    """A request while it decodes: its talker state and the c0 it drew."""
+
+    request: Request
+    hidden: Tensor  # [H] the talker's last hidden state (emits the next c0)
+    c0: list[int] = field(default_factory=list)
+
+    @property
+    def frames(self) -> int:
+        return len(self.request.decoded)
+
+
+class Scheduler:
+    """Runs `model` (a `runtime.models` adapter) over every submitted request, in a thread of its own."""
+
+    def __init__(self, model, drafter, tree: Tree | None, policy: Policy | None, max_batch: int, max_queue: int,
+                 generator: torch.Generator):
+        self.model, self.drafter, self.tree, self.policy = model, drafter, tree, policy
+        self.max_batch, self.max_queue, self.generator = max_batch, max_queue, generator
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.rows: list[Row] = []
+        self.cache = talker_blocks.RowCache(model.talker)
+        self.stats = Stats()
+        self.condition = threading.Condition()
+        self.accepting, self.stopping = True, False
+        self.thread = threading.Thread(target=self.run, name="rvqspec-engine", daemon=True)
+        self.thread.start()
+
+    # ---------------------------------------------------------------- callers' side (any thread)
+
+    def submit(self, request: Request) -> None:
+        with self.condition:
+            if not self.accepting:
+                raise RvqspecError("the engine is closed: make a new rvqspec.Engine to decode more")
+            if len(self.waiting) >= self.max_queue:
+                raise QueueFull(f"the engine's queue is full ({self.max_queue} requests waiting): retry later, or make "
+                                "the engine with a larger max_queue")
+            self.waiting.append(request)
+            self.condition.notify()
+
+    def counts(self) -> tuple[int, int]:
+        """(rows decoding, requests waiting)."""
+        with self.condition:
+            return len(self.rows), len(self.waiting)
+
+    def close(self, grace: float | None) -> None:
+        """Stop accepting; let what was submitted finish within `grace` seconds (None: however long), then cancel it."""
+        with self.condition:
+            self.accepting = False
+            self.condition.notify()
+        self.thread.join(grace)
+        with self.condition:
+            for request in [row.request for row in self.rows] + list(self.waiting):
+                request.cancel()
+            self.stopping = True
+            self.condition.notify()
+        self.thread.join()
+
+    # ---------------------------------------------------------------- the loop (its own thread)
+
+    def run(self) -> None:
+        with torch.inference_mode():
+            while self.next_work():
+                try:
+                    self.admit()
+                    if self.rows:
+                        self.frame_step()
+                except Exception as e:  # an internal error fails the requests of this step, never the engine
+                    warnings.warn(f"rvqspec engine: a frame step failed ({type(e).__name__}: {e}); its requests end "
+                                  f"with the error\n{traceback.format_exc()}", RuntimeWarning)
+                    self.fail_all(e)
+
+    def next_work(self) -> bool:
+        """Wait for something to do; False once the engine stops."""
+        with self.condition:
+            while not (self.waiting or self.rows or self.stopping or not self.accepting):
+                self.condition.wait()
+            return not self.stopping and (self.accepting or bool(self.waiting) or bool(self.rows))
+
+    def admit(self) -> None:
+        while len(self.rows) < self.max_batch:
+            with self.condition:
+                if not self.waiting:
+                    return
+                request = self.waiting.popleft()
+            if request.cancelled.is_set():
+                request.finish()
+                continue
+            row = self.cache.add()
+            try:
+                prompt = request.prompt
+                hidden = talker_blocks.prefill(self.model.talker, self.cache, row, prompt.embeds, prompt.positions)
+            except Exception as e:  # a bad prompt fails its own request
+                self.cache.remove(row)
+                request.finish(e if isinstance(e, RvqspecError) else RvqspecError(f"prefill failed: {e}"))
+                continue
+            with self.condition:
+                self.rows.append(Row(request, hidden))
+
+    def frame_step(self) -> None:
+        rows = self.rows
+        logits = self.model.c0_logits(torch.stack([row.hidden for row in rows]))
+        for row, row_logits in zip(rows, logits):
+            earlier = torch.tensor(row.c0, dtype=torch.long, device=row_logits.device)
+            row.c0.append(row.request.prompt.rules.draw(row_logits, earlier, row.request.generator))
+        for index in reversed(range(len(rows))):  # 2: finished and cancelled rows leave
+            row = rows[index]
+            prompt = row.request.prompt
+            if row.c0[-1] == prompt.rules.eos or len(row.c0) >= prompt.max_new_tokens \
+                    or row.request.cancelled.is_set():
+                self.leave(index)
+        if not self.rows:
+            return
+        rows = self.rows
+        c0 = torch.tensor([row.c0[-1] for row in rows], device=logits.device)
+        codes = self.predict(torch.stack([row.hidden for row in rows]), c0, rows)
+        frames = torch.cat([c0[:, None], codes], dim=1)
+        inputs, positions = self.model.frame_inputs(frames), []
+        for b, row in enumerate(rows):
+            prompt, t = row.request.prompt, row.frames
+            inputs[b] += self.text_input(prompt, t)
+            positions.append(prompt.frame_position(t))
+            row.request.put(frames[b].cpu())
+        hidden = talker_blocks.step(self.model.talker, self.cache, inputs,
+                                    torch.tensor(positions, device=inputs.device))
+        for row, state in zip(rows, hidden):
+            row.hidden = state
+
+    @staticmethod
+    def text_input(prompt, frame: int) -> Tensor | float:
+        if prompt.text is None:
+            return 0.0
+        return prompt.text[frame] if frame < len(prompt.text) else prompt.pad
+
+    def predict(self, hidden: Tensor, c0: Tensor, rows: list[Row]) -> Tensor:
+        """c1..c{G-1} [B, G-1]: one `decode_frames` per predictor sampler among the rows."""
+        groups: dict[Sampler, list[int]] = {}
+        for b, row in enumerate(rows):
+            groups.setdefault(row.request.prompt.sampler, []).append(b)
+        codes = torch.empty(len(rows), self.model.predictor.config.num_code_groups - 1, dtype=torch.long,
+                            device=c0.device)
+        for sampler, members in groups.items():
+            tree = self.tree_for(len(members))
+            generator = rows[members[0]].request.generator if len(members) == 1 else self.generator
+            index = torch.tensor(members, device=c0.device)
+            result = decode_frames(self.model.predictor, hidden[index], c0[index], sampler, generator,
+                                   self.drafter if tree is not None else None, tree)
+            self.stats.add(result, tree.size if tree is not None else 0)
+            codes[index] = result.codes.to(c0.device)
+        return codes
+
+    def tree_for(self, batch: int) -> Tree | None:
+        if self.drafter is None:
+            return None
+        return self.policy.tree_for(batch) if self.policy is not None else self.tree
+
+    def leave(self, index: int, error: BaseException | None = None) -> None:
+        """Row `index` leaves: its request ends (with `error`), the last row takes its place (in the cache too)."""
+        with self.condition:
+            row = self.rows[index]
+            self.cache.remove(index)
+            self.rows[index] = self.rows[-1]
+            self.rows.pop()
+        row.request.finish(error)
+
+    def fail_all(self, error: Exception) -> None:
+        wrapped = error if isinstance(error, RvqspecError) else RvqspecError(
+            f"decoding failed ({type(error).__name__}: {error}): this is a bug, please report it")
+        while self.rows:
+            self.leave(len(self.rows) - 1, wrapped)

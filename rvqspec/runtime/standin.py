@@ -1,0 +1,122 @@
+"""The stand-in Qwen3-TTS in the engine's frame loop, step for step what `standin.synthesis.synthesize_codes` does
+(its talker already runs on the engine's blocks): prefill [lang, UTF-8 bytes, bos]; frame t's input is the sum of its
+16 code embeddings at the text-aligned RoPE id round((t + 1) * bytes per frame); c0 among the codes, EOS from the
+second frame on.
+
+What every model adapter gives the scheduler (this one, `runtime/qwen_tts.py`): `talker` and `predictor` (engine
+modules), `c0_logits(hidden)`, `frame_inputs(frames)`, `prompts(kind, arguments)` -> [Prompt], `new_stream(prompt)`
+-> AudioStream, `sample_rate`; and for `Engine.speech`: `voices()`, `can_clone`, `speech(...)`, `clone_prompt(...)`.
+"""
+
+import copy
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.quantize import quantize, quantize_linears
+from rvqspec.engine.sampling import Sampler, TalkerRules
+from rvqspec.runtime.request import AudioStream, Prompt
+from rvqspec.standin.audio import SAMPLE_RATE
+from rvqspec.standin.codec import MelRVQCodec
+from rvqspec.standin.streaming import CONTEXT_FRAMES, ChunkedVocoder
+from rvqspec.standin.synthesis import max_frames_for
+from rvqspec.standin.talker import StandinTTS
+
+KIND = "speech"  # the stand-in's one entry point: text and language
+SAMPLING = ("do_sample", "temperature", "top_k", "top_p")  # the talker's; subtalker_* the predictor's (qwen-tts names)
+
+
+class StandinModel:
+    """The stand-in `tts` and its `codec` as the scheduler uses them."""
+
+    kind = KIND
+    can_clone = False
+    sample_rate = SAMPLE_RATE
+
+    def __init__(self, tts: StandinTTS, codec: MelRVQCodec, weights: str | None = None,
+                 talker_weights: str | None = None):
+        self.tts, self.codec, self.talker = tts, codec, tts.talker
+        if talker_weights:  # on a copy: the caller's model keeps its float layers
+            self.talker = copy.deepcopy(tts.talker)
+            quantize_linears(self.talker, talker_weights)
+        self.predictor = quantize(tts.predictor, weights) if weights else tts.predictor
+        c = tts.config
+        allowed = torch.zeros(c.vocab_size, dtype=torch.bool)
+        allowed[:c.num_codes] = allowed[c.codec_eos_token_id] = True
+        self.allowed = allowed.to(self.talker.norm.weight.device)
+        self.frame_seconds = codec.cfg.samples_per_frame / SAMPLE_RATE
+
+    def voices(self) -> list[str]:
+        return list(self.tts.config.languages)
+
+    def c0_logits(self, hidden: Tensor) -> Tensor:
+        return self.talker.codec_head(hidden)
+
+    def frame_inputs(self, frames: Tensor) -> Tensor:
+        return self.tts.frame_embed(frames)
+
+    def speech(self, text: str, voice: str | None, instructions: str | None, language: str | None,
+               clone) -> tuple[str, dict]:
+        if instructions or clone is not None:
+            raise RvqspecError("the stand-in takes neither instructions nor cloned voices: pass text and a voice")
+        if voice is not None and language is not None and voice != language:
+            raise RvqspecError(f"the stand-in's voices are its languages: voice {voice!r} and language {language!r} "
+                               "disagree; pass one of them")
+        return KIND, dict(text=text, language=voice or language or self.voices()[0])
+
+    def clone_prompt(self, audio: np.ndarray, sample_rate: int, transcript: str | None):
+        raise RvqspecError("the stand-in does not clone voices: serve a qwen-tts Base model to register voices")
+
+    def prompts(self, kind: str, arguments: dict) -> list[Prompt]:
+        if kind != KIND:
+            raise RvqspecError(f"the stand-in decodes {KIND!r} requests (text, language), not {kind!r}")
+        unknown = set(arguments) - {"text", "language", "max_new_tokens", *SAMPLING, *(f"subtalker_{name}" for name
+                                                                                        in SAMPLING)}
+        if unknown:
+            raise RvqspecError(f"the stand-in does not take {', '.join(sorted(unknown))}: pass text, language and "
+                               "sampling settings")
+        text, lang = arguments.get("text"), arguments.get("language", self.voices()[0])
+        if not isinstance(text, str) or not text.strip():
+            raise RvqspecError("text must be a non-empty string: pass a sentence to synthesize")
+        embeds = self.tts.prefix_embed(text, lang)
+        max_frames = arguments.get("max_new_tokens") or max_frames_for(self.tts, text, lang)
+        prompt = Prompt(embeds=embeds, positions=self.tts.prefix_positions(len(embeds)), first_position=0,
+                        position_step=self.tts.config.frame_step(lang),
+                        rules=TalkerRules(self.sampler(arguments, ""), self.tts.config.codec_eos_token_id,
+                                          self.allowed, min_new_tokens=1),
+                        sampler=self.sampler(arguments, "subtalker_"), max_new_tokens=max_frames + 1)
+        if prompt.frame_position(max_frames - 1) >= self.talker.config.max_position_embeddings:
+            raise RvqspecError(f"text of {len(text.encode())} bytes is too long for the stand-in: split it into "
+                               "sentences")
+        return [prompt]
+
+    @staticmethod
+    def sampler(arguments: dict, prefix: str) -> Sampler:
+        """The stand-in's default Sampler, with the settings given under `prefix`."""
+        given = {name: arguments[prefix + name] for name in SAMPLING if arguments.get(prefix + name) is not None}
+        return Sampler(**given)
+
+    def new_stream(self, prompt: Prompt) -> AudioStream:
+        return VocoderStream(self.codec)
+
+
+class VocoderStream(AudioStream):
+    """Mel frame by frame, vocoded with CONTEXT_FRAMES of context each side (`standin.streaming`): it lags that much."""
+
+    lag = CONTEXT_FRAMES
+
+    def __init__(self, codec: MelRVQCodec):
+        self.vocoder = ChunkedVocoder(codec)
+
+    def add(self, frames: list[Tensor]) -> np.ndarray:
+        for frame in frames:
+            self.vocoder.add(frame)
+        return self.audio(len(self.vocoder.mels) - CONTEXT_FRAMES)
+
+    def finish(self) -> np.ndarray:
+        return self.audio(len(self.vocoder.mels))
+
+    def audio(self, end: int) -> np.ndarray:
+        return self.vocoder.audio(end) if end > self.vocoder.done else np.zeros(0, dtype=np.float32)
