@@ -10,8 +10,9 @@ from rvqspec.engine.quantize import quantize
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import Tree, default_tree
 from rvqspec.integrations import accelerate, deaccelerate
+from rvqspec.runtime import Engine, QueueFull
 
 __all__ = ["PredictorConfig", "QWEN3_TTS_0_6B", "QWEN3_TTS_1_7B", "CSM_1B", "BatchResult", "FrameResult", "RoundStats",
            "decode_frame", "decode_frames",
            "MedusaHeads", "Offsets", "ReusedHeads", "RvqspecError", "MultiCodeDecoder", "Sampler", "Tree",
-           "default_tree", "Policy", "accelerate", "deaccelerate", "quantize"]
+           "default_tree", "Policy", "accelerate", "deaccelerate", "quantize", "Engine", "QueueFull"]
