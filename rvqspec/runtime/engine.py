@@ -17,6 +17,7 @@ request in one batch that new ones join at frame boundaries. Prompts and setting
 import inspect
 import json
 import random
+import weakref
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -75,6 +76,8 @@ class Engine:
         generator = torch.Generator(predictor.device).manual_seed(seed)
         self.scheduler = Scheduler(self.model, drafter, tree if isinstance(tree, Tree) else None, policy,
                                    max_batch, max_queue, generator)
+        # An engine dropped without close(): its thread ends with it (cancelling what it still decodes).
+        self.finalizer = weakref.finalize(self, self.scheduler.close, 0)
 
     # ---------------------------------------------------------------- what the model offers
 
@@ -203,6 +206,7 @@ class Engine:
         """Stop taking requests; those submitted finish within `grace` seconds (None: all of them), the rest are
         cancelled; the engine's thread ends."""
         self.scheduler.close(grace)
+        self.finalizer.detach()
 
     def __enter__(self) -> "Engine":
         return self
