@@ -23,7 +23,7 @@ $(VENV)/.demo: pyproject.toml Makefile
 
 # Everything else the suite uses: tests, the reference implementations, the stand-in's build and quality tools.
 $(VENV)/.installed: $(VENV)/.demo
-	$(PY) -m pip install -q -e '.[fast,test,ref,standin,train,bench,demo]' $(TORCH)
+	$(PY) -m pip install -q -e '.[fast,test,ref,standin,train,bench,demo,serve]' $(TORCH)
 	$(PY) -m pip install -q --no-deps $(QWEN_TTS)
 	touch $@
 

@@ -75,7 +75,8 @@ ALLOWED = {
     "bench": {"engine", "integrations", "tuning", "bench"},
     "standin": {"engine", "integrations", "tuning", "standin"},
     "runtime": {"engine", "integrations", "tuning", "standin", "runtime"},
-    "cli": {"engine", "integrations", "tuning", "bench", "standin", "runtime", "cli"},
+    "serve": {"engine", "runtime", "serve"},
+    "cli": {"engine", "integrations", "tuning", "bench", "standin", "runtime", "serve", "cli"},
 }
 
 

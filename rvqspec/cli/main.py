@@ -12,7 +12,7 @@ import sys
 from rvqspec.engine.errors import RvqspecError
 
 # Modules that register subcommands, in the order `rvqspec --help` lists them.
-COMMAND_MODULES = ["demo", "train", "calibrate", "tune", "synth", "standin", "eval", "bench", "inspect"]
+COMMAND_MODULES = ["demo", "train", "calibrate", "tune", "synth", "serve", "standin", "eval", "bench", "inspect"]
 # Modules that add a command to the `rvqspec corpus` group.
 CORPUS_MODULES = ["synth", "standin"]
 # Errors of a write that ran out of room: the work failed (exit 1), the input was fine (a refusal is exit 2).

@@ -1,0 +1,5 @@
+"""`rvqspec serve`: an OpenAI-compatible speech server on the continuous-batching engine (`rvqspec.runtime.Engine`).
+
+app (the endpoints, FastAPI), audio (response formats and server-sent events), voices (the cloned-voice registry),
+metrics (Prometheus text), server (uvicorn, SIGTERM), page/index.html (the page at /). Needs `rvqspec[serve]`.
+"""

@@ -1,0 +1,377 @@
+"""The HTTP API on an `rvqspec.runtime.Engine`, in the OpenAI API's shapes (FastAPI).
+
+    POST   /v1/audio/speech         text -> audio, streamed as it is decoded (`stream_format`: audio bytes or SSE)
+    GET    /v1/models               the served model
+    GET    /v1/audio/voices         built-in voices and registered clones
+    POST   /v1/audio/voices         register a cloned voice (JSON: name, base64 audio clip, transcript)
+    DELETE /v1/audio/voices/{name}  remove one
+    GET    /health, /metrics        liveness; Prometheus text
+    GET    /                        a page: a text box, the voices, a player
+
+Every refusal is a JSON body in OpenAI's error shape, {"error": {"message", "type", "param", "code"}}, whose message
+names the field and the fix. The engine's request iterators block, so they are read in worker threads: a
+request's audio is vocoded there, beside the others', while the event loop only moves bytes.
+"""
+
+import asyncio
+import base64
+import binascii
+import hmac
+import json
+import logging
+import math
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from importlib import resources
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.runtime import QueueFull
+from rvqspec.serve.audio import FORMATS, flac_bytes, pcm_bytes, sse_delta, sse_event, wav_header
+from rvqspec.serve.metrics import Metrics
+from rvqspec.serve.voices import VoiceStore, check_name, decode_clip
+
+log = logging.getLogger("uvicorn.error")  # uvicorn's configured logger: one line per event on the server's stderr
+
+MAX_INPUT = 4096  # characters of `input` (OpenAI's limit) and of `instructions`
+MAX_SPEECH_BODY = 64 * 1024  # bytes of a speech request
+MAX_VOICE_BODY = 16 * 1024 * 1024  # bytes of a voice registration (a base64 clip of up to 60 s)
+RETRY_AFTER_SECONDS = 1  # what a 429 tells the client to wait
+OPEN_PATHS = {"/health", "/"}  # no API key asked: liveness, and the page (static; it asks for the key itself)
+SPEECH_FIELDS = {"model", "input", "voice", "response_format", "instructions", "speed", "stream_format", "seed",
+                 "temperature", "top_k", "top_p", "language"}
+UNSUPPORTED_FORMATS = {"mp3", "opus", "aac"}
+
+
+class ApiError(Exception):
+    """A refusal: HTTP status and OpenAI's error fields."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error", headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        self.headers = headers
+
+    def response(self) -> JSONResponse:
+        error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
+        return JSONResponse({"error": error}, status_code=self.status, headers=self.headers)
+
+
+@dataclass
+class Speech:
+    """A checked speech request: the engine's arguments and how to send the audio."""
+
+    args: dict = field(default_factory=dict)  # engine.speech keyword arguments
+    response_format: str = "wav"
+    stream_format: str = "audio"
+    clone: str | None = None  # a registered voice's name
+
+
+# ---------------------------------------------------------------- reading and checking requests
+
+async def read_json(request: Request, limit: int) -> dict:
+    """The body as a JSON object, refused past `limit` bytes (counted as it arrives, whatever Content-Length says)."""
+    too_big = ApiError(413, f"the request body is over {limit} bytes: send less (input is capped at {MAX_INPUT} "
+                            "characters)", code="body_too_large")
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise too_big
+    data = bytearray()
+    async for part in request.stream():
+        data += part
+        if len(data) > limit:
+            raise too_big
+    try:
+        body = json.loads(data)
+    except (ValueError, RecursionError):
+        raise ApiError(400, "the body is not valid JSON: send a JSON object (Content-Type: application/json)") \
+            from None
+    if not isinstance(body, dict):
+        raise ApiError(400, f"the body is a JSON {type(body).__name__}, not an object: send {{\"input\": ...}}")
+    return body
+
+
+def optional(body: dict, name: str, kind: type, default=None):
+    """body[name] when present and not null, checked to be of `kind` (int: not a bool; float: any finite number)."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    else:
+        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    if not ok:
+        word = {str: "a string", int: "an integer", float: "a finite number"}[kind]
+        raise ApiError(400, f"{name} must be {word}, got {json.dumps(value)[:80]}: send {word} (or leave it out)",
+                       param=name)
+    return value
+
+
+def check_range(name: str, value, ok: bool, allowed: str) -> None:
+    if value is not None and not ok:
+        raise ApiError(400, f"{name} is {value}: use {allowed}", param=name)
+
+
+def parse_speech(body: dict, engine, voices: VoiceStore) -> Speech:
+    unknown = sorted(set(body) - SPEECH_FIELDS)
+    if unknown:
+        raise ApiError(400, f"unknown field {unknown[0][:80]!r}: the fields are {', '.join(sorted(SPEECH_FIELDS))}",
+                       param=unknown[0][:80])
+    model = optional(body, "model", str)
+    if model != engine.name:
+        raise ApiError(404 if model else 400, f"model {model!r} is not served here: use {engine.name!r} "
+                       "(GET /v1/models)", param="model", code="model_not_found" if model else None)
+    text = optional(body, "input", str, "")
+    if not text.strip():
+        raise ApiError(400, "input is missing or empty: send the text to speak", param="input")
+    for name in ("input", "instructions"):
+        if len(optional(body, name, str, "")) > MAX_INPUT:
+            raise ApiError(400, f"{name} is over {MAX_INPUT} characters: split the text into several requests",
+                           param=name)
+    speech = Speech(response_format=optional(body, "response_format", str, "wav"),
+                    stream_format=optional(body, "stream_format", str, "audio"))
+    if speech.response_format not in FORMATS:
+        extra = " (no mp3/opus/aac encoder here)" if speech.response_format in UNSUPPORTED_FORMATS else ""
+        raise ApiError(400, f"response_format {speech.response_format[:40]!r} is not supported{extra}: use "
+                       f"{', '.join(FORMATS)}", param="response_format")
+    if speech.stream_format not in ("audio", "sse"):
+        raise ApiError(400, f"stream_format {speech.stream_format[:40]!r}: use 'audio' or 'sse'", param="stream_format")
+    speed = optional(body, "speed", float, 1.0)
+    check_range("speed", speed, speed == 1.0, "1.0 (this server does not change the speaking rate)")
+    seed, top_k = optional(body, "seed", int), optional(body, "top_k", int)
+    temperature, top_p = optional(body, "temperature", float), optional(body, "top_p", float)
+    check_range("seed", seed, seed is not None and 0 <= seed < 2 ** 63, "an integer from 0 to 2**63 - 1")
+    check_range("temperature", temperature, temperature is not None and 0 < temperature <= 100, "a number in (0, 100]")
+    check_range("top_k", top_k, top_k is not None and top_k >= 1, "an integer >= 1")
+    check_range("top_p", top_p, top_p is not None and 0 < top_p <= 1, "a number in (0, 1]")
+    voice = optional(body, "voice", str)
+    builtin = engine.voices()
+    if voice is not None and voice not in builtin:
+        if voice not in voices:
+            listed = ", ".join(builtin + voices.names()) or "none"
+            raise ApiError(400, f"voice {voice[:80]!r} is not a voice of this server: use one of {listed} "
+                           "(GET /v1/audio/voices), or register it (POST /v1/audio/voices)", param="voice")
+        speech.clone, voice = voice, None
+    speech.args = dict(text=text, voice=voice, instructions=optional(body, "instructions", str),
+                       language=optional(body, "language", str), seed=seed, temperature=temperature,
+                       top_k=top_k, top_p=top_p)
+    return speech
+
+
+# ---------------------------------------------------------------- the audio of one request
+
+async def next_chunk(chunks):
+    """The request's next audio chunk (None at the end), read in a worker thread; cancelling the caller does not
+    wait for the chunk."""
+    return await anyio.to_thread.run_sync(next, chunks, None, abandon_on_cancel=True)
+
+
+async def audio_bytes(row, response_format: str, sample_rate: int, metrics: Metrics) -> AsyncIterator[bytes]:
+    """The response body: the format's bytes as chunks are decoded (the wav header leaves with the first)."""
+    chunks, start = iter(row), time.perf_counter()
+    if response_format == "flac":
+        yield await anyio.to_thread.run_sync(flac_bytes, chunks, sample_rate, abandon_on_cancel=True)
+        return
+    header = wav_header(sample_rate) if response_format == "wav" else b""
+    while (chunk := await next_chunk(chunks)) is not None:
+        if header is not None:
+            metrics.observe_first_audio(row.first_audio_seconds or time.perf_counter() - start)
+        yield (header or b"") + pcm_bytes(chunk)
+        header = None
+    if header:  # no audio at all: still a valid (empty) wav
+        yield header
+
+
+async def sse(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    async for data in pieces:
+        yield sse_delta(data)
+    yield sse_event({"type": "speech.audio.done"})
+
+
+async def cancel_on_disconnect(request: Request, row) -> None:
+    """Cancel the row once the client is gone (waiting for its first chunk or reading the stream)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    row.cancel()
+
+
+async def respond(request: Request, row, speech: Speech, sample_rate: int, metrics: Metrics) -> StreamingResponse:
+    """Stream the row's audio. Its first piece is awaited before the response starts, so that a request that fails
+    before any audio gets a JSON error, and the first bytes leave with the first chunk."""
+    watcher = asyncio.create_task(cancel_on_disconnect(request, row))
+    pieces = audio_bytes(row, speech.response_format, sample_rate, metrics)
+    if speech.stream_format == "sse":
+        pieces = sse(pieces)
+
+    def stop() -> None:
+        watcher.cancel()
+        row.cancel()  # a no-op once it is done; frees the row when the client left or the server stops
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            yield first
+            async for piece in pieces:
+                yield piece
+        finally:
+            stop()
+            await pieces.aclose()
+
+    try:
+        first = await anext(pieces, b"")
+    except Exception as e:  # the row failed before any audio: its error, logged in one line
+        stop()
+        log.error("speech request failed: %s: %s", type(e).__name__, e)
+        raise ApiError(500, f"synthesis failed ({type(e).__name__}: {e}): the server logged it; retry, or report it",
+                       kind="server_error") from None
+    except BaseException:
+        stop()
+        raise
+    media = "text/event-stream" if speech.stream_format == "sse" else FORMATS[speech.response_format]
+    return StreamingResponse(body(), media_type=media, headers={"X-Sample-Rate": str(sample_rate)})
+
+
+# ---------------------------------------------------------------- the app
+
+def create_app(engine, voices: VoiceStore, api_key: str | None = None, threads: int = 64):
+    """The ASGI app serving `engine` (an `rvqspec.runtime.Engine`), cloned voices kept in `voices`. `threads`: worker
+    threads for reading requests' audio (each decoding or waiting request holds one while it waits for a chunk)."""
+    metrics = Metrics()
+    page = resources.files("rvqspec.serve").joinpath("page/index.html").read_text()
+    created = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app):
+        anyio.to_thread.current_default_thread_limiter().total_tokens = threads
+        yield
+
+    app = FastAPI(title="rvqspec", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request, e: ApiError):
+        return e.response()
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, e: HTTPException):
+        fix = {404: ": the endpoints are /v1/audio/speech, /v1/audio/voices, /v1/models, /health, /metrics",
+               405: ": see the endpoints' methods in the README"}.get(e.status_code, "")
+        return ApiError(e.status_code, f"{e.detail} ({request.method} {request.url.path}){fix}").response()
+
+    @app.exception_handler(Exception)
+    async def internal_error(request, e: Exception):
+        log.error("%s %s failed: %s: %s", request.method, request.url.path, type(e).__name__, e)
+        return ApiError(500, f"internal error ({type(e).__name__}: {e}): the server logged it; retry, or report it",
+                        kind="server_error").response()
+
+    @app.get("/", response_class=HTMLResponse)
+    async def index():
+        return page
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": engine.name}
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def prometheus():
+        return PlainTextResponse(metrics.text(engine.status()), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": engine.name, "object": "model", "created": created,
+                                            "owned_by": "rvqspec"}]}
+
+    @app.get("/v1/audio/voices")
+    async def list_voices():
+        entries = [(name, "builtin") for name in engine.voices()] + [(name, "cloned") for name in voices.names()]
+        return {"object": "list", "data": [{"id": name, "object": "voice", "kind": kind} for name, kind in entries]}
+
+    @app.post("/v1/audio/voices", status_code=201)
+    async def register_voice(request: Request):
+        if not engine.can_clone:
+            raise ApiError(400, f"the served model ({engine.name}) cannot clone voices: serve a Qwen3-TTS Base "
+                           "checkpoint (rvqspec serve --model PATH)", code="cannot_clone")
+        body = await read_json(request, MAX_VOICE_BODY)
+        name, audio = optional(body, "name", str), optional(body, "audio", str)
+        transcript = optional(body, "transcript", str)
+        try:
+            check_name(name)
+        except RvqspecError as e:
+            raise ApiError(400, str(e), param="name") from None
+        if name in engine.voices():
+            raise ApiError(400, f"{name!r} is a built-in voice: pick another name", param="name")
+        if transcript is not None and len(transcript) > MAX_INPUT:
+            raise ApiError(400, f"transcript is over {MAX_INPUT} characters: send the clip's words", param="transcript")
+        try:
+            data = base64.b64decode(audio or "", validate=True)
+        except binascii.Error:
+            raise ApiError(400, "audio is not base64: send the clip's wav or flac file, base64-encoded", param="audio") \
+                from None
+        try:
+            await anyio.to_thread.run_sync(add_voice, engine, voices, name, data, transcript)
+        except RvqspecError as e:
+            raise ApiError(409 if "already exists" in str(e) else 400, str(e), param="audio") from None
+        return {"id": name, "object": "voice", "kind": "cloned"}
+
+    @app.delete("/v1/audio/voices/{name}")
+    async def delete_voice(name: str):
+        if name in engine.voices():
+            raise ApiError(400, f"{name[:80]!r} is a built-in voice of the model: only registered voices can be "
+                           "deleted", param="name")
+        if not await anyio.to_thread.run_sync(voices.delete, name):
+            raise ApiError(404, f"no registered voice {name[:80]!r}: GET /v1/audio/voices lists them", param="name")
+        return {"id": name, "object": "voice", "deleted": True}
+
+    @app.post("/v1/audio/speech")
+    async def speech(request: Request):
+        job = parse_speech(await read_json(request, MAX_SPEECH_BODY), engine, voices)
+        try:
+            if job.clone:
+                job.args["clone"] = await anyio.to_thread.run_sync(voices.prompt, job.clone, engine)
+            row = engine.speech(**job.args)
+        except QueueFull as e:
+            raise ApiError(429, f"{e}", code="queue_full", kind="rate_limit_error",
+                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
+        except RvqspecError as e:
+            raise ApiError(400, str(e)) from None
+        return await respond(request, row, job, engine.sample_rate, metrics)
+
+    return Gate(app, metrics, api_key)
+
+
+def add_voice(engine, voices: VoiceStore, name: str, data: bytes, transcript: str | None) -> None:
+    """Decode the clip, make its clone prompt (refused here rather than at the first synthesis), store it."""
+    audio, sample_rate = decode_clip(data)
+    prompt = engine.clone_prompt(audio, sample_rate, transcript)
+    voices.add(name, audio, sample_rate, transcript)
+    with voices.lock:
+        voices.prompts[name] = prompt
+
+
+class Gate:
+    """The outermost layer of the app: the API key check, and the count of answers by status for /metrics."""
+
+    def __init__(self, app, metrics: Metrics, api_key: str | None):
+        self.app, self.metrics = app, metrics
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def counted(message):
+            if message["type"] == "http.response.start":
+                self.metrics.count_status(message["status"])
+            await send(message)
+
+        if self.expected is not None and scope["path"] not in OPEN_PATHS:
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):  # constant time: no timing hint at the key
+                refusal = ApiError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>' "
+                                   "(the server's --api-key or RVQSPEC_API_KEY)", code="invalid_api_key")
+                return await refusal.response()(scope, receive, counted)
+        await self.app(scope, receive, counted)
