@@ -10,7 +10,8 @@ TORCH := torch==2.13.0
 
 install: $(VENV)/.installed
 
-# What the demo needs and nothing more: torch, the package with its fast-path and demo extras, the kernels.
+# What the demo and `rvqspec serve` need and nothing more: torch, the package with its fast-path, demo and serve extras,
+# the kernels.
 $(VENV)/.demo: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(TORCH) 'ninja>=1.11' 'safetensors>=0.4' 'numpy>=1.26,<3'
@@ -18,7 +19,7 @@ $(VENV)/.demo: pyproject.toml Makefile
 	# dependencies) while pip installs the rest, rather than in the first decode; where they cannot be built this
 	# warns and decoding takes the plain path.
 	$(PY) -c "from rvqspec.engine import fused; fused.kernels()" & kernels=$$!; \
-		$(PY) -m pip install -q -e '.[fast,demo]' $(TORCH) && wait $$kernels
+		$(PY) -m pip install -q -e '.[fast,demo,serve]' $(TORCH) && wait $$kernels
 	touch $@
 
 # Everything else the suite uses: tests, the reference implementations, the stand-in's build and quality tools.
