@@ -14,7 +14,7 @@ SCRIPT = """
 import importlib.util, sys, tempfile, torch
 import rvqspec
 from rvqspec.cli.main import build_parser
-for extra in ("matplotlib", "soundfile", "tqdm", "scipy", "transformers", "faster_whisper"):
+for extra in ("matplotlib", "soundfile", "tqdm", "scipy", "transformers", "faster_whisper", "fastapi", "uvicorn"):
     assert importlib.util.find_spec(extra) is None, extra + " was installed with the base dependencies"
 config = rvqspec.PredictorConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                                  num_key_value_heads=2, head_dim=8, vocab_size=16, talker_hidden_size=32,
@@ -27,6 +27,8 @@ ar = rvqspec.decode_frame(model, torch.randn(32), 3, greedy)
 spec = rvqspec.decode_frame(model, torch.randn(32), 3, greedy, drafter=rvqspec.ReusedHeads(), tree=rvqspec.default_tree(8))
 assert ar.codes.shape == (15,) and ar.calls == 15 and 1 <= spec.calls <= 15
 build_parser()  # every subcommand registers without the extras
+from rvqspec.cli.main import main
+assert main(["serve", "--port", "0"]) == 2  # refused in one line naming the extra, before any work
 print("decoded", ar.codes.tolist(), "from", rvqspec.__file__)
 """
 
@@ -43,4 +45,6 @@ def test_base_install_decodes_a_frame(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # a checkout on PYTHONPATH would win
     done = subprocess.run([python, "-c", SCRIPT], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == "rvqspec serve: error: rvqspec serve needs fastapi, uvicorn, soundfile: pip install " \
+                                  "'rvqspec[serve]'"
     assert "decoded" in done.stdout and str(venv) in done.stdout  # the installed copy, not the checkout
