@@ -320,6 +320,16 @@ def end_to_end_section(bench_dir: Path) -> list[str]:
             without_title(report) if report else not_measured(END_TO_END)]
 
 
+SERVE_LOAD = "python benchmarks/serve_load.py"
+
+
+def serve_section(bench_dir: Path) -> list[str]:
+    """`rvqspec serve` under concurrent streaming clients (serve-load.md), without its title."""
+    report = read_text(bench_dir / "serve-load.md")
+    return ["## Serving over HTTP: concurrent streaming clients", "",
+            without_title(report) if report else not_measured(SERVE_LOAD)]
+
+
 def tune_section(bench_dir: Path) -> list[str]:
     """`rvqspec tune` on the stand-in (tune/tune-standin.md), without its title."""
     report = read_text(bench_dir / "tune" / "tune-standin.md")
@@ -343,7 +353,8 @@ def results_markdown(eval_report: dict | None, calibration: dict | None, calibra
         *bench_section(bench, bench_dir, out), "", *batch_section(batch or {}, bench_dir, out), "",
         *csm_section(bench_dir / "csm"), "",
         *profile_section(profile_markdown, read_text(bench_dir / "fused-path.md")), "",
-        *weights_section(bench_dir), "", *end_to_end_section(bench_dir), "", *tune_section(bench_dir), "",
+        *weights_section(bench_dir), "", *end_to_end_section(bench_dir), "", *serve_section(bench_dir), "",
+        *tune_section(bench_dir), "",
         *standin_bench_section(standin_bench, bench_dir / "standin", out), ""])
 
 

@@ -1,0 +1,198 @@
+"""`rvqspec serve` under load: 1, 4, 8 and 16 concurrent streaming clients on loopback, each level a fixed time.
+
+    python benchmarks/serve_load.py [--model standin] [--clients 1,4,8,16] [--seconds 20]
+
+Starts a server process (`rvqspec serve --port 0`, one torch thread for the model), warms it with one request, then
+per level runs that many clients, each sending streaming pcm requests one after another until the level's time is
+up (in-flight requests are awaited, so nothing is cut short), and stops the server with SIGTERM. Per level: time to
+first byte p50/p95 (request sent -> first audio bytes), aggregate audio seconds per wall second, errors (a status
+other than 200, a failed connection) and truncated streams (a body that broke off or held no audio). Writes
+benchmarks/results/serve-load.json and .md, with the CPU named beside the figures; all ratios come from one run.
+"""
+
+import argparse
+import json
+import os
+import platform
+import re
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks" / "results" / "serve-load"
+TEXTS = ["Hello there, how are you today?", "The quick brown fox jumps over the lazy dog.",
+         "Speech comes out as it is decoded.", "Every client waits its turn at the frame boundary."]
+MAX_SECONDS = 1800  # the whole run stops by itself: each level's time, plus its in-flight requests
+
+
+def cpu_name() -> str:
+    """The CPU's model name and whether it has AMX (whose bfloat16 and int8 tiles change what is fast)."""
+    text = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    name = re.search(r"Model name:\s*(.+)", text)
+    amx = " amx_tile" in Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else False
+    return f"{name.group(1).strip() if name else platform.processor()} ({'with' if amx else 'no'} AMX)"
+
+
+def start_server(model: str, max_batch: int, max_queue: int) -> tuple[subprocess.Popen, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
+    process = subprocess.Popen([sys.executable, "-m", "rvqspec.cli", "serve", "--host", "127.0.0.1", "--port", "0",
+                                "--model", model, "--max-batch", str(max_batch), "--max-queue", str(max_queue)],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and process.poll() is None:
+        if select.select([process.stdout], [], [], 0.5)[0]:
+            if found := re.search(r"on (http://\S+)", process.stdout.readline().decode()):
+                threading.Thread(target=process.stdout.read, daemon=True).start()  # its access log
+                return process, found.group(1)
+    process.kill()
+    raise SystemExit(f"the server did not start (exit status {process.poll()})")
+
+
+def one_request(client: httpx.Client, url: str, body: dict) -> dict:
+    """Send one streaming request; its time to first byte, audio bytes and how it ended."""
+    start, first, size = time.perf_counter(), None, 0
+    try:
+        with client.stream("POST", f"{url}/v1/audio/speech", json=body, timeout=300) as response:
+            if response.status_code != 200:
+                response.read()
+                return {"error": f"{response.status_code}: {response.text[:200]}"}
+            for piece in response.iter_raw():
+                first = time.perf_counter() - start if first is None and piece else first
+                size += len(piece)
+    except httpx.HTTPError as e:
+        return {"truncated": first is not None, "error": None if first is not None else f"{type(e).__name__}: {e}"}
+    return {"ttfb": first, "bytes": size, "end": time.perf_counter(), "truncated": size == 0 or size % 2 == 1}
+
+
+def frames_decoded(url: str) -> float:
+    return float(re.search(r"^rvqspec_frames_total (\S+)$", httpx.get(f"{url}/metrics").text, re.M).group(1))
+
+
+def run_level(url: str, clients: int, seconds: float, model: str, voice: str | None) -> dict:
+    results: list[dict] = []
+    frames = frames_decoded(url)
+    lock = threading.Lock()
+    start = time.perf_counter()
+    stop_at = start + seconds
+
+    def client(index: int) -> None:
+        with httpx.Client() as session:
+            n = 0
+            while time.perf_counter() < stop_at:
+                body = {"model": model, "input": TEXTS[(index + n) % len(TEXTS)], "response_format": "pcm",
+                        "seed": index * 1000 + n, **({"voice": voice} if voice else {})}
+                result = one_request(session, url, body)
+                with lock:
+                    results.append(result)
+                n += 1
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = max([r.get("end", 0) for r in results] + [stop_at]) - start
+    return {"clients": clients, "results": results, "wall": wall, "frames": frames_decoded(url) - frames,
+            "load": os.getloadavg()[0]}
+
+
+def summarize(level: dict, sample_rate: int) -> dict:
+    done = [r for r in level["results"] if "ttfb" in r and not r["truncated"]]
+    ttfb = np.array([r["ttfb"] for r in done]) if done else np.array([np.nan])
+    audio = sum(r["bytes"] for r in done) / 2 / sample_rate
+    return {"clients": level["clients"], "requests": len(level["results"]),
+            "errors": sum(bool(r.get("error")) for r in level["results"]),
+            "truncated": sum(bool(r.get("truncated")) for r in level["results"]),
+            "ttfb_p50": float(np.percentile(ttfb, 50)), "ttfb_p95": float(np.percentile(ttfb, 95)),
+            "audio_seconds": audio, "wall_seconds": level["wall"], "audio_per_second": audio / level["wall"],
+            "frames_per_second": level["frames"] / level["wall"], "load_average": level["load"]}
+
+
+def markdown(report: dict) -> str:
+    rows = report["levels"]
+    lone = rows[0]
+    lines = [f"# Serving under load: `rvqspec serve --model {report['model']}`", "",
+             f"Measured on {report['cpu']}, one torch thread for the model (OMP_NUM_THREADS=1), {report['cores']} "
+             f"cores shared with the clients; max batch {report['max_batch']}, each level {report['seconds']:.0f} s of "
+             "clients sending streaming pcm requests back to back (a short English sentence each, "
+             f"{report['sample_rate']} Hz), loopback. `python benchmarks/serve_load.py`.", "",
+             "Frames/s is the engine's decoding alone (codes; /metrics); audio s/s also counts vocoding each "
+             "request's chunks, in the server's request threads. Load average: the machine's 1-minute load at the "
+             "level's end (other jobs included; 2 cores).", "",
+             "| clients | requests | errors | truncated | first byte p50 (s) | p95 (s) | audio s / s | vs 1 client | "
+             "frames / s | vs 1 client | load average |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['clients']} | {r['requests']} | {r['errors']} | {r['truncated']} | {r['ttfb_p50']:.2f} | "
+                     f"{r['ttfb_p95']:.2f} | {r['audio_per_second']:.2f} | "
+                     f"{r['audio_per_second'] / lone['audio_per_second']:.2f}x | {r['frames_per_second']:.1f} | "
+                     f"{r['frames_per_second'] / lone['frames_per_second']:.2f}x | {r['load_average']:.1f} |")
+    lines += ["", "Targets (issue 33), this run:", ""]
+    for name, (value, target, ok) in report["targets"].items():
+        lines.append(f"- {name}: {value} (target {target}): {'met' if ok else 'NOT met'}")
+    return "\n".join(lines) + "\n"
+
+
+def targets(levels: list[dict]) -> dict:
+    by = {r["clients"]: r for r in levels}
+    found = {}
+    if 16 in by:
+        bad = by[16]["errors"] + by[16]["truncated"]
+        found["errors and truncated streams at 16 clients"] = (bad, 0, bad == 0)
+    if 1 in by and 4 in by:
+        ratio = by[4]["ttfb_p95"] / by[1]["ttfb_p95"]
+        found["first byte p95 at 4 clients / a lone client's"] = (f"{ratio:.2f}x", "<= 2x", ratio <= 2)
+    if 1 in by and 8 in by:
+        ratio = by[8]["audio_per_second"] / by[1]["audio_per_second"]
+        found["audio seconds per second at 8 clients / a lone client's"] = (f"{ratio:.2f}x", ">= 3x", ratio >= 3)
+    return found
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="standin")
+    p.add_argument("--voice", default=None, help="default: the stand-in's 'en', none for other models")
+    p.add_argument("--clients", default="1,4,8,16")
+    p.add_argument("--seconds", type=float, default=20.0, help="per level")
+    p.add_argument("--max-batch", type=int, default=16)
+    p.add_argument("--out", type=Path, default=OUT)
+    args = p.parse_args()
+    levels = [int(c) for c in args.clients.split(",")]
+    if args.seconds * len(levels) > MAX_SECONDS / 2:
+        raise SystemExit(f"--seconds x levels must stay under {MAX_SECONDS // 2} s")
+    voice = args.voice or ("en" if args.model == "standin" else None)
+    process, url = start_server(args.model, args.max_batch, max(levels) * 2)
+    try:
+        model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+        warm = one_request(httpx.Client(), url, {"model": model, "input": TEXTS[0], "response_format": "pcm",
+                                                 **({"voice": voice} if voice else {})})
+        assert "ttfb" in warm, warm
+        sample_rate = int(httpx.post(f"{url}/v1/audio/speech", json={"model": model, "input": "Hi.",
+                                     **({"voice": voice} if voice else {})}).headers["x-sample-rate"])
+        rows = []
+        for clients in levels:
+            rows.append(summarize(run_level(url, clients, args.seconds, model, voice), sample_rate))
+            print(json.dumps(rows[-1]), flush=True)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        status = process.wait(timeout=120)
+    report = {"model": args.model, "cpu": cpu_name(), "cores": os.cpu_count(), "threads": 1,
+              "max_batch": args.max_batch, "seconds": args.seconds, "sample_rate": sample_rate, "levels": rows,
+              "targets": targets(rows), "server_exit_status": status, "command": " ".join(sys.argv)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(report))
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
