@@ -101,7 +101,7 @@ def test_the_openai_client_maps_refusals_to_its_errors(server):
 
 
 BAD = [  # (body, status, param, words of the message)
-    ({}, 400, "model", "not served here"),
+    ({}, 400, "model", "model is missing"),
     ({"model": "fake"}, 400, "input", "missing or empty"),
     ({"model": "fake", "input": "  "}, 400, "input", "missing or empty"),
     ({"model": "fake", "input": "x" * (MAX_INPUT + 1)}, 400, "input", "split the text"),

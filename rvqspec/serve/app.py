@@ -124,9 +124,11 @@ def parse_speech(body: dict, engine, voices: VoiceStore) -> Speech:
         raise ApiError(400, f"unknown field {unknown[0][:80]!r}: the fields are {', '.join(sorted(SPEECH_FIELDS))}",
                        param=unknown[0][:80])
     model = optional(body, "model", str)
+    if model is None:
+        raise ApiError(400, f"model is missing: send \"model\": \"{engine.name}\" (GET /v1/models)", param="model")
     if model != engine.name:
-        raise ApiError(404 if model else 400, f"model {model!r} is not served here: use {engine.name!r} "
-                       "(GET /v1/models)", param="model", code="model_not_found" if model else None)
+        raise ApiError(404, f"model {model[:80]!r} is not served here: use {engine.name!r} (GET /v1/models)",
+                       param="model", code="model_not_found")
     text = optional(body, "input", str, "")
     if not text.strip():
         raise ApiError(400, "input is missing or empty: send the text to speak", param="input")
@@ -338,6 +340,8 @@ def create_app(engine, voices: VoiceStore, api_key: str | None = None, threads: 
                            headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
         except RvqspecError as e:
             raise ApiError(400, str(e)) from None
+        except FileNotFoundError:  # deleted since the request was checked
+            raise ApiError(400, f"voice {job.clone!r} was just deleted: register it again", param="voice") from None
         return await respond(request, row, job, engine.sample_rate, metrics)
 
     return Gate(app, metrics, api_key)

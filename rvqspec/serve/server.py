@@ -35,6 +35,7 @@ def serve(engine, sock: socket.socket, voices: VoiceStore, api_key: str | None =
     app = create_app(engine, voices, api_key, threads)
     server = uvicorn.Server(uvicorn.Config(app, timeout_graceful_shutdown=grace, log_level="info"))
     host, port = sock.getsockname()[:2]
+    host = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
     print(f"rvqspec serve: {engine.name} on http://{host}:{port} (voices in {voices.folder})", flush=True)
     # uvicorn raises the signal it drained on once more when it is done; landing on a no-op handler, that SIGTERM
     # ends nothing: the process exits 0 (Ctrl-C keeps its KeyboardInterrupt).
