@@ -22,10 +22,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from rvqspec.engine.checkpoint import CSM_DEPTH, CSM_TIED_TABLES, official_layout, official_state_dict
+from rvqspec.engine.checkpoint import CSM_DEPTH, CSM_TIED_TABLES, layers_layout, official_layout, official_state_dict
 from rvqspec.engine.config import config_from_csm, csm_config_dict
 from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.model import MultiCodeDecoder
+from rvqspec.engine.model import MultiCodeDecoder, RotaryEmbedding
+from rvqspec.engine.talker import Talker, TalkerConfig
 from rvqspec.engine.tree import Tree
 from rvqspec.integrations.base import AccelerateOptions, Acceleration
 from rvqspec.integrations.csm_stream import stream_audio
@@ -44,6 +45,33 @@ def depth_decoder_from_transformers(model) -> MultiCodeDecoder:
     state = model.state_dict()
     tensors = {name: state[name if name in state else CSM_TIED_TABLES[name]] for name in wanted}
     return MultiCodeDecoder.from_official(config, tensors, model.depth_decoder.codebooks_head.weight.device)
+
+
+def talker_from_csm(model) -> Talker:
+    """The backbone (Llama layers, llama3-scaled RoPE) and its c0 head (`lm_head`) of a CsmForConditionalGeneration
+    on the engine's blocks (`engine.talker.Talker`, qk_norm=False), on its device and dtype. Norms, output projections
+    and the head share upstream's tensors; q/k/v and gate/up are concatenated (copies: one matmul each)."""
+    c = model.config
+    if getattr(c, "attention_bias", False) or getattr(c, "mlp_bias", False) or c.hidden_act != "silu":
+        raise RvqspecError("this CSM backbone's layers differ from Llama's (biases or activation): use "
+                           "rvqspec.accelerate(model) instead of rvqspec.Engine for it")
+    scaling = c.rope_scaling if (c.rope_scaling or {}).get("rope_type", "default") != "default" else None
+    if scaling is not None and scaling.get("rope_type", scaling.get("type")) != "llama3":
+        raise RvqspecError(f"the engine's talker implements plain and llama3 RoPE, not {scaling!r}: use "
+                           "rvqspec.accelerate(model) for this CSM model")
+    config = TalkerConfig(c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
+                          c.num_key_value_heads, getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+                          c.vocab_size, c.rms_norm_eps, c.rope_theta, c.max_position_embeddings, qk_norm=False,
+                          rope_scaling=scaling)
+    upstream = model.state_dict()
+    state = {native: upstream[parts[0][0]] if len(parts) == 1 else torch.cat([upstream[name] for name, _ in parts])
+             for native, (_, parts) in layers_layout(config, "backbone_model.").items()}
+    state["codec_head.weight"] = upstream["lm_head.weight"]
+    with torch.device("meta"):  # no random init of weights about to be replaced
+        talker = Talker(config)
+    talker.load_state_dict(state, assign=True)
+    talker.rope = RotaryEmbedding(config.head_dim, c.rope_theta, c.max_position_embeddings, scaling)  # computed
+    return talker.to(model.lm_head.weight.device).eval().requires_grad_(False)
 
 
 def upstream_depth_decoder(model: MultiCodeDecoder) -> torch.nn.Module:

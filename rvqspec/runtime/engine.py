@@ -248,6 +248,12 @@ def load_model(model, weights: str | None, talker_weights: str | None, dtype) ->
         return folder.name, QwenTTSModel(load_tts(folder, "cpu", resolve_dtype(dtype)), weights, talker_weights), None
     if hasattr(model, "generate_custom_voice"):
         return type(model).__name__, QwenTTSModel(model, weights, talker_weights), None
+    from rvqspec.integrations.csm import is_csm
+
+    if is_csm(model):
+        from rvqspec.runtime.csm import CsmModel
+
+        return type(model).__name__, CsmModel(model, weights, talker_weights), None
     if hasattr(model, "talker") and hasattr(model, "predictor"):
         from rvqspec.runtime.standin import StandinModel
         from rvqspec.standin.codec import MelRVQCodec

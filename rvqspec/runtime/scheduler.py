@@ -144,7 +144,7 @@ class Scheduler:
             row = rows[index]
             prompt = row.request.prompt
             if row.c0[-1] == prompt.rules.eos or len(row.c0) >= prompt.max_new_tokens \
-                    or row.request.cancelled.is_set():
+                    or row.request.cancelled.is_set() or prompt.ends_after(row.request.decoded):
                 self.leave(index)
         if not self.rows:
             return
@@ -156,7 +156,7 @@ class Scheduler:
         for b, row in enumerate(rows):
             prompt, t = row.request.prompt, row.frames
             inputs[b] += self.text_input(prompt, t)
-            positions.append(prompt.frame_position(t))
+            positions.append(prompt.frame_positions[t])
             row.request.put(frames[b].cpu())
         hidden = talker_blocks.step(self.model.talker, self.cache, inputs,
                                     torch.tensor(positions, device=inputs.device))
