@@ -156,7 +156,7 @@ class Scheduler:
         for b, row in enumerate(rows):
             prompt, t = row.request.prompt, row.frames
             inputs[b] += self.text_input(prompt, t)
-            positions.append(prompt.frame_positions[t])
+            positions.append(prompt.frame_position(t))
             row.request.put(frames[b].cpu())
         hidden = talker_blocks.step(self.model.talker, self.cache, inputs,
                                     torch.tensor(positions, device=inputs.device))
