@@ -42,9 +42,9 @@ def add_cli(subparsers) -> None:
                               help="an OpenAI-compatible speech server (/v1/audio/speech, streaming) on the engine")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=port, default=8000, help="TCP port (default 8000; 0: any free port)")
-    p.add_argument("--max-batch", type=flags.bounded_int(1, 256), default=8, help="requests decoded together")
+    p.add_argument("--max-batch", type=flags.bounded_int(1, 256), default=8, help="requests decoded together (default 8)")
     p.add_argument("--max-queue", type=max_queue, default=32,
-                   help="requests waiting for a row; past it, 429 with Retry-After")
+                   help="requests waiting for a row (default 32); past it, 429 with Retry-After")
     p.add_argument("--weights", choices=SCHEMES, help="the code predictor with int8 weights (CPU; opt-in)")
     p.add_argument("--talker-weights", choices=SCHEMES, help="the talker's layers with int8 weights (CPU; lossy)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: $RVQSPEC_API_KEY; none)")

@@ -178,7 +178,10 @@ async def audio_bytes(row, response_format: str, sample_rate: int, metrics: Metr
     """The response body: the format's bytes as chunks are decoded (the wav header leaves with the first)."""
     chunks, start = iter(row), time.perf_counter()
     if response_format == "flac":
-        yield await anyio.to_thread.run_sync(flac_bytes, chunks, sample_rate, abandon_on_cancel=True)
+        data = await anyio.to_thread.run_sync(flac_bytes, chunks, sample_rate, abandon_on_cancel=True)
+        if row.first_audio_seconds is not None:
+            metrics.observe_first_audio(row.first_audio_seconds)
+        yield data
         return
     header = wav_header(sample_rate) if response_format == "wav" else b""
     while (chunk := await next_chunk(chunks)) is not None:
