@@ -327,6 +327,9 @@ def serve_section(bench_dir: Path) -> list[str]:
     """`rvqspec serve` under concurrent streaming clients (serve-load.md), without its title."""
     report = read_text(bench_dir / "serve-load.md")
     return ["## Serving over HTTP: concurrent streaming clients", "",
+            "Each request's audio is made from its codes in the server's request threads (the stand-in: HiFi-GAN "
+            "with context frames on both sides of each chunk); where that costs more than decoding, audio s/s follows "
+            "the vocoder and frames/s shows what the engine's batching does.", "",
             without_title(report) if report else not_measured(SERVE_LOAD)]
 
 
