@@ -13,7 +13,6 @@ benchmarks/results/serve-load.json and .md, with the CPU named beside the figure
 import argparse
 import json
 import os
-import platform
 import re
 import select
 import signal
@@ -34,11 +33,10 @@ MAX_SECONDS = 1800  # the whole run stops by itself: each level's time, plus its
 
 
 def cpu_name() -> str:
-    """The CPU's model name and whether it has AMX (whose bfloat16 and int8 tiles change what is fast)."""
-    text = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    name = re.search(r"Model name:\s*(.+)", text)
-    amx = " amx_tile" in Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else False
-    return f"{name.group(1).strip() if name else platform.processor()} ({'with' if amx else 'no'} AMX)"
+    """The CPU's model name, its class (rvqspec's) and whether it has AMX (whose tiles change what is fast)."""
+    from rvqspec.engine import cpu_class
+
+    return f"{cpu_class.describe()} ({'with' if 'amx_tile' in cpu_class.cpu_flags() else 'no'} AMX)"
 
 
 def start_server(model: str, max_batch: int, max_queue: int) -> tuple[subprocess.Popen, str]:
