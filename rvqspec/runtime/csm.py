@@ -234,7 +234,8 @@ class CsmModel:
             raise RvqspecError(f"a prompt of {len(embeds)} tokens and {frames} frames exceeds CSM's "
                                f"{self.talker.config.max_position_embeddings} positions: lower max_new_tokens or "
                                "shorten the context")
-        return Prompt(embeds=embeds, positions=positions, first_position=first, position_step=1.0, rules=rules,
+        return Prompt(embeds=embeds, positions=positions, frame_positions=list(range(first + 1, first + frames + 2)),
+                      rules=rules,
                       sampler=sampler, max_new_tokens=frames + 1, last_frame=self.ends)
 
     # ---------------------------------------------------------------- audio

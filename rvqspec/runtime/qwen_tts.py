@@ -135,6 +135,7 @@ class QwenTTSModel:
     def prompt(self, captured: dict, row: int) -> Prompt:
         real = captured["attention_mask"][row].bool()
         embeds = captured["inputs_embeds"][row][real]
+        max_new_tokens = int(captured["max_new_tokens"])  # frame t sits at RoPE id L + t (upstream's rope_deltas)
         get = captured.get
         rules = TalkerRules(
             sampler=Sampler(do_sample=bool(get("do_sample")), temperature=float(get("temperature") or 1.0),
@@ -144,8 +145,9 @@ class QwenTTSModel:
         sampler = Sampler(do_sample=bool(get("subtalker_dosample")), temperature=float(get("subtalker_temperature")),
                           top_k=int(get("subtalker_top_k") or 0), top_p=float(get("subtalker_top_p") or 1.0))
         return Prompt(embeds=embeds, positions=torch.arange(len(embeds), device=embeds.device),
-                      first_position=len(embeds) - 1, position_step=1.0, rules=rules, sampler=sampler,
-                      max_new_tokens=int(captured["max_new_tokens"]), text=captured["trailing_text_hidden"][row],
+                      frame_positions=list(range(len(embeds), len(embeds) + max_new_tokens)), rules=rules,
+                      sampler=sampler,
+                      max_new_tokens=max_new_tokens, text=captured["trailing_text_hidden"][row],
                       pad=captured["tts_pad_embed"].reshape(-1), prefix=self.reference_codes(captured, row))
 
     def allowed(self, suppressed: list[int]) -> Tensor:

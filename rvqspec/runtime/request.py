@@ -32,8 +32,7 @@ class Prompt:
 
     embeds: Tensor  # [L, H] the talker's prefill (upstream's prompt embeddings)
     positions: Tensor  # [L] their RoPE ids
-    first_position: int  # frame t is fed at RoPE id first_position + round((t + 1) * position_step)
-    position_step: float
+    frame_positions: list[int]  # [max_new_tokens] the RoPE id frame t is fed at (the model's own rule)
     rules: TalkerRules  # how its c0 are drawn
     sampler: Sampler  # how its predictor codes are drawn
     max_new_tokens: int  # c0 draws at most, as upstream counts them (the last one's frame is never decoded)
@@ -41,9 +40,6 @@ class Prompt:
     pad: Tensor | None = None  # [H] added once the text is used up
     prefix: Tensor | None = None  # [n, G] codes the codec decodes before the request's own (a clone's reference)
     last_frame: Callable[[Tensor], bool] | None = None  # a decoded frame [G] that ends it (CSM's EOS frame)
-
-    def frame_position(self, frame: int) -> int:
-        return self.first_position + round((frame + 1) * self.position_step)
 
     def ends_after(self, decoded: list[Tensor]) -> bool:
         """Whether the last decoded frame ends the request (`last_frame`): its row then leaves at the next frame

@@ -106,6 +106,7 @@ class Scheduler:
                     warnings.warn(f"rvqspec engine: a frame step failed ({type(e).__name__}: {e}); its requests end "
                                   f"with the error\n{traceback.format_exc()}", RuntimeWarning)
                     self.fail_all(e)
+        self.end_all()
 
     def next_work(self) -> bool:
         """Wait for something to do; False once the engine stops."""
@@ -156,7 +157,7 @@ class Scheduler:
         for b, row in enumerate(rows):
             prompt, t = row.request.prompt, row.frames
             inputs[b] += self.text_input(prompt, t)
-            positions.append(prompt.frame_position(t))
+            positions.append(prompt.frame_positions[t])
             row.request.put(frames[b].cpu())
         hidden = talker_blocks.step(self.model.talker, self.cache, inputs,
                                     torch.tensor(positions, device=inputs.device))
@@ -199,6 +200,15 @@ class Scheduler:
             self.rows[index] = self.rows[-1]
             self.rows.pop()
         row.request.finish(error)
+
+    def end_all(self) -> None:
+        """When the engine stops: what it still holds (cancelled by `close`) ends."""
+        while self.rows:
+            self.leave(len(self.rows) - 1)
+        with self.condition:
+            waiting, self.waiting = list(self.waiting), collections.deque()
+        for request in waiting:
+            request.finish()
 
     def fail_all(self, error: Exception) -> None:
         wrapped = error if isinstance(error, RvqspecError) else RvqspecError(

@@ -82,14 +82,14 @@ class StandinModel:
             raise RvqspecError("text must be a non-empty string: pass a sentence to synthesize")
         embeds = self.tts.prefix_embed(text, lang)
         max_frames = arguments.get("max_new_tokens") or max_frames_for(self.tts, text, lang)
-        prompt = Prompt(embeds=embeds, positions=self.tts.prefix_positions(len(embeds)), first_position=0,
-                        position_step=self.tts.config.frame_step(lang),
-                        rules=TalkerRules(self.sampler(arguments, ""), self.tts.config.codec_eos_token_id,
-                                          self.allowed, min_new_tokens=1),
-                        sampler=self.sampler(arguments, "subtalker_"), max_new_tokens=max_frames + 1)
-        if prompt.frame_position(max_frames - 1) >= self.talker.config.max_position_embeddings:
+        frame_positions = self.tts.frame_positions(torch.arange(max_frames + 1), lang).tolist()
+        if frame_positions[max_frames - 1] >= self.talker.config.max_position_embeddings:
             raise RvqspecError(f"text of {len(text.encode())} bytes is too long for the stand-in: split it into "
                                "sentences")
+        prompt = Prompt(embeds=embeds, positions=self.tts.prefix_positions(len(embeds)),
+                        frame_positions=frame_positions, rules=TalkerRules(self.sampler(arguments, ""), self.tts.config.codec_eos_token_id,
+                                          self.allowed, min_new_tokens=1),
+                        sampler=self.sampler(arguments, "subtalker_"), max_new_tokens=max_frames + 1)
         return [prompt]
 
     @staticmethod
