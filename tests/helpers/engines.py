@@ -12,7 +12,7 @@ from rvqspec.engine.sampling import Sampler
 from rvqspec.integrations.qwen_tts import predictor_from_upstream
 from rvqspec.tuning.qwen_tts_corpus import teacher_forced_hidden
 
-from helpers.upstream_models import upstream_generate
+from helpers.upstream_models import upstream_generate  # noqa: I001
 
 GREEDY = dict(do_sample=False, subtalker_dosample=False)  # qwen-tts's names
 STANDIN_GREEDY = dict(do_sample=False, subtalker_do_sample=False)  # the stand-in's (runtime/standin.py)
@@ -34,6 +34,37 @@ def decoded_codes(tts):
         yield calls
     finally:
         del tts.model.speech_tokenizer.decode
+
+
+@contextlib.contextmanager
+def upstream_states(tts):
+    """A list that receives, per call of upstream's model.generate, the talker state [T, H] that conditioned each
+    frame of each row (what it returns beside the codes; its generate_* drop them)."""
+    calls, generate = [], tts.model.generate
+
+    def recording(*args, **kwargs):
+        codes, states = generate(*args, **kwargs)
+        calls.append([state.clone() for state in states])
+        return codes, states
+
+    tts.model.generate = recording
+    try:
+        yield calls
+    finally:
+        del tts.model.generate
+
+
+def engine_states(engine, monkeypatch) -> dict:
+    """{request: [the talker state that conditioned each of its frames]} of the engine's decoding from now on."""
+    states, predict = {}, engine.scheduler.predict
+
+    def recording(hidden, c0, rows):
+        for row, state in zip(rows, hidden):
+            states.setdefault(row.request, []).append(state.clone())
+        return predict(hidden, c0, rows)
+
+    monkeypatch.setattr(engine.scheduler, "predict", recording)
+    return states
 
 
 def never_ending(prompt):
