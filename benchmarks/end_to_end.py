@@ -10,12 +10,25 @@ character-level tokenizer (tests/helpers/upstream_tts.py): the text side is a fe
 EOS is made unreachable so that every run decodes FRAMES frames (a 10 s utterance). Timing does not depend on
 weight values (docs/design.md, section 5). Runs are interleaved, each setting once per repeat; figures are medians.
 
-    nice -n 0 .venv/bin/python benchmarks/end_to_end.py   # writes benchmarks/results/end-to-end.{json,md}
+Besides upstream and `accelerate`, it runs `rvqspec.Engine` (the whole frame loop: our talker, our predictor, the
+streaming decoder), whole and streamed, bfloat16 and int8 (`weights="w8a8", talker_weights="w8a8"`, where the CPU
+has int8 dot products), with the policy's tree ("auto") and the fixed N of the `accelerate` runs; the talker step
+alone (the engine's `engine.talker.step` against upstream's talker forward with its DynamicCache, and against the
+weight-reading floor: layer weight bytes / this machine's measured copy bandwidth); and a concurrency run (1, 2, 4,
+8 requests submitted together and staggered, each consumed by a thread of its own as a server would, so that
+vocoding counts), against upstream and `accelerate` one request at a time. "1 thread" pins the whole process to one
+core (a caller thread's vocoding cannot borrow a second one); "2 threads" lets it use two.
+
+    .venv/bin/python benchmarks/end_to_end.py           # the full run (a quiet machine: about 2 hours on 2 cores)
+    .venv/bin/python benchmarks/end_to_end.py --quick   # 20 frames, 2 repeats, 1/2/4 requests: ~15-20 minutes
+    # both write benchmarks/results/end-to-end.{json,md}; python benchmarks/make_results.py then docs/RESULTS.md
 """
 
 import argparse
+import os
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,7 +40,12 @@ sys.path.insert(0, str(ROOT / "tests"))  # upstream's model classes, built as th
 import rvqspec  # noqa: E402
 from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor  # noqa: E402
 from rvqspec.bench.timing import finish_machine, machine, machine_text, write_reports  # noqa: E402
+import rvqspec.runtime.scheduler as scheduler_module  # noqa: E402
+from rvqspec.engine import cpu_class  # noqa: E402
+from rvqspec.engine import talker as talker_blocks  # noqa: E402
 from rvqspec.engine.checkpoint import TALKER_C0_TABLE, official_state_dict  # noqa: E402
+from rvqspec.engine.errors import RvqspecError  # noqa: E402
+from rvqspec.engine.quantize import check_scheme  # noqa: E402
 from rvqspec.engine.config import QWEN3_TTS_0_6B  # noqa: E402
 from rvqspec.integrations.qwen_tts import accelerate, import_qwen_tts  # noqa: E402
 from rvqspec.integrations.qwen_tts_audio import StreamingCodec  # noqa: E402
@@ -91,63 +109,102 @@ def controlled_heads(tts, dtype: torch.dtype, log) -> dict:
 
 
 class Timers:
-    """Seconds spent inside the code predictor's per-frame call and the speech decoder, during one run."""
+    """Seconds spent, during one run, inside the code predictor's per-frame call, the speech decoder and the talker's
+    transformer (upstream's `talker.model` forward; the engine's prefill and step)."""
 
     def __init__(self, tts):
-        self.tts, self.predictor, self.decoder = tts, 0.0, 0.0
+        self.tts, self.predictor, self.decoder, self.talker_step = tts, 0.0, 0.0, 0.0
+
+    def timed(self, fn, field):
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                setattr(self, field, getattr(self, field) + time.perf_counter() - start)
+        return call
 
     def install(self) -> None:
         target, tokenizer = self.tts.model.talker.code_predictor, self.tts.model.speech_tokenizer
-        self.saved = (vars(target).get("generate"), vars(tokenizer).get("decode"), StreamingCodec.decode)
-        generate, decode, stream_decode = target.generate, tokenizer.decode, StreamingCodec.decode
-
-        def timed(fn, field):
-            def call(*args, **kwargs):
-                start = time.perf_counter()
-                try:
-                    return fn(*args, **kwargs)
-                finally:
-                    setattr(self, field, getattr(self, field) + time.perf_counter() - start)
-            return call
-
-        target.generate, tokenizer.decode = timed(generate, "predictor"), timed(decode, "decoder")
-        StreamingCodec.decode = timed(stream_decode, "decoder")
+        transformer = self.tts.model.talker.model
+        self.saved = (vars(target).get("generate"), vars(tokenizer).get("decode"), StreamingCodec.decode,
+                      vars(transformer).get("forward"), scheduler_module.decode_frames, talker_blocks.step,
+                      talker_blocks.prefill)
+        target.generate = self.timed(target.generate, "predictor")
+        tokenizer.decode = self.timed(tokenizer.decode, "decoder")
+        StreamingCodec.decode = self.timed(StreamingCodec.decode, "decoder")
+        transformer.forward = self.timed(transformer.forward, "talker_step")
+        scheduler_module.decode_frames = self.timed(scheduler_module.decode_frames, "predictor")
+        talker_blocks.step = self.timed(talker_blocks.step, "talker_step")
+        talker_blocks.prefill = self.timed(talker_blocks.prefill, "talker_step")
 
     def remove(self) -> None:
         target, tokenizer = self.tts.model.talker.code_predictor, self.tts.model.speech_tokenizer
-        for owner, name, saved in ((target, "generate", self.saved[0]), (tokenizer, "decode", self.saved[1])):
+        transformer = self.tts.model.talker.model
+        for owner, name, saved in ((target, "generate", self.saved[0]), (tokenizer, "decode", self.saved[1]),
+                                   (transformer, "forward", self.saved[3])):
             if saved is None:
                 delattr(owner, name)
             else:
                 setattr(owner, name, saved)
         StreamingCodec.decode = self.saved[2]
+        scheduler_module.decode_frames, talker_blocks.step, talker_blocks.prefill = self.saved[4:]
 
 
 REQUEST = dict(text="the quick brown fox jumps over the lazy dog, again and again", speaker="tiny",
-               language="english", max_new_tokens=FRAMES + 1)  # the last c0 drawn is never decoded
+               language="english", max_new_tokens=FRAMES + 1,  # the last c0 drawn is never decoded
+               eos_token_id=2048 + 1024 - 1)  # a special token upstream suppresses (its config's EOS is out of range)
+
+# The engine's settings: name -> Engine options. "auto" is the decoding policy's tree per batch size; "n32" the fixed
+# tree of the `accelerate` runs. The drafter is ReusedHeads on the controlled predictor in both.
+ENGINES = {"engine": dict(tree="auto"), "engine-n32": dict(tree=TREE_SIZE),
+           "engine-w8a8": dict(tree="auto", weights="w8a8", talker_weights="w8a8")}
 
 
-def run_once(tts, setting: str, chunk_frames: int, first_chunk_frames: int) -> dict:
-    """One utterance in `setting`: upstream | ar | speculative | speculative-w8a8, whole or streamed."""
+def make_engine(tts, name: str, chunk_frames: int, first_chunk_frames: int) -> rvqspec.Engine:
+    options = dict(ENGINES[name])
+    tree = options.pop("tree")
+    return rvqspec.Engine(tts, drafter=rvqspec.ReusedHeads(), tree=rvqspec.default_tree(tree) if tree != "auto"
+                          else "auto", chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames, seed=0,
+                          **options)
+
+
+def int8_refusal() -> str | None:
+    """Why int8 (w8a8) is skipped on this CPU, or None where it runs: `quantize.check_scheme` refuses w8a8 on CPUs
+    without int8 dot products (its message is the reason)."""
+    try:
+        check_scheme("w8a8")
+    except RvqspecError as e:
+        return str(e)
+    return None
+
+
+def run_once(tts, setting: str, chunk_frames: int, first_chunk_frames: int, engines: dict | None = None) -> dict:
+    """One utterance in `setting`: upstream | ar | speculative | speculative-w8a8 | engine | engine-n32 | engine-w8a8,
+    whole or streamed."""
     mode, streamed = setting.split(":")
-    handle = None
-    if mode != "upstream":
+    handle, engine = None, (engines or {}).get(mode)
+    if mode.startswith("engine") and engine is None:
+        raise ValueError(f"{setting}: no engine {mode!r} was made")
+    if mode != "upstream" and engine is None:
         drafter = None if mode == "ar" else rvqspec.ReusedHeads()
         handle = accelerate(tts, drafter=drafter, tree=rvqspec.default_tree(TREE_SIZE) if drafter else None,
                             weights="w8a8" if mode.endswith("w8a8") else None)
     timers = Timers(tts)
     timers.install()
     torch.manual_seed(0)
+    stats_before = engine_counts(engine) if engine else None
     try:
         start, first = time.perf_counter(), None
         if streamed == "stream":
             samples = 0
-            for audio, rate in handle.stream_custom_voice(**REQUEST, chunk_frames=chunk_frames,
-                                                          first_chunk_frames=first_chunk_frames):
+            chunks = engine.stream_custom_voice(**REQUEST, seed=0) if engine else handle.stream_custom_voice(
+                **REQUEST, chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames)
+            for audio, rate in chunks:
                 first = time.perf_counter() - start if first is None else first
                 samples += len(audio)
         else:
-            wavs, rate = tts.generate_custom_voice(**REQUEST)
+            wavs, rate = (engine or tts).generate_custom_voice(**REQUEST, **({"seed": 0} if engine else {}))
             samples = len(wavs[0])
         seconds = time.perf_counter() - start
     finally:
@@ -155,62 +212,391 @@ def run_once(tts, setting: str, chunk_frames: int, first_chunk_frames: int) -> d
         stats = handle.stats if handle else None
         if handle:
             handle.undo()
+    if engine:
+        codes, calls = (now - then for now, then in zip(engine_counts(engine), stats_before))
+        tokens_per_step = codes / calls if calls else float("nan")
+    else:
+        tokens_per_step = stats.tokens_per_step if stats else 1.0
     frames = samples // 1920
     return {"setting": setting, "seconds": seconds, "first_audio_seconds": first if first is not None else seconds,
             "frames": frames, "audio_seconds": samples / rate, "predictor_seconds": timers.predictor,
             "decoder_seconds": timers.decoder, "talker_seconds": seconds - timers.predictor - timers.decoder,
-            "tokens_per_step": stats.tokens_per_step if stats else 1.0}
+            "talker_step_seconds": timers.talker_step, "tokens_per_step": tokens_per_step}
+
+
+def engine_counts(engine) -> tuple[int, int]:
+    """(codes, calls seen from one row) the engine's predictor made so far, to difference per run."""
+    stats = engine.scheduler.stats
+    return stats.codes, stats.row_calls
 
 
 def summarize(runs: list[dict]) -> dict:
     keys = ["seconds", "first_audio_seconds", "predictor_seconds", "decoder_seconds", "talker_seconds",
-            "tokens_per_step"]
+            "talker_step_seconds", "tokens_per_step"]
     out = {key: statistics.median(run[key] for run in runs) for key in keys}
     frames = runs[0]["frames"]
     out.update(frames=frames, audio_seconds=runs[0]["audio_seconds"], repeats=len(runs),
                real_time_factor=out["seconds"] / runs[0]["audio_seconds"],
-               ms_per_frame={part: 1e3 * out[f"{part}_seconds"] / frames for part in ("talker", "predictor", "decoder")})
+               ms_per_frame={part: 1e3 * out[f"{part}_seconds"] / frames
+                             for part in ("talker", "talker_step", "predictor", "decoder")})
     return out
 
 
 SETTINGS = ["upstream:whole", "ar:whole", "ar:stream", "speculative:whole", "speculative:stream",
             "speculative-w8a8:stream"]
+ENGINE_SETTINGS = ["engine:whole", "engine:stream", "engine-n32:whole", "engine-w8a8:whole", "engine-w8a8:stream"]
+QUICK_SETTINGS = ["upstream:whole", "speculative:whole", "speculative:stream"]  # --quick's accelerate ones
 
 
 def figures(table: dict) -> dict:
-    up, ar, spec = table["upstream:whole"], table["ar:whole"], table["speculative:whole"]
-    streamed = table["speculative:stream"]
-    return {"speculative_over_ar": ar["seconds"] / spec["seconds"],
-            "speculative_over_upstream": up["seconds"] / spec["seconds"],
-            "first_audio_over_upstream_whole": streamed["first_audio_seconds"] / up["seconds"],
-            "streamed_over_whole": streamed["seconds"] / spec["seconds"],
-            "w8a8_streamed_over_ar": ar["seconds"] / table["speculative-w8a8:stream"]["seconds"]}
+    """Ratios of whole-utterance times within one thread count (only those whose settings ran)."""
+    out = {}
+    def ratio(name, over, under, key="seconds"):
+        if over in table and under in table:
+            out[name] = table[over][key] / table[under][key]
+    ratio("speculative_over_ar", "ar:whole", "speculative:whole")
+    ratio("speculative_over_upstream", "upstream:whole", "speculative:whole")
+    if "speculative:stream" in table and "upstream:whole" in table:
+        out["first_audio_over_upstream_whole"] = (table["speculative:stream"]["first_audio_seconds"]
+                                                  / table["upstream:whole"]["seconds"])
+    ratio("streamed_over_whole", "speculative:stream", "speculative:whole")
+    ratio("w8a8_streamed_over_ar", "ar:whole", "speculative-w8a8:stream")
+    for name in ("engine:whole", "engine-n32:whole", "engine-w8a8:whole", "engine:stream", "engine-w8a8:stream"):
+        ratio(f"{name}_over_upstream", "upstream:whole", name)
+        ratio(f"{name}_over_accelerate", "speculative:whole", name)
+    return out
+
+
+# ---------------------------------------------------------------- the talker step alone
+
+
+def bandwidth(gigabytes: float = 1.0, repeats: int = 5) -> float:
+    """Bytes per second of a large tensor copy (read + write), this thread count: the memory bandwidth estimate."""
+    source = torch.ones(int(gigabytes * 2**30) // 4, dtype=torch.float32)
+    target = torch.empty_like(source)
+    target.copy_(source)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        target.copy_(source)
+        times.append(time.perf_counter() - start)
+    return 2 * source.numel() * 4 / statistics.median(times)
+
+
+@torch.inference_mode()
+def talker_step(tts, talkers: dict, steps: int, log) -> dict:
+    """One talker step (the transformer and the c0 head, one row, after the prompt's prefill): the engine's
+    `talker.step` on a RowCache against upstream's `talker.model` forward with its DynamicCache, the same input
+    embedding and RoPE id, interleaved step by step; and the floor, layer weight bytes / copy bandwidth."""
+    from transformers.cache_utils import DynamicCache
+
+    upstream = tts.model.talker
+    prompt = next(iter(talkers.values()))[1].prompts("custom_voice", dict(REQUEST))[0]
+    length, hidden = len(prompt.embeds), upstream.config.hidden_size
+    inputs = torch.randn(steps, 1, hidden, generator=torch.Generator().manual_seed(0)).to(prompt.embeds.dtype) * 0.05
+    caches = {}
+    for name, (talker, _) in talkers.items():
+        cache = talker_blocks.RowCache(talker)
+        talker_blocks.prefill(talker, cache, cache.add(), prompt.embeds, prompt.positions)
+        caches[name] = cache
+    past = DynamicCache()
+    upstream.model(inputs_embeds=prompt.embeds[None], position_ids=prompt.positions[None], past_key_values=past,
+                   use_cache=True)
+    times = {name: [] for name in [*talkers, "upstream"]}
+    differences = []
+    for i in range(steps):
+        position = torch.tensor([length + i])
+        order = [*talkers, "upstream"] if i % 2 == 0 else ["upstream", *talkers][::-1]
+        for name in order:
+            start = time.perf_counter()
+            if name == "upstream":
+                out = upstream.model(inputs_embeds=inputs[i][None], position_ids=position[None], past_key_values=past,
+                                     use_cache=True, cache_position=position).last_hidden_state[:, -1]
+                upstream.codec_head(out)
+                theirs = out
+            else:
+                talker, _ = talkers[name]
+                ours = talker_blocks.step(talker, caches[name], inputs[i], position)
+                talker.codec_head(ours)
+                if name == "bfloat16":
+                    mine = ours
+            times[name].append(time.perf_counter() - start)
+        differences.append(float((mine.float() - theirs.float()).abs().max() / theirs.float().abs().max()))
+    warm = steps // 4  # the first steps pay first-call costs
+    ms = {name: 1e3 * statistics.median(t[warm:]) for name, t in times.items()}
+    talker = talkers["bfloat16"][0]
+    layer_bytes = sum(p.numel() * p.element_size() for p in talker.layers.parameters())
+    rate = bandwidth()
+    floor_ms = 1e3 * layer_bytes / rate
+    log(f"talker step: " + ", ".join(f"{name} {value:.1f} ms" for name, value in ms.items())
+        + f"; floor {floor_ms:.1f} ms ({layer_bytes / 1e6:.0f} MB at {rate / 1e9:.1f} GB/s)")
+    return {"steps": steps - warm, "context": length, "ms": ms, "layer_bytes": layer_bytes,
+            "layer_parameters": sum(p.numel() for p in talker.layers.parameters()),
+            "bandwidth_gb_s": rate / 1e9, "floor_ms": floor_ms,
+            "upstream_over_engine": ms["upstream"] / ms["bfloat16"],
+            "engine_over_floor": ms["bfloat16"] / floor_ms,
+            "max_relative_difference_bf16": max(differences)}
+
+
+# ---------------------------------------------------------------- many requests at once
+
+
+def serve(engine, requests: int, stagger: float) -> dict:
+    """`requests` requests submitted together (stagger 0) or one every `stagger` seconds, each iterated by a thread
+    of its own (a server's): aggregate audio seconds per second (all the audio over the time from the first submit
+    to the last chunk), and each request's time to first audio (from its own submit)."""
+    results, errors = [None] * requests, []
+    start = time.perf_counter()
+
+    def consume(index: int, submitted: float, request) -> None:
+        try:
+            first, samples = None, 0
+            for audio in request:
+                first = time.perf_counter() - submitted if first is None else first
+                samples += len(audio)
+            results[index] = (first, samples, time.perf_counter())
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = []
+    for index in range(requests):
+        due = start + index * stagger
+        time.sleep(max(0.0, due - time.perf_counter()))
+        submitted = time.perf_counter()
+        request = engine.submit("custom_voice", seed=index, **REQUEST)
+        thread = threading.Thread(target=consume, args=(index, submitted, request), daemon=True)
+        thread.start()
+        threads.append(thread)
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    end = max(r[2] for r in results)
+    audio = sum(r[1] for r in results) / engine.sample_rate
+    firsts = [r[0] for r in results]
+    return {"seconds": end - start, "audio_seconds": audio, "audio_per_second": audio / (end - start),
+            "first_audio": firsts}
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile, linear between order statistics (numpy's default)."""
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def one_at_a_time(whole: float, first: float, audio: float, requests: int, stagger: float) -> dict:
+    """A server that decodes one request at a time (upstream, `accelerate`), from its measured lone times: request i
+    starts when it has arrived and the one before has ended; its first audio comes `first` s after it starts (a
+    whole-utterance call: `first` = `whole`)."""
+    free, firsts, end = 0.0, [], 0.0
+    for index in range(requests):
+        begin = max(free, index * stagger)
+        firsts.append(begin + first - index * stagger)
+        free = end = begin + whole
+    return {"seconds": end, "audio_seconds": audio * requests, "audio_per_second": audio * requests / end,
+            "first_audio": firsts}
+
+
+def concurrency(tts, batches: list[int], stagger: float, repeats: int, single: dict, chunk_frames: int,
+                first_chunk_frames: int, log) -> dict:
+    """The engine (bfloat16, the policy's tree) serving 1..8 requests, together and staggered, interleaved per repeat;
+    upstream and `accelerate` one at a time from their lone runs of the same thread count (`single`)."""
+    engine = make_engine(tts, "engine", chunk_frames, first_chunk_frames)
+    try:
+        serve(engine, 1, 0.0)  # warm-up
+        runs = {(mode, n): [] for n in batches for mode in ("together", "staggered")}
+        for repeat in range(repeats):
+            keys = list(runs) if repeat % 2 == 0 else list(runs)[::-1]
+            for mode, n in keys:
+                result = serve(engine, n, 0.0 if mode == "together" else stagger)
+                log(f"concurrency {mode} x{n}: {result['audio_per_second']:.3f} audio s/s, first audio "
+                    + ", ".join(f"{f:.2f}" for f in result["first_audio"]) + " s")
+                runs[(mode, n)].append(result)
+    finally:
+        engine.close()
+    rows = []
+    for (mode, n), results in runs.items():
+        firsts = [f for r in results for f in r["first_audio"]]  # every request of every repeat
+        row = {"mode": mode, "requests": n, "repeats": len(results),
+               "audio_per_second": statistics.median(r["audio_per_second"] for r in results),
+               "seconds": statistics.median(r["seconds"] for r in results),
+               "first_audio_p50": percentile(firsts, 0.5), "first_audio_p95": percentile(firsts, 0.95)}
+        for name, setting, streamed in (("upstream", "upstream:whole", False),
+                                        ("accelerate", "speculative:stream", True)):
+            if setting not in single:
+                continue
+            s = single[setting]
+            model = one_at_a_time(s["seconds"], s["first_audio_seconds"] if streamed else s["seconds"],
+                                  s["audio_seconds"], n, 0.0 if mode == "together" else stagger)
+            row[name] = {"audio_per_second": model["audio_per_second"],
+                         "first_audio_p50": percentile(model["first_audio"], 0.5),
+                         "first_audio_p95": percentile(model["first_audio"], 0.95)}
+        rows.append(row)
+    return {"stagger_seconds": stagger, "repeats": repeats, "rows": rows}
+
+
+# ---------------------------------------------------------------- the issue's targets (issue 32)
+
+ISSUE_TARGETS = {"engine_over_upstream_bf16": 2.0, "engine_over_upstream_int8": 2.5, "talker_step_over_upstream": 1.7,
+                 "aggregate_at_4_over_1": 2.5, "first_audio_p95_at_4_over_lone": 2.0}
+
+
+def issue_targets(report: dict) -> list[dict]:
+    """Issue 32's targets (1 thread, this run) with the measured values; None where the run lacks them."""
+    block = report["threads"].get("1", {})
+    table, rows = block.get("table", {}), []
+
+    def whole_ratio(name):
+        if name in table and "upstream:whole" in table:
+            return table["upstream:whole"]["seconds"] / table[name]["seconds"]
+        return None
+
+    rows.append({"target": "one stream, bfloat16: engine over upstream's generate_custom_voice (whole)",
+                 "goal": f">= {ISSUE_TARGETS['engine_over_upstream_bf16']}x", "value": whole_ratio("engine:whole"),
+                 "met": None, "kind": ">=", "bound": ISSUE_TARGETS["engine_over_upstream_bf16"], "unit": "x"})
+    int8 = whole_ratio("engine-w8a8:whole")
+    rows.append({"target": "one stream, int8 talker and predictor: engine over upstream (whole)",
+                 "goal": f">= {ISSUE_TARGETS['engine_over_upstream_int8']}x", "value": int8, "kind": ">=",
+                 "bound": ISSUE_TARGETS["engine_over_upstream_int8"], "unit": "x",
+                 "note": report.get("int8_skipped")})
+    step = report.get("talker_step") or {}
+    rows.append({"target": "talker step, bfloat16: upstream's / the engine's",
+                 "goal": f">= {ISSUE_TARGETS['talker_step_over_upstream']}x", "value": step.get("upstream_over_engine"),
+                 "kind": ">=", "bound": ISSUE_TARGETS["talker_step_over_upstream"], "unit": "x"})
+    conc = {(r["mode"], r["requests"]): r for r in (report.get("concurrency") or {}).get("rows", [])}
+    for mode in ("together", "staggered"):
+        four, one = conc.get((mode, 4)), conc.get((mode, 1))
+        rows.append({"target": f"aggregate audio s/s at 4 requests ({mode}) over one stream's",
+                     "goal": f">= {ISSUE_TARGETS['aggregate_at_4_over_1']}x",
+                     "value": four["audio_per_second"] / one["audio_per_second"] if four and one else None,
+                     "kind": ">=", "bound": ISSUE_TARGETS["aggregate_at_4_over_1"], "unit": "x"})
+        rows.append({"target": f"p95 time to first audio at 4 requests ({mode}) over a lone request's",
+                     "goal": f"<= {ISSUE_TARGETS['first_audio_p95_at_4_over_lone']}x",
+                     "value": four["first_audio_p95"] / one["first_audio_p50"] if four and one else None,
+                     "kind": "<=", "bound": ISSUE_TARGETS["first_audio_p95_at_4_over_lone"], "unit": "x"})
+    for row in rows:
+        if row["value"] is not None:
+            row["met"] = row["value"] >= row["bound"] if row["kind"] == ">=" else row["value"] <= row["bound"]
+    return rows
+
+
+# ---------------------------------------------------------------- the report
+
+
+def setting_row(setting: str, row: dict) -> str:
+    ms = row["ms_per_frame"]
+    tps = row["tokens_per_step"]
+    return (f"| {setting} | {row['seconds']:.1f} | {row['first_audio_seconds']:.2f} | {row['real_time_factor']:.2f} | "
+            f"{ms['talker']:.0f} | {ms.get('talker_step', float('nan')):.0f} | {ms['predictor']:.0f} | "
+            f"{ms['decoder']:.0f} | {tps:.2f} |")
 
 
 def to_markdown(report: dict) -> str:
+    m = report["machine"]
     lines = [f"# End to end: qwen-tts `generate_custom_voice`, 0.6B sizes, random weights, CPU {report['dtype']}",
-             "", f"Generated by `benchmarks/end_to_end.py` on {machine_text(report['machine'])}.",
-             f"{report['frames']} frames ({report['frames'] / 12.5:.0f} s of audio, EOS unreachable), code predictor heads controlled to the paper's "
-             f"acceptance ({report['heads']['tokens_per_step_random_frames']:.2f} tokens/step at N={TREE_SIZE} on random "
-             f"frames; the column below is what each run measured). Streams: first chunk {report['first_chunk_frames']} "
-             f"frames, then {report['chunk_frames']}. Medians of {report['repeats']} interleaved repeats.", ""]
+             "", f"Generated by `{report.get('command', 'benchmarks/end_to_end.py')}` on {machine_text(m)}, "
+             f"CPU class {m.get('cpu_class', '?')}.",
+             f"{report['frames']} frames ({report['frames'] / 12.5:.1f} s of audio, EOS unreachable), code predictor heads "
+             f"controlled to the paper's acceptance ({report['heads']['tokens_per_step_random_frames']:.2f} tokens/step "
+             f"at N={TREE_SIZE} on random frames; the column below is what each run measured). Streams: first chunk "
+             f"{report['first_chunk_frames']} frames, then {report['chunk_frames']}. Medians of {report['repeats']} "
+             "interleaved repeats; ratios are within one run, never across runs.", ""]
+    if report.get("quick"):
+        lines += [f"A `--quick` run ({report['frames']} frames, {report['repeats']} repeats, requests "
+                  f"{'/'.join(map(str, report['batches']))}): for a full run (125 frames, 1..8 requests) use "
+                  f"`{FULL_COMMAND}` on a quiet machine.", ""]
+    lines += ["Settings: `upstream` is qwen-tts's own `generate_custom_voice`; `ar` / `speculative` are `accelerate(tts)` "
+              f"(our predictor inside upstream's loop, AR or the fixed N={TREE_SIZE} tree); `engine` is `rvqspec.Engine` "
+              "(our talker, predictor and loop; ReusedHeads, tree \"auto\" = the decoding policy), `engine-n32` the same "
+              f"with the fixed N={TREE_SIZE} tree, `engine-w8a8` with `weights=\"w8a8\", talker_weights=\"w8a8\"` (int8 "
+              "talker and predictor: another model, opt-in). `whole`: a whole-utterance call (engine: "
+              "`generate_custom_voice`); `stream`: iterating the stream (engine: `stream_custom_voice`, a submitted "
+              "request iterated in the caller's thread). Columns per frame: talker = whole time minus predictor and "
+              "decoder (the talker and the loop around it, generate's machinery included); talker step = time inside "
+              "the talker's transformer alone (upstream's `talker.model` forward; the engine's prefill and step); "
+              "predictor = the c1..c15 call; decoder = the 12 Hz speech decoder. In a streamed engine run the decoder "
+              "runs in the caller's thread beside the frame loop.", ""]
+    if report.get("int8_skipped"):
+        lines += [f"int8 (w8a8) skipped on this CPU: {report['int8_skipped']}", ""]
     for threads, block in report["threads"].items():
-        lines += [f"## {threads} thread(s)", "",
-                  "| setting | whole s | first audio s | RTF | talker ms/frame | predictor ms/frame | decoder ms/frame | "
-                  "tokens/step |", "|---|---|---|---|---|---|---|---|"]
-        for setting, row in block["table"].items():
-            ms = row["ms_per_frame"]
-            lines.append(f"| {setting} | {row['seconds']:.1f} | {row['first_audio_seconds']:.2f} | "
-                         f"{row['real_time_factor']:.2f} | {ms['talker']:.0f} | {ms['predictor']:.0f} | "
-                         f"{ms['decoder']:.0f} | {row['tokens_per_step']:.2f} |")
+        lines += [f"## {threads} thread(s)" + (" (the process pinned to one core)" if threads == "1" else ""), "",
+                  "| setting | whole s | first audio s | RTF | talker ms/frame | talker step ms/frame | "
+                  "predictor ms/frame | decoder ms/frame | tokens/step |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [setting_row(setting, row) for setting, row in block["table"].items()]
         f = block["figures"]
-        lines += [] if not f else ["", f"- speculative over accelerated AR, whole utterance: {f['speculative_over_ar']:.2f}x (target >= "
-                      f"{TARGETS['speculative_over_ar']}x); over upstream: {f['speculative_over_upstream']:.2f}x",
-                  f"- time to first audio, speculative stream / upstream's whole utterance: "
-                  f"{f['first_audio_over_upstream_whole']:.3f} (target <= {TARGETS['first_audio_over_upstream_whole']:.3f})",
-                  f"- streamed / non-streamed whole-utterance time, speculative: {f['streamed_over_whole']:.3f} (target "
-                  f"<= {TARGETS['streamed_over_whole']})",
-                  f"- w8a8 speculative stream over bfloat16 accelerated AR (whole): {f['w8a8_streamed_over_ar']:.2f}x", ""]
+        lines.append("")
+        if "speculative_over_ar" in f:
+            lines.append(f"- speculative over accelerated AR, whole utterance: {f['speculative_over_ar']:.2f}x (target "
+                         f">= {TARGETS['speculative_over_ar']}x); over upstream: {f['speculative_over_upstream']:.2f}x")
+        if "first_audio_over_upstream_whole" in f:
+            lines.append(f"- time to first audio, speculative stream / upstream's whole utterance: "
+                         f"{f['first_audio_over_upstream_whole']:.3f} (target <= "
+                         f"{TARGETS['first_audio_over_upstream_whole']:.3f})")
+        if "streamed_over_whole" in f:
+            lines.append(f"- streamed / non-streamed whole-utterance time, speculative: {f['streamed_over_whole']:.3f} "
+                         f"(target <= {TARGETS['streamed_over_whole']})")
+        if "w8a8_streamed_over_ar" in f:
+            lines.append(f"- w8a8 speculative stream over bfloat16 accelerated AR (whole): "
+                         f"{f['w8a8_streamed_over_ar']:.2f}x")
+        for name in ("engine:whole", "engine-n32:whole", "engine-w8a8:whole", "engine:stream", "engine-w8a8:stream"):
+            if f"{name}_over_upstream" in f:
+                lines.append(f"- {name} over upstream (whole): {f[f'{name}_over_upstream']:.2f}x; over accelerate "
+                             f"speculative:whole: {f.get(f'{name}_over_accelerate', float('nan')):.2f}x")
+        lines.append("")
+    step = report.get("talker_step")
+    if step:
+        lines += ["## The talker step alone (bfloat16, 1 thread, one row)", "",
+                  f"One step (28 layers and the c0 head) after the prompt's prefill ({step['context']} tokens), median of "
+                  f"{step['steps']} steps interleaved step by step: the engine's `engine.talker.step` on a RowCache, "
+                  "upstream's `talker.model` forward with its DynamicCache (the same input embedding and RoPE id), and "
+                  f"the floor: the layers' {step['layer_parameters'] / 1e6:.0f} M weights ({step['layer_bytes'] / 1e6:.0f}"
+                  f" MB) read once at the copy bandwidth measured here ({step['bandwidth_gb_s']:.1f} GB/s, a 1 GiB "
+                  "tensor copy, read + write).", "",
+                  "| talker | ms per step | over the floor | upstream over it |", "|---|---|---|---|"]
+        for name, value in step["ms"].items():
+            lines.append(f"| {'upstream (Hugging Face forward)' if name == 'upstream' else 'engine, ' + name} | "
+                         f"{value:.1f} | {value / step['floor_ms']:.2f}x | {step['ms']['upstream'] / value:.2f}x |")
+        lines += [f"| floor (weights / bandwidth) | {step['floor_ms']:.1f} | 1.00x | |", "",
+                  f"Engine vs upstream hidden state, bfloat16: max relative difference {step['max_relative_difference_bf16']:.2e}.",
+                  ""]
+    conc = report.get("concurrency")
+    if conc:
+        lines += ["## Many requests at once (1 thread, the process pinned to one core)", "",
+                  f"The engine (bfloat16, tree \"auto\") with N requests of {report['frames']} frames submitted together "
+                  f"or one every {conc['stagger_seconds']} s, each iterated by a thread of its own (vocoding counted). "
+                  "Aggregate: all the audio over the time from the first submit to the last chunk (median of "
+                  f"{conc['repeats']} repeats); first audio: from each request's own submit, p50/p95 over every request "
+                  "of every repeat. Upstream and `accelerate` (speculative, streamed) serve one request at a time; "
+                  "their columns are computed from their lone runs of this thread count above (a queue: request i "
+                  "starts when the one before ends), not measured with threads.", "",
+                  "| submitted | requests | engine audio s/s | engine first audio p50 / p95 s | upstream audio s/s | "
+                  "upstream first audio p50 / p95 s | accelerate audio s/s | accelerate first audio p50 / p95 s |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in conc["rows"]:
+            cells = [r["mode"], str(r["requests"]), f"{r['audio_per_second']:.3f}",
+                     f"{r['first_audio_p50']:.2f} / {r['first_audio_p95']:.2f}"]
+            for name in ("upstream", "accelerate"):
+                o = r.get(name)
+                cells += [f"{o['audio_per_second']:.3f}", f"{o['first_audio_p50']:.2f} / {o['first_audio_p95']:.2f}"] \
+                    if o else ["-", "-"]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    targets = report.get("issue_targets")
+    if targets:
+        lines += ["## Issue 32's targets (1 thread, this run)", "",
+                  "Lone engine figures are the engine's whole-utterance and 1-request runs above; \"a lone request's\" "
+                  "first audio is the 1-request p50. On a shared 2-core machine, with few repeats, a ratio moves by "
+                  "tens of percent between repeats (the log's per-run lines show it): a value within ~15% of its goal "
+                  "is not decided by this run.", "", "| target | goal | measured | met |", "|---|---|---|---|"]
+        for t in targets:
+            value = "not measured" + (f" ({t['note']})" if t.get("note") else "") if t["value"] is None \
+                else f"{t['value']:.3f}{t['unit']}"
+            met = "-" if t["met"] is None else ("met" if t["met"] else "not met")
+            lines.append(f"| {t['target']} | {t['goal']} | {value} | {met} |")
+        lines.append("")
     d = report["decoder_difference"]
     lines += ["## Streamed vs offline audio (the real-size 12 Hz decoder, random weights, float32)", "",
               f"{d['frames']} random frames decoded in chunks of {d['chunk_frames']} against one offline decode: max "
@@ -225,6 +611,7 @@ def decoder_difference(tts, frames: int = 60, chunk_frames: int = 4) -> dict:
     (`make_audible`, as in the tests): a random network, more sensitive to rounding than a trained one may be."""
     tokenizer = tts.model.speech_tokenizer
     dtype = next(tokenizer.model.parameters()).dtype
+    saved = {k: v.clone() for k, v in tokenizer.model.decoder.state_dict().items()}
     tokenizer.model.float()
     make_audible(tokenizer.model.decoder)
     try:
@@ -234,46 +621,109 @@ def decoder_difference(tts, frames: int = 60, chunk_frames: int = 4) -> dict:
         ours = torch.cat([stream.decode(codes[i:i + chunk_frames]) for i in range(0, frames, chunk_frames)]).double()
     finally:
         tokenizer.model.to(dtype)
+        tokenizer.model.decoder.load_state_dict(saved)
     error = ours - offline
     return {"frames": frames, "chunk_frames": chunk_frames, "max_abs": float(error.abs().max()),
             "peak": float(offline.abs().max()),
             "snr_db": float(10 * torch.log10(offline.pow(2).mean() / error.pow(2).mean().clamp(min=1e-300)))}
 
 
+def pin(cores: int) -> list[int]:
+    """Every thread of this process onto the first `cores` CPUs it may use (threads made later inherit it)."""
+    allowed = sorted(ALL_CPUS)[:cores]
+    for task in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(task), allowed)
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return allowed
+
+
+ALL_CPUS = os.sched_getaffinity(0)
+FULL_COMMAND = ".venv/bin/python benchmarks/end_to_end.py"
+QUICK = dict(frames=20, repeats=2, batches="1,2,4")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help=f"a bounded run: {QUICK['frames']} frames, {QUICK['repeats']} repeats, requests "
+                             f"{QUICK['batches']}, fewer accelerate settings (about 15 minutes on 2 cores)")
     parser.add_argument("--threads", default="1,2")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default 3; --quick 2)")
     parser.add_argument("--chunk-frames", type=int, default=12)
     parser.add_argument("--first-chunk-frames", type=int, default=3)
-    parser.add_argument("--settings", default=",".join(SETTINGS))
+    parser.add_argument("--settings", default=None, help="accelerate/upstream settings (default: all; --quick: "
+                        + ",".join(QUICK_SETTINGS) + ")")
+    parser.add_argument("--engine-settings", default=",".join(ENGINE_SETTINGS))
+    parser.add_argument("--batches", default=None, help="requests at once (default 1,2,4,8; --quick 1,2,4)")
+    parser.add_argument("--stagger", type=float, default=0.5, help="seconds between staggered submits")
+    parser.add_argument("--step-repeats", type=int, default=40, help="talker steps timed (the first quarter: warm-up)")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--frames", type=int, default=FRAMES, help="frames per utterance (a quick look: fewer)")
+    parser.add_argument("--frames", type=int, default=None, help=f"frames per utterance (default {FRAMES}; --quick "
+                        f"{QUICK['frames']})")
     args = parser.parse_args()
-    REQUEST["max_new_tokens"] = args.frames + 1
+    frames = args.frames or (QUICK["frames"] if args.quick else FRAMES)
+    repeats = args.repeats or (QUICK["repeats"] if args.quick else 3)
+    batches = [int(b) for b in (args.batches or (QUICK["batches"] if args.quick else "1,2,4,8")).split(",")]
+    settings = (args.settings or ",".join(QUICK_SETTINGS if args.quick else SETTINGS)).split(",")
+    engine_settings = [s for s in args.engine_settings.split(",") if s]
+    REQUEST["max_new_tokens"] = frames + 1
     info = machine()
     dtype = torch.bfloat16
-    log = lambda text: print(text, flush=True)  # noqa: E731
+    log = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)  # noqa: E731
+    log(f"CPU {cpu_class.describe()}; {len(ALL_CPUS)} CPUs")
+    skipped = int8_refusal()
+    if skipped:
+        log(f"int8 skipped: {skipped}")
+        engine_settings = [s for s in engine_settings if "w8a8" not in s]
+        settings = [s for s in settings if "w8a8" not in s]
     tts = real_size_tts(dtype)
     heads = controlled_heads(tts, dtype, log)
-    settings = args.settings.split(",")
-    report = {"dtype": "bfloat16", "frames": args.frames, "tree_size": TREE_SIZE, "heads": heads, "repeats": args.repeats,
+    report = {"dtype": "bfloat16", "frames": frames, "tree_size": TREE_SIZE, "heads": heads, "repeats": repeats,
               "chunk_frames": args.chunk_frames, "first_chunk_frames": args.first_chunk_frames, "threads": {},
-              "targets": TARGETS}
+              "targets": TARGETS, "quick": args.quick, "batches": batches, "int8_skipped": skipped,
+              "command": " ".join([".venv/bin/python benchmarks/end_to_end.py", *sys.argv[1:]])}
+    all_settings = settings + engine_settings
     for threads in [int(t) for t in args.threads.split(",")]:
+        cpus = pin(threads)
         torch.set_num_threads(threads)
-        run_once(tts, "ar:stream", args.chunk_frames, args.first_chunk_frames)  # warm-up: first-call costs
-        runs = {setting: [] for setting in settings}
-        for repeat in range(args.repeats):
-            for setting in settings if repeat % 2 == 0 else settings[::-1]:
-                result = run_once(tts, setting, args.chunk_frames, args.first_chunk_frames)
-                log(f"{threads}t {setting}: {result['seconds']:.1f} s, first audio {result['first_audio_seconds']:.2f} "
-                    f"s, predictor {result['predictor_seconds']:.1f} s, decoder {result['decoder_seconds']:.1f} s, "
-                    f"{result['tokens_per_step']:.2f} tokens/step")
-                runs[setting].append(result)
+        log(f"{threads} thread(s) on CPUs {cpus}")
+        engines = {}
+        try:
+            for name in sorted({s.split(":")[0] for s in engine_settings}):
+                start = time.perf_counter()
+                engines[name] = make_engine(tts, name, args.chunk_frames, args.first_chunk_frames)
+                log(f"{name}: made in {time.perf_counter() - start:.1f} s, {engines[name].explain(1)}")
+            run_once(tts, "speculative:stream", args.chunk_frames, args.first_chunk_frames)  # warm-up
+            for name in engines:
+                run_once(tts, f"{name}:stream", args.chunk_frames, args.first_chunk_frames, engines)  # warm-up
+            runs = {setting: [] for setting in all_settings}
+            for repeat in range(repeats):
+                for setting in all_settings if repeat % 2 == 0 else all_settings[::-1]:
+                    result = run_once(tts, setting, args.chunk_frames, args.first_chunk_frames, engines)
+                    log(f"{threads}t {setting}: {result['seconds']:.1f} s, first audio "
+                        f"{result['first_audio_seconds']:.2f} s, predictor {result['predictor_seconds']:.1f} s, decoder "
+                        f"{result['decoder_seconds']:.1f} s, talker step {result['talker_step_seconds']:.1f} s, "
+                        f"{result['tokens_per_step']:.2f} tokens/step")
+                    runs[setting].append(result)
+            if threads == 1:
+                talkers = {"bfloat16": (engines["engine"].model.talker, engines["engine"].model)} \
+                    if "engine" in engines else {}
+                if "engine-w8a8" in engines:
+                    talkers["w8a8"] = (engines["engine-w8a8"].model.talker, engines["engine-w8a8"].model)
+                if talkers:
+                    report["talker_step"] = talker_step(tts, talkers, args.step_repeats, log)
+        finally:
+            for engine in engines.values():
+                engine.close()
         table = {setting: summarize(rows) for setting, rows in runs.items()}
-        report["threads"][str(threads)] = {"table": table, "figures": figures(table) if set(SETTINGS) <= set(table)
-                                           else {}}
+        report["threads"][str(threads)] = {"table": table, "figures": figures(table)}
+        if threads == 1 and batches:
+            report["concurrency"] = concurrency(tts, batches, args.stagger, repeats, table, args.chunk_frames,
+                                                args.first_chunk_frames, log)
+    pin(len(ALL_CPUS))
+    report["issue_targets"] = issue_targets(report)
     report["decoder_difference"] = decoder_difference(tts)
     report["machine"] = finish_machine(info)
     for path in write_reports(report, args.out, "end-to-end", to_markdown):
