@@ -86,7 +86,7 @@ class TalkerRules:
             picked = scores.gather(0, earlier)
             scores.scatter_(0, earlier, torch.where(picked < 0, picked * self.repetition_penalty,
                                                     picked / self.repetition_penalty))
-        if len(earlier) < self.min_new_tokens:
+        if len(earlier) < self.min_new_tokens and 0 <= self.eos < len(scores):  # an EOS past the head: unreachable
             scores[self.eos] = float("-inf")
         return scores.masked_fill(~self.allowed, float("-inf"))
 

@@ -8,8 +8,10 @@ prefilled alone into a new last row; a row that leaves takes the last row's entr
 so a step's rows are always 0..B-1 and it reads a view of the buffer, never a gather.
 
 A step attends over the slots in use rounded up to `SLOT_MULTIPLE`, alone or in any batch, so a row's attention
-reductions run over the same lanes whatever else is in the batch (masked slots add exact zeros): with the matmuls'
-row floor (`device_path`), a row's bits do not depend on the batch (tests/test_runtime.py).
+reductions run over the same lanes whatever else is in the batch (masked slots add exact zeros). Where the matmuls
+give a row the same bits in any call (the row floor `device_path` measured: the large bfloat16 weights here), a row's
+hidden states do not depend on the batch; where this CPU's kernels differ in the last bit by row count (small float32
+matmuls), they differ by rounding only, and greedy codes stay the same (tests/test_runtime.py).
 
 Qwen3-TTS's M-RoPE gives speech and text tokens the same id in its three sections (time, height, width), so its
 rotation is 1-D RoPE at that id (upstream's `get_rope_index` for text-only input); the talker uses plain RoPE.

@@ -112,9 +112,10 @@ class QwenTTSModel:
     @contextlib.contextmanager
     def stopping_talker(self):
         """While held (by this thread): upstream's model.generate records its arguments, its talker.generate raises
-        Captured. Instance attributes, removed after; other threads' calls pass through."""
+        Captured. Instance attributes, put back as they were after; other threads' calls pass through."""
         model, talker, owner, seen = self.tts.model, self.upstream, threading.get_ident(), {}
         model_generate, talker_generate = model.generate, talker.generate
+        before = [vars(model).get("generate"), vars(talker).get("generate")]  # another hook's wrappers, if any
 
         def recording(*args, **kwargs):
             if threading.get_ident() == owner:
@@ -130,7 +131,11 @@ class QwenTTSModel:
         try:
             yield seen
         finally:
-            del model.generate, talker.generate
+            for owner_module, saved in zip((model, talker), before):
+                if saved is None:
+                    del owner_module.generate  # the class's method again
+                else:
+                    owner_module.generate = saved
 
     def prompt(self, captured: dict, row: int) -> Prompt:
         real = captured["attention_mask"][row].bool()

@@ -69,6 +69,9 @@ class Scheduler:
         with self.condition:
             if not self.accepting:
                 raise RvqspecError("the engine is closed: make a new rvqspec.Engine to decode more")
+            for cancelled in [waiting for waiting in self.waiting if waiting.cancelled.is_set()]:
+                self.waiting.remove(cancelled)  # a cancelled request gives its place back at once
+                cancelled.finish()
             if len(self.waiting) >= self.max_queue:
                 raise QueueFull(f"the engine's queue is full ({self.max_queue} requests waiting): retry later, or make "
                                 "the engine with a larger max_queue")
