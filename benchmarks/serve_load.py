@@ -1,6 +1,10 @@
 """`rvqspec serve` under load: 1, 4, 8 and 16 concurrent streaming clients on loopback, each level a fixed time.
 
-    python benchmarks/serve_load.py [--model standin] [--clients 1,4,8,16] [--seconds 20]
+    python benchmarks/serve_load.py [--model standin|0.6b|PATH] [--clients 1,4,8,16] [--seconds 20]
+
+`--model 0.6b` serves qwen-tts at the real 0.6B sizes with random weights, its code predictor's heads controlled to
+the paper's acceptance and the real-size 12 Hz decoder (benchmarks/end_to_end.py builds it), bfloat16, each request
+REAL_SIZE_FRAMES frames (EOS is unreachable with random weights).
 
 Starts a server process (`rvqspec serve --port 0`, one torch thread for the model), warms it with one request, then
 per level runs that many clients, each sending streaming pcm requests one after another until the level's time is
@@ -18,6 +22,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -29,6 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "serve-load"
 TEXTS = ["Hello there, how are you today?", "The quick brown fox jumps over the lazy dog.",
          "Speech comes out as it is decoded.", "Every client waits its turn at the frame boundary."]
+REAL_SIZE = "0.6b"
+REAL_SIZE_FRAMES = 40  # 3.2 s of audio a request
 MAX_SECONDS = 1800  # the whole run stops by itself: each level's time, plus its in-flight requests
 
 
@@ -39,11 +46,32 @@ def cpu_name() -> str:
     return f"{cpu_class.describe()} ({'with' if 'amx_tile' in cpu_class.cpu_flags() else 'no'} AMX)"
 
 
+def serve_real_size(max_batch: int, max_queue: int) -> None:
+    """The server process of `--model 0.6b` (this script with --serve-real-size): prints its address, serves."""
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.end_to_end import controlled_heads, real_size_tts
+    from rvqspec.runtime import Engine
+    from rvqspec.serve.server import bind, serve
+    from rvqspec.serve.voices import VoiceStore
+
+    tts = real_size_tts(torch.bfloat16)
+    talker = tts.model.config.talker_config
+    talker.codec_eos_token_id = talker.vocab_size - 1  # a real id (the engine indexes it), drawn about 1 in 3,000
+    tts.generate_defaults["max_new_tokens"] = REAL_SIZE_FRAMES
+    controlled_heads(tts, torch.bfloat16, log=lambda line: print(line, file=sys.stderr))
+    engine = Engine(tts, max_batch=max_batch, max_queue=max_queue)
+    serve(engine, bind("127.0.0.1", 0), VoiceStore(tempfile.mkdtemp(prefix="rvqspec-voices-")))
+
+
 def start_server(model: str, max_batch: int, max_queue: int) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
-    process = subprocess.Popen([sys.executable, "-m", "rvqspec.cli", "serve", "--host", "127.0.0.1", "--port", "0",
-                                "--model", model, "--max-batch", str(max_batch), "--max-queue", str(max_queue)],
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
+    sizes = ["--max-batch", str(max_batch), "--max-queue", str(max_queue)]
+    command = ([__file__, "--serve-real-size", *sizes] if model == REAL_SIZE else
+               ["-m", "rvqspec.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--model", model, *sizes])
+    log = tempfile.TemporaryFile()  # the server's stderr, shown if it fails to start
+    process = subprocess.Popen([sys.executable, *command], stdout=subprocess.PIPE, stderr=log, env=env, cwd=ROOT)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and process.poll() is None:
         if select.select([process.stdout], [], [], 0.5)[0]:
@@ -51,7 +79,8 @@ def start_server(model: str, max_batch: int, max_queue: int) -> tuple[subprocess
                 threading.Thread(target=process.stdout.read, daemon=True).start()  # its access log
                 return process, found.group(1)
     process.kill()
-    raise SystemExit(f"the server did not start (exit status {process.poll()})")
+    log.seek(0)
+    raise SystemExit(f"the server did not start (exit status {process.poll()}): {log.read().decode()[-3000:]}")
 
 
 def one_request(client: httpx.Client, url: str, body: dict) -> dict:
@@ -117,7 +146,10 @@ def summarize(level: dict, sample_rate: int) -> dict:
 def markdown(report: dict) -> str:
     rows = report["levels"]
     lone = rows[0]
-    lines = [f"# Serving under load: `rvqspec serve --model {report['model']}`", "",
+    what = (f"qwen-tts at the 0.6B sizes (random weights, heads at the paper's acceptance, bfloat16, "
+            f"{REAL_SIZE_FRAMES} frames a request) served by rvqspec.serve" if report["model"] == REAL_SIZE else
+            f"`rvqspec serve --model {report['model']}`")
+    lines = [f"# Serving under load: {what}", "",
              f"Measured on {report['cpu']}, one torch thread for the model (OMP_NUM_THREADS=1), {report['cores']} "
              f"cores shared with the clients; max batch {report['max_batch']}, each level {report['seconds']:.0f} s of "
              "clients sending streaming pcm requests back to back (a short English sentence each, "
@@ -157,19 +189,24 @@ def targets(levels: list[dict]) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="standin")
-    p.add_argument("--voice", default=None, help="default: the stand-in's 'en', none for other models")
+    p.add_argument("--voice", default=None, help="default: the first of the model's voices, if it has any")
     p.add_argument("--clients", default="1,4,8,16")
     p.add_argument("--seconds", type=float, default=20.0, help="per level")
     p.add_argument("--max-batch", type=int, default=16)
-    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/serve-load[-0.6b]")
+    p.add_argument("--serve-real-size", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--max-queue", type=int, default=32, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.serve_real_size:
+        return serve_real_size(args.max_batch, args.max_queue)
+    out = args.out or OUT.with_name(OUT.name + ("-" + REAL_SIZE if args.model == REAL_SIZE else ""))
     levels = [int(c) for c in args.clients.split(",")]
     if args.seconds * len(levels) > MAX_SECONDS / 2:
         raise SystemExit(f"--seconds x levels must stay under {MAX_SECONDS // 2} s")
-    voice = args.voice or ("en" if args.model == "standin" else None)
     process, url = start_server(args.model, args.max_batch, max(levels) * 2)
     try:
         model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+        voice = args.voice or next((v["id"] for v in httpx.get(f"{url}/v1/audio/voices").json()["data"]), None)
         warm = one_request(httpx.Client(), url, {"model": model, "input": TEXTS[0], "response_format": "pcm",
                                                  **({"voice": voice} if voice else {})})
         assert "ttfb" in warm, warm
@@ -185,9 +222,9 @@ def main() -> int:
     report = {"model": args.model, "cpu": cpu_name(), "cores": os.cpu_count(), "threads": 1,
               "max_batch": args.max_batch, "seconds": args.seconds, "sample_rate": sample_rate, "levels": rows,
               "targets": targets(rows), "server_exit_status": status, "command": " ".join(sys.argv)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(report))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{out}.json").write_text(json.dumps(report, indent=1) + "\n")
+    Path(f"{out}.md").write_text(markdown(report))
     print(markdown(report))
     return 0
 
