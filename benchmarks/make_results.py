@@ -324,13 +324,15 @@ SERVE_LOAD = "python benchmarks/serve_load.py"
 
 
 def serve_section(bench_dir: Path) -> list[str]:
-    """`rvqspec serve` under concurrent streaming clients (serve-load.md), without its title."""
-    report = read_text(bench_dir / "serve-load.md")
+    """`rvqspec serve` under concurrent streaming clients (serve-load.md, serve-load-0.6b.md), without their titles."""
+    standin, real_size = read_text(bench_dir / "serve-load.md"), read_text(bench_dir / "serve-load-0.6b.md")
     return ["## Serving over HTTP: concurrent streaming clients", "",
             "Each request's audio is made from its codes in the server's request threads (the stand-in: HiFi-GAN "
             "with context frames on both sides of each chunk); where that costs more than decoding, audio s/s follows "
-            "the vocoder and frames/s shows what the engine's batching does.", "",
-            without_title(report) if report else not_measured(SERVE_LOAD)]
+            "the vocoder and frames/s shows what the engine's batching does.", "", "### The stand-in", "",
+            without_title(standin) if standin else not_measured(SERVE_LOAD), "",
+            "### qwen-tts at the 0.6B sizes (random weights)", "",
+            without_title(real_size) if real_size else not_measured(f"{SERVE_LOAD} --model 0.6b")]
 
 
 def tune_section(bench_dir: Path) -> list[str]:
