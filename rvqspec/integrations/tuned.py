@@ -117,7 +117,7 @@ def check_trees(folder: Path, model: MultiCodeDecoder, depth: int) -> None:
     report = read_json(path, fix)
     rows = report.get("trees") if isinstance(report, dict) else None
     if not isinstance(rows, list) or not rows:
-        raise RvqspecError(f"{path}: trees must be a non-empty list of {{budget, file}}: {fix}")
+        raise RvqspecError(f"{path}: trees must be a non-empty list of {{size, file}}: {fix}")
     for row in rows:
         name = row.get("file") if isinstance(row, dict) else None
         if not isinstance(name, str) or Path(name).name != name or not name:
