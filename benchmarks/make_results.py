@@ -23,6 +23,7 @@ from rvqspec.cli import flags
 from rvqspec.cli.main import Parser, UsageError, one_line
 from rvqspec.engine.checkpoint import relative_path, save_text
 from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.policy import report_size
 
 RESULTS_DIR = Path("benchmarks/results")
 OUT = Path("docs/RESULTS.md")
@@ -93,7 +94,7 @@ def eval_sections(report: dict | None) -> list[str]:
 def calibration_section(report: dict | None, path: Path) -> list[str]:
     from rvqspec.bench.controlled import PAPER_ACCEPTANCE
 
-    lines = ["## Calibration: predicted vs measured tokens/step per tree budget", ""]
+    lines = ["## Calibration: predicted vs measured tokens/step per tree size N", ""]
     if report is None:
         return lines + ["Paper (Figure 4): " + ", ".join(f"{a:.2f} at N = {n}" for n, a in PAPER_ACCEPTANCE.items())
                         + " tokens/step.", "", not_measured("rvqspec standin build --from calibrate --to calibrate")]
@@ -102,9 +103,9 @@ def calibration_section(report: dict | None, path: Path) -> list[str]:
               "frame from the per-position acceptance. Paper: the acceptance curve of Figure 4.", "",
               "| N | depth | predicted tokens/step | measured tokens/step | measured calls/frame | paper tokens/step |",
               "|---|---|---|---|---|---|"]
-    lines += [f"| {t['budget']} | {t['depth']} | {t['predicted_tokens_per_step']:.3f} | "
+    lines += [f"| {report_size(t)} | {t['depth']} | {t['predicted_tokens_per_step']:.3f} | "
               f"{t['measured_tokens_per_step']:.3f} | {t['measured_calls_per_frame']:.2f} | "
-              f"{PAPER_ACCEPTANCE.get(t['budget'], '-')} |" for t in report["trees"]]
+              f"{PAPER_ACCEPTANCE.get(report_size(t), '-')} |" for t in report["trees"]]
     top1 = report.get("target_top1")
     if top1:
         lines += ["", "Why the stand-in accepts fewer drafts: the mean top-1 probability of its target distribution "

@@ -88,15 +88,15 @@ def test_prediction_in_the_limits():
 def test_calibrate_grows_valid_trees_that_keep_their_prediction(trained, tmp_path, capsys):
     model_dir, corpus_dir, offsets = trained
     code = main(["calibrate", "--model", str(model_dir), "--drafter", str(offsets), "--corpus", str(corpus_dir),
-                 "--budgets", "1,4,16", "--out", str(tmp_path), "--frames", "300", "--eval-frames", "120",
+                 "--sizes", "1,4,16", "--out", str(tmp_path), "--frames", "300", "--eval-frames", "120",
                  "--validation-fraction", str(FRACTION), "--device", "cpu"])
     assert code == 0 and "tokens/step predicted" in capsys.readouterr().out
     report = json.loads((tmp_path / "report.json").read_text())
     assert len(report["acceptance"]) == 3 and report["drafter"]["kind"] == "offsets"
     measured = []
     for row in report["trees"]:
-        tree = Tree.load(tmp_path / f"tree-N{row['budget']}.json")
-        assert tree.size == row["budget"] and tree.max_depth <= 3
+        tree = Tree.load(tmp_path / f"tree-N{row['size']}.json")
+        assert tree.size == row["size"] and tree.max_depth <= 3
         assert tree.meta["predicted_tokens_per_step"] == row["predicted_tokens_per_step"]
         predicted = row["predicted_tokens_per_step"]
         assert abs(row["measured_tokens_per_step"] - predicted) <= TOLERANCE * predicted, row
@@ -118,7 +118,7 @@ def test_cli_errors_name_the_problem(trained, tmp_path, capsys):
     model_dir, corpus_dir, offsets = trained
     base = ["calibrate", "--model", str(model_dir), "--corpus", str(corpus_dir), "--out", str(tmp_path)]
     assert main(base + ["--drafter", str(offsets), "--budgets", "4,x"]) == 2
-    assert "--budgets" in capsys.readouterr().err
+    assert "--sizes" in capsys.readouterr().err  # --budgets: the former name, still read
     assert main(base + ["--drafter", str(tmp_path / "none.safetensors")]) == 2
     assert "does not exist" in capsys.readouterr().err
     other = MultiCodeDecoder(tiny_config(hidden=16, talker_hidden=48))
@@ -133,7 +133,7 @@ def test_a_quantized_model_calibrates_with_its_own_heads(trained, tmp_path):
                  "--budgets", "2,8", "--out", str(tmp_path), "--frames", "50", "--eval-frames", "10",
                  "--validation-fraction", str(FRACTION), "--weights", "w8a8", "--json"]) == 0
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["weights"] == "w8a8" and [t["budget"] for t in report["trees"]] == [2, 8]
+    assert report["weights"] == "w8a8" and [t["size"] for t in report["trees"]] == [2, 8]
     assert all(1 <= t["measured_tokens_per_step"] <= 3 for t in report["trees"])
 
 

@@ -14,7 +14,7 @@ import warnings
 import pytest
 import torch
 
-from rvqspec.engine import device_path, draft_heads, fused
+from rvqspec.engine import device_path, fused
 from rvqspec.engine.decode import decode_frame, decode_frames
 from rvqspec.engine.drafters import Offsets, ReusedHeads
 from rvqspec.engine.model import RMSNorm, rotate_half
@@ -142,7 +142,7 @@ def test_int8_draft_heads_rank_like_the_exact_ones():
     """Quantisation error within half a step per weight (plus the scale's rounding to bfloat16); drafts (top candidates) as the exact heads' in nearly every
     row (bfloat16, the dtype they are used in)."""
     model = tiny_model(seed=10, vocab=64, hidden=64, dtype=torch.bfloat16)
-    for head, matmul in zip(model.heads, draft_heads.quantized(model).matmuls):
+    for head, matmul in zip(model.heads, model.head_set.draft_heads(model.heads).matmuls):
         q, scale = matmul.q[:len(head)], matmul.scale[:len(head)].bfloat16()  # rows past the vocabulary: padding
         assert ((q.float() * scale[:, None].float() - head.float()).abs() <= scale[:, None].float() * (0.5 + 127 * 2 ** -8)).all()  # + the bf16 scale
     hidden = torch.randn(200, 64, generator=torch.Generator().manual_seed(11)).to(torch.bfloat16)
@@ -153,7 +153,7 @@ def test_int8_draft_heads_rank_like_the_exact_ones():
     assert (fast == exact).float().mean() > 0.95
     with torch.no_grad():
         model.heads.mul_(2)  # an in-place change re-quantises
-    assert torch.equal(draft_heads.quantized(model).matmuls[0].q, Int8Matmul(model.heads[0], "w8a16").q)
+    assert torch.equal(model.head_set.draft_heads(model.heads).matmuls[0].q, Int8Matmul(model.heads[0], "w8a16").q)
 
 
 def test_without_the_extension_decoding_warns_once_and_takes_the_plain_path(monkeypatch):

@@ -210,7 +210,7 @@ def test_changed_weights_reach_the_packed_and_int8_copies(write):
 
 def test_probes_stay_inside_weights_of_any_size():
     """Spread with float32 linspace, the last index of a 0.6B head tensor (31,457,280 elements) rounded past its end."""
-    from rvqspec.engine.packing import PROBES, probe
+    from rvqspec.integrations.tuned import PROBES, probe
 
     for size in (1, 2, 17, (1 << 24) + 3, 31457280):
         weight = torch.arange(size, dtype=torch.int32) if size < 100 else torch.empty(size, dtype=torch.int8)
@@ -218,3 +218,38 @@ def test_probes_stay_inside_weights_of_any_size():
         assert len(probed) == PROBES
         if size < 100:
             assert probed[0] == 0 and probed[-1] == size - 1
+
+
+def test_a_watch_follows_each_kind_of_write_and_nothing_else():
+    """One mechanism for "the weights changed" (engine/changes.py): a new tensor, an in-place write (version counter)
+    and a write through `.data` (values) each call the update once; an unchanged set calls nothing; an update that
+    raises is tried again; a copy starts empty."""
+    import copy
+
+    from rvqspec.engine.changes import Watch
+
+    weights = [torch.nn.Parameter(torch.randn(4, 8)), torch.nn.Parameter(torch.randn(3))]
+    watch, updates = Watch(weights), []
+
+    def follow() -> int:
+        watch.follow(weights, lambda: updates.append(1))
+        return len(updates)
+
+    assert follow() == 0 and follow() == 0
+    with torch.no_grad():
+        weights[0].add_(1)  # in place: a LoRA merge, load_state_dict
+    assert follow() == 1 and follow() == 1
+    weights[1].data.copy_(torch.randn(3))  # through .data: no version bump
+    assert follow() == 2 and follow() == 2
+    weights[0] = torch.nn.Parameter(weights[0].detach().clone())  # a new tensor with the same values
+    assert follow() == 3 and follow() == 3
+
+    def failing() -> None:
+        raise RuntimeError("copy failed")
+
+    weights[1].data.mul_(2)
+    with pytest.raises(RuntimeError):
+        watch.follow(weights, failing)
+    assert follow() == 4 and follow() == 4
+    copy.deepcopy(watch).follow(weights, lambda: updates.append(1))
+    assert len(updates) == 5

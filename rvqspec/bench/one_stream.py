@@ -35,6 +35,7 @@ from rvqspec.engine.drafters import ReusedHeads
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.latency import TIMED_K, call_latency, clocks, elapsed_ms, medians
 from rvqspec.engine.model import MultiCodeDecoder
+from rvqspec.engine.policy import report_size
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import Tree, default_tree
 from rvqspec.tuning.calibrate import load_drafter
@@ -159,7 +160,7 @@ def tokens_per_step_source(calibration: dict | None) -> tuple[dict[int, float], 
     """tokens/step per N: measured by `rvqspec calibrate` if a report is given, else the paper's acceptance."""
     if calibration is None:
         return dict(PAPER_ACCEPTANCE), "paper acceptance (section 3.4)"
-    return ({int(t["budget"]): float(t["measured_tokens_per_step"]) for t in calibration["trees"]},
+    return ({report_size(t): float(t["measured_tokens_per_step"]) for t in calibration["trees"]},
             f"measured by rvqspec calibrate ({calibration['path']})")
 
 
@@ -174,11 +175,11 @@ def load_calibration(path: str | None) -> dict | None:
                            "`rvqspec calibrate --out DIR`")
     try:
         report = json.loads(file.read_text())
-        complete = all("budget" in t and "measured_tokens_per_step" in t for t in report["trees"])
-    except (json.JSONDecodeError, KeyError, TypeError):
+        complete = all(report_size(t) and "measured_tokens_per_step" in t for t in report["trees"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
         complete = False
     if not complete:
-        raise RvqspecError(f"{file} is not an `rvqspec calibrate` report (expected trees[].budget and "
+        raise RvqspecError(f"{file} is not an `rvqspec calibrate` report (expected trees[].size and "
                            "trees[].measured_tokens_per_step): rerun `rvqspec calibrate`")
     # Its paths are relative to its folder (absolute in reports written before that): resolve them from here.
     report = report | {"path": str(file)}

@@ -1,4 +1,4 @@
-"""`rvqspec calibrate`: draft acceptance on a corpus, sparse trees per budget, predicted vs measured tokens/step."""
+"""`rvqspec calibrate`: draft acceptance on a corpus, sparse trees per tree size N, predicted vs measured tokens/step."""
 
 import json
 
@@ -9,34 +9,35 @@ from rvqspec.engine.drafters import DEFAULT_DEPTH
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.quantize import SCHEMES
 from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import MAX_NODES as MAX_BUDGET
+from rvqspec.engine.policy import report_size
+from rvqspec.engine.tree import MAX_NODES
 from rvqspec.tuning.calibrate import CalibrationSettings, calibrate
 
 
-def parse_budgets(text: str) -> list[int]:
+def parse_sizes(text: str) -> list[int]:
     try:
-        budgets = sorted({int(b) for b in text.split(",") if b.strip()})
+        sizes = sorted({int(n) for n in text.split(",") if n.strip()})
     except ValueError:
-        budgets = []
-    if not budgets or budgets[0] < 1:
-        raise RvqspecError(f"--budgets must be a comma-separated list of tree sizes >= 1 (e.g. 4,8,16), got {text!r}")
-    if budgets[-1] > MAX_BUDGET:
-        raise RvqspecError(f"--budgets {budgets[-1]} is more nodes than a verify call can use: tree sizes are at most "
-                           f"{MAX_BUDGET} (the paper's devices choose 16-32)")
-    return budgets
+        sizes = []
+    if not sizes or sizes[0] < 1:
+        raise RvqspecError(f"--sizes must be a comma-separated list of tree sizes >= 1 (e.g. 4,8,16), got {text!r}")
+    if sizes[-1] > MAX_NODES:
+        raise RvqspecError(f"--sizes {sizes[-1]} is more nodes than a verify call can use: tree sizes are at most "
+                           f"{MAX_NODES} (the paper's devices choose 16-32)")
+    return sizes
 
 
 def run(args) -> int:
     sampler = Sampler(not args.greedy, args.temperature, args.top_k, args.top_p)
     settings = CalibrationSettings(args.frames, args.eval_frames, args.seed, sampler, args.depth,
                                    args.validation_fraction)
-    report = calibrate(args.model, args.drafter, args.corpus, parse_budgets(args.budgets), args.out, settings,
+    report = calibrate(args.model, args.drafter, args.corpus, parse_sizes(args.sizes), args.out, settings,
                        args.dtype, args.device or ("cuda" if torch.cuda.is_available() else "cpu"), args.weights)
     if args.json:
         print(json.dumps({"trees": report["trees"], "acceptance": report["acceptance"]}))
         return 0
     for t in report["trees"]:
-        print(f"N={t['budget']:>3}: tokens/step predicted {t['predicted_tokens_per_step']:.3f}, measured "
+        print(f"N={report_size(t):>3}: tokens/step predicted {t['predicted_tokens_per_step']:.3f}, measured "
               f"{t['measured_tokens_per_step']:.3f} ({t['measured_calls_per_frame']:.2f} calls/frame)")
     print(f"wrote {args.out}/report.md, report.json and tree-N*.json")
     return 0
@@ -47,7 +48,8 @@ def add_cli(subparsers) -> None:
                                                 "vs measured tokens/step",
                               parents=[flags.model_flag(), flags.drafter_flag(required=True, default=None)])
     p.add_argument("--corpus", required=True, help="code corpus folder")
-    p.add_argument("--budgets", default="4,8,16,32,64", help="tree sizes N, comma-separated")
+    p.add_argument("--sizes", "--budgets", dest="sizes", default="4,8,16,32,64",
+                   help="tree sizes N, comma-separated (--budgets: its former name)")
     p.add_argument("--out", required=True, type=flags.out_folder, help="folder for tree-N*.json and report.{json,md}")
     p.add_argument("--frames", type=flags.positive_int, default=1000, help="frames for the acceptance statistics")
     p.add_argument("--eval-frames", type=flags.positive_int, default=200, help="held-out frames decoded per tree")

@@ -29,13 +29,13 @@ def latency_bench(predictor: MultiCodeDecoder):
     def bench(out: Path) -> dict:
         from rvqspec.bench.timing import cpu_name
         from rvqspec.engine.latency import call_latency, latency_row
-        from rvqspec.engine.policy import setting_key
+        from rvqspec.engine.policy import report_size, setting_key
         from rvqspec.engine.sampling import Sampler
         from rvqspec.engine.tree import Tree
         from rvqspec.integrations.tuned import LATENCY, TREES, tuned_drafter
 
         report = json.loads((out / TREES / "report.json").read_text())
-        trees = {row["budget"]: Tree.load(out / TREES / row["file"]) for row in report["trees"]}
+        trees = {report_size(row): Tree.load(out / TREES / row["file"]) for row in report["trees"]}
         drafter = tuned_drafter(out, predictor)
         ms = {str(b): {str(n): v for n, v in latency_row(call_latency(predictor, drafter, trees, Sampler(),
                                                                       LATENCY_ROUNDS, batch=b)).items()}

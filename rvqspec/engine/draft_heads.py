@@ -5,19 +5,15 @@ reads of a round. Drafts need only the top-m candidates, never a distribution, a
 emitted (the walk draws from the exact heads), only how often it is accepted; so in bfloat16 they rank with per-row
 int8 copies of the heads (half the bytes) through `torch.ops.aten._weight_int8pack_mm`, faster there than the exact
 head. Its float32 kernel is slower than the exact head (both measured in docs/cpu-fast-path.md), so float32,
-float64 (tests) and accelerators keep the exact heads (`DevicePath.int8_drafts`).
+float64 (tests) and accelerators keep the exact heads (`DevicePath.int8_drafts`). The copies are kept with the
+model's heads (`engine/heads.py`), made on first use and again when the heads change.
 """
-
-import threading
 
 from torch import Tensor
 
 from rvqspec.engine.device_path import DevicePath
 from rvqspec.engine.model import by_codebook
-from rvqspec.engine.packing import probe
-from rvqspec.engine.quantize import W8A16_MULTIPLE, QuantizedHeads
-
-_lock = threading.Lock()
+from rvqspec.engine.quantize import W8A16_MULTIPLE
 
 
 def supported(model) -> bool:
@@ -25,20 +21,9 @@ def supported(model) -> bool:
     return model.config.hidden_size % W8A16_MULTIPLE == 0
 
 
-def quantized(model) -> QuantizedHeads:
-    """The int8 heads of `model` (w8a16's matmuls: the vocabulary padded to the kernel's multiple of 16), rebuilt
-    when its heads change (new tensor, in-place write or dtype; a write through .data: `MultiCodeDecoder.refresh`)."""
-    heads = model.heads
-    key = (heads.data_ptr(), heads._version, heads.dtype)
-    with _lock:
-        if model.int8_heads is None or model.int8_heads[0][:3] != key:
-            model.int8_heads = (key + (probe(heads),), QuantizedHeads(heads, "w8a16"))
-        return model.int8_heads[1]
-
-
 def logits(model, hidden: Tensor, codebooks: list[int] | Tensor, path: DevicePath) -> Tensor:
     """Approximate logits [R, V] of hidden [R, H], row r through the head of codebooks[r]: for ranking only. The int8
     copies where `path.int8_drafts` and the model's heads are float; else the exact heads."""
     if model.is_quantized or not path.int8_drafts or not supported(model):
         return model.head_logits(hidden, codebooks, path)  # a quantized model's heads are int8 already
-    return by_codebook(hidden, codebooks, model.config.vocab_size, quantized(model).logits)
+    return by_codebook(hidden, codebooks, model.config.vocab_size, model.head_set.draft_heads(model.heads).logits)

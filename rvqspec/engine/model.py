@@ -8,9 +8,10 @@ the map from the official keys onto it:
   tree whose nodes sit at different codebooks is embedded in one lookup (`table_offset[table] + code`);
 - the 15 heads are one [15, V, H] tensor (`heads`).
 CSM already has both: one table of num_codebooks x vocab rows, and heads [G-1, H, V] (stored transposed here).
-A quantized model (`engine/quantize.py`, not upstream's: a different model, opt-in) holds its layer matmuls and
-heads as int8 (`weights`, `head_weights`; `heads` is None), and refuses what needs float heads (training, saving a
-checkpoint); its state_dict holds the int8 weights (the form: engine/quantize.py), and pickles.
+What decoding derives from the heads (packed and int8 draft copies), or a quantized model's int8 heads, is in
+`head_set` (`engine/heads.py`). A quantized model (`engine/quantize.py`, not upstream's: a different model, opt-in)
+holds its layer matmuls and heads as int8 (`weights`: its scheme; `heads` is None), and refuses what needs float heads
+(training, saving a checkpoint); its state_dict holds the int8 weights (the form: engine/quantize.py), and pickles.
 
 Table t (0..G-1, G = 16 for Qwen3-TTS, 32 for CSM) embeds code c_t: table 0 is the talker's c0 table, table t>=1
 upstream's `codec_embedding[t-1]`. The token at position p carries c_{p-1} (table p-1) and predicts codebook p
@@ -25,12 +26,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rvqspec.engine import device_path, fused
+from rvqspec.engine.changes import Watch, parameters_of
 from rvqspec.engine.checkpoint import combine, official_layout, predictor_prefix, read_tensors, save_predictor
 from rvqspec.engine.config import PredictorConfig, load_config
 from rvqspec.engine.device_path import DevicePath
 from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.packing import Linear, PackedWeight, attention, linear, probe
-from rvqspec.engine.quantize import check_scheme, check_state, load_heads, quantize, save_heads
+from rvqspec.engine.heads import Heads
+from rvqspec.engine.packing import Linear, attention
+from rvqspec.engine.quantize import FLOAT, QuantizedHeads, check_scheme, check_state, load_heads, quantize, save_heads
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64}
@@ -251,10 +254,9 @@ class MultiCodeDecoder(nn.Module):
                   c.rms_norm_eps, c.qk_norm) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.heads = nn.Parameter(torch.empty(c.num_residual_codes, c.vocab_size, c.hidden_size))
-        self.head_packs = [PackedWeight() for _ in range(c.num_residual_codes)]
-        self.int8_heads: tuple | None = None  # draft_heads.quantized's cache: (heads' identity, int8 heads)
-        self.weights = "float"  # or a scheme of `quantize` (engine/quantize.py), whose int8 heads are head_weights
-        self.head_weights = None
+        self.head_set = Heads(c.num_residual_codes)
+        self.weights = FLOAT  # or a scheme of `quantize` (engine/quantize.py)
+        self.watch = Watch()  # the weights `refresh` saw last
         # Derived, non-checkpoint buffers. Positions in a frame stay below num_code_groups; tree nodes past
         # the frame end are masked but still need a table row, hence the slack.
         self.rope = RotaryEmbedding(c.head_dim, c.rope_theta, c.num_code_groups + 64, c.rope_scaling)
@@ -269,21 +271,26 @@ class MultiCodeDecoder(nn.Module):
 
     @property
     def is_quantized(self) -> bool:
-        """Whether this model holds int8 weights (`weights`: a scheme of `quantize`), its heads as `head_weights`
-        only (`heads` None)."""
-        return self.weights != "float"
+        """Whether this model holds int8 weights (`weights`: a scheme of `quantize`), its heads as int8 matmuls only
+        (`heads` None)."""
+        return self.weights != FLOAT
+
+    @property
+    def head_weights(self) -> QuantizedHeads | None:
+        """A quantized model's int8 heads (None for a float model)."""
+        return self.head_set.int8
 
     def refresh(self) -> None:
-        """Drop derived copies of weights (oneDNN packs, int8 draft heads) whose weights changed without a version
-        bump (a write through `.data`); `decode_frames` calls it once per call."""
+        """Drop the copies derived from the weights if any weight changed since the previous call, a write through
+        `.data` included (`changes.Watch`); `decode_frames` calls it once per call."""
+        self.watch.follow(parameters_of(self), self.forget_derived)
+
+    def forget_derived(self) -> None:
+        """Drop the copies derived from the weights (oneDNN packs, int8 draft heads): they are made again on use."""
         for module in self.modules():
             if isinstance(module, Linear):
-                module.pack.forget_if_changed(module.weight)
-        if not self.is_quantized:
-            for pack, head in zip(self.head_packs, self.heads):
-                pack.forget_if_changed(head)
-            if self.int8_heads is not None and not torch.equal(probe(self.heads), self.int8_heads[0][-1]):
-                self.int8_heads = None
+                module.pack.forget()
+        self.head_set.forget()
 
     @property
     def device(self) -> torch.device:
@@ -321,9 +328,7 @@ class MultiCodeDecoder(nn.Module):
         that each group goes through its head's packed weight (`grouped_heads`: the CPU), or gathered per row (one
         kernel, no host work, the same shapes for every call)."""
         if isinstance(codebook, int):  # one codebook for every row
-            if self.is_quantized:
-                return self.head_weights.logits(hidden, codebook)
-            return linear(hidden, self.heads[codebook - 1], None, self.head_packs[codebook - 1])
+            return self.head_set.logits(self.heads, hidden, codebook)
         path = path or device_path.choose(hidden.device, hidden.dtype)
         if path.captured:
             return self.gathered_head_logits(hidden, codebook)

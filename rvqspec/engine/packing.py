@@ -9,57 +9,29 @@ rows is padded with copies of its last row. oneDNN costs a fixed overhead per ca
 hence the size floor.
 """
 
-import threading
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rvqspec.engine import device_path
+from rvqspec.engine.changes import Derived
 
 PACK_MIN_ELEMENTS = 1 << 20
 PACK_ROWS_HINT = 32  # oneDNN chooses the packed layout for this many rows
 
 
-PROBES = 16  # elements of a weight compared by `probe`
+def packed_layout(weight: Tensor) -> Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS_HINT)
 
 
-def probe(weight: Tensor) -> Tensor:
-    """A copy of a few elements spread over `weight`: writes through `.data` (which bump no version counter) show in
-    it, whatever they change (a LoRA merge, another checkpoint's values)."""
-    flat = weight.detach().reshape(-1)
-    where = torch.arange(PROBES, device=flat.device) * (len(flat) - 1) // (PROBES - 1)  # integers: exact at any size
-    return flat[where].clone()
-
-
-class PackedWeight:
-    """A oneDNN-prepacked copy of a weight, rebuilt whenever the weight changes: new storage or an in-place write
-    (its version counter) on every call, a write through `.data` at `forget_if_changed` (once per decode: see
-    `MultiCodeDecoder.refresh`). The lock lets threads that share a model see a packed copy and its source change
-    together."""
+class PackedWeight(Derived[Tensor]):
+    """A oneDNN-prepacked copy of a weight, made again whenever the weight changes (`changes.Derived`: a new tensor or
+    an in-place write on every call; a write through `.data` once per decode, `MultiCodeDecoder.refresh`)."""
 
     def __init__(self) -> None:
-        self.source: Tensor | None = None  # holds the packed storage, so a new weight cannot reuse its address
-        self.version = -1
-        self.packed: Tensor | None = None
-        self.probe: Tensor | None = None
-        self.lock = threading.Lock()
+        super().__init__(packed_layout)
 
-    def get(self, weight: Tensor) -> Tensor:
-        with self.lock:
-            source = self.source
-            if source is None or weight.data_ptr() != source.data_ptr() or weight.shape != source.shape \
-                    or weight._version != self.version:
-                self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS_HINT)
-                self.source, self.version, self.probe = weight.detach(), weight._version, probe(weight)
-            return self.packed
-
-    def forget_if_changed(self, weight: Tensor) -> None:
-        with self.lock:
-            if self.source is not None and not torch.equal(probe(weight), self.probe):
-                self.source = self.packed = self.probe = None
-
-    def __reduce__(self):  # copies and pickles start empty and pack on first use
+    def __reduce__(self):
         return PackedWeight, ()
 
 

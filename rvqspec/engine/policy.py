@@ -78,6 +78,13 @@ def check_frame_calls(calls, groups: int, source, size: int) -> None:
                            f"in [1, {groups - 1}] (a frame's predictor calls): rerun `rvqspec calibrate`")
 
 
+
+def report_size(row: dict) -> int:
+    """The tree size N of a row of a calibration report's trees: `size`, or `budget` in reports written before the
+    engine's vocabulary settled on "tree size N" (their folders still load)."""
+    return int(row["size"] if "size" in row else row["budget"])
+
+
 def measured_distribution(calls: list[int], groups: int) -> list[float]:
     """P(a frame takes c calls), c = 0..G-1, from the calls that decoded frames took (a histogram)."""
     counts = [0] * groups
@@ -267,7 +274,7 @@ class Policy:
         try:
             report = json.loads((folder / "report.json").read_text())
             per_position = torch.tensor(report["acceptance_per_position"], dtype=torch.float64)
-            rows = {int(t["budget"]): t for t in report["trees"]}
+            rows = {report_size(t): t for t in report["trees"]}
             trees = {n: Tree.load(folder / row["file"]) for n, row in rows.items()}
         except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             raise RvqspecError(f"{folder} is not an `rvqspec calibrate` folder (report.json with "

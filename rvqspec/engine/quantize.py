@@ -337,7 +337,6 @@ def quantize(model, scheme: str):
     for layer in quantized.layers:
         for parent, name in ((layer.attn, "wqkv"), (layer.attn, "wo"), (layer.mlp, "w_gate_up"), (layer.mlp, "w_down")):
             setattr(parent, name, QuantizedLinear(getattr(parent, name), scheme))
-    quantized.head_weights = QuantizedHeads(model.heads, scheme)
-    quantized.heads, quantized.head_packs, quantized.int8_heads = None, None, None
-    quantized.weights = scheme
+    quantized.head_set.quantize(model.heads, scheme)
+    quantized.heads, quantized.weights = None, scheme
     return quantized.eval().requires_grad_(False)

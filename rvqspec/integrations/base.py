@@ -13,11 +13,11 @@ import torch
 from torch import Tensor
 
 from rvqspec.engine import device_path
+from rvqspec.engine.changes import Watch, parameters_of
 from rvqspec.engine.decode import BatchResult, decode_frames
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.graphs import GraphCache
 from rvqspec.engine.model import MultiCodeDecoder
-from rvqspec.engine.packing import probe
 from rvqspec.engine.policy import Policy
 from rvqspec.engine.quantize import check_scheme, quantize, quantize_linears, restore_linears
 from rvqspec.engine.sampling import Sampler
@@ -149,7 +149,7 @@ class Acceleration:
         self.streams = Turns()  # the streams of this model take turns (rvqspec.integrations.stream)
         self.graphs = GraphCache() if options.graphs else None  # CUDA graphs of this handle's calls (CUDA only)
         self.warned: set[str] = set()
-        self.decoder, self.built_from = self.quantized(decoder), self.fingerprint()
+        self.decoder, self.watch = self.quantized(decoder), Watch(self.watched())  # what it was copied from
         self.policy: Policy | None = None
         if drafter is not None:
             drafter.check_model(self.decoder)
@@ -176,14 +176,10 @@ class Acceleration:
         raise NotImplementedError
 
     def watched(self) -> list[Tensor]:
-        """The upstream tensors the decoder copies (subclasses add what lives outside the target)."""
-        return list(self.target.parameters())
-
-    def fingerprint(self) -> Tensor:
-        """A few elements of every watched tensor (`packing.probe`): a LoRA merge, `load_state_dict` or a write
-        through `.data` after `accelerate` changes it, and the decoder is copied again."""
-        watched = self.watched()
-        return torch.cat([probe(t).float().to(watched[0].device) for t in watched]).cpu()  # one read of the device
+        """The upstream tensors the decoder copies (subclasses add what lives outside the target): a LoRA merge,
+        `load_state_dict` or a write through `.data` after `accelerate` changes them (`changes.Watch`), and the
+        decoder is copied again."""
+        return parameters_of(self.target)
 
     def quantized(self, decoder: MultiCodeDecoder) -> MultiCodeDecoder:
         """The decoder with `weights` (`rvqspec.quantize`): a different model than upstream's, chosen by the user."""
@@ -216,16 +212,19 @@ class Acceleration:
         delattr(self.owner, HANDLE)
 
     def current_decoder(self) -> MultiCodeDecoder:
-        """The decoder, copied again if the upstream weights changed since (`fingerprint`), or moved to another device
-        or dtype (and the policy with it then: the latency of another device or dtype differs)."""
-        weight, fingerprint = self.followed_weight(), self.fingerprint()
-        moved = (self.decoder.device, self.decoder.dtype) != (weight.device, weight.dtype)
-        if moved or not torch.equal(fingerprint, self.built_from):
-            self.decoder, self.built_from = self.quantized(self.build_decoder()), fingerprint
-            if moved and self.policy is not None:
-                self.latency = None  # a tuned table is for the device and dtype it was measured on
-                self.policy = self.make_policy()
+        """The decoder, copied again if the upstream weights changed since (`watched`)."""
+        self.watch.follow(self.watched(), self.copy_decoder)
         return self.decoder
+
+    def copy_decoder(self) -> None:
+        """Copy the decoder again, and the policy with it where the weights moved to another device or dtype (the
+        latency of another device or dtype differs)."""
+        weight = self.followed_weight()
+        moved = (self.decoder.device, self.decoder.dtype) != (weight.device, weight.dtype)
+        self.decoder = self.quantized(self.build_decoder())
+        if moved and self.policy is not None:
+            self.latency = None  # a tuned table is for the device and dtype it was measured on
+            self.policy = self.make_policy()
 
     def tree_for(self, batch: int) -> Tree | None:
         """The fixed tree, or the policy's choice for this batch size (None: plain AR)."""

@@ -19,11 +19,11 @@ import hashlib
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.files import read_json
 from rvqspec.engine.model import MultiCodeDecoder
-from rvqspec.engine.packing import probe
 from rvqspec.engine.policy import MEASURED_MARGIN, LatencyTable, check_latency_tables, setting_key
 from rvqspec.engine.tree import Tree
 
@@ -34,8 +34,18 @@ def architecture(model: MultiCodeDecoder) -> str:
     return setting_key(model).split("/")[3]  # device/dtype/threads/ARCHITECTURE, then a CPU class on a CPU
 
 
+PROBES = 16  # elements of a weight that `weights_digest` reads
+
+
+def probe(weight: Tensor) -> Tensor:
+    """A copy of PROBES elements spread evenly over `weight` (integer indices: exact at any size)."""
+    flat = weight.detach().reshape(-1)
+    where = torch.arange(PROBES, device=flat.device) * (len(flat) - 1) // (PROBES - 1)
+    return flat[where].clone()
+
+
 def weights_digest(model: MultiCodeDecoder) -> str:
-    """A digest of a few elements of every weight (`packing.probe`), upcast: equal for the same checkpoint loaded
+    """A digest of a few elements of every weight (`probe`), upcast: equal for the same checkpoint loaded
     in any dtype that holds its values, different after fine-tuning."""
     values = torch.cat([probe(t).double().cpu().reshape(-1) for _, t in sorted(model.state_dict().items())])
     return hashlib.sha256(values.numpy().tobytes()).hexdigest()[:16]
@@ -107,7 +117,7 @@ def check_trees(folder: Path, model: MultiCodeDecoder, depth: int) -> None:
     report = read_json(path, fix)
     rows = report.get("trees") if isinstance(report, dict) else None
     if not isinstance(rows, list) or not rows:
-        raise RvqspecError(f"{path}: trees must be a non-empty list of {{budget, file}}: {fix}")
+        raise RvqspecError(f"{path}: trees must be a non-empty list of {{size, file}}: {fix}")
     for row in rows:
         name = row.get("file") if isinstance(row, dict) else None
         if not isinstance(name, str) or Path(name).name != name or not name:

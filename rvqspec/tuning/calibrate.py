@@ -5,7 +5,7 @@ corpus (train split), the predictor samples c1..c15 with the deployed sampler, c
 One teacher-forced pass over the sampled frame then gives every h_i and every target distribution p~
 at once: for position i, depth j and rank r, the probability that p~ (given the sampled prefix up to
 c_{i+j-1}) puts on the drafter's rank-r candidate for c_{i+j} is the chance that this draft is accepted
-when its parent is. a[j][r] is its mean over frames and positions; one tree per budget is grown from it.
+when its parent is. a[j][r] is its mean over frames and positions; one tree per tree size N is grown from it.
 
 Prediction: tokens/step of a frame = 15 / expected predictor calls. The expectation runs over the
 rounds of a frame (prefill, then one call per round) with the acceptance measured at each position k
@@ -26,7 +26,7 @@ from rvqspec.engine.checkpoint import save_json, save_text
 from rvqspec.engine.decode import decode_frame, tokens_per_step
 from rvqspec.engine.drafters import DEFAULT_DEPTH, Drafter, ReusedHeads, check_depth
 from rvqspec.engine.model import MultiCodeDecoder
-from rvqspec.engine.policy import calls_distribution
+from rvqspec.engine.policy import calls_distribution, report_size
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import Tree, grow_tree
 from rvqspec.tuning.corpus import Corpus, check_codes
@@ -120,10 +120,10 @@ class CalibrationSettings:
     validation_fraction: float = 0.05
 
 
-def calibrate(model_path: str | Path, drafter_spec: str, corpus_path: str | Path, budgets: list[int],
+def calibrate(model_path: str | Path, drafter_spec: str, corpus_path: str | Path, sizes: list[int],
               out: str | Path, settings: CalibrationSettings = CalibrationSettings(), dtype: str = "float32",
               device: str = "cpu", weights: str | None = None) -> dict:
-    """Measure acceptance, grow and save one tree per budget, measure each; returns the report. `weights`: calibrate
+    """Measure acceptance, grow and save one tree per size N in `sizes`, measure each; returns the report. `weights`: calibrate
     the model quantized to that scheme (`rvqspec.quantize`), whose acceptance is its own."""
     out, s, sampler, seed = Path(out), settings, settings.sampler, settings.seed
     model = MultiCodeDecoder.from_pretrained(model_path, dtype, device, weights)
@@ -133,7 +133,7 @@ def calibrate(model_path: str | Path, drafter_spec: str, corpus_path: str | Path
     generator = torch.Generator(model.device).manual_seed(seed)
     codes, hidden = corpus.sample("train", s.frames, seed)
     check_codes(codes, model)
-    top_m = min(max(budgets), model.config.vocab_size)
+    top_m = min(max(sizes), model.config.vocab_size)
     acceptance = measure_acceptance(model, drafter, hidden, codes[:, 0], sampler, top_m, generator)
     eval_codes, eval_hidden = corpus.sample("validation", s.eval_frames, seed + 1)
     check_codes(eval_codes, model)
@@ -145,13 +145,13 @@ def calibrate(model_path: str | Path, drafter_spec: str, corpus_path: str | Path
               "acceptance": acceptance.pooled.tolist(), "acceptance_per_position": acceptance.per_position.tolist(),
               "target_top1": acceptance.top1.tolist(), "target_entropy_nats": acceptance.entropy.tolist(), "trees": []}
     trees = []  # written once all are measured: an interrupted run leaves an earlier calibration in `out` whole
-    for budget in budgets:
-        tree = grow_tree(acceptance.pooled, budget)
-        row = {"budget": budget, "file": f"tree-N{budget}.json", "nodes": tree.size, "depth": tree.max_depth,
+    for size in sizes:
+        tree = grow_tree(acceptance.pooled, size)
+        row = {"size": size, "file": f"tree-N{size}.json", "nodes": tree.size, "depth": tree.max_depth,
                "predicted_tokens_per_round": tree.meta["predicted_tokens_per_round"],
                "predicted_tokens_per_step": model.config.num_residual_codes / predicted_calls(tree, acceptance.per_position)}
         row.update(measure_tree(model, drafter, tree, eval_hidden, eval_codes[:, 0], sampler, generator))
-        tree.meta.update({k: v for k, v in row.items() if k not in ("budget", "file", "measured_frame_calls")},
+        tree.meta.update({k: v for k, v in row.items() if k not in ("size", "file", "measured_frame_calls")},
                          drafter=drafter.kind, sampler=asdict(sampler))
         trees.append(tree)
         report["trees"].append(row)
@@ -186,7 +186,7 @@ def report_markdown(report: dict) -> str:
               "(predicted: 1 + sum of node values, ignoring the frame end; measured: includes the truncated last rounds).",
               "", "| N | depth | predicted tokens/round | measured tokens/round | predicted tokens/step | "
               "measured tokens/step | measured calls/frame |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {t['budget']} | {t['depth']} | {t['predicted_tokens_per_round']:.3f} | "
+    lines += [f"| {report_size(t)} | {t['depth']} | {t['predicted_tokens_per_round']:.3f} | "
               f"{t['measured_tokens_per_round']:.3f} | {t['predicted_tokens_per_step']:.3f} | "
               f"{t['measured_tokens_per_step']:.3f} | {t['measured_calls_per_frame']:.2f} |" for t in report["trees"]]
     lines += ["", "## Target distribution per codebook (c1..c15)", "",
