@@ -112,11 +112,11 @@ def predicted(tokens_per_step: float, overhead: float) -> float:
 
 def controlled_runs(run: Run, predictor: ControlledPredictor, latency: dict, strengths: dict[int, Calibrated],
                     target_acceptance: Callable[[int], float]) -> list[dict]:
-    """At each paper budget: bisect the peak strength on the frames (once per architecture and dtype, cached
-    in `strengths`), then time the same frames, AR vs speculative (with the calibration's draws, so at the
-    calibrated acceptance), and set the realized next to the predicted speed-up. Frames of Qwen3-TTS's length
-    are bisected to the paper's tokens/step; other lengths to `target_acceptance(N)`, the per-round acceptance
-    behind it."""
+    """At each of the paper's tree sizes N: bisect the peak strength on the frames (once per architecture and
+    dtype, cached in `strengths`), then time the same frames, AR vs speculative (with the calibration's draws, so
+    at the calibrated acceptance), and set the realized next to the predicted speed-up. Frames of Qwen3-TTS's
+    length are bisected to the paper's tokens/step; other lengths to `target_acceptance(N)`, the per-round
+    acceptance behind it."""
     plan, trees, sampler, log = run.plan, run.trees, run.sampler, run.log
     drafter, rows = ReusedHeads(predictor.model), []
     frames = predictor.frames(plan.frames, seed=1)

@@ -7,11 +7,13 @@ Vocabulary (every module, docstring and message uses these words in these senses
   Qwen3-TTS); upstream's "code predictor" (Qwen3-TTS) or "depth decoder" (CSM), the class `MultiCodeDecoder`.
 - codec: the speech tokenizer that turns frames of codes into audio; outside the engine (`integrations`).
 - frame: c0..c15 of one talker step; a batch decodes B frames at once, one row each. k: the codes a row has.
+  A frame step: one frame of every row of the batch (one `decode_frames` call), not a predictor step.
 - AR: one predictor call per code. A call (or step): one predictor forward over the batch.
 - draft: a code the drafter proposes for c_{k+j} (depth j, rank r among its top-m candidates); a drafter never
   changes what is emitted, only how often drafts are accepted.
 - tree: which (depth, rank) drafts a round verifies; its size N is its number of nodes (not "budget" or "nodes"),
-  and a round's call is N + 1 tokens long (the root c_k, then the nodes).
+  and a round's call is N + 1 tokens long (the root c_k, then the nodes). Public names that predate this keep
+  theirs: the `budget` parameter of `tree.grow_tree` and `tree.default_tree` is N.
 - round: one speculative call for the batch: draft, verify the tree, walk it (sample-then-match), compact the cache.
 - accepted: a draft the walk moves to (its code equals the draw at its parent); bonus: the draw where the walk
   stops, emitted after the accepted drafts. A round emits accepted + 1 codes per row (fewer at the frame end).

@@ -25,7 +25,7 @@ CAPS = {"hidden_size": 1 << 15, "intermediate_size": 1 << 17, "num_hidden_layers
 class PredictorConfig:
     """Field names follow upstream `Qwen3TTSTalkerCodePredictorConfig`, plus the talker sizes we need and the
     few things in which CSM's Llama layers differ. "Talker" means the model that emits c0 and conditions the
-    decoder (CSM: the backbone)."""
+    predictor (CSM: the backbone)."""
 
     hidden_size: int = 1024
     intermediate_size: int = 3072
@@ -92,7 +92,7 @@ class PredictorConfig:
 
     @property
     def projects(self) -> bool:
-        """Whether the decoder's inputs go through a projection (else they are already of its width)."""
+        """Whether the predictor's inputs go through a projection (else they are already of its width)."""
         return self.always_project or self.talker_hidden_size != self.hidden_size
 
     def to_dict(self) -> dict:

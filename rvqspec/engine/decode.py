@@ -81,7 +81,7 @@ class BatchResult:
 
 
 def tokens_per_step(frames: list[FrameResult]) -> float:
-    """The codes of `frames` per predictor call each took part in: the one definition of tokens/step (AR: 1)."""
+    """The codes of `frames` per predictor call each took part in: the one definition of tokens per step (AR: 1)."""
     return sum(len(frame.codes) for frame in frames) / sum(frame.calls for frame in frames)
 
 

@@ -4,8 +4,9 @@ a static KV cache. CSM's Llama layers are the Qwen3 layers without q/k norms, wi
 Layout differs from upstream only where it makes the speculative call cheaper; `checkpoint.py` holds
 the map from the official keys onto it:
 - q/k/v projections are fused into one matrix (`wqkv`), gate/up into one (`w_gate_up`);
-- the talker's c0 table and the 15 codec tables are stacked into one embedding (`code_embed`), so a
-  tree whose nodes sit at different codebooks is embedded in one lookup (`table_offset[table] + code`);
+- the talker's c0 table and the 15 code tables (upstream's `codec_embedding`) are stacked into one embedding
+  (`code_embed`), so a tree whose nodes sit at different codebooks is embedded in one lookup
+  (`table_offset[table] + code`);
 - the 15 heads are one [15, V, H] tensor (`heads`).
 CSM already has both: one table of num_codebooks x vocab rows, and heads [G-1, H, V] (stored transposed here).
 What decoding derives from the heads (packed and int8 draft copies), or a quantized model's int8 heads, is in
@@ -245,7 +246,7 @@ class MultiCodeDecoder(nn.Module):
     def __init__(self, config: PredictorConfig):
         super().__init__()
         self.config = c = config
-        tables = c.num_code_groups  # c0 (talker table) + one codec table per residual code
+        tables = c.num_code_groups  # c0 (talker table) + one code table per residual code
         self.code_embed = nn.Embedding(c.talker_vocab_size + (tables - 1) * c.vocab_size, c.talker_hidden_size)
         self.project = (Linear(c.talker_hidden_size, c.hidden_size, bias=c.projection_bias) if c.projects
                         else nn.Identity())

@@ -1,4 +1,4 @@
-"""The decoding policy: for a batch of B frames, plain AR (N = 0) or the tree of N nodes that decodes the
+"""The decoding policy: for a batch of B frames, plain AR (N = 0) or the tree of size N that decodes the
 most frames per second, predicted from measured call latencies and the drafts' acceptance.
 
     frame time (B, 0) = 15 x latency(B, 0)                                 (prefill + 14 AR steps)
@@ -326,6 +326,7 @@ class Policy:
             return "AR: no candidate tree has a measured latency"
         size = self.choose(batch)
         shown = size or max(sizes, key=lambda n: self.predicted_speedup(batch, n))
+        # Predicted tokens per step: a frame's codes over its expected calls (measured: `decode.tokens_per_step`).
         tokens = (self.groups - 1) / sum(c * p for c, p in enumerate(self.calls[shown]))
         figure = f"{self.predicted_speedup(batch, shown):.2f}x (N={shown}, {tokens:.2f} tokens/step, batch {batch})"
         what = f"speculative N={size}: predicted {figure}" if size else f"AR: speculation predicted at best {figure}"

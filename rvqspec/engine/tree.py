@@ -6,7 +6,8 @@ in breadth-first order, so the nodes of one depth are contiguous.
 
 JSON format (`Tree.save`/`Tree.load`):
     {"format": "rvqspec-tree/1", "paths": [[0], [1], [0, 0]], "meta": {...}}
-`meta` is free-form (calibration writes the budget and the predicted tokens/round there).
+`meta` is free-form (`grow_tree` writes the tree size N it was asked for, under its old key "budget", and the
+predicted tokens per round; calibration adds what it measured).
 """
 
 import heapq
@@ -125,11 +126,12 @@ def validate_paths(paths: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
 
 
 def grow_tree(acceptance: Tensor, budget: int, max_depth: int | None = None) -> Tree:
-    """Greedy sparse tree (docs/design.md, section 3) from acceptance[d][r] = P(rank r wins at depth d+1).
+    """Greedy sparse tree (docs/design.md, section 3) from acceptance[d][r] = P(rank r wins at depth d+1), of
+    size N = `budget` (the parameter keeps its name; fewer nodes where the candidates run out).
 
     A node's value is the product of acceptance along its path, i.e. the probability that it is
-    accepted; at each step the best candidate (first child or next sibling of a node already in the
-    tree) is added. Expected tokens/round = 1 + sum of values.
+    accepted; each time, the best candidate (first child or next sibling of a node already in the
+    tree) is added. Expected tokens per round (the codes a round emits: accepted + 1) = 1 + sum of values.
     """
     depth_cap, top_m = acceptance.shape
     depth_cap = min(depth_cap, max_depth or depth_cap)
@@ -162,6 +164,6 @@ PRIOR_ACCEPTANCE = prior_acceptance(DEFAULT_DEPTH)
 
 
 def default_tree(budget: int, depth: int = DEFAULT_DEPTH) -> Tree:
-    """A sparse tree of `budget` nodes, at most `depth` deep, grown from the prior; budget 3 and below give
-    chains/fans."""
+    """A sparse tree of size N = `budget` (the parameter keeps its name), at most `depth` deep, grown from the
+    prior; N = 3 and below give chains/fans."""
     return grow_tree(prior_acceptance(depth), budget)

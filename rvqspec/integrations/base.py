@@ -45,16 +45,16 @@ class RowStats:
 
 @dataclass
 class Stats:
-    """Counters over the frames rvqspec decoded (cumulative until `reset`). A step decodes one frame of every
-    row of the batch at once, in `calls` depth-decoder calls for the whole batch."""
+    """Counters over the frames rvqspec decoded (cumulative until `reset`). A step here (`steps`) is a frame step:
+    one frame of every row of the batch at once, in `calls` predictor calls for the whole batch."""
 
-    steps: int = 0
-    frames: int = 0  # rows x steps
-    calls: int = 0  # depth-decoder calls for whole batches, prefills included
+    steps: int = 0  # frame steps
+    frames: int = 0  # rows x frame steps
+    calls: int = 0  # predictor calls for whole batches, prefills included
     codes: int = 0
     row_calls: int = 0  # calls summed over rows: what each row alone would have made
     rows: list[RowStats] = field(default_factory=list)
-    tree_sizes: dict[int, int] = field(default_factory=dict)  # steps per tree size N (0: AR)
+    tree_sizes: dict[int, int] = field(default_factory=dict)  # frame steps per tree size N (0: AR)
     upstream_steps: int = 0  # frame steps left to upstream (settings rvqspec does not implement)
 
     def add(self, result: BatchResult, tree_size: int) -> None:
@@ -74,12 +74,13 @@ class Stats:
 
     @property
     def tokens_per_step(self) -> float:
-        """Codes per depth-decoder call seen from one row (a batch of B rows emits B times as many per call)."""
+        """Tokens per step, as `engine.decode.tokens_per_step` defines it, over every row decoded: codes per predictor
+        call seen from one row (a batch of B rows emits B times as many per call)."""
         return self.codes / self.row_calls if self.row_calls else 0.0
 
     @property
     def calls_per_frame(self) -> float:
-        """Depth-decoder calls per batched step (15 for Qwen3-TTS's AR, 31 for CSM's, whatever the batch)."""
+        """Predictor calls per frame step (15 for Qwen3-TTS's AR, 31 for CSM's, whatever the batch)."""
         return self.calls / self.steps if self.steps else 0.0
 
     def __str__(self) -> str:

@@ -5,8 +5,8 @@ codes [B, num_codebooks] as soon as the depth decoder has filled them; Mimi turn
     for audio, sample_rate in handle.stream(**inputs, chunk_frames=12):
         play(audio)
 
-What transformers 4.57 lacks for an exact incremental Mimi decode: `MimiModel.decode` keeps the decoder
-transformer's KV cache between calls (`decoder_past_key_values`) but not its convolutions' inputs (the
+What transformers 4.57 lacks for an exact incremental Mimi decode: `MimiModel.decode` keeps the KV cache of the
+codec's transformer between calls (`decoder_past_key_values`) but not its convolutions' inputs (the
 `padding_cache` exists for the encoder only). So each chunk is decoded with LEFT_CONTEXT_FRAMES frames of
 codes before it and cut, as upstream qwen-tts's `chunked_decode` does: an approximation of decoding the whole
 utterance at once, whose difference tests/test_csm_streaming.py states for the tiny model (no Mimi weights here).
@@ -21,7 +21,7 @@ from torch import Tensor
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.integrations.stream import Channel, ChunkClock, Turns, check_chunks, stream
 
-LEFT_CONTEXT_FRAMES = 25  # as qwen-tts's chunked_decode (its 12 Hz decoder is Mimi-like)
+LEFT_CONTEXT_FRAMES = 25  # as qwen-tts's chunked_decode (its 12 Hz codec is Mimi-like)
 
 
 class MimiRow:

@@ -196,7 +196,7 @@ def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator:
     """Route the code predictor of a qwen-tts model through `rvqspec.decode_frames` until `undo()`.
 
     `model`: a `qwen_tts.Qwen3TTSModel`, its `.model`, or its `.model.talker`. Each batched frame step of the
-    talker is one `decode_frames` call for all its rows. No drafter: plain AR (15 calls per step); with a
+    talker is one `decode_frames` call for all its rows. No drafter: plain AR (15 calls per frame step); with a
     drafter (`rvqspec.Offsets.load(path)`, `rvqspec.ReusedHeads()`, ...): `tree="auto"` lets the decoding
     policy (`rvqspec.engine.policy`) pick AR or a tree per batch size, from the call latencies `rvqspec bench --batch`
     measured on this device and the acceptance of `calibration` (an `rvqspec calibrate` folder; default: the

@@ -1,10 +1,10 @@
-"""The 12 Hz speech tokenizer's decoder run incrementally: codes in, audio out, chunk by chunk, equal to the
-whole-utterance decode.
+"""The codec (the 12 Hz speech tokenizer's decoding half) run incrementally: codes in, audio out, chunk by chunk,
+equal to the whole-utterance decode.
 
-Upstream's decoder (`qwen_tts/core/tokenizer_12hz/modeling_qwen3_tts_tokenizer_v2.py`, `Qwen3TTSTokenizerV2Decoder`)
+Upstream's codec (`qwen_tts/core/tokenizer_12hz/modeling_qwen3_tts_tokenizer_v2.py`, `Qwen3TTSTokenizerV2Decoder`)
 is causal end to end: codebook lookups per frame, causal convolutions (left zero padding, stride 1), a
 sliding-window causal transformer (window 72), transposed convolutions whose overlap reaches one input frame
-back, and pointwise activations. So the audio of frame t depends only on frames <= t, and a decoder that keeps
+back, and pointwise activations. So the audio of frame t depends only on frames <= t, and a codec that keeps
 each convolution's last inputs and the transformer's KV cache between calls computes the same samples as one
 pass over the whole utterance (float rounding aside: tests/test_streaming.py bounds the difference).
 
@@ -23,7 +23,8 @@ UPSTREAM_LEFT_CONTEXT = 25
 class StreamingCodec:
     """`decode(codes)` turns the next frames of one utterance ([frames, 16] codes) into their audio.
 
-    `decoder`: upstream's `Qwen3TTSTokenizerV2Decoder` (`speech_tokenizer.model.decoder`), shared, unchanged.
+    `decoder` (upstream's name for it): the codec, upstream's `Qwen3TTSTokenizerV2Decoder`
+    (`speech_tokenizer.model.decoder`), shared, unchanged.
     One object per utterance: it holds the convolution inputs and the attention cache of what it decoded."""
 
     def __init__(self, decoder: torch.nn.Module):
@@ -90,7 +91,8 @@ class StreamingCodec:
                      cache_position=positions).last_hidden_state
 
     def block(self, module: torch.nn.Module, hidden: Tensor) -> Tensor:
-        """One module of the upsampler or the waveform decoder; convolutions keep their history."""
+        """One module of the codec's upsampler or its waveform blocks (upstream's `decoder.decoder`); convolutions keep
+        their history."""
         name = type(module).__name__
         if name == "Qwen3TTSTokenizerV2CausalConvNet":
             return self.conv(module, hidden)

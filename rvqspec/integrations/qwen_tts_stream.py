@@ -35,7 +35,8 @@ ENTRY_POINTS = {"custom_voice": "custom_voice", "voice_design": "voice_design", 
 
 
 class Row:
-    """One text of the call: its decoder, the frames not yet decoded, and whether its EOS came."""
+    """One text of the call: its incremental codec (`StreamingCodec`), the frames not yet turned into audio, and
+    whether its EOS came."""
 
     def __init__(self, decoder: StreamingCodec, prefix: Tensor | None):
         self.decoder, self.pending, self.finished = decoder, [], False

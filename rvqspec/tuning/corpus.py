@@ -57,7 +57,7 @@ HIDDEN_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32"
 
 
 def check_codes(codes: Tensor, model) -> None:
-    """Refuse codes outside the model's vocabularies (c0: the talker's table; c1..: the codec tables)."""
+    """Refuse codes outside the model's vocabularies (c0: the talker's table; c1..: the predictor's code tables)."""
     c = model.config
     if int(codes[:, 0].max()) >= c.talker_vocab_size or int(codes[:, 1:].max()) >= c.vocab_size:
         raise RvqspecError(f"corpus codes exceed the model's vocabularies (c0 < {c.talker_vocab_size}, c1.. < "

@@ -31,7 +31,7 @@ def load_recording(path: Path, sample_rate: int | None = None):
 
     try:
         return librosa.load(path, sr=sample_rate, mono=True)
-    except Exception as e:  # decoders raise many types
+    except Exception as e:  # librosa's audio file readers raise many types
         raise RvqspecError(f"{path} cannot be decoded as audio ({type(e).__name__}): convert it to wav, or "
                            "remove it and its transcript") from None
 

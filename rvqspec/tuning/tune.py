@@ -52,7 +52,7 @@ class TuneSettings:
     minutes: float = DEFAULT_MINUTES
     epochs: int = 2
     seed: int = 0
-    budgets: tuple[int, ...] = SIZES  # the tree sizes N grown
+    budgets: tuple[int, ...] = SIZES  # the tree sizes N grown (the field keeps its old name)
     validation_fraction: float = 0.1
     offsets: str = "shared"  # or "per-position": one offset per start position and lookahead distance
     objective: str = "codes"  # the trainer's (`train.DraftLoss`): "codes" or "acceptance"
@@ -212,6 +212,7 @@ def write_report(subject: Subject, out: Path, settings: TuneSettings) -> None:
     metrics = json.loads((out / "train" / "metrics.json").read_text())
     latency = json_object(out / LATENCY, "key", "ms")  # None with --no-bench (a damaged table left there: ignored)
     identity = read_identity(out)
+    # "nodes": the grown tree's size N (a calibration row's "size" is the N asked for; fewer where candidates ran out)
     rows = [{"nodes": t["nodes"], "predicted_tokens_per_step": t["predicted_tokens_per_step"],
              "measured_tokens_per_step": t.get("measured_tokens_per_step")} for t in trees["trees"]]
     other = json.loads((out / "trees-other" / "report.json").read_text())["trees"]
