@@ -199,7 +199,7 @@ def load_trees(sizes: list[int], folder: str | None) -> dict[int, Tree]:
     missing = [n for n in sizes if not (Path(folder) / f"tree-N{n}.json").is_file()]
     if missing:
         raise RvqspecError(f"no tree-N{missing[0]}.json in {folder}: calibrate these sizes "
-                           f"(`rvqspec calibrate --budgets {','.join(map(str, sizes))}`) or pass --sizes")
+                           f"(`rvqspec calibrate --sizes {','.join(map(str, sizes))}`) or pass --sizes")
     return {n: Tree.load(Path(folder) / f"tree-N{n}.json") for n in sizes}
 
 

@@ -238,7 +238,7 @@ class Acceleration:
         if self.drafter is None:
             return "AR: no drafter"
         if self.policy is None:
-            return f"speculative with the fixed tree of {self.tree.size} nodes"
+            return f"speculative with the fixed tree of size N={self.tree.size}"
         return self.policy.explain(batch)
 
     def sampler(self, do_sample=None, top_k=None, top_p=None, temperature=None) -> Sampler:

@@ -109,13 +109,13 @@ class StreamingCodec:
             return self.conv(module.conv2, module.act2(inner)) + hidden
         if name == "SnakeBeta":
             return module(hidden)
-        raise TypeError(f"the incremental 12 Hz decoder does not know upstream's {name}: this qwen-tts version "
+        raise TypeError(f"the incremental 12 Hz codec does not know upstream's {name}: this qwen-tts version "
                         "changed its decoder (tested against qwen-tts 0.1.1)")
 
     def conv(self, module: torch.nn.Module, hidden: Tensor) -> Tensor:
         """A causal convolution (stride 1): upstream pads kernel - 1 zeros on the left; here, the last inputs."""
         if module.stride != 1:
-            raise TypeError("the incremental 12 Hz decoder expects stride-1 causal convolutions (qwen-tts 0.1.1)")
+            raise TypeError("the incremental 12 Hz codec expects stride-1 causal convolutions (qwen-tts 0.1.1)")
         keep = module.kernel_size - 1
         if keep == 0:
             return module.conv(hidden)

@@ -199,7 +199,7 @@ class Engine:
         if self.drafter is None:
             return "AR: no drafter"
         if self.policy is None:
-            return f"speculative with the fixed tree of {self.scheduler.tree.size} nodes"
+            return f"speculative with the fixed tree of size N={self.scheduler.tree.size}"
         return self.policy.explain(batch)
 
     def close(self, grace: float | None = None) -> None:
