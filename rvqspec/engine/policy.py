@@ -279,7 +279,10 @@ class Policy:
         except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             raise RvqspecError(f"{folder} is not an `rvqspec calibrate` folder (report.json with "
                                f"acceptance_per_position and its tree-N*.json): {e}") from None
-        if per_position.dim() != 3 or per_position.shape[0] != groups - 2:
+        if per_position.dim() != 3:
+            raise RvqspecError(f"{folder / 'report.json'}'s acceptance_per_position is not a table [positions, depth, "
+                               "rank]: rerun `rvqspec calibrate` into this folder")
+        if per_position.shape[0] != groups - 2:
             raise RvqspecError(f"{folder} was calibrated for {per_position.shape[0] + 2} codebooks, not {groups}")
         for n, row in rows.items():
             check_frame_calls(row.get("measured_frame_calls"), groups, folder / "report.json", n)
