@@ -337,3 +337,20 @@ class Policy:
         # where the matmuls are compute-bound: a tree-sized call costs several one-row calls, docs/cpu-fast-path.md).
         cost = self.latency.at(batch, shown) / self.latency.at(batch, 0)
         return f"{what}: a round of N={shown} costs {cost:.2f} AR steps; latency {self.latency.source}"
+
+
+def tree_for(drafter, tree: Tree | None, policy: Policy | None, batch: int) -> Tree | None:
+    """The tree that decodes a batch of `batch` frames: None (AR) without a drafter, else the policy's choice, or the
+    fixed `tree` where there is no policy."""
+    if drafter is None:
+        return None
+    return policy.tree_for(batch) if policy is not None else tree
+
+
+def explain(drafter, tree: Tree | None, policy: Policy | None, batch: int) -> str:
+    """What decodes a batch of `batch` frames (`tree_for`), and why."""
+    if drafter is None:
+        return "AR: no drafter"
+    if policy is None:
+        return f"speculative with the fixed tree of size N={tree.size}"
+    return policy.explain(batch)

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from rvqspec.engine import device_path
+from rvqspec.engine import policy as policy_choice
 from rvqspec.engine.changes import Watch, parameters_of
 from rvqspec.engine.decode import BatchResult, decode_frames
 from rvqspec.engine.errors import RvqspecError
@@ -229,17 +230,11 @@ class Acceleration:
 
     def tree_for(self, batch: int) -> Tree | None:
         """The fixed tree, or the policy's choice for this batch size (None: plain AR)."""
-        if self.drafter is None:
-            return None
-        return self.policy.tree_for(batch) if self.policy is not None else self.tree
+        return policy_choice.tree_for(self.drafter, self.tree, self.policy, batch)
 
     def explain(self, batch: int = 1) -> str:
         """What decodes a batch of `batch` frames, and why."""
-        if self.drafter is None:
-            return "AR: no drafter"
-        if self.policy is None:
-            return f"speculative with the fixed tree of size N={self.tree.size}"
-        return self.policy.explain(batch)
+        return policy_choice.explain(self.drafter, self.tree, self.policy, batch)
 
     def sampler(self, do_sample=None, top_k=None, top_p=None, temperature=None) -> Sampler:
         """The caller's settings; those left None fall back to the target's generation_config, as in HF."""

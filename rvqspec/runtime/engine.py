@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rvqspec.engine import policy as policy_choice
 from rvqspec.engine.drafters import Offsets, ReusedHeads
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.policy import Policy, measure_first_use
@@ -196,11 +197,8 @@ class Engine:
                 "tree": self.explain(max(active, 1))}
 
     def explain(self, batch: int = 1) -> str:
-        if self.drafter is None:
-            return "AR: no drafter"
-        if self.policy is None:
-            return f"speculative with the fixed tree of size N={self.scheduler.tree.size}"
-        return self.policy.explain(batch)
+        """What decodes a batch of `batch` requests' frames, and why."""
+        return policy_choice.explain(self.drafter, self.scheduler.tree, self.policy, batch)
 
     def close(self, grace: float | None = None) -> None:
         """Stop taking requests; those submitted finish within `grace` seconds (None: all of them), the rest are

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from rvqspec.engine import policy as policy_choice
 from rvqspec.engine import talker as talker_blocks
 from rvqspec.engine.decode import decode_frames
 from rvqspec.engine.errors import RvqspecError
@@ -191,9 +192,7 @@ class Scheduler:
         return codes
 
     def tree_for(self, batch: int) -> Tree | None:
-        if self.drafter is None:
-            return None
-        return self.policy.tree_for(batch) if self.policy is not None else self.tree
+        return policy_choice.tree_for(self.drafter, self.tree, self.policy, batch)
 
     def leave(self, index: int, error: BaseException | None = None) -> None:
         """Row `index` leaves: its request ends (with `error`), the last row takes its place (in the cache too)."""
