@@ -13,7 +13,7 @@ import torch
 from rvqspec import ReusedHeads, RvqspecError, default_tree
 from rvqspec.runtime import Engine, QueueFull
 
-from helpers.engines import GREEDY, STANDIN_GREEDY, never_ending
+from helpers.engines import GREEDY, never_ending
 from helpers.standin import tiny_standin
 from helpers.upstream_models import upstream_available
 
@@ -43,7 +43,7 @@ def requests_of(model: str) -> tuple[str, list[dict]]:
     counts frames)."""
     if model == "standin":
         texts = [("Guten Tag, wie geht's?", "de"), ("¿Qué tal?", "es"), ("hello there", "en"), ("Привет.", "ru")]
-        arguments = [dict(text=text, language=lang, **STANDIN_GREEDY) for text, lang in texts]
+        arguments = [dict(text=text, language=lang, **GREEDY) for text, lang in texts]
         arguments[2]["max_new_tokens"], arguments[3]["max_new_tokens"] = 3, 7
         return "speech", arguments
     texts = ["hello there", "a second line", "yes", "one more sentence"]
@@ -227,7 +227,7 @@ def test_a_bad_prompt_fails_its_own_request_and_the_engine_serves_the_others(tts
     with Engine(standin, drafter=None) as engine:
         with pytest.raises(RvqspecError, match="non-empty"):
             engine.submit("speech", text="  ", language="en")
-        assert len(engine.submit("speech", text="hi", language="en", max_new_tokens=3, **STANDIN_GREEDY).wait(WAIT))
+        assert len(engine.submit("speech", text="hi", language="en", max_new_tokens=3, **GREEDY).wait(WAIT))
 
 
 def test_an_internal_error_fails_that_steps_requests_not_the_engine(tts, monkeypatch):

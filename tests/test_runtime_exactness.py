@@ -24,7 +24,7 @@ from helpers.upstream_models import upstream_available
 if not upstream_available():
     pytest.skip("qwen-tts reference not installed: run `make install`", allow_module_level=True)
 
-from helpers.engines import (GREEDY, KINDS, STANDIN_GREEDY, c0_pair_probs, decoded_codes, engine_states,  # noqa: E402
+from helpers.engines import (GREEDY, KINDS, c0_pair_probs, decoded_codes, engine_states,  # noqa: E402
                              g_test, hf_processors, predictor_pair_probs, repeats, talker_settings, upstream_states)
 from helpers.upstream_tts import tiny_qwen3_tts, tiny_tts_config_dict, write_wav  # noqa: E402
 
@@ -125,7 +125,7 @@ def test_stand_in_greedy_codes_are_synthesize_codes(speculative):
                 for text, lang in STANDIN_TEXTS]
     assert min(len(codes) for codes in expected) < 5 < max(len(codes) for codes in expected)
     with Engine(tts, **(SPECULATIVE if speculative else {"drafter": None})) as engine:
-        requests = [engine.submit("speech", text=text, language=lang, **STANDIN_GREEDY) for text, lang in STANDIN_TEXTS]
+        requests = [engine.submit("speech", text=text, language=lang, **GREEDY) for text, lang in STANDIN_TEXTS]
         codes = [request.wait() for request in requests]
     mismatched = [lang for (_, lang), mine, theirs in zip(STANDIN_TEXTS, codes, expected) if not torch.equal(mine, theirs)]
     assert not mismatched

@@ -25,7 +25,9 @@ from rvqspec.standin.synthesis import max_frames_for
 from rvqspec.standin.talker import StandinTTS
 
 KIND = "speech"  # the stand-in's one entry point: text and language
-SAMPLING = ("do_sample", "temperature", "top_k", "top_p")  # the talker's; subtalker_* the predictor's (qwen-tts names)
+# Sampler field: (the talker's setting, the predictor's), under qwen-tts's names
+SAMPLING = {"do_sample": ("do_sample", "subtalker_dosample"), "temperature": ("temperature", "subtalker_temperature"),
+            "top_k": ("top_k", "subtalker_top_k"), "top_p": ("top_p", "subtalker_top_p")}
 
 
 class StandinModel:
@@ -72,8 +74,7 @@ class StandinModel:
     def prompts(self, kind: str, arguments: dict) -> list[Prompt]:
         if kind != KIND:
             raise RvqspecError(f"the stand-in decodes {KIND!r} requests (text, language), not {kind!r}")
-        unknown = set(arguments) - {"text", "language", "max_new_tokens", *SAMPLING, *(f"subtalker_{name}" for name
-                                                                                        in SAMPLING)}
+        unknown = set(arguments) - {"text", "language", "max_new_tokens", *sum(SAMPLING.values(), ())}
         if unknown:
             raise RvqspecError(f"the stand-in does not take {', '.join(sorted(unknown))}: pass text, language and "
                                "sampling settings")
@@ -87,15 +88,16 @@ class StandinModel:
             raise RvqspecError(f"text of {len(text.encode())} bytes is too long for the stand-in: split it into "
                                "sentences")
         prompt = Prompt(embeds=embeds, positions=self.tts.prefix_positions(len(embeds)),
-                        frame_positions=frame_positions, rules=TalkerRules(self.sampler(arguments, ""), self.tts.config.codec_eos_token_id,
+                        frame_positions=frame_positions, rules=TalkerRules(self.sampler(arguments, 0), self.tts.config.codec_eos_token_id,
                                           self.allowed, min_new_tokens=1),
-                        sampler=self.sampler(arguments, "subtalker_"), max_new_tokens=max_frames + 1)
+                        sampler=self.sampler(arguments, 1), max_new_tokens=max_frames + 1)
         return [prompt]
 
     @staticmethod
-    def sampler(arguments: dict, prefix: str) -> Sampler:
-        """The stand-in's default Sampler, with the settings given under `prefix`."""
-        given = {name: arguments[prefix + name] for name in SAMPLING if arguments.get(prefix + name) is not None}
+    def sampler(arguments: dict, which: int) -> Sampler:
+        """The stand-in's default Sampler with the settings given for the talker (`which` 0) or the predictor (1)."""
+        given = {field: arguments[names[which]] for field, names in SAMPLING.items()
+                 if arguments.get(names[which]) is not None}
         return Sampler(**given)
 
     def new_stream(self, prompt: Prompt) -> AudioStream:

@@ -5,7 +5,6 @@ import contextlib
 import itertools
 from dataclasses import replace
 
-import scipy.stats
 import torch
 
 from rvqspec.engine.sampling import Sampler
@@ -13,9 +12,9 @@ from rvqspec.integrations.qwen_tts import predictor_from_upstream
 from rvqspec.tuning.qwen_tts_corpus import teacher_forced_hidden
 
 from helpers.upstream_models import upstream_generate  # noqa: I001
+from test_distribution import g_test as distribution_g_test
 
 GREEDY = dict(do_sample=False, subtalker_dosample=False)  # qwen-tts's names
-STANDIN_GREEDY = dict(do_sample=False, subtalker_do_sample=False)  # the stand-in's (runtime/standin.py)
 KINDS = {"custom_voice": "custom_voice", "voice_design": "voice_design", "base": "voice_clone"}  # model type: kind
 
 
@@ -136,15 +135,8 @@ def predictor_pair_probs(tts, hidden: torch.Tensor, c0: int, sampler) -> torch.T
 
 
 def g_test(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """p-value of a G-test of `counts` against `probs` (cells expected below 5 pooled); an outcome of probability
-    zero that occurs fails at once (p 0)."""
+    """test_distribution's G-test, where an outcome of probability zero that occurs fails at once (p 0) instead of
+    asserting: the power tests feed it the counts of a wrong rule."""
     if counts[probs == 0].sum() > 0:
         return 0.0
-    expected = probs * counts.sum()
-    big, small = expected >= 5, (expected < 5) & (probs > 0)
-    observed, wanted = counts[big].double(), expected[big]
-    if small.any():
-        observed = torch.cat([observed, counts[small].sum(0, keepdim=True).double()])
-        wanted = torch.cat([wanted, expected[small].sum(0, keepdim=True)])
-    wanted = wanted * observed.sum() / wanted.sum()
-    return float(scipy.stats.power_divergence(observed.numpy(), wanted.numpy(), lambda_="log-likelihood").pvalue)
+    return distribution_g_test(counts, probs)
