@@ -543,8 +543,10 @@ def to_markdown(report: dict) -> str:
                          f"{f['w8a8_streamed_over_ar']:.2f}x")
         for name in ("engine:whole", "engine-n32:whole", "engine-w8a8:whole", "engine:stream", "engine-w8a8:stream"):
             if f"{name}_over_upstream" in f:
-                lines.append(f"- {name} over upstream (whole): {f[f'{name}_over_upstream']:.2f}x; over accelerate "
-                             f"speculative:whole: {f.get(f'{name}_over_accelerate', float('nan')):.2f}x")
+                over_accelerate = f.get(f"{name}_over_accelerate")
+                lines.append(f"- {name} over upstream (whole): {f[f'{name}_over_upstream']:.2f}x" + (
+                    "" if over_accelerate is None or over_accelerate != over_accelerate  # not run: NaN
+                    else f"; over accelerate speculative:whole: {over_accelerate:.2f}x"))
         lines.append("")
     step = report.get("talker_step")
     if step:
