@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from rvqspec.engine.checkpoint import layers_layout
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.model import Block, KVCache, RMSNorm, RotaryEmbedding, init_weights, run_layers
 from rvqspec.engine.packing import Linear
@@ -71,6 +72,21 @@ class Talker(nn.Module):
     def device(self) -> torch.device:
         return self.norm.weight.device
 
+    @classmethod
+    def from_official(cls, config: TalkerConfig, tensors: dict[str, Tensor], prefix: str, head: str) -> "Talker":
+        """A Talker (eval, frozen) holding upstream's tensors (a state_dict): its layers under `prefix`
+        (`checkpoint.layers_layout`), its c0 head under `head`; on their device and dtype. Single tensors are shared,
+        not copied; q/k/v and gate/up are concatenated (copies: one matmul each, as in the predictor)."""
+        state = {native: tensors[parts[0][0]] if len(parts) == 1 else torch.cat([tensors[name] for name, _ in parts])
+                 for native, (_, parts) in layers_layout(config, prefix).items()}
+        state["codec_head.weight"] = tensors[head]
+        with torch.device("meta"):  # no random init of weights about to be replaced (0.6B: seconds)
+            model = cls(config)
+        model.load_state_dict(state, assign=True)
+        c = config
+        model.rope = RotaryEmbedding(c.head_dim, c.rope_theta, c.max_position_embeddings, c.rope_scaling)  # computed
+        return model.to(tensors[head].device).eval().requires_grad_(False)
+
     def forward(self, x: Tensor, positions: Tensor, mask: Tensor, cache: KVCache, slots: Tensor) -> Tensor:
         """Final-norm hidden states [B, T, H] (arguments: `model.run_layers`)."""
         return run_layers(self, x, positions, mask, cache, slots)
@@ -102,8 +118,8 @@ class RowCache:
         have_rows, have_slots = self.kv.kv.shape[2], self.kv.slots
         if rows <= have_rows and slots <= have_slots:
             return
-        bigger = self.new(max(rows, 2 * have_rows if rows > have_rows else have_rows),
-                          max(round_slots(slots), have_slots + GROW_SLOTS if slots > have_slots else have_slots))
+        bigger = self.new(have_rows if rows <= have_rows else max(rows, 2 * have_rows),
+                          have_slots if slots <= have_slots else max(round_slots(slots), have_slots + GROW_SLOTS))
         used = max(self.lengths, default=0)
         bigger.kv[:, :, :self.rows, :, :used] = self.kv.kv[:, :, :self.rows, :, :used]
         self.kv = bigger

@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from rvqspec.engine.checkpoint import CSM_DEPTH, CSM_TIED_TABLES, layers_layout, official_layout, official_state_dict
+from rvqspec.engine.checkpoint import CSM_DEPTH, CSM_TIED_TABLES, official_layout, official_state_dict
 from rvqspec.engine.config import config_from_csm, csm_config_dict
 from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.model import MultiCodeDecoder, RotaryEmbedding
+from rvqspec.engine.model import MultiCodeDecoder
 from rvqspec.engine.talker import Talker, TalkerConfig
 from rvqspec.engine.tree import Tree
 from rvqspec.integrations.base import AccelerateOptions, Acceleration
@@ -63,15 +63,7 @@ def talker_from_csm(model) -> Talker:
                           c.num_key_value_heads, getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
                           c.vocab_size, c.rms_norm_eps, c.rope_theta, c.max_position_embeddings, qk_norm=False,
                           rope_scaling=scaling)
-    upstream = model.state_dict()
-    state = {native: upstream[parts[0][0]] if len(parts) == 1 else torch.cat([upstream[name] for name, _ in parts])
-             for native, (_, parts) in layers_layout(config, "backbone_model.").items()}
-    state["codec_head.weight"] = upstream["lm_head.weight"]
-    with torch.device("meta"):  # no random init of weights about to be replaced
-        talker = Talker(config)
-    talker.load_state_dict(state, assign=True)
-    talker.rope = RotaryEmbedding(config.head_dim, c.rope_theta, c.max_position_embeddings, scaling)  # computed
-    return talker.to(model.lm_head.weight.device).eval().requires_grad_(False)
+    return Talker.from_official(config, model.state_dict(), "backbone_model.", "lm_head.weight")
 
 
 def upstream_depth_decoder(model: MultiCodeDecoder) -> torch.nn.Module:

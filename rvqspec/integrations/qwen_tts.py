@@ -27,10 +27,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from rvqspec.engine.checkpoint import layers_layout, official_layout, official_state_dict
+from rvqspec.engine.checkpoint import official_layout, official_state_dict
 from rvqspec.engine.config import config_from_upstream
 from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.model import MultiCodeDecoder, RotaryEmbedding
+from rvqspec.engine.model import MultiCodeDecoder
 from rvqspec.engine.talker import Talker, TalkerConfig
 from rvqspec.engine.tree import Tree
 from rvqspec.integrations.base import AccelerateOptions, Acceleration
@@ -97,16 +97,7 @@ def talker_from_upstream(talker) -> Talker:
                           c.num_key_value_heads, getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
                           c.vocab_size, c.rms_norm_eps, c.rope_theta,
                           c.max_position_embeddings)
-    upstream = talker.state_dict()
-    state = {native: upstream[parts[0][0]] if len(parts) == 1 else torch.cat([upstream[name] for name, _ in parts])
-             for native, (_, parts) in layers_layout(config, "model.").items()}
-    state["codec_head.weight"] = upstream["codec_head.weight"]
-    weight = talker.codec_head.weight
-    with torch.device("meta"):  # no random init of weights about to be replaced (0.6B: seconds)
-        model = Talker(config)
-    model.load_state_dict(state, assign=True)
-    model.rope = RotaryEmbedding(config.head_dim, c.rope_theta, c.max_position_embeddings)  # its tables, computed
-    return model.to(weight.device).eval().requires_grad_(False)
+    return Talker.from_official(config, talker.state_dict(), "model.", "codec_head.weight")
 
 
 class QwenTTSAcceleration(Acceleration):

@@ -73,10 +73,8 @@ class Engine:
             else:
                 policy = measured_policy(predictor, calibration)
         self.policy, self.drafter = policy, drafter
-        seed = random.SystemRandom().getrandbits(62) if seed is None else seed
-        generator = torch.Generator(predictor.device).manual_seed(seed)
         self.scheduler = Scheduler(self.model, drafter, tree if isinstance(tree, Tree) else None, policy,
-                                   max_batch, max_queue, generator)
+                                   max_batch, max_queue, seeded(seed, predictor.device))
         # An engine dropped without close(): its thread ends with it (cancelling what it still decodes).
         self.finalizer = weakref.finalize(self, self.scheduler.close, 0)
 
@@ -121,9 +119,8 @@ class Engine:
         return self.submit(kind, seed=seed, **arguments, **{k: v for k, v in sampling.items() if v is not None})
 
     def enqueue(self, prompt, seed: int | None) -> Request:
-        seed = random.SystemRandom().getrandbits(62) if seed is None else seed
-        generator = torch.Generator(self.model.predictor.device).manual_seed(seed)
-        request = Request(prompt, lambda: self.model.new_stream(prompt), self.sample_rate, self.chunks, generator)
+        request = Request(prompt, lambda: self.model.new_stream(prompt), self.sample_rate, self.chunks,
+                          seeded(seed, self.model.predictor.device))
         self.scheduler.submit(request)
         return request
 
@@ -211,6 +208,11 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close(grace=0 if exc[0] is not None else None)
+
+
+def seeded(seed: int | None, device: torch.device) -> torch.Generator:
+    """A generator on `device` seeded with `seed`, or with fresh entropy where there is none."""
+    return torch.Generator(device).manual_seed(random.SystemRandom().getrandbits(62) if seed is None else seed)
 
 
 def measured_policy(predictor, calibration) -> Policy:

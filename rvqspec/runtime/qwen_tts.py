@@ -151,8 +151,7 @@ class QwenTTSModel:
                           top_k=int(get("subtalker_top_k") or 0), top_p=float(get("subtalker_top_p") or 1.0))
         return Prompt(embeds=embeds, positions=torch.arange(len(embeds), device=embeds.device),
                       frame_positions=list(range(len(embeds), len(embeds) + max_new_tokens)), rules=rules,
-                      sampler=sampler,
-                      max_new_tokens=max_new_tokens, text=captured["trailing_text_hidden"][row],
+                      sampler=sampler, max_new_tokens=max_new_tokens, text=captured["trailing_text_hidden"][row],
                       pad=captured["tts_pad_embed"].reshape(-1), prefix=self.reference_codes(captured, row))
 
     def allowed(self, suppressed: list[int]) -> Tensor:

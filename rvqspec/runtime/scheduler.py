@@ -49,7 +49,8 @@ class Row:
 
 
 class Scheduler:
-    """Runs `model` (a `runtime.models` adapter) over every submitted request, in a thread of its own."""
+    """Runs `model` (a model adapter: the interface in runtime/standin.py) over every submitted request, in a thread
+    of its own."""
 
     def __init__(self, model, drafter, tree: Tree | None, policy: Policy | None, max_batch: int, max_queue: int,
                  generator: torch.Generator):
