@@ -268,21 +268,23 @@ def test_talker_prefill_and_steps_are_upstreams_forward_in_float64():
     with torch.no_grad():
         reference = upstream.model(inputs_embeds=inputs, attention_mask=mask, position_ids=positions,
                                    use_cache=False).last_hidden_state[0]
-    cache = talker_blocks.RowCache(ours)
-    row = cache.add()
-    states = [talker_blocks.prefill(ours, cache, row, inputs[0, :length], torch.arange(length))]
-    for t in range(length, length + frames):
-        states.append(talker_blocks.step(ours, cache, inputs[0, t][None], torch.tensor([t]))[0])
-    torch.testing.assert_close(torch.stack(states), reference[length - 1:], atol=1e-12, rtol=0)
-    torch.testing.assert_close(ours.codec_head(states[-1]), upstream.codec_head(reference[-1]), atol=1e-12, rtol=0)
-    with torch.inference_mode():  # as the engine's thread runs it: the fused CPU kernels where built
+
+    def prefill_and_steps() -> torch.Tensor:
+        """The prompt's last state, then one per step: the prefill and the steps on a fresh one-row cache."""
         cache = talker_blocks.RowCache(ours)
         row = cache.add()
-        fused = [talker_blocks.prefill(ours, cache, row, inputs[0, :length], torch.arange(length))]
+        states = [talker_blocks.prefill(ours, cache, row, inputs[0, :length], torch.arange(length))]
         for t in range(length, length + frames):
-            fused.append(talker_blocks.step(ours, cache, inputs[0, t][None], torch.tensor([t]))[0])
+            states.append(talker_blocks.step(ours, cache, inputs[0, t][None], torch.tensor([t]))[0])
+        return torch.stack(states)
+
+    states = prefill_and_steps()
+    torch.testing.assert_close(states, reference[length - 1:], atol=1e-12, rtol=0)
+    torch.testing.assert_close(ours.codec_head(states[-1]), upstream.codec_head(reference[-1]), atol=1e-12, rtol=0)
+    with torch.inference_mode():  # as the engine's thread runs it: the fused CPU kernels where built
+        fused = prefill_and_steps()
     # upstream's RMSNorm normalises in float32 even in float64; the fused kernel sums the squares in another order
-    torch.testing.assert_close(torch.stack(fused), reference[length - 1:], atol=1e-6, rtol=0)
+    torch.testing.assert_close(fused, reference[length - 1:], atol=1e-6, rtol=0)
 
 
 def test_a_removed_row_leaves_the_others_as_a_fresh_cache_of_them_would():
