@@ -19,7 +19,7 @@ import torch
 from rvqspec import MultiCodeDecoder, RvqspecError, quantize
 from rvqspec.engine import cpu_class, device_path, fused, packing
 from rvqspec.engine.config import PredictorConfig
-from rvqspec.engine.quantize import ZERO_POINT, Int8Matmul, quantize_tokens
+from rvqspec.engine.quantize import ZERO_POINT, Int8Matmul, int8_kernels, quantize_tokens, w8a8_kernel
 
 ROOT = Path(__file__).resolve().parents[1]
 AVX2_CAP = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}  # a Zen 3 / older Intel client
@@ -66,22 +66,26 @@ def test_the_fused_kernels_are_compiled_for_the_class(monkeypatch):
     assert "-mprefer-vector-width=512" in fused.cflags() and fused.build_name() != capped
 
 
-def test_w8a8_is_refused_where_the_class_has_no_int8_dot_products(monkeypatch):
+def test_w8a8_takes_rvqspecs_kernel_without_int8_dot_products_and_is_refused_without_avx2(monkeypatch):
     model = MultiCodeDecoder(PredictorConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                              num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=16,
                                              num_code_groups=4, talker_hidden_size=32, talker_vocab_size=19))
-    monkeypatch.setattr(cpu_class, "cpu_class", lambda: "avx2")
-    with pytest.raises(RvqspecError, match=r"w8a8 needs int8 dot-product instructions .*saturating 16-bit .* "
-                                           r"[0-9.]+x the time of a float32 matmul .* use w8a16"):
+    monkeypatch.setattr(cpu_class, "cpu_class", lambda: "arm")
+    with pytest.raises(RvqspecError, match=r"w8a8 needs int8 dot-product instructions \(VNNI, AMX\) or rvqspec's AVX2 "
+                                           r"int8 kernel, .*: keep the float weights"):
         quantize(model, "w8a8")
     assert quantize(model, "w8a16").weights == "w8a16"
+    if int8_kernels() is not None:
+        monkeypatch.setattr(cpu_class, "cpu_class", lambda: "avx2")
+        assert w8a8_kernel() == "avx2" and quantize(model, "w8a8").weights == "w8a8"
 
 
-@pytest.mark.skipif(not cpu_class.has_int8_dot(), reason="w8a8 needs int8 dot products (VNNI or AMX)")
+@pytest.mark.skipif(w8a8_kernel() is None, reason="w8a8 needs int8 dot products or rvqspec's AVX2 kernel")
 @pytest.mark.parametrize("width", [1024, 3072])
 def test_w8a8_rows_are_exact_integer_products_alone_and_in_a_verify_call(width):
     """The int32 dot products, scaled per output channel and per token: what each row gets, whether it is alone
-    (the AR step, M = 1, where oneDNN has a kernel of its own) or one of 33 rows (a verify call)."""
+    (the AR step, M = 1, where oneDNN has a kernel of its own) or one of 33 rows (a verify call); on this class's
+    w8a8 kernel (oneDNN's or rvqspec's)."""
     generator = torch.Generator().manual_seed(width)
     weight, x = torch.randn(256, width, generator=generator), torch.randn(33, width, generator=generator) * 4
     x[3] = 127 * x[3].sign()  # a loud token: pairs of large products that would saturate 16-bit sums
@@ -152,10 +156,10 @@ def test_another_thread_count_reads_its_own_choices(monkeypatch):
 def test_the_exactness_tests_pass_under_an_isa_cap():
     """Greedy identity (float64, quantized), the matmul row invariance and the enumerated G-tests (bfloat16 too),
     rerun as the AVX2 class (ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2): other kernels, fused kernels built without AVX-512,
-    w8a8 refused."""
+    w8a8 on rvqspec's int8 kernel (tests/test_int8.py too)."""
     tests = ["tests/test_cpu_classes.py", "tests/test_speculative.py", "tests/test_distribution.py",
-             "tests/test_quantize.py"]
-    chosen = "test_cpu_classes or test_quantize or greedy or matches_enumeration"  # not the G-test's own power tests
+             "tests/test_quantize.py", "tests/test_int8.py"]
+    chosen = "test_cpu_classes or test_quantize or test_int8 or greedy or matches_enumeration"  # not the G-test's own power tests
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-k", chosen, *tests],
                          env=os.environ | AVX2_CAP | {CAPPED: "1"}, capture_output=True, text=True, cwd=ROOT,
                          timeout=600)

@@ -9,17 +9,17 @@ import torch
 from test_distribution import DEPLOYED, FULL, g_test
 
 from rvqspec import MultiCodeDecoder, RvqspecError, Sampler, Tree, decode_frame, decode_frames, default_tree, quantize
-from rvqspec.engine import cpu_class
 from rvqspec.engine.drafters import ReusedHeads, make_drafter
 from rvqspec.engine.quantize import (SCHEMES, ZERO_POINT, Int8Matmul, QuantizedLinear, quantize_linears,
-                                     quantize_tokens, restore_linears)
+                                     quantize_tokens, restore_linears, w8a8_kernel)
 
 from helpers.tiny import random_frames, random_medusa, random_offsets, tiny_model
 
 GREEDY = Sampler(do_sample=False)
 DTYPES = (torch.float32, torch.bfloat16)
-# w8a8 needs int8 dot products (refused on other CPU classes: test_cpu_classes.py); HERE: each scheme, so marked.
-needs_w8a8 = pytest.mark.skipif(not cpu_class.has_int8_dot(), reason="w8a8 needs int8 dot products (VNNI or AMX)")
+# w8a8 needs int8 dot products or rvqspec's AVX2 kernel (refused elsewhere: test_cpu_classes.py); HERE: each scheme,
+# so marked.
+needs_w8a8 = pytest.mark.skipif(w8a8_kernel() is None, reason="w8a8 needs int8 dot products or rvqspec's AVX2 kernel")
 HERE = [pytest.param(s, marks=needs_w8a8) if s == "w8a8" else s for s in SCHEMES]
 
 

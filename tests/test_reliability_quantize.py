@@ -13,18 +13,18 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 
 import rvqspec
 from rvqspec import RvqspecError, Sampler, Tree, decode_frames, quantize
-from rvqspec.engine import cpu_class
 from rvqspec.engine.drafters import ReusedHeads
-from rvqspec.engine.quantize import SCHEMES, Int8Matmul, QuantizedLinear, quantize_linears, quantize_rows
+from rvqspec.engine.quantize import SCHEMES, Int8Matmul, QuantizedLinear, quantize_linears, quantize_rows, w8a8_kernel
 
 from helpers.csm_models import tiny_csm
 from helpers.tiny import random_frames, tiny_model
 
 GREEDY = Sampler(do_sample=False)
-INT8_DOT = cpu_class.has_int8_dot()  # w8a8 is refused on CPUs without int8 dot products
-RUNNABLE = [pytest.param(s, marks=pytest.mark.skipif(not INT8_DOT, reason="w8a8 needs int8 dot products"))
+W8A8 = w8a8_kernel() is not None  # w8a8 is refused without int8 dot products or rvqspec's AVX2 kernel
+RUNNABLE = [pytest.param(s, marks=pytest.mark.skipif(not W8A8, reason="w8a8 needs int8 dot products or rvqspec's "
+                                                                       "AVX2 kernel"))
             if s == "w8a8" else s for s in SCHEMES]
-CONFIG = dict(vocab=24, talker_hidden=48)  # heads of 24 rows: w8a16 pads them; an input projection (float)
+CONFIG = dict(vocab=24, talker_hidden=48)  # heads of 24 rows: w8a16 pads them; an input projection (int8 too)
 
 
 def frames(model, count: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,7 +65,7 @@ def test_the_state_dict_holds_the_int8_weights_and_loads_them_exactly(scheme):
     state, floats = quantized.state_dict(), float_model.state_dict()
     assert bytes(state["scheme"].tolist()).decode() == scheme and state["scheme"].dtype == torch.uint8
     linears = [name for name, m in quantized.named_modules() if isinstance(m, QuantizedLinear)]
-    assert len(linears) == 4 * 2
+    assert len(linears) == 4 * 2 + 1  # each layer's 4 and the input projection
     entries = [(f"{n}.weight_int8", f"{n}.weight_scale", f"{n}.weight") for n in linears]
     for int8, scale, weight in entries + [("heads_int8", "heads_scale", "heads")]:
         rows = floats[weight].reshape(-1, floats[weight].shape[-1])
@@ -76,7 +76,7 @@ def test_the_state_dict_holds_the_int8_weights_and_loads_them_exactly(scheme):
         assert torch.equal(state[scale].reshape(-1), expected_scale)
     assert set(state) - set(floats) == {"scheme"} | {key for entry in entries for key in entry[:2]} | {
         "heads_int8", "heads_scale"}
-    assert all(torch.equal(state[k], v) for k, v in floats.items() if k in state)  # norms, tables, projection
+    assert all(torch.equal(state[k], v) for k, v in floats.items() if k in state)  # norms, tables
 
     other = quantize(tiny_model(seed=2, dtype=torch.float32, **CONFIG), scheme)
     before = codes(other, inputs)  # w8a8: packs other's weights for oneDNN, which loading must drop
@@ -157,7 +157,7 @@ def poisoned(value: float, where: str):
 def test_non_finite_weights_are_refused_when_quantized_naming_the_tensor():
     for value, where, kind in [(float("nan"), "layers.1.mlp.w_down.weight", "NaN"), (float("inf"), "heads", "inf"),
                                (-float("inf"), "code_embed.weight", "inf")]:
-        for scheme in SCHEMES if INT8_DOT else ("w8a16",):
+        for scheme in SCHEMES if W8A8 else ("w8a16",):
             with pytest.raises(RvqspecError, match=rf"^{where} holds {kind}: 1 of its \d+ values are not finite; "
                                                    "quantize a model with finite weights"):
                 quantize(poisoned(value, where), scheme)

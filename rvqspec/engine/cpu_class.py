@@ -97,6 +97,11 @@ def has_int8_dot() -> bool:
     return cpu_class() in INT8_DOT
 
 
+def has_avx2() -> bool:
+    """AVX2 and FMA under the caps (every x86 class above "other"): where rvqspec's int8 kernels run (`int8.cpp`)."""
+    return cpu_class() in NEEDS
+
+
 def describe() -> str:
     """One line: model, class and the caps in force, e.g. "AMD EPYC 9R14: avx512-vnni-bf16"."""
     caps = [f"{name}={os.environ[name]}" for name in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY") if os.environ.get(name)]

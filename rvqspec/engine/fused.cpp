@@ -15,34 +15,11 @@
 #include <cstring>
 #include <limits>
 
+#include "kernels.h"
+
 namespace {
 
-constexpr int64_t GRAIN_ELEMENTS = 1 << 15;  // rows per task: at least this many elements (small calls: 1 task)
-
-int64_t grain(int64_t width) { return std::max<int64_t>(1, GRAIN_ELEMENTS / std::max<int64_t>(width, 1)); }
-
-// Loads and stores in plain C (bit operations for bfloat16, round to nearest even), so that gcc vectorises
-// the loops; c10's conversions carry a NaN branch that keeps them scalar.
-template <typename T, typename A> inline A load(const T* p, int64_t i) { return static_cast<A>(p[i]); }
-template <typename T, typename A> inline void store(T* p, int64_t i, A v) { p[i] = static_cast<T>(v); }
-template <> inline float load<c10::BFloat16, float>(const c10::BFloat16* p, int64_t i) {
-  uint32_t bits = static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(p)[i]) << 16;
-  float v;
-  std::memcpy(&v, &bits, sizeof v);
-  return v;
-}
-template <> inline void store<c10::BFloat16, float>(c10::BFloat16* p, int64_t i, float v) {
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof bits);
-  bits += 0x7FFFu + ((bits >> 16) & 1u);  // round to nearest even (finite values; NaN is not expected here)
-  reinterpret_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(bits >> 16);
-}
-// v rounded to the dtype T and back (the roundings of the plain path).
-template <typename T, typename A> inline A round_to(A v) {
-  T t;
-  store<T, A>(&t, 0, v);
-  return load<T, A>(&t, 0);
-}
+using namespace rvqspec;
 
 // exp(x) with Cephes' range reduction and polynomial (~1 ulp in float); plain C so that gcc vectorises it.
 inline float vexp(float x) {
@@ -210,68 +187,6 @@ at::Tensor qkv_rope(const at::Tensor& qkv_, const c10::optional<at::Tensor>& q_w
   return q;
 }
 
-// w8a8's per-token int8 (engine/quantize.py): per row, s = max(max|x|, 1e-12) / 127 and q = round_half_even(x / s),
-// stored as the unsigned byte q + 128 (oneDNN's VNNI kernels multiply unsigned by signed bytes straight into int32),
-// in float32 as the plain ops compute it (the same bits). Both loops vectorise: max is exact in any order;
-// |x / s| <= 127 (1 + 2^-23) since |x| <= max|x|, so it rounds into [-127, 127] and a clamp would be a no-op (left
-// out: with it gcc's loop ran 5x slower); adding and taking away 1.5 * 2^23 rounds half to even as nearbyint does
-// (|v| < 2^22; gcc keeps the pair without -ffast-math). A row holding NaN or inf (x * 0 summed is NaN then) gets
-// scale NaN and q = 128 (zero), so its output is NaN, as in the plain ops. The scalar loop cost ~1.3 ms of a
-// 33-row verify call.
-std::vector<at::Tensor> quantize_rows(const at::Tensor& x_) {
-  auto x = x_.contiguous();
-  const int64_t d = x.size(-1), rows = x.numel() / d;
-  auto q = at::empty({rows, d}, x.options().dtype(at::kByte));
-  auto scale = at::empty({rows, 1}, x.options().dtype(at::kFloat));
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "quantize_rows", [&] {
-    const scalar_t* px = x.data_ptr<scalar_t>();
-    uint8_t* pq = q.data_ptr<uint8_t>();
-    float* ps = scale.data_ptr<float>();
-    at::parallel_for(0, rows, grain(d), [&](int64_t begin, int64_t end) {
-      constexpr float ROUND = 12582912.f;  // 1.5 * 2^23
-      for (int64_t r = begin; r < end; ++r) {
-        float top = 0, finite = 0;
-        _Pragma("omp simd reduction(max : top) reduction(+ : finite)")  // _Pragma: this code is inside a macro
-        for (int64_t i = 0; i < d; ++i) {
-          const float v = load<scalar_t, float>(px, r * d + i);
-          top = std::max(top, std::fabs(v));
-          finite += v * 0.f;
-        }
-        if (std::isnan(finite)) {
-          ps[r] = std::numeric_limits<float>::quiet_NaN();
-          std::memset(pq + r * d, 128, d);
-          continue;
-        }
-        const float s = std::max(top, 1e-12f) / 127.f;
-        ps[r] = s;
-        _Pragma("omp simd")
-        for (int64_t i = 0; i < d; ++i) {
-          const float v = load<scalar_t, float>(px, r * d + i) / s;
-          pq[r * d + i] = static_cast<uint8_t>(static_cast<int32_t>((v + ROUND) - ROUND) + 128);
-        }
-      }
-    });
-  });
-  return {q, scale};
-}
-
-// w8a8's way back: out = acc * scale (per row, float32), rounded to the dtype of `like`.
-at::Tensor scale_rows(const at::Tensor& acc_, const at::Tensor& scale_, const at::Tensor& like) {
-  auto acc = acc_.contiguous(), scale = scale_.contiguous();
-  TORCH_CHECK(acc.scalar_type() == at::kFloat && scale.scalar_type() == at::kFloat && acc.dim() == 2);
-  const int64_t rows = acc.size(0), n = acc.size(1);
-  auto out = at::empty({rows, n}, acc.options().dtype(like.scalar_type()));
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "scale_rows", [&] {
-    const float *pa = acc.data_ptr<float>(), *ps = scale.data_ptr<float>();
-    scalar_t* po = out.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, grain(n), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r)
-        for (int64_t i = 0; i < n; ++i) store<scalar_t, float>(po, r * n + i, pa[r * n + i] * ps[r]);
-    });
-  });
-  return out;
-}
-
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -279,6 +194,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm);
   m.def("silu_mul", &silu_mul);
   m.def("qkv_rope", &qkv_rope);
-  m.def("quantize_rows", &quantize_rows);
-  m.def("scale_rows", &scale_rows);
+  m.def("quantize_rows", &rvqspec::quantize_rows);
+  m.def("scale_rows", &rvqspec::scale_rows);
+  m.def("has_int8_gemm", &rvqspec::has_int8_gemm);
+  m.def("int8_linear", &rvqspec::int8_linear);
+  m.def("w8a16_linear", &rvqspec::w8a16_linear);
 }

@@ -30,7 +30,8 @@ from torch import Tensor
 
 from rvqspec.engine import cpu_class
 
-SOURCE = Path(__file__).with_name("fused.cpp")
+SOURCES = [Path(__file__).with_name(name) for name in ("fused.cpp", "int8.cpp")]  # + kernels.h, which both include
+HEADER = Path(__file__).with_name("kernels.h")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 _state = {"module": None, "tried": False}
@@ -41,20 +42,22 @@ _enabled = contextvars.ContextVar("rvqspec_fused", default=os.environ.get("RVQSP
 
 def build_name() -> str:
     """One build per source, torch, CPU flags and class: it is compiled with -march=native, less what a cap forbids."""
-    key = SOURCE.read_bytes() + torch.__version__.encode() + " ".join(sorted(cpu_class.cpu_flags())).encode() \
+    key = b"".join(path.read_bytes() for path in (*SOURCES, HEADER)) + torch.__version__.encode() + " ".join(sorted(cpu_class.cpu_flags())).encode() \
         + " ".join(cflags()).encode()
     return "rvqspec_fused_" + hashlib.sha256(key).hexdigest()[:12]
 
 
 def cflags() -> list[str]:
     """For this CPU under its caps (`cpu_class`): 512-bit vectors where the class has AVX-512 (gcc prefers 256 by
-    default), none of its instructions where a cap (ONEDNN_MAX_CPU_ISA=AVX2...) leaves a CPU that has them without."""
+    default), none of its instructions (nor AVX-VNNI's) where a cap (ONEDNN_MAX_CPU_ISA=AVX2...) leaves a CPU that has
+    them without."""
     flags = ["-O3", "-march=native", "-fopenmp-simd"]
     if platform.machine() not in ("x86_64", "AMD64"):
         return flags
-    if cpu_class.cpu_class().startswith(("avx512", "amx")):
+    cls, has = cpu_class.cpu_class(), cpu_class.cpu_flags()
+    if cls.startswith(("avx512", "amx")):
         return flags + ["-mprefer-vector-width=512"]
-    return flags + ["-mno-avx512f"] if "avx512f" in cpu_class.cpu_flags() else flags
+    return flags + ["-mno-avx512f"] * ("avx512f" in has) + ["-mno-avxvnni"] * ("avx_vnni" in has and cls != "avx2-vnni")
 
 
 def kernels():
@@ -66,7 +69,7 @@ def kernels():
             try:
                 from torch.utils.cpp_extension import load
                 with ninja_on_path():
-                    _state["module"] = load(build_name(), [str(SOURCE)], extra_cflags=cflags(), verbose=False)
+                    _state["module"] = load(build_name(), [str(path) for path in SOURCES], extra_cflags=cflags(), verbose=False)
             except Exception as e:  # no ninja, no compiler, a read-only cache...: the plain path still works
                 warnings.warn(f"rvqspec: the fused CPU kernels could not be built ({type(e).__name__}: "
                               f"{str(e).strip().splitlines()[-1] if str(e).strip() else e}); decoding takes the "

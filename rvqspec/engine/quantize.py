@@ -1,15 +1,20 @@
-"""Quantized weights for CPU inference: `quantize(model, scheme)` gives a new MultiCodeDecoder whose layer matmuls
-and 15 heads hold int8 weights (symmetric, one scale per output channel); the code tables stay as they are.
+"""Quantized weights for CPU inference: `quantize(model, scheme)` gives a new MultiCodeDecoder whose layer matmuls,
+input projection (1.7B, CSM) and 15 heads hold int8 weights (symmetric, one scale per output channel); the code tables
+stay as they are.
 
-- "w8a16": activations stay in the model's dtype; torch's weight-only kernel (`torch._weight_int8pack_mm`).
+- "w8a16": activations stay in the model's dtype. float32 ones are multiplied by rvqspec's kernel (`int8.cpp`:
+  weight bytes widened to float in registers, a fixed order of sums; torch's weight-only kernel took 4-60x float32's
+  time there, issue 45), the others by torch's (`torch._weight_int8pack_mm`).
 - "w8a8": activations are quantized to int8 per token (symmetric, one scale per row, from that row alone), the
-  integer product runs in oneDNN (`onednn.qlinear_pointwise`: AMX or VNNI int8 dot products) with an input scale
-  of 1, and each row is scaled back by its own token scale: exact integer dot products, then float roundings that
-  involve only that row. The activations go in as unsigned bytes with zero point 128 (q + 128), the form the VNNI
-  instructions multiply (unsigned x signed bytes into int32); oneDNN subtracts 128 x the weight's column sums in
-  int32, exactly. Signed activations took oneDNN's reference path on AVX-512 CPUs without AMX: 250-1,900x slower
-  than bfloat16 (issue 30). CPUs without int8 dot products (AVX2, AVX-512 without VNNI) multiply bytes into
-  saturating 16-bit sums, which is not exact: w8a8 is refused there (`cpu_class.has_int8_dot`).
+  integer product is exact, and each row is scaled back by its own token scale: exact integer dot products, then
+  float roundings that involve only that row. Where the CPU has int8 dot products (VNNI, AMX) oneDNN multiplies
+  (`onednn.qlinear_pointwise`, input scale 1): the activations go in as unsigned bytes with zero point 128 (q + 128),
+  the form the VNNI instructions multiply, and oneDNN subtracts 128 x the weight's column sums in int32, exactly
+  (signed activations took oneDNN's reference path on AVX-512 CPUs without AMX: 250-1,900x slower than bfloat16,
+  issue 30). Elsewhere on x86 (AVX2; AVX-512 without VNNI), where oneDNN sums byte products in saturating 16-bit
+  lanes, rvqspec's AVX2 kernel does (`int8.cpp`: int16 products summed into int32): the same int32 sums and the same
+  float steps after them, so the same model gives the same bits on every x86 class (`tests/test_int8.py`). CPUs with
+  neither (no AVX2, or the kernels not built) refuse w8a8 (`w8a8_kernel`).
 
 A quantized model is a different model (as the paper's W8A16 is): its codes follow its own distribution, and
 speculation is exact relative to it. Both kernels give every row of a call the same bits whatever the other rows
@@ -22,11 +27,12 @@ activations: float64 ones are multiplied in float32 and cast back (as w8a8 does)
 refused when quantized, naming the tensor.
 
 Saving. A quantized MultiCodeDecoder's `state_dict()` holds, besides its float tensors (norms, code tables, the
-input projection), each layer matmul as `<layer>.weight_int8` (int8 [out, in]) and `<layer>.weight_scale` (float32
-[out]: weight ~ weight_int8 * weight_scale[:, None]; no padding), the heads as `heads_int8` (int8 [G-1, V, H]) and
-`heads_scale` (float32 [G-1, V]), and `scheme` (the scheme's name in ASCII, uint8). `load_state_dict` restores
-them exactly into a model of the same config and scheme and refuses another scheme or shape (`check_state`).
-`torch.save`, pickle and deepcopy leave out oneDNN's packed weights and the locks, which are made again on first use.
+projection's bias), each layer matmul and the input projection as `<layer>.weight_int8` (int8 [out, in]) and
+`<layer>.weight_scale` (float32 [out]: weight ~ weight_int8 * weight_scale[:, None]; no padding), the heads as
+`heads_int8` (int8 [G-1, V, H]) and `heads_scale` (float32 [G-1, V]), and `scheme` (the scheme's name in ASCII,
+uint8). `load_state_dict` restores them exactly into a model of the same config and scheme and refuses another scheme
+or shape (`check_state`).
+`torch.save`, pickle and deepcopy leave out the kernels' packed weights and the locks, which are made again on first use.
 """
 
 import copy
@@ -44,7 +50,8 @@ SCHEMES = ("w8a16", "w8a8")
 FLOAT = "float"  # MultiCodeDecoder.weights of a model that is not quantized
 W8A16_MULTIPLE = 16
 W8A16_ACTIVATIONS = (torch.float32, torch.bfloat16, torch.float16)  # what torch's kernel takes
-ZERO_POINT = 128  # w8a8's activations as unsigned bytes: q + 128
+ZERO_POINT = 128  # w8a8's activations as unsigned bytes: q + 128 (oneDNN)
+PACK_COLS, PACK_DEPTH = 4, 16  # rvqspec's int8 kernels read blocks of 4 output channels x 16 input values
 
 
 def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -70,21 +77,37 @@ def check_scheme(scheme: str) -> str:
     if scheme not in SCHEMES:
         raise RvqspecError(f"unknown weights scheme {scheme!r}: use one of {', '.join(SCHEMES)} (or leave the "
                            "weights as they are)")
-    if scheme == "w8a8" and not cpu_class.has_int8_dot():
-        raise RvqspecError(f"w8a8 needs int8 dot-product instructions (VNNI or AMX), which this CPU lacks "
-                           f"({cpu_class.describe()}): oneDNN's int8 GEMM sums byte products in saturating 16-bit "
-                           f"lanes here (not exact), at {int8_over_float32():.1f}x the time of a float32 matmul "
-                           "(measured now); use w8a16 (int8 weights, float activations) or bfloat16")
+    if scheme == "w8a8" and w8a8_kernel() is None:
+        fix = ("install ninja and a C++ compiler (`pip install 'rvqspec[fast]'`) for rvqspec's AVX2 int8 kernel"
+               if cpu_class.has_avx2() else "keep the float weights (bfloat16 where the CPU has it, else float32)")
+        raise RvqspecError(f"w8a8 needs int8 dot-product instructions (VNNI, AMX) or rvqspec's AVX2 int8 kernel, "
+                           f"which this CPU or build lacks ({cpu_class.describe()}): {fix}")
     return scheme
 
 
-def int8_over_float32(rows: int = 1, width: int = 1024) -> float:
-    """oneDNN's w8a8 product over a float32 one at [rows, width] x [width, 3 width], median times (what the refusal
-    of w8a8 quotes)."""
-    weight = torch.randn(3 * width, width)
-    matmul, x = Int8Matmul(weight, "w8a8"), torch.randn(rows, width)
-    times = device_path.median_ms({"int8": lambda: matmul(x), "float32": lambda: F.linear(x, weight)})
-    return times["int8"] / times["float32"]
+def w8a8_kernel() -> str | None:
+    """Which exact int8 GEMM runs w8a8 here: "onednn" where the class has int8 dot products, "avx2" (rvqspec's) on
+    other x86 classes where the kernels are built, None where neither (w8a8 is refused)."""
+    if cpu_class.has_int8_dot():
+        return "onednn"
+    return "avx2" if int8_kernels() is not None else None
+
+
+def int8_kernels():
+    """The compiled kernels where they hold rvqspec's int8 GEMMs (built with AVX2 and FMA), else None. Not subject to
+    the fast-path switch (`fused.enabled`): they are the schemes' kernels, not an alternative to a plain path."""
+    kernels = fused.kernels() if cpu_class.has_avx2() else None
+    return kernels if kernels is not None and kernels.has_int8_gemm() else None
+
+
+def pack_int8(q: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
+    """int8 rows q [N, K] and their scales [N] in the layout of rvqspec's kernels (`int8.cpp`): [ceil(N/4), ceil(K/16),
+    4, 16] bytes and float32 scales [4 ceil(N/4)], zero-padded."""
+    n, k = q.shape
+    cols, depth = -(-n // PACK_COLS) * PACK_COLS, -(-k // PACK_DEPTH) * PACK_DEPTH
+    padded = F.pad(q, (0, depth - k, 0, cols - n))
+    blocks = padded.reshape(cols // PACK_COLS, PACK_COLS, depth // PACK_DEPTH, PACK_DEPTH).permute(0, 2, 1, 3)
+    return blocks.contiguous(), F.pad(scale.float(), (0, cols - n), value=1.0)
 
 
 def check_cpu(x: Tensor, scheme: str) -> None:
@@ -112,7 +135,7 @@ class Int8Matmul:
         self.scale = torch.cat([scale.float(), scale.new_ones(pad, dtype=torch.float32)])
         self.scales = {torch.float32: self.scale}  # w8a16: the scale in each activation dtype (the kernel wants it so)
         self.zero_points = torch.zeros(len(self.scale), dtype=torch.long)
-        self.packed: Tensor | None = None  # w8a8: oneDNN's layout, made on first use
+        self.packed: Tensor | tuple[Tensor, Tensor] | None = None  # the kernel's layout, made on first use
 
     def rows(self) -> tuple[Tensor, Tensor]:
         """(int8 rows [N, K], scales [N]) without w8a16's padding: what a state_dict holds."""
@@ -123,10 +146,16 @@ class Int8Matmul:
         rows = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, self.in_features).contiguous()
         if self.scheme == "w8a16":
             rows = rows if rows.dtype in W8A16_ACTIVATIONS else rows.float()
-            if rows.dtype not in self.scales:
-                self.scales[rows.dtype] = self.scale.to(rows.dtype)
-            out = torch._weight_int8pack_mm(rows, self.q, self.scales[rows.dtype]).to(x.dtype)
-            out = out[:, :self.out_features] if len(self.q) != self.out_features else out
+            kernels = int8_kernels() if rows.dtype == torch.float32 else None
+            if kernels is not None:
+                out = kernels.w8a16_linear(rows, *self.rvqspec_weight(), self.out_features).to(x.dtype)
+            else:
+                if rows.dtype not in self.scales:
+                    self.scales[rows.dtype] = self.scale.to(rows.dtype)
+                out = torch._weight_int8pack_mm(rows, self.q, self.scales[rows.dtype]).to(x.dtype)
+                out = out[:, :self.out_features] if len(self.q) != self.out_features else out
+        elif w8a8_kernel() == "avx2":
+            out = int8_kernels().int8_linear(rows, *self.rvqspec_weight(), self.out_features)
         else:
             kernels = fused.kernels() if device_path.choose(x.device, x.dtype).fused_kernels else None
             q, scale = kernels.quantize_rows(rows) if kernels else quantize_tokens(rows)
@@ -152,6 +181,13 @@ class Int8Matmul:
         with self.lock:
             if self.packed is None:
                 self.packed = torch.ops.onednn.qlinear_prepack(self.q, None)
+            return self.packed
+
+    def rvqspec_weight(self) -> tuple[Tensor, Tensor]:
+        """The int8 rows and scales in the layout of rvqspec's kernels (`pack_int8`)."""
+        with self.lock:
+            if self.packed is None:
+                self.packed = pack_int8(*self.rows())
             return self.packed
 
 
@@ -337,6 +373,8 @@ def quantize(model, scheme: str):
     for layer in quantized.layers:
         for parent, name in ((layer.attn, "wqkv"), (layer.attn, "wo"), (layer.mlp, "w_gate_up"), (layer.mlp, "w_down")):
             setattr(parent, name, QuantizedLinear(getattr(parent, name), scheme))
+    if isinstance(quantized.project, nn.Linear):  # float, its bits would differ between CPU classes (MKL's sums)
+        quantized.project = QuantizedLinear(quantized.project, scheme)
     quantized.head_set.quantize(model.heads, scheme)
     quantized.heads, quantized.weights = None, scheme
     return quantized.eval().requires_grad_(False)

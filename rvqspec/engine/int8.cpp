@@ -1,0 +1,252 @@
+// The integer side of int8 weights (engine/quantize.py): w8a8's per-token activations, and the GEMMs of CPUs without
+// int8 dot-product instructions (AVX2, AVX-512 without VNNI), where oneDNN sums byte products in saturating 16-bit
+// lanes (not exact) and torch's weight-only kernel is slower than float32 (issue 45's table).
+//
+// int8_linear (w8a8): activation bytes are widened to int16 once per call, weight bytes on load, and
+// _mm256_madd_epi16 sums pairs of int16 products into int32: every product and sum is an exact integer (|sum| <=
+// 127 x 127 x K < 2^31 for K < 133,000), so a row's int32 sums are the ones VNNI and AMX compute, and the float
+// steps after them (float(sum) x weight scale, then x token scale, then the dtype) are oneDNN's and scale_rows'
+// in the same order: the same w8a8 model gives the same bits on every x86 class (tests/test_int8.py). (GGML's Q8_0
+// dot moves x's sign onto the weight and multiplies unsigned by signed bytes (_mm256_maddubs_epi16); that costs
+// a sign op per row and weight vector where the widening costs one per weight vector: slower from two rows on.)
+// w8a16_linear: float32 activations times weight bytes widened to float in registers, fused multiply-adds in a
+// fixed order, then x the weight scale (as torch's _weight_int8pack_mm): it reads a quarter of float32's bytes.
+//
+// Both read weights packed once (`pack_int8` in quantize.py): [ceil(N/4), ceil(K/16), 4, 16] bytes, so that a
+// block of 4 output channels streams contiguously; K and N are zero-padded. Tiles of up to ROWS rows x 4 channels
+// keep their sums in registers; every row's sums run in the same order whatever the tile or the call's other rows,
+// so a row has the same bits in a one-row call as inside a verify call of any size.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+#include "kernels.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define RVQSPEC_INT8_GEMM 1
+#endif
+
+namespace rvqspec {
+
+namespace {
+
+// w8a8's per-token int8 of one row of d values: s = max(max|x|, 1e-12) / 127 and q = round_half_even(x / s),
+// written as q + offset (offset 128: oneDNN's unsigned bytes; 0: the AVX2 GEMM's int16), in float32 as the plain
+// ops compute it (quantize.quantize_tokens: the same bits). Both loops vectorise: max is exact in any order;
+// |x / s| <= 127 (1 + 2^-23) since |x| <= max|x|, so it rounds into [-127, 127] and a clamp would be a no-op (left
+// out: with it gcc's loop ran 5x slower); adding and taking away 1.5 * 2^23 rounds half to even as nearbyint does
+// (|v| < 2^22; gcc keeps the pair without -ffast-math). A row holding NaN or inf (x * 0 summed is NaN then) gets
+// scale NaN and q = 0, so its output is NaN, as in the plain ops. Returns s.
+template <typename T, typename Q>
+inline float quantize_row(const T* x, int64_t d, Q* q, int32_t offset) {
+  constexpr float ROUND = 12582912.f;  // 1.5 * 2^23
+  float top = 0, finite = 0;
+#pragma omp simd reduction(max : top) reduction(+ : finite)
+  for (int64_t i = 0; i < d; ++i) {
+    const float v = load<T, float>(x, i);
+    top = std::max(top, std::fabs(v));
+    finite += v * 0.f;
+  }
+  if (std::isnan(finite)) {
+    std::fill(q, q + d, static_cast<Q>(offset));
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  const float s = std::max(top, 1e-12f) / 127.f;
+#pragma omp simd
+  for (int64_t i = 0; i < d; ++i) {
+    const float v = load<T, float>(x, i) / s;
+    q[i] = static_cast<Q>(static_cast<int32_t>((v + ROUND) - ROUND) + offset);
+  }
+  return s;
+}
+
+#ifdef RVQSPEC_INT8_GEMM
+constexpr int64_t COLS = 4, DEPTH = 16, ROWS = 2;  // the packed block (channels x values) and the tile's rows
+// Each step of a tile reads one 64-byte line of weights; asking for the line 2 KiB ahead keeps enough reads in flight
+// for one core to stream from memory: 7.6 -> 10.6 GB/s at one row (Xeon, AVX2 caps, interleaved runs).
+constexpr int64_t PREFETCH_BYTES = 2048;
+
+// Four vectors of sums -> their four totals, always in this order.
+inline __m128i total4(__m256i a, __m256i b, __m256i c, __m256i d) {
+  const __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
+  return _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+}
+inline __m128 total4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+
+// R rows of int16 activations (row stride kp) x one packed block -> sums [R][COLS] as floats times the weight scales.
+template <int R>
+inline void int8_tile(const int16_t* a, int64_t kp, const int8_t* w, const float* wscale, float (*out)[COLS]) {
+  __m256i acc[R][COLS];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < COLS; ++c) acc[r][c] = _mm256_setzero_si256();
+  for (int64_t k = 0; k < kp; k += DEPTH, w += COLS * DEPTH) {
+    _mm_prefetch(reinterpret_cast<const char*>(w) + PREFETCH_BYTES, _MM_HINT_T0);
+    __m256i x[R];
+    for (int r = 0; r < R; ++r) x[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + r * kp + k));
+    for (int c = 0; c < COLS; ++c) {
+      const __m256i wc = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + c * DEPTH)));
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm256_add_epi32(acc[r][c], _mm256_madd_epi16(x[r], wc));
+    }
+  }
+  const __m128 ws = _mm_loadu_ps(wscale);
+  for (int r = 0; r < R; ++r)
+    _mm_storeu_ps(out[r], _mm_mul_ps(_mm_cvtepi32_ps(total4(acc[r][0], acc[r][1], acc[r][2], acc[r][3])), ws));
+}
+
+template <int R>
+inline void w8a16_tile(const float* a, int64_t kp, const int8_t* w, const float* wscale, float (*out)[COLS]) {
+  __m256 acc[R][COLS];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < COLS; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < kp; k += DEPTH, w += COLS * DEPTH) {
+    _mm_prefetch(reinterpret_cast<const char*>(w) + PREFETCH_BYTES, _MM_HINT_T0);
+    __m256 lo[R], hi[R];
+    for (int r = 0; r < R; ++r) {
+      lo[r] = _mm256_loadu_ps(a + r * kp + k);
+      hi[r] = _mm256_loadu_ps(a + r * kp + k + 8);
+    }
+    for (int c = 0; c < COLS; ++c) {
+      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + c * DEPTH));
+      const __m256 wlo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+      const __m256 whi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)));
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(hi[r], whi, _mm256_fmadd_ps(lo[r], wlo, acc[r][c]));
+    }
+  }
+  const __m128 ws = _mm_loadu_ps(wscale);
+  for (int r = 0; r < R; ++r)
+    _mm_storeu_ps(out[r], _mm_mul_ps(total4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), ws));
+}
+
+// The GEMM's loop: blocks of COLS channels split across threads (each block's weights stay in L1 while every tile of
+// ROWS rows passes over them), `tile` per tile, `finish(row, channel, value)` for each output kept.
+template <typename A, typename Finish>
+void gemm(const A* a, int64_t rows, int64_t kp, const at::Tensor& packed, const float* wscale, int64_t n,
+          const Finish& finish) {
+  const int8_t* pw = packed.data_ptr<int8_t>();
+  const int64_t blocks = packed.size(0), block_bytes = kp * COLS;
+  at::parallel_for(0, blocks, std::max<int64_t>(1, 64 / std::max<int64_t>(rows, 1)), [&](int64_t begin, int64_t end) {
+    float out[ROWS][COLS];
+    for (int64_t b = begin; b < end; ++b) {
+      const int8_t* w = pw + b * block_bytes;
+      for (int64_t r = 0; r < rows; r += ROWS) {
+        const int64_t tile = std::min(ROWS, rows - r);
+        if constexpr (std::is_same_v<A, int16_t>) {
+          tile == ROWS ? int8_tile<ROWS>(a + r * kp, kp, w, wscale + b * COLS, out)
+                       : int8_tile<1>(a + r * kp, kp, w, wscale + b * COLS, out);
+        } else {
+          tile == ROWS ? w8a16_tile<ROWS>(a + r * kp, kp, w, wscale + b * COLS, out)
+                       : w8a16_tile<1>(a + r * kp, kp, w, wscale + b * COLS, out);
+        }
+        for (int64_t i = 0; i < tile; ++i)
+          for (int64_t c = 0; c < COLS && b * COLS + c < n; ++c) finish(r + i, b * COLS + c, out[i][c]);
+      }
+    }
+  });
+}
+
+void check_packed(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t n) {
+  const int64_t k = x.size(-1);
+  TORCH_CHECK(packed.scalar_type() == at::kChar && packed.dim() == 4 && packed.size(2) == COLS &&
+              packed.size(3) == DEPTH && packed.is_contiguous(), "int8 weights not packed by quantize.pack_int8");
+  TORCH_CHECK(packed.size(1) * DEPTH >= k && packed.size(1) * DEPTH < k + DEPTH && packed.size(0) * COLS >= n &&
+              packed.size(0) * COLS < n + COLS, "packed int8 weights of another shape than the call's");
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.numel() == packed.size(0) * COLS,
+              "weight scales: float32, one per packed channel");
+  TORCH_CHECK(k < 133000, "int8 GEMM: input width ", k, " could overflow int32 sums");
+}
+#endif
+
+}  // namespace
+
+std::vector<at::Tensor> quantize_rows(const at::Tensor& x_) {
+  auto x = x_.contiguous();
+  const int64_t d = x.size(-1), rows = x.numel() / d;
+  auto q = at::empty({rows, d}, x.options().dtype(at::kByte));
+  auto scale = at::empty({rows, 1}, x.options().dtype(at::kFloat));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "quantize_rows", [&] {
+    const scalar_t* px = x.data_ptr<scalar_t>();
+    uint8_t* pq = q.data_ptr<uint8_t>();
+    float* ps = scale.data_ptr<float>();
+    at::parallel_for(0, rows, grain(d), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) ps[r] = quantize_row<scalar_t, uint8_t>(px + r * d, d, pq + r * d, 128);
+    });
+  });
+  return {q, scale};
+}
+
+// w8a8's way back after oneDNN: out = acc * scale (per row, float32), rounded to the dtype of `like`.
+at::Tensor scale_rows(const at::Tensor& acc_, const at::Tensor& scale_, const at::Tensor& like) {
+  auto acc = acc_.contiguous(), scale = scale_.contiguous();
+  TORCH_CHECK(acc.scalar_type() == at::kFloat && scale.scalar_type() == at::kFloat && acc.dim() == 2);
+  const int64_t rows = acc.size(0), n = acc.size(1);
+  auto out = at::empty({rows, n}, acc.options().dtype(like.scalar_type()));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "scale_rows", [&] {
+    const float *pa = acc.data_ptr<float>(), *ps = scale.data_ptr<float>();
+    scalar_t* po = out.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, grain(n), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r)
+        for (int64_t i = 0; i < n; ++i) store<scalar_t, float>(po, r * n + i, pa[r * n + i] * ps[r]);
+    });
+  });
+  return out;
+}
+
+bool has_int8_gemm() {
+#ifdef RVQSPEC_INT8_GEMM
+  return true;
+#else
+  return false;
+#endif
+}
+
+// x [M, K] (any float dtype) -> [M, n] in x's dtype: w8a8 with the packed weights and their scales.
+at::Tensor int8_linear(const at::Tensor& x_, const at::Tensor& packed, const at::Tensor& scale, int64_t n) {
+#ifdef RVQSPEC_INT8_GEMM
+  auto x = x_.contiguous();
+  check_packed(x, packed, scale, n);
+  const int64_t k = x.size(-1), rows = x.numel() / k, kp = packed.size(1) * DEPTH;
+  auto a = at::zeros({rows, kp}, x.options().dtype(at::kShort));
+  std::vector<float> token_scale(rows);
+  auto out = at::empty({rows, n}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "int8_linear", [&] {
+    const scalar_t* px = x.data_ptr<scalar_t>();
+    int16_t* pa = a.data_ptr<int16_t>();
+    at::parallel_for(0, rows, grain(k), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) token_scale[r] = quantize_row<scalar_t, int16_t>(px + r * k, k, pa + r * kp, 0);
+    });
+    scalar_t* po = out.data_ptr<scalar_t>();
+    gemm(pa, rows, kp, packed, scale.data_ptr<float>(), n, [&](int64_t r, int64_t c, float v) {
+      store<scalar_t, float>(po, r * n + c, v * token_scale[r]);
+    });
+  });
+  return out;
+#else
+  TORCH_CHECK(false, "rvqspec's int8 GEMM needs AVX2 and FMA, which this build lacks");
+#endif
+}
+
+// x [M, K] float32 -> [M, n] float32: w8a16 with the packed weights and their scales.
+at::Tensor w8a16_linear(const at::Tensor& x_, const at::Tensor& packed, const at::Tensor& scale, int64_t n) {
+#ifdef RVQSPEC_INT8_GEMM
+  TORCH_CHECK(x_.scalar_type() == at::kFloat, "w8a16_linear takes float32 activations");
+  auto x = x_.contiguous();
+  check_packed(x, packed, scale, n);
+  const int64_t k = x.size(-1), rows = x.numel() / k, kp = packed.size(1) * DEPTH;
+  auto a = kp == k ? x.reshape({rows, k}) : at::constant_pad_nd(x.reshape({rows, k}), {0, kp - k});
+  auto out = at::empty({rows, n}, x.options());
+  float* po = out.data_ptr<float>();
+  gemm(a.data_ptr<float>(), rows, kp, packed, scale.data_ptr<float>(), n,
+       [&](int64_t r, int64_t c, float v) { po[r * n + c] = v; });
+  return out;
+#else
+  TORCH_CHECK(false, "rvqspec's int8 GEMM needs AVX2 and FMA, which this build lacks");
+#endif
+}
+
+}  // namespace rvqspec

@@ -1,0 +1,46 @@
+// What the CPU kernels share (fused.cpp: the decoder layer's elementwise work; int8.cpp: w8a8's and w8a16's
+// integer side): the grain of their parallel loops and loads/stores that gcc vectorises.
+#pragma once
+#include <ATen/ATen.h>
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace rvqspec {
+
+constexpr int64_t GRAIN_ELEMENTS = 1 << 15;  // rows per task: at least this many elements (small calls: 1 task)
+
+inline int64_t grain(int64_t width) { return std::max<int64_t>(1, GRAIN_ELEMENTS / std::max<int64_t>(width, 1)); }
+
+// Loads and stores in plain C (bit operations for bfloat16, round to nearest even), so that gcc vectorises
+// the loops; c10's conversions carry a NaN branch that keeps them scalar.
+template <typename T, typename A> inline A load(const T* p, int64_t i) { return static_cast<A>(p[i]); }
+template <typename T, typename A> inline void store(T* p, int64_t i, A v) { p[i] = static_cast<T>(v); }
+template <> inline float load<c10::BFloat16, float>(const c10::BFloat16* p, int64_t i) {
+  uint32_t bits = static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(p)[i]) << 16;
+  float v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+template <> inline void store<c10::BFloat16, float>(c10::BFloat16* p, int64_t i, float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  bits += 0x7FFFu + ((bits >> 16) & 1u);  // round to nearest even (finite values; NaN is not expected here)
+  reinterpret_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(bits >> 16);
+}
+// v rounded to the dtype T and back (the roundings of the plain path).
+template <typename T, typename A> inline A round_to(A v) {
+  T t;
+  store<T, A>(&t, 0, v);
+  return load<T, A>(&t, 0);
+}
+
+// Defined in int8.cpp, registered with the module in fused.cpp.
+std::vector<at::Tensor> quantize_rows(const at::Tensor& x);
+at::Tensor scale_rows(const at::Tensor& acc, const at::Tensor& scale, const at::Tensor& like);
+bool has_int8_gemm();
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t out_features);
+at::Tensor w8a16_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t out_features);
+
+}  // namespace rvqspec

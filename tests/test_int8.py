@@ -1,0 +1,110 @@
+"""rvqspec's int8 kernels (`engine/int8.cpp`): w8a8's GEMM for CPUs without int8 dot products gives exact integer
+sums (against int64), a row the same bits alone and in any call, oneDNN's bits where both run, and so one w8a8 model
+the same codes on every x86 class (`test_one_w8a8_model_decodes_alike_natively_and_under_the_avx2_caps`); w8a16's
+float32 kernel is the w8a16 model's product to float32 rounding, a row the same bits alone and in any call.
+
+Greedy identity and the enumerated G-test of speculation on the AVX2 path: tests/test_quantize.py, which
+tests/test_cpu_classes.py reruns under the AVX2 caps (where w8a8 takes this kernel)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_cpu_classes import AVX2_CAP, CAPPED
+
+from rvqspec.engine import cpu_class
+from rvqspec.engine.quantize import ZERO_POINT, Int8Matmul, int8_kernels, pack_int8, quantize_rows, quantize_tokens
+
+from helpers import int8_codes
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(int8_kernels() is None, reason="rvqspec's int8 kernels need x86 with AVX2 and built "
+                                "kernels (`pip install 'rvqspec[fast]'`)")
+SHAPES = [(1, 1024, 3072), (2, 17, 5), (3, 5, 1), (4, 1000, 333), (9, 64, 64), (33, 1027, 130), (66, 3072, 7)]
+
+
+def operands(rows: int, k: int, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=generator) * 4
+    x[0, : min(k, 8)] = 127.0  # a loud token: pairs of large products, which saturate 16-bit sums
+    return torch.randn(n, k, generator=generator), x
+
+
+@pytest.mark.parametrize("rows, k, n", SHAPES)
+def test_the_w8a8_kernel_is_exact_integer_sums_for_every_row_alone_and_in_the_call(rows, k, n):
+    """int64 reference: int32 sums, scaled per channel, then per token (float32), for 1..66 rows and widths that
+    leave tails of the packed blocks."""
+    weight, x = operands(rows, k, n)
+    q, scale = quantize_rows(weight)
+    packed, packed_scale = pack_int8(q, scale)
+    tokens, token_scale = quantize_tokens(x)
+    exact = (tokens.long() - ZERO_POINT) @ q.long().t()
+    expected = exact.float() * scale * token_scale
+    whole = int8_kernels().int8_linear(x, packed, packed_scale, n)
+    assert torch.equal(whole, expected)
+    assert all(torch.equal(int8_kernels().int8_linear(x[i:i + 1], packed, packed_scale, n)[0], whole[i])
+               for i in range(rows))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64], ids=str)
+def test_the_w8a8_kernel_rounds_to_the_activations_dtype_once(dtype):
+    weight, x = operands(5, 96, 40, seed=1)
+    q, scale = quantize_rows(weight)
+    tokens, token_scale = quantize_tokens(x.to(dtype))
+    expected = (((tokens.long() - ZERO_POINT) @ q.long().t()).float() * scale * token_scale).to(dtype)
+    assert torch.equal(int8_kernels().int8_linear(x.to(dtype), *pack_int8(q, scale), 40), expected)
+
+
+def test_a_row_holding_nan_gives_nan_alone():
+    weight, x = operands(4, 64, 12, seed=2)
+    x[2, 5] = float("nan")
+    out = int8_kernels().int8_linear(x, *pack_int8(*quantize_rows(weight)), 12)
+    assert out[2].isnan().all() and out[[0, 1, 3]].isfinite().all()
+
+
+@pytest.mark.skipif(not cpu_class.has_int8_dot(), reason="needs oneDNN's int8 dot products (VNNI, AMX) to compare")
+@pytest.mark.parametrize("rows", [1, 4, 33])
+def test_the_avx2_kernel_gives_onednns_bits(rows):
+    """The same Int8Matmul through oneDNN (this class's w8a8 kernel) and through rvqspec's: every bit equal."""
+    weight, x = operands(rows, 1024, 300, seed=3)
+    matmul = Int8Matmul(weight, "w8a8")
+    with torch.inference_mode():
+        assert torch.equal(matmul(x), int8_kernels().int8_linear(x, *pack_int8(*matmul.rows()), 300))
+
+
+@pytest.mark.parametrize("rows, k, n", SHAPES)
+def test_the_w8a16_kernel_is_the_w8a16_product_and_row_invariant(rows, k, n):
+    """float32 activations times int8 weights, then the channel scale: float64's product to float32 rounding; each
+    row the same bits alone as in the call (an AR step and a verify call agree)."""
+    weight, x = operands(rows, k, n, seed=4)
+    q, scale = quantize_rows(weight)
+    packed = pack_int8(q, scale)
+    whole = int8_kernels().w8a16_linear(x, *packed, n)
+    reference = (x.double() @ q.double().t()) * scale.double()
+    assert ((whole.double() - reference).abs() <= 1e-5 * reference.abs().max()).all()
+    assert all(torch.equal(int8_kernels().w8a16_linear(x[i:i + 1], *packed, n)[0], whole[i]) for i in range(rows))
+
+
+def test_w8a16_matmuls_of_float32_take_the_kernel():
+    weight, x = operands(3, 64, 20, seed=5)
+    matmul = Int8Matmul(weight, "w8a16")
+    with torch.inference_mode():
+        assert torch.equal(matmul(x), int8_kernels().w8a16_linear(x, *pack_int8(*matmul.rows()), 20))
+
+
+@pytest.mark.skipif(CAPPED in os.environ, reason="this is the capped run")
+def test_one_w8a8_model_decodes_alike_natively_and_under_the_avx2_caps(tmp_path):
+    """The predictor's states and logits bit for bit, greedy and seeded sampled codes (AR and speculative), and
+    rvqspec.Engine's codes with int8 predictor and talker (greedy, and a seeded request sampled end to end): this
+    class's kernels against the AVX2 class's (ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2: rvqspec's int8 GEMM,
+    the fused kernels built without AVX-512) on this machine."""
+    native = int8_codes.report()
+    run = subprocess.run([sys.executable, str(ROOT / "tests/helpers/int8_codes.py"), str(tmp_path / "capped.pt")],
+                         env=os.environ | AVX2_CAP, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    capped = torch.load(tmp_path / "capped.pt")
+    assert capped.keys() == native.keys()
+    assert [name for name in native if not torch.equal(native[name], capped[name])] == []
