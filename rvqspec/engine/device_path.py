@@ -42,8 +42,9 @@ from rvqspec.engine.checkpoint import save_json
 from rvqspec.engine.device_file import cache_dir
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.files import read_json
+from rvqspec.engine.quantize import DRAFT_SCHEME, Int8Matmul
 
-KERNELS_FORMAT = "rvqspec-kernels/1"
+KERNELS_FORMAT = "rvqspec-kernels/2"  # 2: the int8 draft heads timed through Int8Matmul (rvqspec's float32 kernel)
 SHAPES = ((1024, 3072), (3072, 1024))  # (in, out): the 0.6B predictor's MLP, the widest K and N of a layer
 MANY_ROWS = 33  # a verify call of N = 32
 PADS = (1, 2, 4, 8)  # candidate row floors, cheapest first
@@ -120,6 +121,12 @@ def packable(dtype: torch.dtype) -> bool:
     """oneDNN prepacks bfloat16 weights only where the CPU class has bfloat16 or AVX-512 instructions (on AVX2 it
     raises, whatever torch's own check says, which ignores ONEDNN_MAX_CPU_ISA)."""
     return dtype == torch.float32 or cpu_class.cpu_class().startswith(("avx512", "amx"))
+
+
+def fastest_float() -> torch.dtype:
+    """The float dtype to decode in on this CPU: bfloat16 where oneDNN multiplies it (`packable`), else float32 (on
+    AVX2 bfloat16 is emulated: 4x float32's time at 33 rows, issue 45)."""
+    return torch.bfloat16 if packable(torch.bfloat16) else torch.float32
 
 
 def cache_key() -> str:
@@ -251,11 +258,12 @@ def attention_floor(dtype: torch.dtype, figures: dict, heads: int = 16, kv_heads
 
 
 def int8_drafts_faster(dtype: torch.dtype, figures: dict) -> bool:
-    """Whether torch's int8 weight-only kernel ranks DRAFT_ROWS rows through a head faster than the exact head."""
+    """Whether the int8 draft heads (w8a16: rvqspec's kernel for float32, torch's weight-only one for bfloat16) rank
+    DRAFT_ROWS rows through a head faster than the exact head."""
     k, n = HEAD_SHAPE
     generator = torch.Generator().manual_seed(1)
     head, x = torch.randn(n, k, generator=generator).to(dtype), torch.randn(DRAFT_ROWS, k, generator=generator).to(dtype)
-    q, scale = head.to(torch.int8), torch.ones(n, dtype=dtype)
-    times = median_ms({"int8 ms": lambda: torch._weight_int8pack_mm(x, q, scale), "exact ms": lambda: F.linear(x, head)})
+    matmul = Int8Matmul(head, DRAFT_SCHEME)
+    times = median_ms({"int8 ms": lambda: matmul(x), "exact ms": lambda: F.linear(x, head)})
     figures["draft head"] = {name: round(ms, 4) for name, ms in times.items()}
     return times["int8 ms"] < times["exact ms"]

@@ -12,9 +12,7 @@ from torch import Tensor
 
 from rvqspec.engine.changes import Derived
 from rvqspec.engine.packing import PackedWeight, linear
-from rvqspec.engine.quantize import QuantizedHeads
-
-DRAFT_SCHEME = "w8a16"  # the int8 copies that rank drafts: weights only, activations in the model's dtype
+from rvqspec.engine.quantize import DRAFT_SCHEME, QuantizedHeads
 
 
 def draft_copies(heads: Tensor) -> QuantizedHeads:

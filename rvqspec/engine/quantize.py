@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rvqspec.engine import cpu_class, device_path, fused
+from rvqspec.engine import cpu_class, fused
 from rvqspec.engine.errors import RvqspecError
 
 SCHEMES = ("w8a16", "w8a8")
@@ -51,6 +51,7 @@ FLOAT = "float"  # MultiCodeDecoder.weights of a model that is not quantized
 W8A16_MULTIPLE = 16
 W8A16_ACTIVATIONS = (torch.float32, torch.bfloat16, torch.float16)  # what torch's kernel takes
 ZERO_POINT = 128  # w8a8's activations as unsigned bytes: q + 128 (oneDNN)
+DRAFT_SCHEME = "w8a16"  # the int8 copies that rank drafts (`heads`): weights only, activations in the model's dtype
 PACK_COLS, PACK_DEPTH = 4, 16  # rvqspec's int8 kernels read blocks of 4 output channels x 16 input values
 
 
@@ -157,7 +158,7 @@ class Int8Matmul:
         elif w8a8_kernel() == "avx2":
             out = int8_kernels().int8_linear(rows, *self.rvqspec_weight(), self.out_features)
         else:
-            kernels = fused.kernels() if device_path.choose(x.device, x.dtype).fused_kernels else None
+            kernels = fused.kernels() if fused.on() else None  # the same bits as the plain ops, faster
             q, scale = kernels.quantize_rows(rows) if kernels else quantize_tokens(rows)
             out = torch.ops.onednn.qlinear_pointwise(q, 1.0, ZERO_POINT, self.onednn_weight(), self.scale,
                                                      self.zero_points, None, 1.0, 0, torch.float32, "none", [], "")
