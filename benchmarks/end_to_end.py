@@ -39,13 +39,14 @@ sys.path.insert(0, str(ROOT / "tests"))  # upstream's model classes, built as th
 
 import rvqspec  # noqa: E402
 from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor  # noqa: E402
+from rvqspec.bench.floor import copy_bandwidth  # noqa: E402
 from rvqspec.bench.timing import finish_machine, machine, machine_text, write_reports  # noqa: E402
 import rvqspec.runtime.scheduler as scheduler_module  # noqa: E402
 from rvqspec.engine import cpu_class  # noqa: E402
 from rvqspec.engine import talker as talker_blocks  # noqa: E402
 from rvqspec.engine.checkpoint import TALKER_C0_TABLE, official_state_dict  # noqa: E402
 from rvqspec.engine.errors import RvqspecError  # noqa: E402
-from rvqspec.engine.quantize import check_scheme  # noqa: E402
+from rvqspec.engine.quantize import QuantizedLinear, check_scheme  # noqa: E402
 from rvqspec.engine.config import QWEN3_TTS_0_6B  # noqa: E402
 from rvqspec.integrations.qwen_tts import accelerate, import_qwen_tts  # noqa: E402
 from rvqspec.integrations.qwen_tts_audio import StreamingCodec  # noqa: E402
@@ -170,8 +171,8 @@ def make_engine(tts, name: str, chunk_frames: int, first_chunk_frames: int) -> r
 
 
 def int8_refusal() -> str | None:
-    """Why int8 (w8a8) is skipped on this CPU, or None where it runs: `quantize.check_scheme` refuses w8a8 on CPUs
-    without int8 dot products (its message is the reason)."""
+    """Why int8 (w8a8) is skipped on this CPU, or None where it runs: `quantize.check_scheme` refuses w8a8 on CPUs with
+    neither int8 dot products nor rvqspec's AVX2 kernel (its message is the reason)."""
     try:
         check_scheme("w8a8")
     except RvqspecError as e:
@@ -270,19 +271,6 @@ def figures(table: dict) -> dict:
 # ---------------------------------------------------------------- the talker step alone
 
 
-def bandwidth(gigabytes: float = 1.0, repeats: int = 5) -> float:
-    """Bytes per second of a large tensor copy (read + write), this thread count: the memory bandwidth estimate."""
-    source = torch.ones(int(gigabytes * 2**30) // 4, dtype=torch.float32)
-    target = torch.empty_like(source)
-    target.copy_(source)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        target.copy_(source)
-        times.append(time.perf_counter() - start)
-    return 2 * source.numel() * 4 / statistics.median(times)
-
-
 @torch.inference_mode()
 def talker_step(tts, talkers: dict, steps: int, log) -> dict:
     """One talker step (the transformer and the c0 head, one row, after the prompt's prefill): the engine's
@@ -302,6 +290,7 @@ def talker_step(tts, talkers: dict, steps: int, log) -> dict:
     past = DynamicCache()
     upstream.model(inputs_embeds=prompt.embeds[None], position_ids=prompt.positions[None], past_key_values=past,
                    use_cache=True)
+    base = next(iter(talkers))  # the float engine: its states are compared with upstream's
     times = {name: [] for name in [*talkers, "upstream"]}
     differences = []
     for i in range(steps):
@@ -318,24 +307,32 @@ def talker_step(tts, talkers: dict, steps: int, log) -> dict:
                 talker, _ = talkers[name]
                 ours = talker_blocks.step(talker, caches[name], inputs[i], position)
                 talker.codec_head(ours)
-                if name == "bfloat16":
+                if name == base:
                     mine = ours
             times[name].append(time.perf_counter() - start)
         differences.append(float((mine.float() - theirs.float()).abs().max() / theirs.float().abs().max()))
     warm = steps // 4  # the first steps pay first-call costs
     ms = {name: 1e3 * statistics.median(t[warm:]) for name, t in times.items()}
-    talker = talkers["bfloat16"][0]
-    layer_bytes = sum(p.numel() * p.element_size() for p in talker.layers.parameters())
-    rate = bandwidth()
-    floor_ms = 1e3 * layer_bytes / rate
+    talker = talkers[base][0]
+    layer_bytes = {name: weight_bytes(t.layers) for name, (t, _) in talkers.items()}
+    rate = copy_bandwidth()
+    floor_ms = 1e3 * layer_bytes[base] / rate
     log(f"talker step: " + ", ".join(f"{name} {value:.1f} ms" for name, value in ms.items())
-        + f"; floor {floor_ms:.1f} ms ({layer_bytes / 1e6:.0f} MB at {rate / 1e9:.1f} GB/s)")
-    return {"steps": steps - warm, "context": length, "ms": ms, "layer_bytes": layer_bytes,
+        + f"; floor {floor_ms:.1f} ms ({layer_bytes[base] / 1e6:.0f} MB at {rate / 1e9:.1f} GB/s)")
+    return {"steps": steps - warm, "context": length, "ms": ms, "layer_bytes": layer_bytes[base],
             "layer_parameters": sum(p.numel() for p in talker.layers.parameters()),
             "bandwidth_gb_s": rate / 1e9, "floor_ms": floor_ms,
-            "upstream_over_engine": ms["upstream"] / ms["bfloat16"],
-            "engine_over_floor": ms["bfloat16"] / floor_ms,
+            "upstream_over_engine": ms["upstream"] / ms[base],
+            "engine_over_floor": ms[base] / floor_ms,
+            "of_floor": {name: 1e3 * layer_bytes[name] / rate / ms[name] for name in talkers},
             "max_relative_difference_bf16": max(differences)}
+
+
+def weight_bytes(module: torch.nn.Module) -> int:
+    """Bytes of the weights a step reads: the parameters, and int8 rows and scales of quantized layers."""
+    int8 = sum(m.matmul.q.numel() + 4 * m.matmul.scale.numel() for m in module.modules()
+               if isinstance(m, QuantizedLinear))
+    return int8 + sum(p.numel() * p.element_size() for p in module.parameters())
 
 
 # ---------------------------------------------------------------- many requests at once

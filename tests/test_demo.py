@@ -67,6 +67,11 @@ def test_demo_json_on_a_tiny_stand_in(assets, tmp_path, capsys):
     real = report["real_0_6b"]
     assert real["frames"] == 2 and real["tree_size"] in (0, 32) and real["target_tokens_per_step"] == 2.47
     assert real["speedup"] == pytest.approx(real["frames_per_second"]["policy"] / real["frames_per_second"]["ar"])
+    int8 = real["int8"]
+    if not int8.get("skipped"):  # the int8 row: AR or the tree its own policy picks from latencies measured now
+        assert int8["tree_size"] in (0, *demo.INT8_SIZES) and "latency measured live by the demo" in int8["why"]
+        assert int8["policy_over_float_ar"] == pytest.approx(int8["frames_per_second"]["policy"]
+                                                             / real["frames_per_second"]["ar"])
 
 
 def test_demo_text_names_the_policy_and_the_live_real_comparison(assets, tmp_path, capsys):

@@ -25,7 +25,8 @@ from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, contr
 from rvqspec.engine.latency import call_latency, latency_row
 from rvqspec.cli import flags
 from rvqspec.engine.config import QWEN3_TTS_0_6B
-from rvqspec.engine.device_path import packable
+from rvqspec.engine.decode import decode_frame
+from rvqspec.engine.device_path import fastest_float
 from rvqspec.engine.drafters import Offsets, ReusedHeads
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.policy import LatencyTable, Policy, measured_distribution
@@ -64,6 +65,9 @@ def live_policy(model, drafter, policy: Policy, rounds: int = 5) -> Policy:
 
 
 INT8_SCHEME = "w8a8"  # the faster of the two for AR and speculation alike (benchmarks/results/bench-weights.md)
+# The int8 row's candidate trees: where a verify call is compute bound (AVX2: benchmarks/results/int8-cpu.md) only
+# small trees can pay, so the policy chooses among these or AR from latencies measured now.
+INT8_SIZES = (4, 8, 16, 32)
 
 
 def real_architecture_comparison() -> dict:
@@ -72,7 +76,7 @@ def real_architecture_comparison() -> dict:
     frames = REAL_FRAMES
     from rvqspec.bench.batched import batch_inputs, time_batches
 
-    dtype = "bfloat16" if packable(torch.bfloat16) else "float32"
+    dtype = str(fastest_float()).removeprefix("torch.")
     predictor, sampler, tree = controlled_predictor(REAL_ARCH, dtype=dtype), Sampler(), default_tree(32)
     target = PAPER_ACCEPTANCE[32]
     timed = [(h[0], int(c0)) for h, c0 in (batch_inputs(predictor, 1, r) for r in range(frames + 1))]
@@ -82,20 +86,33 @@ def real_architecture_comparison() -> dict:
                          Policy.build(predictor.model, {32: tree}, {32: calls}, LatencyTable({}, "")), rounds=3)
     size = policy.choose(1)
     row = time_batches(predictor, None, 1, size, calibrated.strength if size else None, frames, sampler)
-    # The same heads with int8 weights (a different model): its AR and speculative frames at N = 32 beside bfloat16's,
+    # The same heads with int8 weights (a different model): its AR and the policy's frames beside the float AR's,
     # where this CPU runs them (probed first: a kernel that is unusable here is reported, not timed for minutes).
     skipped = int8_skipped(predictor.model, timed[0], sampler)
-    int8 = None if skipped else time_batches(predictor, None, 1, 32, calibrated.strength, frames, sampler,
-                                             weights=INT8_SCHEME)
+    if not skipped:
+        int8_policy = live_int8_policy(quantize(predictor.model, INT8_SCHEME), timed[1:], sampler)
+        int8_size = int8_policy.choose(1)
+        int8 = time_batches(predictor, None, 1, int8_size, calibrated.strength, frames, sampler, weights=INT8_SCHEME)
     return {"model": "Qwen3-TTS 0.6B code predictor architecture (random weights, acceptance controlled)",
             "dtype": dtype, "threads": torch.get_num_threads(), "frames": frames, "tree_size": size,
             "target_tokens_per_step": target, "tokens_per_step": row["policy_tokens_per_step"] if size else 1.0,
             "frames_per_second": row["frames_per_second"], "speedup": row["policy_over_ar"],
             "why": policy.explain(1),
             "int8": {"weights": INT8_SCHEME, "skipped": skipped} if skipped else {
-                "weights": INT8_SCHEME, "frames_per_second": int8["frames_per_second"],
-                "tokens_per_step": int8["policy_tokens_per_step"],
-                "speculative_over_float_ar": int8["frames_per_second"]["policy"] / row["frames_per_second"]["ar"]}}
+                "weights": INT8_SCHEME, "frames_per_second": int8["frames_per_second"], "tree_size": int8_size,
+                "tokens_per_step": int8["policy_tokens_per_step"], "why": int8_policy.explain(1),
+                "policy_over_float_ar": int8["frames_per_second"]["policy"] / row["frames_per_second"]["ar"]}}
+
+
+def live_int8_policy(quantized, frames: list, sampler: Sampler) -> Policy:
+    """The policy of the int8 model on this machine: each candidate tree's calls per frame decoded now on `frames`,
+    and its call latencies measured now."""
+    groups, trees = quantized.config.num_code_groups, {n: default_tree(n) for n in INT8_SIZES}
+    calls = {n: measured_distribution([decode_frame(quantized, h, c0, sampler, torch.Generator().manual_seed(0),
+                                                    drafter=ReusedHeads(quantized, tree.max_depth), tree=tree).calls
+                                       for h, c0 in frames], groups) for n, tree in trees.items()}
+    return live_policy(quantized, ReusedHeads(quantized), Policy.build(quantized, trees, calls, LatencyTable({}, "")),
+                       rounds=3)
 
 
 def int8_skipped(model, frame, sampler: Sampler) -> str | None:
@@ -154,8 +171,6 @@ def candidate_tree(policy: Policy) -> tuple[Tree, str]:
 
 def warm_up(tts, drafter, tree) -> None:
     """One frame in each mode, so that neither timed run pays first-call allocations."""
-    from rvqspec.engine.decode import decode_frame
-
     hidden = torch.zeros(tts.config.hidden_size)
     for d, t in ((None, None), (drafter, tree)):
         decode_frame(tts.predictor, hidden, 0, Sampler(), drafter=d, tree=t)
@@ -241,9 +256,11 @@ def print_int8(real: dict) -> None:
         print(f"  {q['weights']} weights skipped on this CPU: {q['skipped']}")
         return
     fps = q["frames_per_second"]
+    choice = f"speculative N={q['tree_size']} {fps['policy']:.2f} ({q['tokens_per_step']:.2f} tokens/step)" \
+        if q["tree_size"] else "and the policy runs AR"
     print(f"  the same with {q['weights']} weights (int8: a different model, speculation exact relative to it): AR "
-          f"{fps['ar']:.2f} frames/s, speculative N=32 {fps['policy']:.2f} ({q['tokens_per_step']:.2f} tokens/step): "
-          f"{q['speculative_over_float_ar']:.2f}x the {real['dtype']} AR's frames/s")
+          f"{fps['ar']:.2f} frames/s, {choice}: {q['policy_over_float_ar']:.2f}x the {real['dtype']} AR's frames/s "
+          f"({q['why']})")
 
 
 def print_real(real: dict) -> None:

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import torch
 
+from rvqspec.bench.floor import one_row_steps
 from rvqspec.cli import flags
 from rvqspec.engine import cpu_class, device_path, fused
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.model import MultiCodeDecoder
+from rvqspec.engine.quantize import w8a8_kernel
 from rvqspec.integrations.hub import REPO_ID, resolve_model
 
 
@@ -45,8 +47,9 @@ def device_report() -> dict:
     with torch.inference_mode():
         choices = {str(dtype).removeprefix("torch."): device_path.decided(dtype) for dtype in device_path.MEASURED_DTYPES}
     return {"cpu": cpu_class.describe(), "cpu_class": cpu_class.cpu_class(), "int8_dot_products": cpu_class.has_int8_dot(),
-            "w8a8": "runs (exact integer GEMM)" if cpu_class.has_int8_dot() else "refused: no int8 dot products",
-            "fused_kernels_cflags": fused.cflags(), "cache_key": device_path.cache_key(), "choices": choices}
+            "w8a8": "runs (exact integer GEMM)" if w8a8_kernel() else "refused: no int8 dot products, no AVX2 kernel",
+            "fused_kernels_cflags": fused.cflags(), "cache_key": device_path.cache_key(), "choices": choices,
+            "weights": one_row_steps(log=lambda line: None)}
 
 
 def print_device(report: dict) -> None:
@@ -59,6 +62,14 @@ def print_device(report: dict) -> None:
               f"{m['attention_rows']} (attention queries); int8 draft heads {'on' if choice['int8_drafts'] else 'off'}")
         for what, figures in choice["figures"].items():
             print(f"    {what}: {json.dumps(figures)}")
+    steps = report["weights"]
+    print(f"  weights schemes, one row through the {steps['arch']} predictor's layer matrices ({steps['threads']} "
+          f"thread(s); floor = their bytes / the copy bandwidth, {steps['bandwidth_gb_s']:.1f} GB/s):")
+    for scheme, kernel in steps["kernels"].items():
+        r = steps["schemes"][scheme]
+        figures = r.get("refused") or (f"{r['ms']['1']:.2f} ms, {r['of_floor']:.0%} of the floor; "
+                                       + ", ".join(f"{n} rows {x:.2f}x" for n, x in r["rows_over_one"].items()))
+        print(f"    {scheme}: {kernel}: {figures}")
 
 
 def run(args) -> int:

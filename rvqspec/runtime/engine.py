@@ -41,8 +41,8 @@ MAX_BATCH, MAX_QUEUE = 8, 32
 class Engine:
     """A TTS model's frame loop over every submitted request (module docstring).
 
-    `model`: "standin" (the shipped stand-in), a folder (a qwen-tts 12 Hz checkpoint, loaded in `dtype`, or a stand-in
-    folder), or a loaded `qwen_tts.Qwen3TTSModel`. `drafter`: "auto" (the stand-in's shipped offsets, else the
+    `model`: "standin" (the shipped stand-in), a folder (a qwen-tts 12 Hz checkpoint, loaded in `dtype`; "auto": the
+    CPU class's fastest float, `device_path.fastest_float`; or a stand-in folder), or a loaded `qwen_tts.Qwen3TTSModel`. `drafter`: "auto" (the stand-in's shipped offsets, else the
     predictor's own heads: `ReusedHeads`), a drafter, or None (AR); `tree`: "auto" (the decoding policy per batch
     size, from `calibration` and this CPU's measured latencies) or a `Tree`. `weights` / `talker_weights`: int8
     schemes for the predictor / the talker (`rvqspec.quantize`: another model, opt-in). At most `max_batch` requests
@@ -52,7 +52,7 @@ class Engine:
     def __init__(self, model="standin", drafter="auto", tree: Tree | str | None = "auto", weights: str | None = None,
                  talker_weights: str | None = None, calibration: str | Path | None = None, max_batch: int = MAX_BATCH,
                  max_queue: int = MAX_QUEUE, chunk_frames: int = CHUNK_FRAMES, first_chunk_frames: int | None = None,
-                 dtype: str | torch.dtype = "bfloat16", seed: int | None = None):
+                 dtype: str | torch.dtype = "auto", seed: int | None = None):
         for name, value in (("max_batch", max_batch), ("max_queue", max_queue)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise RvqspecError(f"{name} must be a whole number >= 1, got {value!r}")
@@ -242,10 +242,12 @@ def load_model(model, weights: str | None, talker_weights: str | None, dtype) ->
             codec = folder.parent / "codec.safetensors"
             return folder.name, standin_model(folder, codec if codec.is_file() else ASSETS / "codec.safetensors",
                                               weights, talker_weights), None
+        from rvqspec.engine.device_path import fastest_float
         from rvqspec.engine.model import resolve_dtype
         from rvqspec.integrations.qwen_tts import load_tts
 
-        return folder.name, QwenTTSModel(load_tts(folder, "cpu", resolve_dtype(dtype)), weights, talker_weights), None
+        dtype = fastest_float() if dtype == "auto" else resolve_dtype(dtype)
+        return folder.name, QwenTTSModel(load_tts(folder, "cpu", dtype), weights, talker_weights), None
     if hasattr(model, "generate_custom_voice"):
         return type(model).__name__, QwenTTSModel(model, weights, talker_weights), None
     from rvqspec.integrations.csm import is_csm

@@ -1,0 +1,106 @@
+"""The memory floor of a decoding step, and how close each weights scheme's kernels come to it on this CPU.
+
+A one-row step (the AR predictor step, the talker step) multiplies every layer matrix once by one row: it reads all
+the weights and does little else, so its floor is the weight bytes over the memory bandwidth. The bandwidth is a
+large tensor copy's (read + write bytes over its time, median), this thread count, as benchmarks/end_to_end.py has
+measured it since issue 32. `one_row_steps` streams one row through the 0.6B predictor's layer matrices per scheme
+(float32, bfloat16, w8a16, w8a8), more than any cache holds, and gives each its fraction of the floor; and the cost
+of 4 and 8 rows against one (a batch's step). `rvqspec inspect --device` prints it with the kernel each scheme takes.
+"""
+
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from rvqspec.engine import cpu_class
+from rvqspec.engine.config import ARCHITECTURES
+from rvqspec.engine.device_path import packable
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.quantize import Int8Matmul, check_scheme, int8_kernels, w8a8_kernel
+
+SCHEMES = ("float32", "bfloat16", "w8a16", "w8a8")
+ROWS = (1, 4, 8)
+
+
+def copy_bandwidth(gigabytes: float = 1.0, repeats: int = 5) -> float:
+    """Bytes per second of a large tensor copy (read + write), this thread count: the memory bandwidth estimate."""
+    source = torch.ones(int(gigabytes * 2**30) // 4, dtype=torch.float32)
+    target = torch.empty_like(source)
+    target.copy_(source)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        target.copy_(source)
+        times.append(time.perf_counter() - start)
+    return 2 * source.numel() * 4 / statistics.median(times)
+
+
+def kernels() -> dict[str, str]:
+    """Which kernel multiplies each scheme's matmuls here (float32 activations, and bfloat16 where they differ)."""
+    w8a8 = {"onednn": "oneDNN's int8 GEMM (VNNI/AMX dot products)", "avx2": "rvqspec's AVX2 int8 GEMM (int8.cpp)",
+            None: "refused: no int8 dot products and no AVX2 int8 kernel"}[w8a8_kernel()]
+    w8a16 = "rvqspec's AVX2 w8a16 kernel (int8.cpp)" if int8_kernels() is not None else "torch._weight_int8pack_mm"
+    bfloat16 = "oneDNN (packed)" if packable(torch.bfloat16) else "ATen (bfloat16 emulated in float32: no bfloat16 " \
+        "instructions on this class)"
+    return {"float32": "MKL / oneDNN", "bfloat16": bfloat16, "w8a16": f"{w8a16}; bfloat16 activations: "
+            "torch._weight_int8pack_mm", "w8a8": w8a8}
+
+
+def predictor_shapes(arch: str = "0.6b") -> list[tuple[int, int]]:
+    """(out, in) of every layer matrix of the predictor of `arch`, in a step's order (qkv, o, gate+up, down)."""
+    c = ARCHITECTURES[arch]
+    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    layer = [(q + 2 * kv, c.hidden_size), (c.hidden_size, q), (2 * c.intermediate_size, c.hidden_size),
+             (c.hidden_size, c.intermediate_size)]
+    return layer * c.num_hidden_layers
+
+
+@torch.inference_mode()
+def one_row_steps(schemes=SCHEMES, arch: str = "0.6b", repeats: int = 7, rows=ROWS, log=print,
+                  shapes: list[tuple[int, int]] | None = None, gigabytes: float = 1.0) -> dict:
+    """Per scheme: ms of one row (and of `rows` rows) through the layer matrices of `arch`'s predictor (or `shapes`),
+    their bytes, the floor (bytes / copy bandwidth of `gigabytes`) and the fraction of it reached; schemes this CPU
+    refuses are reported with why."""
+    generator = torch.Generator().manual_seed(0)
+    shapes = shapes or predictor_shapes(arch)
+    weights = [torch.randn(shape, generator=generator) / shape[1] ** 0.5 for shape in shapes]
+    inputs = {n: {k: torch.randn(n, k, generator=generator) for k in {s[1] for s in shapes}} for n in rows}
+    bandwidth = copy_bandwidth(gigabytes)
+    report = {"cpu": cpu_class.describe(), "threads": torch.get_num_threads(), "arch": arch,
+              "bandwidth_gb_s": bandwidth / 1e9, "kernels": kernels(), "schemes": {}}
+    for scheme in schemes:
+        try:
+            step, nbytes = step_of(scheme, weights)
+        except RvqspecError as e:
+            report["schemes"][scheme] = {"refused": str(e)}
+            continue
+        ms = {}
+        for n in rows:
+            x = {k: v.to(torch.bfloat16) if scheme == "bfloat16" else v for k, v in inputs[n].items()}
+            step(x)  # warm-up: packed layouts made
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                step(x)
+                times.append(time.perf_counter() - start)
+            ms[n] = 1e3 * statistics.median(times)
+        floor = 1e3 * nbytes / bandwidth
+        report["schemes"][scheme] = {"ms": {str(n): v for n, v in ms.items()}, "bytes": nbytes, "floor_ms": floor,
+                                     "of_floor": floor / ms[rows[0]],
+                                     "rows_over_one": {str(n): ms[n] / ms[rows[0]] for n in rows[1:]}}
+        log(f"{scheme}: one row {ms[rows[0]]:.2f} ms, floor {floor:.2f} ms ({floor / ms[rows[0]]:.0%}); "
+            + ", ".join(f"{n} rows {ms[n] / ms[rows[0]]:.2f}x" for n in rows[1:]))
+    return report
+
+
+def step_of(scheme: str, weights: list) -> tuple:
+    """(a function multiplying inputs {width: [n, width]} by every matrix in turn, the bytes it reads)."""
+    if scheme in ("w8a16", "w8a8"):
+        check_scheme(scheme)
+        matmuls = [Int8Matmul(w, scheme) for w in weights]
+        return (lambda x: [m(x[m.in_features]) for m in matmuls]), sum(w.numel() for w in weights)
+    dtype = getattr(torch, scheme)
+    cast = [w.to(dtype) for w in weights]
+    return (lambda x: [F.linear(x[w.shape[1]], w) for w in cast]), sum(w.numel() * w.element_size() for w in cast)
