@@ -47,13 +47,14 @@ def class_of(caps: dict) -> str:
 
 
 def measure_tables(folder: Path, caps: dict, cls: str, threads: list[int], quick: bool) -> dict:
-    """bench --batch for bfloat16 (and w8a8 where the class runs it) at each thread count: the class's tables."""
-    tables = {}
-    for weights in ["bfloat16"] + (["w8a8"] if cls in cpu_class.INT8_DOT else []):
+    """bench --batch for the class's float dtype (bfloat16 where oneDNN has it, else float32: `fastest_float`) and
+    w8a8 of it (every x86 class runs w8a8 since rvqspec's AVX2 kernel) at each thread count: the class's tables."""
+    dtype, tables = "bfloat16" if cls.startswith(("avx512", "amx")) else "float32", {}
+    for weights in [dtype] + (["w8a8"] if cls in cpu_class.NEEDS else []):
         for t in threads:
             out = folder / f"batch-{weights}-{t}t"
             extra = ["--weights", "w8a8"] if weights == "w8a8" else []
-            rvqspec(["bench", "--batch", "1,2,4,8,16", "--dtype", "bfloat16", "--threads", str(t), *extra,
+            rvqspec(["bench", "--batch", "1,2,4,8,16", "--dtype", dtype, "--threads", str(t), *extra,
                      "--no-device-file", "--out", str(out)] + (["--quick"] if quick else []), caps)
             report = json.loads(next(out.glob("bench-batch*.json")).read_text())
             tables |= latency_entries(report)

@@ -310,6 +310,16 @@ def cpu_classes_section(bench_dir: Path) -> list[str]:
             "", without_title(report) if report else not_measured(CPU_CLASSES)]
 
 
+INT8_CPU = "OMP_WAIT_POLICY=PASSIVE python benchmarks/int8_cpu.py"
+
+
+def int8_cpu_section(bench_dir: Path) -> list[str]:
+    """int8 weights per class, natively and under the AVX2 caps (int8-cpu.md), without its title."""
+    report = read_text(bench_dir / "int8-cpu.md")
+    return ["## int8 on every x86 class: rvqspec's AVX2 kernel, the memory floor, end to end", "",
+            without_title(report) if report else not_measured(INT8_CPU)]
+
+
 END_TO_END = "python benchmarks/end_to_end.py"
 TUNE = "python benchmarks/tune_standin.py"
 
@@ -354,7 +364,7 @@ def results_markdown(eval_report: dict | None, calibration: dict | None, calibra
         "The paper's figures are for Qwen3-TTS 0.6B with trained weights (Fleurs, Apple devices). Ours are for the "
         "stand-in (a small model trained here on CPU, far less confident than the real one, hence its lower "
         "acceptance) and for the real 0.6B/1.7B architectures with random weights (latency), see docs/design.md, section 5.",
-        "", *cpu_classes_section(bench_dir), "", *eval_sections(eval_report), "",
+        "", *cpu_classes_section(bench_dir), "", *int8_cpu_section(bench_dir), "", *eval_sections(eval_report), "",
         *calibration_section(calibration, calibration_path), "",
         *bench_section(bench, bench_dir, out), "", *batch_section(batch or {}, bench_dir, out), "",
         *csm_section(bench_dir / "csm"), "",
