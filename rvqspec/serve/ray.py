@@ -7,10 +7,12 @@ Ray cluster. Needs `rvqspec[ray]`.
 
 Each replica builds its Engine and the app in its own process (Ray Serve's FastAPI ingress, built on the replica).
 Ray's proxy sends a request to a replica with room (at most max_batch + max_queue in flight on each: the Engine's
-batch and queue, so the Engine itself never refuses), scales between min and max replicas on ongoing requests
+batch and queue), scales between min and max replicas on ongoing requests
 (the target: a full batch on each), restarts a replica that dies, and answers 429 with Retry-After once every replica
 is full and max_queue more wait at the proxy. Every replica keeps its voices in one folder (on a cluster: on storage
 that all nodes see) and reads it on each lookup, so a voice registered or deleted through one replica is so on all.
+Each replica's /metrics counts its own requests; its engine's status also goes to Ray's metrics export (STATUS_METRICS,
+tagged with the replica).
 """
 
 import os
@@ -24,6 +26,7 @@ from pathlib import Path
 import ray
 import torch
 from ray import serve
+from ray.serve.metrics import Gauge
 
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.runtime import Engine
@@ -32,6 +35,13 @@ from rvqspec.serve.voices import VoiceStore
 
 APP_NAME = "rvqspec"
 REPLICA_HEADER = b"x-rvqspec-replica"  # which replica answered: Ray's replica id (its actor's name)
+METRICS_SECONDS = 5.0  # how often a replica copies its engine's status into Ray's metrics
+STATUS_METRICS = {  # engine.status() key: (Ray metric, its description); exported as ray_<metric>, per replica
+    "active": ("rvqspec_active_rows", "Requests decoding in the replica's batch"),
+    "queued": ("rvqspec_queued_requests", "Requests waiting for a batch row in the replica"),
+    "frames": ("rvqspec_frames", "Frames the replica decoded"),
+    "audio_seconds": ("rvqspec_audio_seconds", "Seconds of audio the replica produced"),
+}
 
 
 class SharedVoices(VoiceStore):
@@ -63,17 +73,25 @@ class Replica:
         folder = voices_dir or Path.home() / ".cache" / "rvqspec" / "voices" / self.engine.name
         self.voices, self.api_key = SharedVoices(folder), api_key
         self.threads = engine_options["max_batch"] + engine_options["max_queue"] + 16  # as `rvqspec serve`'s
+        self.stop = threading.Event()
+        gauges = {key: Gauge(name, description=text) for key, (name, text) in STATUS_METRICS.items()}
+        threading.Thread(target=export_status, args=(self.engine, gauges, self.stop), daemon=True).start()
 
     def __serve_build_asgi_app__(self):
         replica = serve.get_replica_context().replica_id.to_full_id_str()
         return tagged(create_app(self.engine, self.voices, self.api_key, self.threads), replica)
 
-    def check_health(self) -> None:
-        """Ray's periodic check: a replica whose engine stopped is restarted."""
-        self.engine.status()
-
     def __del__(self):
+        self.stop.set()
         self.engine.close(grace=0)
+
+
+def export_status(engine, gauges: dict, stop: threading.Event) -> None:
+    """Copy the engine's status into Ray's gauges every METRICS_SECONDS, until `stop`."""
+    while not stop.wait(METRICS_SECONDS):
+        status = engine.status()
+        for key, gauge in gauges.items():
+            gauge.set(status[key])
 
 
 def tagged(app, replica: str):
