@@ -8,6 +8,7 @@ All in one xdist group: one Ray instance at a time (`make test` runs `--dist loa
 
 import functools
 import importlib.util
+import io
 import os
 import signal
 import sys
@@ -44,6 +45,18 @@ def test_ray_without_the_extra_says_in_one_line_what_to_install(monkeypatch, cap
 def test_ray_flags_without_ray_are_refused(capsys):
     assert main(["serve", "--replicas", "2"]) == 2
     assert "add --ray" in capsys.readouterr().err
+
+
+@needs_ray
+def test_serve_ray_refuses_a_taken_port_before_ray_starts(capsys):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert main(["serve", "--ray", "--port", str(taken.getsockname()[1])]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "in use" in err
 
 
 @pytest.fixture(scope="module")
@@ -116,9 +129,8 @@ def together(url: str, n: int, text: str) -> list[httpx.Response]:
 def test_serve_ray_joins_a_cluster_streams_the_engines_audio_and_drains_on_sigterm(cluster, tmp_path):
     import ray
 
-    with Engine("standin", max_batch=2) as engine:  # the single-process audio, computed before the replicas start
-        want_wav = to_int16(engine.speech(TEXT, voice="en", seed=5).audio())
-        want_pcm = to_int16(engine.speech(TEXT, voice="de", seed=6).audio()).tobytes()
+    with Engine("standin", max_batch=2) as engine:  # the single-process audio, computed before the replica starts
+        want = to_int16(engine.speech(TEXT, voice="en", seed=5).audio())
         sample_rate = engine.sample_rate
     command = ["-m", "rvqspec.cli", "serve", "--ray", "--address", ray.get_runtime_context().gcs_address,
                "--port", cluster.rsplit(":", 1)[1], "--replicas", "1", "--max-batch", "2", "--grace", "30",
@@ -127,16 +139,12 @@ def test_serve_ray_joins_a_cluster_streams_the_engines_audio_and_drains_on_sigte
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
         with client.audio.speech.with_streaming_response.create(
                 model="standin", voice="en", input=TEXT, response_format="wav", extra_body={"seed": 5}) as response:
-            response.stream_to_file(tmp_path / "out.wav")
-        audio, rate = soundfile.read(tmp_path / "out.wav", dtype="int16")
-        assert rate == sample_rate and np.array_equal(audio, want_wav)
-        body = {"model": "standin", "input": TEXT, "voice": "de", "seed": 6, "response_format": "pcm"}
-        with httpx.stream("POST", f"{server.url}/v1/audio/speech", json=body, timeout=60) as response:
-            pieces = response.iter_raw()
-            got = next(pieces)
+            pieces = response.iter_bytes()
+            wav = next(pieces)
             server.process.send_signal(signal.SIGTERM)  # mid-stream: the request finishes, then the app is deleted
-            got += b"".join(pieces)
-        assert got == want_pcm
+            wav += b"".join(pieces)
+        audio, rate = soundfile.read(io.BytesIO(wav), dtype="int16")
+        assert rate == sample_rate and np.array_equal(audio, want)
         assert server.process.wait(timeout=60) == 0
     assert replicas() is None  # gone from the cluster, which runs on
 
@@ -182,7 +190,7 @@ def test_a_killed_replica_cuts_its_stream_and_is_replaced(two):
         next(pieces)
         start = time.monotonic()
         ray.kill(ray.get_actor(response.headers[REPLICA], namespace="serve"))
-        with pytest.raises(httpx.RemoteProtocolError):  # the stream breaks off: detectably short
+        with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):  # the stream breaks off, detectably
             b"".join(pieces)
     assert time.monotonic() - start < 5
     deadline = time.monotonic() + 60
@@ -206,12 +214,11 @@ def test_autoscaling_adds_a_replica_under_a_queue_and_removes_it_after(cluster, 
     url = deploy(cluster, tmp_path / "voices", min_replicas=1, max_replicas=2, autoscaling=fast)
     assert replicas() == {"RUNNING": 1}
     seen = set()
-    load = threading.Thread(target=lambda: together(url, 4, "x" * 600))  # 2 decoding, 2 waiting: over the target
+    load = threading.Thread(target=lambda: together(url, 4, "x" * 300))  # 2 decoding, 2 waiting: over the target
     load.start()
     while load.is_alive():
-        seen.add(replicas().get("RUNNING", 0))
-        time.sleep(0.2)
-    load.join()
+        seen.add(replicas().get("STARTING", 0) + replicas().get("RUNNING", 0))
+        time.sleep(0.1)
     deadline = time.monotonic() + 30
     while replicas() != {"RUNNING": 1} and time.monotonic() < deadline:
         time.sleep(0.2)

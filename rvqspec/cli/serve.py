@@ -45,14 +45,15 @@ def run_serve(args) -> int:
 def run_ray(args) -> int:
     """`rvqspec serve --ray`: the app on Ray Serve (rvqspec/serve/ray.py), one Engine per replica."""
     flags.require_extra("rvqspec serve --ray", "ray", "ray", "fastapi", "uvicorn", "soundfile")
-    if args.replicas is not None and (args.min_replicas is not None or args.max_replicas is not None):
-        raise RvqspecError("--replicas is a fixed number, --min-replicas/--max-replicas autoscale: give one or the "
-                           "other")
-    if (args.min_replicas is None) != (args.max_replicas is None):
-        raise RvqspecError("--min-replicas and --max-replicas go together: give both")
+    if args.model != "standin" and not Path(args.model).is_dir():
+        raise RvqspecError(f"--model {args.model} is not a checkpoint folder (with --address: give a path that "
+                           "every node can read)")
     from rvqspec.serve import ray
 
     api_key = args.api_key or os.environ.get("RVQSPEC_API_KEY") or None
+    if args.host not in LOOPBACK and not api_key:
+        print(f"rvqspec serve: warning: listening on {args.host} without an API key: anyone who reaches this port "
+              "can use it (set --api-key or RVQSPEC_API_KEY)", file=sys.stderr)
     application = ray.app(args.model, replicas=args.replicas, min_replicas=args.min_replicas,
                           max_replicas=args.max_replicas, threads_per_replica=args.threads_per_replica,
                           max_batch=args.max_batch, max_queue=args.max_queue, weights=args.weights,
@@ -84,11 +85,11 @@ def add_cli(subparsers) -> None:
     p.add_argument("--ray", action="store_true",
                    help="serve on Ray Serve, one engine per replica (needs rvqspec[ray]; README: Serving on many "
                         "machines)")
-    p.add_argument("--address", help="with --ray: the Ray cluster to join ('auto' or HOST:PORT; default: start a "
+    p.add_argument("--address", metavar="auto|HOST:PORT", help="with --ray: the Ray cluster to join ('auto' or HOST:PORT; default: start a "
                                      "local Ray instance)")
-    p.add_argument("--replicas", type=replicas, help="with --ray: a fixed number of replicas (default 1)")
-    p.add_argument("--min-replicas", type=replicas, help="with --ray: autoscale from this many replicas ...")
-    p.add_argument("--max-replicas", type=replicas, help="... to this many, on ongoing requests (a full batch each)")
-    p.add_argument("--threads-per-replica", type=flags.bounded_int(1, 256), default=1,
+    p.add_argument("--replicas", type=replicas, metavar="N", help="with --ray: a fixed number of replicas (default 1)")
+    p.add_argument("--min-replicas", type=replicas, metavar="A", help="with --ray: autoscale from this many replicas ...")
+    p.add_argument("--max-replicas", type=replicas, metavar="B", help="... to this many, on ongoing requests (a full batch each)")
+    p.add_argument("--threads-per-replica", type=flags.bounded_int(1, 256), default=1, metavar="T",
                    help="with --ray: torch threads (and Ray CPUs) of each replica (default 1)")
     p.set_defaults(run=run_serve)

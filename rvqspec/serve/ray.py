@@ -17,7 +17,6 @@ tagged with the replica).
 
 import os
 import signal
-import socket
 import sys
 import threading
 from collections.abc import Callable
@@ -31,10 +30,12 @@ from ray.serve.metrics import Gauge
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.runtime import Engine
 from rvqspec.serve.app import RETRY_AFTER_SECONDS, create_app
+from rvqspec.serve.server import bind
 from rvqspec.serve.voices import VoiceStore
 
 APP_NAME = "rvqspec"
 REPLICA_HEADER = b"x-rvqspec-replica"  # which replica answered: Ray's replica id (its actor's name)
+CONSTRUCTOR_TRIES = 3  # a replica whose Engine cannot be built (a bad checkpoint) fails the deployment after this many
 METRICS_SECONDS = 5.0  # how often a replica copies its engine's status into Ray's metrics
 STATUS_METRICS = {  # engine.status() key: (Ray metric, its description); exported as ray_<metric>, per replica
     "active": ("rvqspec_active_rows", "Requests decoding in the replica's batch"),
@@ -121,13 +122,14 @@ def app(model: str | Callable[[], object] = "standin", *, replicas: int | None =
     if "autoscaling_config" in scaling:
         scaling["autoscaling_config"].update(target_ongoing_requests=max_batch, **(autoscaling or {}))
     elif autoscaling:
-        raise RvqspecError("autoscaling settings need min_replicas and max_replicas (not replicas)")
+        raise RvqspecError("autoscaling settings need min_replicas and max_replicas: give those instead of replicas")
     engine_options = dict(max_batch=max_batch, max_queue=max_queue, weights=weights, talker_weights=talker_weights)
     deployment = serve.deployment(
         Replica, name=APP_NAME, ray_actor_options={"num_cpus": threads_per_replica},
         max_ongoing_requests=max_batch + max_queue, max_queued_requests=max_queue,
         backpressure_config={"status_code": 429, "retry_after_s": RETRY_AFTER_SECONDS},
-        graceful_shutdown_timeout_s=grace, **scaling)
+        graceful_shutdown_timeout_s=grace, graceful_shutdown_wait_loop_s=0.5,
+        max_constructor_retry_count=CONSTRUCTOR_TRIES, **scaling)
     return deployment.bind(model, engine_options, None if voices_dir is None else str(voices_dir), api_key,
                            threads_per_replica)
 
@@ -140,26 +142,28 @@ def replica_count(replicas: int | None, min_replicas: int | None, max_replicas: 
             raise RvqspecError(f"replicas is {count}: use 1 or more")
         return {"num_replicas": count}
     if replicas is not None:
-        raise RvqspecError("give either replicas (a fixed number) or min_replicas and max_replicas (autoscaling), "
-                           "not both")
+        raise RvqspecError("replicas (--replicas) is a fixed number, min_replicas and max_replicas (--min-replicas, "
+                           "--max-replicas) autoscale: give one or the other")
     if min_replicas is None or max_replicas is None or not 1 <= min_replicas <= max_replicas:
-        raise RvqspecError(f"min_replicas {min_replicas} and max_replicas {max_replicas}: give both, with "
-                           "1 <= min_replicas <= max_replicas")
+        raise RvqspecError(f"min_replicas {min_replicas} and max_replicas {max_replicas} (--min-replicas, "
+                           "--max-replicas): give both, with 1 <= min_replicas <= max_replicas")
     return {"autoscaling_config": {"min_replicas": min_replicas, "max_replicas": max_replicas,
                                    "initial_replicas": min_replicas}}
 
 
-def free_port(host: str) -> int:
-    with socket.create_server((host, 0)) as sock:
+def free_port(host: str, port: int = 0) -> int:
+    """`port` on `host` if it is free now (0: any free port); OSError if it is taken."""
+    with bind(host, port) as sock:
         return sock.getsockname()[1]
 
 
 def run(application: serve.Application, name: str, address: str | None, host: str, port: int,
         grace: float) -> None:
     """Deploy `application` on Ray (a local instance, or the cluster at `address`) behind Ray's HTTP proxy on
-    host:port (0: a free port), print its address, serve until SIGTERM or Ctrl-C, then delete the application, its
+    host:port (0: a free port, on a local instance), print its address, serve until SIGTERM or Ctrl-C, then delete the application, its
     replicas draining for up to `grace` seconds (the deployment's), and on a local instance stop Serve and Ray."""
-    port = port or free_port(host)
+    if not address:  # a taken port fails now, before Ray starts (a cluster's Serve may hold it already: its own)
+        port = free_port(host, port)
     ray.init(address=address, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": host, "port": port})
