@@ -1,10 +1,11 @@
-"""`rvqspec serve --ray` (rvqspec/serve/ray.py): the command on a local Ray instance serving the stand-in with 2
-replicas (the official `openai` client gets the Engine's audio for the seed; SIGTERM drains), and the Ray Serve app
-of the engine's test double (tests/helpers/fake_server.py: rows as long as a test needs) on a local Ray instance of
-2 CPUs: requests spread over both replicas, a voice registered through one replica spoken by the other and deleted
-everywhere, a killed replica's stream cut at once and the replica replaced, 429 from a full cluster, autoscaling
-from 1 to 2 replicas and back. Skipped where ray is not installed, except the one-line hint of `--ray` without it.
-All in one xdist group: one Ray instance at a time (`make test` runs `--dist loadgroup`)."""
+"""`rvqspec serve --ray` (rvqspec/serve/ray.py) on a local Ray instance of 2 CPUs: the command joining it (--address)
+and serving the stand-in, whose audio through the official `openai` client is the Engine's for the seed, then draining
+on SIGTERM mid-stream; and two replicas of the engine's test double (tests/helpers/fake_server.py: rows as long as a
+test needs): requests spread over both, a voice registered through one replica spoken by the other and deleted
+everywhere, a killed replica's stream cut at once and the replica replaced, 429 from a full cluster, autoscaling from
+1 to 2 replicas and back. Refusals before Ray starts, one line each (the install hint of `--ray` and the Ray flags
+without it run where ray is not installed). All in one xdist group, one Ray instance at a time (`make test` runs
+`--dist loadgroup`)."""
 
 import functools
 import importlib.util

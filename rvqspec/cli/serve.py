@@ -85,11 +85,13 @@ def add_cli(subparsers) -> None:
     p.add_argument("--ray", action="store_true",
                    help="serve on Ray Serve, one engine per replica (needs rvqspec[ray]; README: Serving on many "
                         "machines)")
-    p.add_argument("--address", metavar="auto|HOST:PORT", help="with --ray: the Ray cluster to join ('auto' or HOST:PORT; default: start a "
-                                     "local Ray instance)")
+    p.add_argument("--address", metavar="auto|HOST:PORT",
+                   help="with --ray: the Ray cluster to join (default: start a local Ray instance)")
     p.add_argument("--replicas", type=replicas, metavar="N", help="with --ray: a fixed number of replicas (default 1)")
-    p.add_argument("--min-replicas", type=replicas, metavar="A", help="with --ray: autoscale from this many replicas ...")
-    p.add_argument("--max-replicas", type=replicas, metavar="B", help="... to this many, on ongoing requests (a full batch each)")
+    p.add_argument("--min-replicas", type=replicas, metavar="A",
+                   help="with --ray: autoscale from this many replicas ...")
+    p.add_argument("--max-replicas", type=replicas, metavar="B",
+                   help="... to this many, on ongoing requests (a full batch each)")
     p.add_argument("--threads-per-replica", type=flags.bounded_int(1, 256), default=1, metavar="T",
                    help="with --ray: torch threads (and Ray CPUs) of each replica (default 1)")
     p.set_defaults(run=run_serve)

@@ -160,8 +160,9 @@ def free_port(host: str, port: int = 0) -> int:
 def run(application: serve.Application, name: str, address: str | None, host: str, port: int,
         grace: float) -> None:
     """Deploy `application` on Ray (a local instance, or the cluster at `address`) behind Ray's HTTP proxy on
-    host:port (0: a free port, on a local instance), print its address, serve until SIGTERM or Ctrl-C, then delete the application, its
-    replicas draining for up to `grace` seconds (the deployment's), and on a local instance stop Serve and Ray."""
+    host:port (0 on a local instance: a free port), print its address, serve until SIGTERM or Ctrl-C, then delete the
+    application, its replicas draining for up to `grace` seconds (the deployment's), and on a local instance stop
+    Serve and Ray."""
     if not address:  # a taken port fails now, before Ray starts (a cluster's Serve may hold it already: its own)
         port = free_port(host, port)
     ray.init(address=address, include_dashboard=False, log_to_driver=False)
