@@ -30,6 +30,7 @@ from ray.serve.metrics import Gauge
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.runtime import Engine
 from rvqspec.serve.app import RETRY_AFTER_SECONDS, create_app
+from rvqspec.serve.ray_proxy import PROXY_CALLBACK
 from rvqspec.serve.server import bind
 from rvqspec.serve.voices import VoiceStore
 
@@ -165,6 +166,7 @@ def run(application: serve.Application, name: str, address: str | None, host: st
     Serve and Ray."""
     if not address:  # a taken port fails now, before Ray starts (a cluster's Serve may hold it already: its own)
         port = free_port(host, port)
+        os.environ.setdefault("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", PROXY_CALLBACK)  # the proxy's errors as JSON
     ray.init(address=address, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": host, "port": port})
