@@ -3,7 +3,7 @@ and serving the stand-in, whose audio through the official `openai` client is th
 on SIGTERM mid-stream; and two replicas of the engine's test double (tests/helpers/fake_server.py: rows as long as a
 test needs): requests spread over both, a voice registered through one replica spoken by the other and deleted
 everywhere, a killed replica's stream cut at once and the replica replaced, 429 from a full cluster, autoscaling from
-1 to 2 replicas and back. Refusals before Ray starts, one line each (the install hint of `--ray` and the Ray flags
+1 to 2 replicas and back; the engine's status copied into Ray's gauges. Refusals before Ray starts, one line each (the install hint of `--ray` and the Ray flags
 without it run where ray is not installed). All in one xdist group, one Ray instance at a time (`make test` runs
 `--dist loadgroup`)."""
 
@@ -58,6 +58,28 @@ def test_serve_ray_refuses_a_taken_port_before_ray_starts(capsys):
         assert main(["serve", "--ray", "--port", str(taken.getsockname()[1])]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "in use" in err
+
+
+@needs_ray
+def test_each_replica_copies_its_engines_status_into_rays_gauges(monkeypatch):
+    from rvqspec.serve import ray as rvqspec_ray
+
+    class Gauge:
+        def set(self, value):
+            self.value = value
+
+    monkeypatch.setattr(rvqspec_ray, "METRICS_SECONDS", 0.01)
+    engine, gauges, stop = FakeEngine(), {key: Gauge() for key in rvqspec_ray.STATUS_METRICS}, threading.Event()
+    try:
+        engine.speech("x" * 8, voice="en").audio()
+        exporter = threading.Thread(target=rvqspec_ray.export_status, args=(engine, gauges, stop))
+        exporter.start()
+        time.sleep(0.1)
+        stop.set()
+        exporter.join()
+    finally:
+        engine.close()
+    assert {key: gauge.value for key, gauge in gauges.items()} == {key: engine.status()[key] for key in gauges}
 
 
 @pytest.fixture(scope="module")
