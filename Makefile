@@ -24,7 +24,7 @@ $(VENV)/.demo: pyproject.toml Makefile
 
 # Everything else the suite uses: tests, the reference implementations, the stand-in's build and quality tools.
 $(VENV)/.installed: $(VENV)/.demo
-	$(PY) -m pip install -q -e '.[fast,test,ref,standin,train,bench,demo,serve]' $(TORCH)
+	$(PY) -m pip install -q -e '.[fast,test,ref,standin,train,bench,demo,serve,ray]' $(TORCH)
 	$(PY) -m pip install -q --no-deps $(QWEN_TTS)
 	touch $@
 
@@ -33,7 +33,7 @@ demo: $(VENV)/.demo
 	OMP_WAIT_POLICY=PASSIVE $(VENV)/bin/rvqspec demo
 
 test: install
-	$(PY) -m pytest -q -n 2
+	$(PY) -m pytest -q -n 2 --dist loadgroup
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,10 +1,11 @@
 """`rvqspec serve` under load: 1, 4, 8 and 16 concurrent streaming clients on loopback, each level a fixed time.
 
-    python benchmarks/serve_load.py [--model standin|0.6b|PATH] [--clients 1,4,8,16] [--seconds 20]
+    python benchmarks/serve_load.py [--model standin|0.6b|PATH] [--clients 1,4,8,16] [--seconds 20] [--ray REPLICAS]
 
 `--model 0.6b` serves qwen-tts at the real 0.6B sizes with random weights, its code predictor's heads controlled to
 the paper's acceptance and the real-size 12 Hz decoder (benchmarks/end_to_end.py builds it), bfloat16, each request
-REAL_SIZE_FRAMES frames (EOS is unreachable with random weights).
+REAL_SIZE_FRAMES frames (EOS is unreachable with random weights). `--ray N`: `rvqspec serve --ray --replicas N` (one
+thread each) on a local Ray instance; frames/s is then not counted (/metrics is one replica's).
 
 Starts a server process (`rvqspec serve --port 0`, one torch thread for the model), warms it with one request, then
 per level runs that many clients, each sending streaming pcm requests one after another until the level's time is
@@ -63,11 +64,13 @@ def serve_real_size(max_batch: int, max_queue: int) -> None:
     serve(engine, bind("127.0.0.1", 0), VoiceStore(tempfile.mkdtemp(prefix="rvqspec-voices-")))
 
 
-def start_server(model: str, max_batch: int, max_queue: int) -> tuple[subprocess.Popen, str]:
+def start_server(model: str, max_batch: int, max_queue: int, ray: int | None) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
     sizes = ["--max-batch", str(max_batch), "--max-queue", str(max_queue)]
     command = ([__file__, "--serve-real-size", *sizes] if model == REAL_SIZE else
                ["-m", "rvqspec.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--model", model, *sizes])
+    if ray:
+        command += ["--ray", "--replicas", str(ray), "--threads-per-replica", "1"]
     log = tempfile.TemporaryFile()  # the server's stderr, shown if it fails to start
     process = subprocess.Popen([sys.executable, *command], stdout=subprocess.PIPE, stderr=log, env=env, cwd=ROOT)
     deadline = time.monotonic() + 600
@@ -99,7 +102,11 @@ def one_request(client: httpx.Client, url: str, body: dict) -> dict:
 
 
 def frames_decoded(url: str) -> float:
-    return float(re.search(r"^rvqspec_frames_total (\S+)$", httpx.get(f"{url}/metrics").text, re.M).group(1))
+    """The engine's frames so far (nan behind Ray: whichever replica answers /metrics counts its own)."""
+    response = httpx.get(f"{url}/metrics")
+    if "x-rvqspec-replica" in response.headers:
+        return float("nan")
+    return float(re.search(r"^rvqspec_frames_total (\S+)$", response.text, re.M).group(1))
 
 
 def run_level(url: str, clients: int, seconds: float, model: str, voice: str | None) -> dict:
@@ -148,6 +155,8 @@ def markdown(report: dict) -> str:
     what = (f"qwen-tts at the 0.6B sizes (random weights, heads at the paper's acceptance, bfloat16, "
             f"{REAL_SIZE_FRAMES} frames a request) served by rvqspec.serve" if report["model"] == REAL_SIZE else
             f"`rvqspec serve --model {report['model']}`")
+    if report.get("ray"):
+        what += f" on Ray Serve, {report['ray']} replica(s) of one thread (`--ray --replicas {report['ray']}`)"
     lines = [f"# Serving under load: {what}", "",
              f"Measured on {report['cpu']}, one torch thread for the model (OMP_NUM_THREADS=1), {report['cores']} "
              f"cores shared with the clients; max batch {report['max_batch']}, each level {report['seconds']:.0f} s of "
@@ -192,17 +201,19 @@ def main() -> int:
     p.add_argument("--clients", default="1,4,8,16")
     p.add_argument("--seconds", type=float, default=20.0, help="per level")
     p.add_argument("--max-batch", type=int, default=16)
-    p.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/serve-load[-0.6b]")
+    p.add_argument("--ray", type=int, metavar="REPLICAS", help="serve on a local Ray instance with this many replicas")
+    p.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/serve-load[-0.6b][-rayN]")
     p.add_argument("--serve-real-size", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--max-queue", type=int, default=32, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve_real_size:
         return serve_real_size(args.max_batch, args.max_queue)
-    out = args.out or OUT.with_name(OUT.name + ("-" + REAL_SIZE if args.model == REAL_SIZE else ""))
+    out = args.out or OUT.with_name(OUT.name + ("-" + REAL_SIZE if args.model == REAL_SIZE else "") +
+                                    (f"-ray{args.ray}" if args.ray else ""))
     levels = [int(c) for c in args.clients.split(",")]
     if args.seconds * len(levels) > MAX_SECONDS / 2:
         raise SystemExit(f"--seconds x levels must stay under {MAX_SECONDS // 2} s")
-    process, url = start_server(args.model, args.max_batch, max(levels) * 2)
+    process, url = start_server(args.model, args.max_batch, max(levels) * 2, args.ray)
     try:
         model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
         voice = args.voice or next((v["id"] for v in httpx.get(f"{url}/v1/audio/voices").json()["data"]), None)
@@ -217,7 +228,7 @@ def main() -> int:
     finally:
         process.send_signal(signal.SIGTERM)
         status = process.wait(timeout=120)
-    report = {"model": args.model, "cpu": cpu_name(), "cores": os.cpu_count(), "threads": 1,
+    report = {"model": args.model, "ray": args.ray, "cpu": cpu_name(), "cores": os.cpu_count(), "threads": 1,
               "max_batch": args.max_batch, "seconds": args.seconds, "sample_rate": sample_rate, "levels": rows,
               "targets": targets(rows), "server_exit_status": status, "command": " ".join(sys.argv)}
     out.parent.mkdir(parents=True, exist_ok=True)
