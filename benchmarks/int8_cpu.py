@@ -175,7 +175,8 @@ def to_markdown(report: dict) -> str:
     for name, r in report["classes"].items():
         lines += [f"## {r['cpu']}", "", "### One matmul, [M, 1024] x [1024, 3072], ms (medians)", "",
                   "| M | " + " | ".join(r["matmul_ms"]["1"]) + " |", "|---|" + "---|" * len(r["matmul_ms"]["1"])]
-        lines += [f"| {m} | " + " | ".join(f"{v:.3f}" for v in row.values()) + " |" for m, row in r["matmul_ms"].items()]
+        lines += [f"| {m} | " + " | ".join(f"{v:.3f}" for v in row.values()) + " |"
+                  for m, row in r["matmul_ms"].items()]
         floor = r["floor"]
         lines += ["", f"### One row through the 0.6B predictor's layer matrices (floor: bytes / copy bandwidth, "
                   f"{floor['bandwidth_gb_s']:.1f} GB/s)", "", "| scheme | kernel | one row ms | floor ms | of floor | "
@@ -189,7 +190,8 @@ def to_markdown(report: dict) -> str:
         p = r["predictor"]
         lines += ["", f"### The 0.6B predictor, one frame (15 codes), ms; heads at {p['tokens_per_step_at_32']:.2f} "
                   "tokens/step at N=32", "", "| model | AR | " + " | ".join(f"N={n}" for n in SIZES)
-                  + " | the policy's choice | AR, 4 rows / 1 | AR, 8 rows / 1 |", "|---|---|" + "---|" * (len(SIZES) + 3)]
+                  + " | the policy's choice | AR, 4 rows / 1 | AR, 8 rows / 1 |",
+                  "|---|---|" + "---|" * (len(SIZES) + 3)]
         for scheme, s in p["schemes"].items():
             lines.append(f"| {scheme} | {s['ms']['ar']:.0f} | " + " | ".join(f"{s['ms'][str(n)]:.0f}" for n in SIZES)
                          + f" | {'N=' + str(s['policy_size']) if s['policy_size'] else 'AR'} ({s['policy_ms']:.0f}) | "

@@ -364,7 +364,8 @@ def results_markdown(eval_report: dict | None, calibration: dict | None, calibra
         "The paper's figures are for Qwen3-TTS 0.6B with trained weights (Fleurs, Apple devices). Ours are for the "
         "stand-in (a small model trained here on CPU, far less confident than the real one, hence its lower "
         "acceptance) and for the real 0.6B/1.7B architectures with random weights (latency), see docs/design.md, section 5.",
-        "", *cpu_classes_section(bench_dir), "", *int8_cpu_section(bench_dir), "", *eval_sections(eval_report), "",
+        "", *cpu_classes_section(bench_dir), "", *int8_cpu_section(bench_dir), "",
+        *eval_sections(eval_report), "",
         *calibration_section(calibration, calibration_path), "",
         *bench_section(bench, bench_dir, out), "", *batch_section(batch or {}, bench_dir, out), "",
         *csm_section(bench_dir / "csm"), "",

@@ -3,10 +3,10 @@
 The real 0.6B architecture (random layers) with acceptance-controlled heads: the heads are peaked on the float
 model until speculation makes the paper's tokens/step at N = 32 (`calibrate_strength`), then each scheme quantizes
 that model, so every scheme runs at about the paper's acceptance (each at its own, measured: a quantized model is a
-different model). A scheme this CPU cannot run (w8a8 without int8 dot products) or whose AR frame, probed first,
-takes more than PROBE_LIMIT times bfloat16's is skipped with the reason. For each thread count, every frame is
-decoded AR, speculative with each tree size and with the policy's choice (what tree="auto" deploys here without a
-device file: this class's built-in table, or one measured on first use) by every scheme in rotating order
+different model). A scheme this CPU cannot run (w8a8 without int8 dot products or the AVX2 kernel) or whose AR frame,
+probed first, takes more than PROBE_LIMIT times bfloat16's is skipped with the reason. For each thread count, every
+frame is decoded AR, speculative with each tree size and with the policy's choice (what tree="auto" deploys here
+without a device file: this class's built-in table, or one measured on first use) by every scheme in rotating order
 (interleaved, so that other jobs on the machine load all of them alike); medians of the frame times.
 x_over_y = y's frame time / x's frame time.
 """
@@ -79,7 +79,7 @@ def models_per_scheme(plan: WeightsPlan, sampler: Sampler, log) -> tuple[dict, d
             else:
                 models[scheme] = predictor.model if resolve_dtype(scheme) == resolve_dtype(BASELINE) else \
                     controlled_predictor(ARCHITECTURES[plan.arch], calibrated.strength, dtype=scheme).model
-        except RvqspecError as e:  # e.g. w8a8 on a CPU without int8 dot products
+        except RvqspecError as e:  # e.g. w8a8 on an arm CPU
             skipped[scheme] = str(e)
             log(f"{scheme} skipped: {e}")
     frames = predictor.frames(plan.frames, seed=1)

@@ -7,9 +7,11 @@ each costs dispatcher overhead, and their cost grows with the rows of a speculat
 cache write, SiLU x up, and residual add + the next RMSNorm (twice); the prepacked matmuls and SDPA stay.
 AR and speculative calls take the same path, so AR keeps being our fastest AR.
 
-The kernels are built on first use with torch.utils.cpp_extension (needs ninja, `pip install 'rvqspec[fast]'`,
-and a C++ compiler), compiled for this CPU and cached by torch (~/.cache/torch_extensions). Where they
-cannot be built, decoding takes the plain path after one warning. `RVQSPEC_FUSED=0` (the default of every thread)
+int8.cpp, built into the same module, holds the integer side of int8 weights (`quantize`: w8a8's token quantization,
+and the int8 GEMMs of x86 CPUs without int8 dot products, which the fast-path switch leaves on: they are the schemes'
+kernels there). The kernels are built on first use with torch.utils.cpp_extension (needs ninja, `pip install
+'rvqspec[fast]'`, and a C++ compiler), compiled for this CPU and cached by torch (~/.cache/torch_extensions). Where
+they cannot be built, decoding takes the plain path after one warning. `RVQSPEC_FUSED=0` (the default of every thread)
 or `enabled(False)` (for a block, in its own thread or task only) turns the whole CPU fast path off (these
 kernels, the int8 draft heads of `draft_heads` and the early-stopping walk `walk.walk_on_host`; where each applies:
 `device_path`), e.g. to time the previous engine side by side (benchmarks/fused_path.py).
@@ -42,7 +44,8 @@ _enabled = contextvars.ContextVar("rvqspec_fused", default=os.environ.get("RVQSP
 
 def build_name() -> str:
     """One build per source, torch, CPU flags and class: it is compiled with -march=native, less what a cap forbids."""
-    key = b"".join(path.read_bytes() for path in (*SOURCES, HEADER)) + torch.__version__.encode() + " ".join(sorted(cpu_class.cpu_flags())).encode() \
+    key = b"".join(path.read_bytes() for path in (*SOURCES, HEADER)) + torch.__version__.encode() \
+        + " ".join(sorted(cpu_class.cpu_flags())).encode() \
         + " ".join(cflags()).encode()
     return "rvqspec_fused_" + hashlib.sha256(key).hexdigest()[:12]
 
@@ -69,7 +72,8 @@ def kernels():
             try:
                 from torch.utils.cpp_extension import load
                 with ninja_on_path():
-                    _state["module"] = load(build_name(), [str(path) for path in SOURCES], extra_cflags=cflags(), verbose=False)
+                    _state["module"] = load(build_name(), [str(path) for path in SOURCES], extra_cflags=cflags(),
+                                            verbose=False)
             except Exception as e:  # no ninja, no compiler, a read-only cache...: the plain path still works
                 warnings.warn(f"rvqspec: the fused CPU kernels could not be built ({type(e).__name__}: "
                               f"{str(e).strip().splitlines()[-1] if str(e).strip() else e}); decoding takes the "

@@ -218,7 +218,8 @@ at::Tensor int8_linear(const at::Tensor& x_, const at::Tensor& packed, const at:
     const scalar_t* px = x.data_ptr<scalar_t>();
     int16_t* pa = a.data_ptr<int16_t>();
     at::parallel_for(0, rows, grain(k), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) token_scale[r] = quantize_row<scalar_t, int16_t>(px + r * k, k, pa + r * kp, 0);
+      for (int64_t r = begin; r < end; ++r)
+        token_scale[r] = quantize_row<scalar_t, int16_t>(px + r * k, k, pa + r * kp, 0);
     });
     scalar_t* po = out.data_ptr<scalar_t>();
     gemm(pa, rows, kp, packed, scale.data_ptr<float>(), n, [&](int64_t r, int64_t c, float v) {

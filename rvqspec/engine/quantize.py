@@ -32,7 +32,7 @@ projection's bias), each layer matmul and the input projection as `<layer>.weigh
 `heads_int8` (int8 [G-1, V, H]) and `heads_scale` (float32 [G-1, V]), and `scheme` (the scheme's name in ASCII,
 uint8). `load_state_dict` restores them exactly into a model of the same config and scheme and refuses another scheme
 or shape (`check_state`).
-`torch.save`, pickle and deepcopy leave out the kernels' packed weights and the locks, which are made again on first use.
+`torch.save`, pickle and deepcopy leave out the kernels' packed weights and the locks, made again on first use.
 """
 
 import copy

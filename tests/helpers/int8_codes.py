@@ -29,8 +29,8 @@ def predictor_codes() -> dict:
     quantized = quantize(model, "w8a8")
     frames = random_frames(model, 6, seed=4)
     hidden, c0 = torch.stack([h for h, _ in frames]), torch.tensor([c for _, c in frames])
-    x = torch.cat([quantized.embed_talker_hidden(hidden)[:, None],
-                   quantized.embed_codes(torch.arange(6)[:, None].expand(-1, 3) % 16, torch.arange(3).expand(6, -1))], 1)
+    codes, tables = torch.arange(6)[:, None].expand(-1, 3) % 16, torch.arange(3).expand(6, -1)
+    x = torch.cat([quantized.embed_talker_hidden(hidden)[:, None], quantized.embed_codes(codes, tables)], 1)
     states = quantized(x, torch.arange(4))
     out = {"states": states, "logits": quantized.head_logits(states, 1)}
     drafter, tree = ReusedHeads(quantized), default_tree(8)
