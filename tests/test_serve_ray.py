@@ -144,8 +144,16 @@ def speak(url: str, text: str, **body) -> httpx.Response:
 
 
 def together(url: str, n: int, text: str) -> list[httpx.Response]:
+    """`n` requests sent at once: each thread waits for all the others to start (on a busy machine threads started in
+    turn would send theirs after the first ones were done)."""
     got: list[httpx.Response] = []
-    threads = [threading.Thread(target=lambda: got.append(speak(url, text))) for _ in range(n)]
+    ready = threading.Barrier(n)
+
+    def send() -> None:
+        ready.wait()
+        got.append(speak(url, text))
+
+    threads = [threading.Thread(target=send) for _ in range(n)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -231,7 +239,8 @@ def test_a_killed_replica_cuts_its_stream_and_is_replaced(two):
 
 @needs_ray
 def test_a_full_cluster_answers_429_with_retry_after_in_openais_error_shape(two):
-    got = together(two, 40, "x" * 30)  # 2 replicas x (2 rows + 8 waiting) + 8 at the proxy: the rest are refused
+    got = together(two, 40, "x" * 100)  # 2 replicas x (2 rows + 8 waiting) + 8 at the proxy: the rest are refused
+    # (1 s of frames each, so that none is done before the last arrives)
     statuses = sorted(r.status_code for r in got)
     assert set(statuses) == {200, 429} and statuses.count(429) >= 40 - 28, statuses
     refused = [r for r in got if r.status_code == 429]  # by the proxy, or by a replica's engine at a frame boundary
