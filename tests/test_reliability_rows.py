@@ -1,7 +1,8 @@
 """One request never fails another (issue 41, case 3): in a batch of four greedy requests on a tiny stand-in, a row
 whose talker state turns non-finite mid-utterance, a prompt that is non-finite from the start, and a row whose
 predictor batch raises each fail alone, with their own error, while the others decode the very codes they decode
-alone (also the request that later reuses the failed row's cache row)."""
+alone (also the request that later reuses the failed row's cache row). And the Python API's edges: seeds out of a
+generator's range, leaving a request's iteration early, a close that cuts requests short."""
 
 from dataclasses import replace
 
@@ -72,3 +73,39 @@ def test_a_row_whose_predictor_batch_raises_fails_alone(engine, monkeypatch):
         requests[1].wait(WAIT)
     for index in (0, 2, 3):
         assert torch.equal(requests[index].wait(WAIT), alone[index]), index
+
+
+# ---------------------------------------------------------------- the Python API's edges (issue 41's smaller items)
+
+
+@pytest.mark.parametrize("seed", [2 ** 64, 2 ** 63, -1, 1.5, "7", True])
+def test_a_seed_out_of_a_generators_range_is_refused_in_words(engine, seed):
+    with pytest.raises(RvqspecError, match=r"seed must be an integer from 0 to 2\*\*63 - 1"):
+        engine.speech("hello", voice="en", seed=seed)
+    assert engine.status()["queued"] == 0
+
+
+def long_request(engine):
+    """A request of 1000 frames (EOS forbidden): seconds of decoding, unless cancelled."""
+    prompt = engine.model.prompts("speech", dict(text="a long sentence", language="en", max_new_tokens=1000,
+                                                 **GREEDY))[0]
+    return engine.enqueue(replace(prompt, rules=replace(prompt.rules, min_new_tokens=10 ** 9)), 0)
+
+
+def test_breaking_out_of_a_requests_audio_frees_its_row(engine):
+    request = long_request(engine)
+    for _ in request:
+        break
+    assert request.finished.wait(WAIT) and request.error is None
+    assert request.cancelled.is_set() and len(request.decoded) < 1000
+    assert engine.status()["active"] == 0
+
+
+def test_close_without_grace_hands_the_consumer_an_error_not_cut_audio():
+    engine = Engine(tiny_standin(seed=3), drafter=None)
+    request = long_request(engine)
+    chunks = iter(request)
+    next(chunks)
+    engine.close(grace=0)
+    with pytest.raises(RvqspecError, match="cut short"):
+        list(chunks)

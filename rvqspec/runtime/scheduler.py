@@ -88,14 +88,13 @@ class Scheduler:
             return len(self.rows), len(self.waiting)
 
     def close(self, grace: float | None) -> None:
-        """Stop accepting; let what was submitted finish within `grace` seconds (None: however long), then cancel it."""
+        """Stop accepting; let what was submitted finish within `grace` seconds (None: however long); what has not
+        ends with an error (`end_all`), so that no caller takes its cut audio for the whole."""
         with self.condition:
             self.accepting = False
             self.condition.notify()
         self.thread.join(grace)
         with self.condition:
-            for request in [row.request for row in self.rows] + list(self.waiting):
-                request.cancel()
             self.stopping = True
             self.condition.notify()
         self.thread.join()
@@ -247,13 +246,14 @@ class Scheduler:
         self.cache.kv.kv[:, :, index].zero_()
 
     def end_all(self) -> None:
-        """When the engine stops: what it still holds (cancelled by `close`) ends."""
-        while self.rows:
-            self.leave(len(self.rows) - 1)
+        """When the engine stops: what it still holds ends, with an error unless its caller had cancelled it."""
         with self.condition:
-            waiting, self.waiting = list(self.waiting), collections.deque()
-        for request in waiting:
-            request.finish()
+            requests = [row.request for row in self.rows] + list(self.waiting)
+            self.rows, self.waiting = [], collections.deque()
+        for request in requests:
+            request.finish(None if request.cancelled.is_set() else RvqspecError(
+                f"the engine was closed after {len(request.decoded)} frames of this request, before it finished: "
+                "its audio is cut short; submit it to a running engine (or close with a longer grace)"))
 
     def fail_all(self, error: Exception) -> None:
         while self.rows:
