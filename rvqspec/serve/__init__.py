@@ -3,3 +3,7 @@
 app (the endpoints, FastAPI), audio (response formats and server-sent events), voices (the cloned-voice registry),
 metrics (Prometheus text), server (uvicorn, SIGTERM), page/index.html (the page at /). Needs `rvqspec[serve]`.
 """
+
+# Deadlines, here so that `rvqspec serve --help` shows them without importing the server (fastapi).
+HEADER_SECONDS = 10.0  # a request's headers must arrive within this (server.py: the connection is closed)
+BODY_SECONDS = 30.0  # a request's whole body must arrive within this (app.py: 408)
