@@ -10,11 +10,13 @@ One frame step, for the B rows of the batch (each a request, row b of the talker
     (the model's frame embedding, plus Qwen3-TTS's trailing text);
  5. one talker step for all rows gives each its next hidden state.
 Between steps, waiting requests are prefilled, one by one, into new rows (up to `max_batch`): they join at the next
-step. A row fails alone: one whose talker state or logits turn non-finite (inf or nan: a clip or prompt out of range),
-or whose draw or predictor batch raises, leaves with its own error while the others go on with the same bits (its
-cache row is zeroed first: a masked slot still multiplies its value by 0, and 0 * nan is nan for the next row there). A row's codes do not depend on the batch (greedy: the same bits; `engine/talker.py`), except that the
+step. A row's codes do not depend on the batch (greedy: the same bits; `engine/talker.py`), except that the
 predictor's draws of a batch of several rows come from the engine's generator (a lone row uses its own: a fixed
 seed then repeats its audio exactly; in a batch it keeps the same distribution).
+
+A row fails alone: one whose talker state or logits turn non-finite (inf or nan: a clip or prompt out of range), or
+whose draw or predictor batch raises, leaves with its own error while the others go on with the same bits. Its cache
+row is zeroed first: a masked slot still multiplies its value by 0, and 0 * nan is nan for the next row there.
 """
 
 import collections

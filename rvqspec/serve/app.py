@@ -13,8 +13,10 @@ names the field and the fix; it always encodes (text the client sent is escaped 
 holds no exception text of the server's own (no reprs, no addresses: those go to the log). Against pages in a
 browser: a body is parsed only when its Content-Type is JSON (a cross-site "simple" request, sent without a preflight,
 never is: 415), and the Host header must name this server (an IP address, localhost or an --allowed-hosts name: a
-DNS-rebinding page's Host is its own domain: 421). The engine's request iterators block, so they are read in worker threads: a
-request's audio is vocoded there, beside the others', while the event loop only moves bytes.
+DNS-rebinding page's Host is its own domain: 421).
+
+The engine's request iterators block, so they are read in worker threads: a request's audio is vocoded there, beside
+the others', while the event loop only moves bytes.
 """
 
 import asyncio
@@ -322,7 +324,8 @@ def create_app(engine, voices: VoiceStore, api_key: str | None = None, threads: 
     @app.exception_handler(Exception)
     async def internal_error(request, e: Exception):
         log.error("%s %s failed: %s: %s", request.method, request.url.path, type(e).__name__, e)
-        return ApiError(500, "internal error: the server logged it; retry, or report it", kind="server_error").response()
+        return ApiError(500, "internal error: the server logged it; retry, or report it",
+                        kind="server_error").response()
 
     @app.get("/", response_class=HTMLResponse)
     async def index():

@@ -58,8 +58,7 @@ def probe_clip(data: bytes):
     if info.format not in CLIP_FORMATS:
         raise RvqspecError(f"audio is a {info.format} file: send wav or flac")
     if not MIN_RATE <= info.samplerate <= MAX_RATE:
-        raise RvqspecError(f"audio's sample rate is {info.samplerate} Hz: send a clip at {MIN_RATE} to {MAX_RATE} Hz "
-                           "(24000 is the model's)")
+        raise RvqspecError(f"audio's sample rate is {info.samplerate} Hz: send a clip at {MIN_RATE} to {MAX_RATE} Hz")
     if not 1 <= info.channels <= MAX_CHANNELS:
         raise RvqspecError(f"audio has {info.channels} channels: send a mono (or stereo) clip")
     check_seconds(info.frames / info.samplerate)

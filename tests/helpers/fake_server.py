@@ -167,7 +167,8 @@ def main() -> None:
     sock = bind("127.0.0.1", args.port)
     engine = FakeEngine(args.max_batch, args.max_queue, args.can_clone)
     voices = VoiceStore(args.voices_dir, args.max_voices, args.voices_quota * 2 ** 20)
-    serve(engine, sock, voices, args.api_key, args.grace, allowed_hosts=tuple(filter(None, args.allowed_hosts.split(","))),
+    serve(engine, sock, voices, args.api_key, args.grace,
+          allowed_hosts=tuple(filter(None, args.allowed_hosts.split(","))),
           header_seconds=args.header_timeout, body_seconds=args.body_timeout)
 
 
