@@ -303,6 +303,34 @@ def test_sigterm_as_soon_as_the_address_is_printed_stops_the_server(tmp_path):
             assert started.process.wait(timeout=15) == 0
 
 
+def catches_sigterm(pid: int) -> bool:
+    """Whether process `pid` has a handler for SIGTERM (bit 15 of SigCgt in /proc/PID/status)."""
+    caught = int(re.search(r"SigCgt:\s+([0-9a-f]+)", Path(f"/proc/{pid}/status").read_text()).group(1), 16)
+    return bool(caught >> (signal.SIGTERM - 1) & 1)
+
+
+def test_sigterm_while_rvqspec_serve_starts_exits_0(tmp_path):
+    """`rvqspec serve` handles SIGTERM from before it binds and loads the model: sent as soon as its handler is in
+    place (before the address line), the process exits 0 at once."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-m", "rvqspec.cli", "serve", "--port", "0", "--voices-dir",
+                                str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env=os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    try:
+        deadline = time.monotonic() + 60
+        while not catches_sigterm(process.pid) and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0, process.stderr.read().decode()[-2000:]
+        assert b"rvqspec serve: standin on" not in process.stdout.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 def damaged(folder: Path, text: str) -> str:
     folder.mkdir()
     (folder / "config.json").write_text(text)
