@@ -9,7 +9,6 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from hypothesis import given, settings, strategies as st
 from test_file_fuzz import JUNK, damage_json, refused_or_read
@@ -212,45 +211,60 @@ def test_tune_on_a_full_disk_says_so_in_one_line(standin, tmp_path, monkeypatch,
         assert err.count("\n") == 1 and "No space left on device" in err and "Traceback" not in err, err
 
 
-KILLED_AT_ITS_FIRST_CHECKPOINT = """
+TRAIN = """
 import os, signal, sys
 from rvqspec.tuning import train
 
-save = train.save_checkpoint
+if sys.argv[4] == "kill":  # SIGKILL right after the first checkpoint
+    save = train.save_checkpoint
 
-def save_then_die(out, state):
-    save(out, state)
-    os.kill(os.getpid(), signal.SIGKILL)
+    def save_then_die(out, state):
+        save(out, state)
+        os.kill(os.getpid(), signal.SIGKILL)
 
-train.save_checkpoint = save_then_die
+    train.save_checkpoint = save_then_die
 train.train(*sys.argv[1:4], train.TrainSettings(batch_size=16, lr=3e-2, validation_fraction=0.25), epochs=2,
-            progress=False)
+            resume=sys.argv[4] == "resume", progress=False)
 """
+AVX2_CAP = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}  # the Zen 1-3 class, on any x86 CPU
 
 
-def test_training_killed_at_a_checkpoint_resumes_to_the_same_bits(tmp_path):
-    """Case 19: SIGKILL right after the first checkpoint (end of epoch 1, before metrics.json), in a process whose
-    fast path is off (as where the fused kernels could not be built); resumed here, with it on: the same bits as an
-    uninterrupted run here."""
+@pytest.mark.parametrize("caps", [{}, AVX2_CAP], ids=["this-cpu", "avx2-caps"])
+def test_training_killed_at_a_checkpoint_resumes_to_the_same_bits(tmp_path, caps):
+    """Case 19 (issue 36) and issue 41, case 11: SIGKILL right after the first checkpoint (end of epoch 1, before
+    metrics.json), in a process whose fast path is off (as where the fused kernels could not be built); resumed in
+    another process, with it on: the same bits as an uninterrupted run, in the drafter and in its file's bytes
+    (safetensors ordered its metadata differently in every process). Under the AVX2 caps every run is a process of
+    its own, started with them."""
     import os
     import signal
     import subprocess
     import sys
 
     from helpers.synthetic import write_model_and_corpus
-    from rvqspec.tuning.train import TrainSettings, train
 
     model_dir, corpus_dir = write_model_and_corpus(tmp_path / "data", utterances=40)
-    settings = TrainSettings(batch_size=16, lr=3e-2, validation_fraction=0.25)
-    whole = train(model_dir, corpus_dir, tmp_path / "whole", settings, epochs=2, progress=False)
-    child = subprocess.run([sys.executable, "-c", KILLED_AT_ITS_FIRST_CHECKPOINT, str(model_dir), str(corpus_dir),
-                            str(tmp_path / "part")], env=os.environ | {"RVQSPEC_FUSED": "0"}, capture_output=True)
-    assert child.returncode == -signal.SIGKILL, child.stderr.decode()[-2000:]
+
+    def child(out: str, mode: str, env: dict) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", TRAIN, str(model_dir), str(corpus_dir), str(tmp_path / out),
+                               mode], env=os.environ | {"OMP_NUM_THREADS": "1"} | caps | env, capture_output=True)
+
+    if caps:
+        assert child("whole", "whole", {}).returncode == 0
+    else:
+        from rvqspec.tuning.train import TrainSettings, train
+
+        train(model_dir, corpus_dir, tmp_path / "whole", TrainSettings(batch_size=16, lr=3e-2,
+                                                                       validation_fraction=0.25), epochs=2,
+              progress=False)
+    killed = child("part", "kill", {"RVQSPEC_FUSED": "0"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
     assert not (tmp_path / "part" / "metrics.json").exists()
-    resumed = train(model_dir, corpus_dir, tmp_path / "part", settings, epochs=2, resume=True, progress=False)
-    assert resumed["epochs"] == whole["epochs"]
-    for name in ("last.pt", "offsets.safetensors"):
-        state = [torch.load(tmp_path / run / name, weights_only=True) if name.endswith(".pt") else
-                 load_file(tmp_path / run / name) for run in ("whole", "part")]
-        offsets = [s["drafter"]["offsets"] if name.endswith(".pt") else s["offsets"] for s in state]
-        assert torch.equal(*offsets), name
+    resumed = child("part", "resume", {})
+    assert resumed.returncode == 0, resumed.stderr.decode()[-2000:]
+    runs = [tmp_path / run for run in ("whole", "part")]
+    assert json.loads((runs[0] / "metrics.json").read_text())["epochs"] == \
+        json.loads((runs[1] / "metrics.json").read_text())["epochs"]
+    last = [torch.load(run / "last.pt", weights_only=True)["drafter"]["offsets"] for run in runs]
+    assert torch.equal(*last)
+    assert (runs[0] / "offsets.safetensors").read_bytes() == (runs[1] / "offsets.safetensors").read_bytes()

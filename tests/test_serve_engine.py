@@ -4,7 +4,6 @@ decoding together), a disconnect freeing its row, and a voice registered, spoken
 checkpoint (random weights, a model that clones). The HTTP behaviour in detail: tests/test_serve.py."""
 
 import base64
-import io
 import threading
 
 import httpx
@@ -18,6 +17,7 @@ from test_serve import clip, sse_audio
 
 from rvqspec.runtime import Engine
 from rvqspec.serve.audio import to_int16
+from rvqspec.serve.voices import decode_clip, samples
 
 TEXT = "Hello there."
 SERVE = ["-m", "rvqspec.cli", "serve", "--port", "0", "--max-batch", "4"]
@@ -108,7 +108,7 @@ def test_a_cloned_voice_round_trip_on_a_qwen3_tts_base_checkpoint(tmp_path):
         assert spoken.status_code == 200 and spoken.content
         assert httpx.delete(f"{url}/v1/audio/voices/hum").status_code == 200
         assert httpx.post(f"{url}/v1/audio/speech", json=body, timeout=60).status_code == 400
-    audio, sample_rate = soundfile.read(io.BytesIO(base64.b64decode(clip())), dtype="float32")
-    with Engine(str(folder)) as engine:
-        prompt = engine.clone_prompt(audio, sample_rate, "a hum")
+    with Engine(str(folder)) as engine:  # the clip as the server stores it: 16-bit at the model's rate
+        stored = samples(decode_clip(base64.b64decode(clip()), engine.sample_rate))
+        prompt = engine.clone_prompt(stored, engine.sample_rate, "a hum")
         assert spoken.content == alone(engine, "hello", 2, clone=prompt).tobytes()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save, save_file
 
 from rvqspec.engine.config import PredictorConfig, upstream_config_dict
 from rvqspec.engine.errors import RvqspecError
@@ -216,7 +216,21 @@ def relative_path(path: str | Path) -> Path:
 
 
 def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
-    atomic_write(path, lambda tmp: save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata))
+    """A safetensors file, written atomically, whose bytes depend on its contents alone. safetensors writes the
+    metadata in the order of a Rust HashMap, seeded anew in every process: the same drafter saved by a `tune` killed
+    and resumed and by an uninterrupted one made different files. With metadata, the header is written here, its
+    metadata sorted."""
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    if not metadata:
+        atomic_write(path, lambda tmp: save_file(tensors, tmp))
+        return
+    data = save(tensors, metadata)
+    length = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + length])
+    header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data stays 8-byte aligned, as safetensors pads it
+    atomic_write(path, lambda tmp: Path(tmp).write_bytes(len(text).to_bytes(8, "little") + text + data[8 + length:]))
 
 
 def save_text(path: str | Path, text: str) -> None:

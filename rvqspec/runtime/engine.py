@@ -150,12 +150,14 @@ class Engine:
 
     def whole(self, kind: str, args: tuple, kwargs: dict, seed: int | None) -> tuple[list[np.ndarray], int]:
         prompts = self.model.prompts(kind, self.named(kind, args, kwargs))
-        requests = [self.enqueue(prompt, None if seed is None else seed + i) for i, prompt in enumerate(prompts)]
+        requests = []
         try:
+            for i, prompt in enumerate(prompts):
+                requests.append(self.enqueue(prompt, None if seed is None else seed + i))
             codes = [request.wait() for request in requests]
         finally:
             for request in requests:
-                request.cancel()  # only those still running (an interrupted wait)
+                request.cancel()  # only those still running (an interrupted wait, a refused submit)
         return self.model.whole(codes, prompts)
 
     def stream(self, kind: str, args: tuple, kwargs: dict, seed: int | None) -> Iterator[tuple[np.ndarray, int]]:
@@ -212,6 +214,8 @@ class Engine:
 
 def seeded(seed: int | None, device: torch.device) -> torch.Generator:
     """A generator on `device` seeded with `seed`, or with fresh entropy where there is none."""
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63):
+        raise RvqspecError(f"seed must be an integer from 0 to 2**63 - 1 (a torch generator's seed), got {seed!r}")
     return torch.Generator(device).manual_seed(random.SystemRandom().getrandbits(62) if seed is None else seed)
 
 
@@ -233,10 +237,7 @@ def load_model(model, weights: str | None, talker_weights: str | None, dtype) ->
         return "standin", standin_model(ASSETS / "model", ASSETS / "codec.safetensors", weights, talker_weights), ASSETS
     if isinstance(model, (str, Path)):
         folder = Path(model)
-        if not (folder / "config.json").is_file():
-            raise RvqspecError(f"{folder} is not a model folder (no config.json): pass 'standin', a qwen-tts 12 Hz "
-                               "checkpoint folder or a stand-in folder")
-        if "stand_in" in json.loads((folder / "config.json").read_text()).get("talker_config", {}):
+        if "stand_in" in model_config(folder)["talker_config"]:
             from rvqspec.standin.settings import ASSETS
 
             codec = folder.parent / "codec.safetensors"
@@ -263,6 +264,23 @@ def load_model(model, weights: str | None, talker_weights: str | None, dtype) ->
         return "standin", StandinModel(model, MelRVQCodec.load(), weights, talker_weights), None
     raise RvqspecError(f"rvqspec.Engine takes 'standin', a checkpoint folder or a qwen_tts.Qwen3TTSModel, not "
                        f"{type(model).__name__}: for other models use rvqspec.accelerate(model)")
+
+
+def model_config(folder: Path) -> dict:
+    """A model folder's config.json, parsed and checked (an object, its talker_config an object), so that a damaged
+    one is refused in one line before anything loads."""
+    path = folder / "config.json"
+    if not path.is_file():
+        raise RvqspecError(f"{folder} is not a model folder (no config.json): pass 'standin', a qwen-tts 12 Hz "
+                           "checkpoint folder or a stand-in folder")
+    try:
+        config = json.loads(path.read_bytes())
+    except (ValueError, RecursionError):
+        raise RvqspecError(f"{path} is not valid JSON: restore the checkpoint's config.json") from None
+    if not isinstance(config, dict) or not isinstance(config.setdefault("talker_config", {}), dict):
+        raise RvqspecError(f"{path} is not a model config (a JSON object with an object talker_config): restore the "
+                           "checkpoint's config.json")
+    return config
 
 
 def standin_model(folder: Path, codec: Path, weights: str | None, talker_weights: str | None):

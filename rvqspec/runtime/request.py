@@ -61,9 +61,10 @@ class AudioStream:
 
 
 class Request:
-    """Iterate for float32 audio chunks (mono, at `sample_rate`) as frames are decoded; `cancel()` frees its row at
-    the next frame boundary; `audio()` the whole audio; `codes` [T, G] once done. An error of its decoding is raised
-    to the caller (iteration, `audio()`, `wait()`), never to the other requests."""
+    """Iterate for float32 audio chunks (mono, at `sample_rate`) as frames are decoded; `cancel()` (or leaving the
+    iteration early) frees its row at the next frame boundary; `audio()` the whole audio; `codes` [T, G] once done.
+    An error of its decoding is raised to the caller (iteration, `audio()`, `wait()`), never to the other requests;
+    so is the engine's closing before the request finished (`Engine.close`)."""
 
     def __init__(self, prompt: Prompt, new_stream: Callable[[], AudioStream], sample_rate: int,
                  chunks: tuple[int, int], generator: torch.Generator):
@@ -128,14 +129,18 @@ class Request:
         stream = self.new_stream()
         first, every = self.chunks
         clock, pending = ChunkClock(first + stream.lag, every), []
-        while (frame := self.next_frame()) is not END:
-            pending.append(frame)
-            if clock.tick():
-                yield from self.chunk(stream.add(pending))
-                pending = []
-        if not self.cancelled.is_set():
-            yield from self.chunk(stream.add(pending) if pending else np.zeros(0, dtype=np.float32))
-            yield from self.chunk(stream.finish())
+        try:
+            while (frame := self.next_frame()) is not END:
+                pending.append(frame)
+                if clock.tick():
+                    yield from self.chunk(stream.add(pending))
+                    pending = []
+            if not self.cancelled.is_set():
+                yield from self.chunk(stream.add(pending) if pending else np.zeros(0, dtype=np.float32))
+                yield from self.chunk(stream.finish())
+        except GeneratorExit:  # the caller stopped iterating (break, or dropped the iterator): its row is freed
+            self.cancel()
+            raise
         self.raise_error()
 
     def next_frame(self):

@@ -13,6 +13,10 @@ Between steps, waiting requests are prefilled, one by one, into new rows (up to 
 step. A row's codes do not depend on the batch (greedy: the same bits; `engine/talker.py`), except that the
 predictor's draws of a batch of several rows come from the engine's generator (a lone row uses its own: a fixed
 seed then repeats its audio exactly; in a batch it keeps the same distribution).
+
+A row fails alone: one whose talker state or logits turn non-finite (inf or nan: a clip or prompt out of range), or
+whose draw or predictor batch raises, leaves with its own error while the others go on with the same bits. Its cache
+row is zeroed first: a masked slot still multiplies its value by 0, and 0 * nan is nan for the next row there.
 """
 
 import collections
@@ -86,14 +90,13 @@ class Scheduler:
             return len(self.rows), len(self.waiting)
 
     def close(self, grace: float | None) -> None:
-        """Stop accepting; let what was submitted finish within `grace` seconds (None: however long), then cancel it."""
+        """Stop accepting; let what was submitted finish within `grace` seconds (None: however long); what has not
+        ends with an error (`end_all`), so that no caller takes its cut audio for the whole."""
         with self.condition:
             self.accepting = False
             self.condition.notify()
         self.thread.join(grace)
         with self.condition:
-            for request in [row.request for row in self.rows] + list(self.waiting):
-                request.cancel()
             self.stopping = True
             self.condition.notify()
         self.thread.join()
@@ -133,7 +136,9 @@ class Scheduler:
             try:
                 prompt = request.prompt
                 hidden = talker_blocks.prefill(self.model.talker, self.cache, row, prompt.embeds, prompt.positions)
+                check_finite(hidden, "the talker state after its prompt")
             except Exception as e:  # a bad prompt fails its own request
+                self.clear(row)
                 self.cache.remove(row)
                 request.finish(e if isinstance(e, RvqspecError) else RvqspecError(f"prefill failed: {e}"))
                 continue
@@ -141,14 +146,17 @@ class Scheduler:
                 self.rows.append(Row(request, hidden))
 
     def frame_step(self) -> None:
-        rows = self.rows
-        logits = self.model.c0_logits(torch.stack([row.hidden for row in rows]))
-        for row, row_logits in zip(rows, logits):
-            earlier = torch.tensor(row.c0, dtype=torch.long, device=row_logits.device)
-            row.c0.append(row.request.prompt.rules.draw(row_logits, earlier, row.request.generator))
-        for index in reversed(range(len(rows))):  # 2: finished and cancelled rows leave
-            row = rows[index]
+        logits = self.model.c0_logits(torch.stack([row.hidden for row in self.rows]))
+        for index in reversed(range(len(self.rows))):  # 1, 2: draws, then finished, cancelled and failed rows leave
+            row = self.rows[index]  # the rows after `index` may move, never those before it: logits[index] is its own
             prompt = row.request.prompt
+            try:
+                check_finite(logits[index], f"the talker's logits at frame {row.frames}")
+                earlier = torch.tensor(row.c0, dtype=torch.long, device=logits.device)
+                row.c0.append(prompt.rules.draw(logits[index], earlier, row.request.generator))
+            except Exception as e:
+                self.fail(index, e)
+                continue
             if row.c0[-1] == prompt.rules.eos or len(row.c0) >= prompt.max_new_tokens \
                     or row.request.cancelled.is_set() or prompt.ends_after(row.request.decoded):
                 self.leave(index)
@@ -156,8 +164,16 @@ class Scheduler:
             return
         rows = self.rows
         c0 = torch.tensor([row.c0[-1] for row in rows], device=logits.device)
-        codes = self.predict(torch.stack([row.hidden for row in rows]), c0, rows)
+        codes, failures = self.predict(torch.stack([row.hidden for row in rows]), c0, rows)
         frames = torch.cat([c0[:, None], codes], dim=1)
+        if failures:
+            position = {id(row): b for b, row in enumerate(rows)}
+            for index in sorted(failures, reverse=True):
+                self.fail(index, failures[index])
+            rows = self.rows
+            if not rows:
+                return
+            frames = frames[[position[id(row)] for row in rows]]
         inputs, positions = self.model.frame_inputs(frames), []
         for b, row in enumerate(rows):
             prompt, t = row.request.prompt, row.frames
@@ -175,22 +191,39 @@ class Scheduler:
             return 0.0
         return prompt.text[frame] if frame < len(prompt.text) else prompt.pad
 
-    def predict(self, hidden: Tensor, c0: Tensor, rows: list[Row]) -> Tensor:
-        """c1..c{G-1} [B, G-1]: one `decode_frames` per predictor sampler among the rows."""
+    def predict(self, hidden: Tensor, c0: Tensor, rows: list[Row]) -> tuple[Tensor, dict[int, Exception]]:
+        """c1..c{G-1} [B, G-1]: one `decode_frames` per predictor sampler among the rows; and {row index: error} of
+        the rows that fail (a group that raises is decoded again row by row, to fail only the rows that raise)."""
         groups: dict[Sampler, list[int]] = {}
         for b, row in enumerate(rows):
             groups.setdefault(row.request.prompt.sampler, []).append(b)
         codes = torch.empty(len(rows), self.model.predictor.config.num_code_groups - 1, dtype=torch.long,
                             device=c0.device)
+        failures: dict[int, Exception] = {}
         for sampler, members in groups.items():
-            tree = self.tree_for(len(members))
-            generator = rows[members[0]].request.generator if len(members) == 1 else self.generator
-            index = torch.tensor(members, device=c0.device)
-            result = decode_frames(self.model.predictor, hidden[index], c0[index], sampler, generator,
-                                   self.drafter if tree is not None else None, tree)
-            self.stats.add(result, tree.size if tree is not None else 0)
-            codes[index] = result.codes.to(c0.device)
-        return codes
+            try:
+                self.predict_group(hidden, c0, rows, sampler, members, codes)
+            except Exception as e:
+                if len(members) == 1:
+                    failures[members[0]] = e
+                    continue
+                for b in members:
+                    try:
+                        self.predict_group(hidden, c0, rows, sampler, [b], codes)
+                    except Exception as e:
+                        failures[b] = e
+        return codes, failures
+
+    def predict_group(self, hidden: Tensor, c0: Tensor, rows: list[Row], sampler: Sampler, members: list[int],
+                      codes: Tensor) -> None:
+        """The codes of rows `members` (one sampler), written into `codes`."""
+        tree = self.tree_for(len(members))
+        generator = rows[members[0]].request.generator if len(members) == 1 else self.generator
+        index = torch.tensor(members, device=c0.device)
+        result = decode_frames(self.model.predictor, hidden[index], c0[index], sampler, generator,
+                               self.drafter if tree is not None else None, tree)
+        self.stats.add(result, tree.size if tree is not None else 0)
+        codes[index] = result.codes.to(c0.device)
 
     def tree_for(self, batch: int) -> Tree | None:
         return policy_choice.tree_for(self.drafter, self.tree, self.policy, batch)
@@ -204,17 +237,36 @@ class Scheduler:
             self.rows.pop()
         row.request.finish(error)
 
+    def fail(self, index: int, error: Exception) -> None:
+        """Row `index` fails alone: its request ends with the error; its cache row is zeroed before it is reused."""
+        self.clear(index)
+        self.leave(index, error if isinstance(error, RvqspecError) else RvqspecError(
+            f"decoding failed ({type(error).__name__}: {error}): this is a bug, please report it"))
+
+    def clear(self, index: int) -> None:
+        """Zero cache row `index` (module docstring: stale nan there would reach the row that next uses it)."""
+        self.cache.kv.kv[:, :, index].zero_()
+
     def end_all(self) -> None:
-        """When the engine stops: what it still holds (cancelled by `close`) ends."""
-        while self.rows:
-            self.leave(len(self.rows) - 1)
+        """When the engine stops: what it still holds ends, with an error unless its caller had cancelled it."""
         with self.condition:
-            waiting, self.waiting = list(self.waiting), collections.deque()
-        for request in waiting:
-            request.finish()
+            requests = [row.request for row in self.rows] + list(self.waiting)
+            self.rows, self.waiting = [], collections.deque()
+        for request in requests:
+            request.finish(None if request.cancelled.is_set() else RvqspecError(
+                f"the engine was closed after {len(request.decoded)} frames of this request, before it finished: "
+                "its audio is cut short; submit it to a running engine (or close with a longer grace)"))
 
     def fail_all(self, error: Exception) -> None:
-        wrapped = error if isinstance(error, RvqspecError) else RvqspecError(
-            f"decoding failed ({type(error).__name__}: {error}): this is a bug, please report it")
         while self.rows:
-            self.leave(len(self.rows) - 1, wrapped)
+            self.fail(len(self.rows) - 1, error)
+
+
+class NonFinite(RvqspecError):
+    """A row's talker state or logits hold inf or nan: that request fails, alone."""
+
+
+def check_finite(values: Tensor, what: str) -> None:
+    if not bool(torch.isfinite(values).all()):
+        raise NonFinite(f"{what} is not finite (inf or nan): the request's input is out of range (a voice clip of "
+                        "absurd amplitude?); this request ends, the others go on")

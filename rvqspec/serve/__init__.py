@@ -5,3 +5,7 @@ metrics (Prometheus text), server (uvicorn, SIGTERM), page/index.html (the page 
 ray: the same app on Ray Serve, one Engine per replica (`rvqspec serve --ray`; needs `rvqspec[ray]`, imported only
 there), and ray_proxy: Ray's proxy's own error answers in OpenAI's shape.
 """
+
+# Deadlines, here so that `rvqspec serve --help` shows them without importing the server (fastapi).
+HEADER_SECONDS = 10.0  # a request's headers must arrive within this (server.py: the connection is closed)
+BODY_SECONDS = 30.0  # a request's whole body must arrive within this (app.py: 408)

@@ -9,14 +9,21 @@
     GET    /                        a page: a text box, the voices, a player
 
 Every refusal is a JSON body in OpenAI's error shape, {"error": {"message", "type", "param", "code"}}, whose message
-names the field and the fix. The engine's request iterators block, so they are read in worker threads: a
-request's audio is vocoded there, beside the others', while the event loop only moves bytes.
+names the field and the fix; it always encodes (text the client sent is escaped where UTF-8 cannot hold it), and it
+holds no exception text of the server's own (no reprs, no addresses: those go to the log). Against pages in a
+browser: a body is parsed only when its Content-Type is JSON (a cross-site "simple" request, sent without a preflight,
+never is: 415), and the Host header must name this server (an IP address, localhost or an --allowed-hosts name: a
+DNS-rebinding page's Host is its own domain: 421).
+
+The engine's request iterators block, so they are read in worker threads: a request's audio is vocoded there, beside
+the others', while the event loop only moves bytes.
 """
 
 import asyncio
 import base64
 import binascii
 import hmac
+import ipaddress
 import json
 import logging
 import math
@@ -30,22 +37,27 @@ import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.runtime import QueueFull
+from rvqspec.serve import BODY_SECONDS
 from rvqspec.serve.audio import FORMATS, flac_bytes, pcm_bytes, sse_delta, sse_event, wav_header
 from rvqspec.serve.metrics import Metrics
-from rvqspec.serve.voices import VoiceStore, check_name, decode_clip
+from rvqspec.serve.voices import StoreFull, VoiceStore, check_name, decode_clip, samples
 
 log = logging.getLogger("uvicorn.error")  # uvicorn's configured logger: one line per event on the server's stderr
 
 MAX_INPUT = 4096  # characters of `input` (OpenAI's limit) and of `instructions`
 MAX_SPEECH_BODY = 64 * 1024  # bytes of a speech request
 MAX_VOICE_BODY = 16 * 1024 * 1024  # bytes of a voice registration (a base64 clip of up to 60 s)
+CLOSE = {"Connection": "close"}
+CLIENT_CLOSED = 499  # nginx's status for a client that left before its answer (logs and /metrics)
 RETRY_AFTER_SECONDS = 1  # what a 429 tells the client to wait
 OPEN_PATHS = {"/health", "/"}  # no API key asked: liveness, and the page (static; it asks for the key itself)
 SPEECH_FIELDS = {"model", "input", "voice", "response_format", "instructions", "speed", "stream_format", "seed",
                  "temperature", "top_k", "top_p", "language"}
+VOICE_FIELDS = {"name", "audio", "transcript"}
 UNSUPPORTED_FORMATS = {"mp3", "opus", "aac"}
 
 
@@ -59,8 +71,14 @@ class ApiError(Exception):
         self.headers = headers
 
     def response(self) -> JSONResponse:
-        error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
+        error = {"message": encodable(self.message), "type": self.kind, "param": encodable(self.param),
+                 "code": self.code}
         return JSONResponse({"error": error}, status_code=self.status, headers=self.headers)
+
+
+def encodable(text: str | None) -> str | None:
+    """`text` with what UTF-8 cannot encode (lone surrogates a client sent) backslash-escaped."""
+    return None if text is None else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 @dataclass
@@ -75,18 +93,35 @@ class Speech:
 
 # ---------------------------------------------------------------- reading and checking requests
 
-async def read_json(request: Request, limit: int) -> dict:
-    """The body as a JSON object, refused past `limit` bytes (counted as it arrives, whatever Content-Length says)."""
+async def read_json(request: Request, limit: int, seconds: float) -> dict:
+    """The body as a JSON object: refused unless its Content-Type is JSON (415), past `limit` bytes (counted as it
+    arrives, whatever Content-Length says: 413), or when it has not all arrived within `seconds` (408); a client
+    that leaves while sending it gets CLIENT_CLOSED (it is not there to read it: the status is for the logs)."""
+    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media != "application/json":
+        raise ApiError(415, f"Content-Type is {media[:80]!r}, not JSON: send the body with 'Content-Type: "
+                       "application/json'", code="unsupported_media_type")
+    # the rest of such a body is never read: the connection closes after the answer
     too_big = ApiError(413, f"the request body is over {limit} bytes: send less (input is capped at {MAX_INPUT} "
-                            "characters)", code="body_too_large")
+                            "characters)", code="body_too_large", headers=CLOSE)
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:
         raise too_big
     data = bytearray()
-    async for part in request.stream():
-        data += part
-        if len(data) > limit:
-            raise too_big
+    try:
+        with anyio.fail_after(seconds):
+            async for part in request.stream():
+                data += part
+                if len(data) > limit:
+                    raise too_big
+    except TimeoutError:
+        raise ApiError(408, f"the body did not arrive within {seconds:g} s: send it whole and at once (a "
+                       "Content-Length that matches the bytes sent)", code="body_timeout", headers=CLOSE) from None
+    except ClientDisconnect:
+        log.info("%s %s: the client closed the connection while sending its body", request.method,
+                 request.url.path)
+        raise ApiError(CLIENT_CLOSED, "the client closed the connection while sending its body",
+                       code="client_closed") from None
     try:
         body = json.loads(data)
     except (ValueError, RecursionError):
@@ -110,7 +145,25 @@ def optional(body: dict, name: str, kind: type, default=None):
         word = {str: "a string", int: "an integer", float: "a finite number"}[kind]
         raise ApiError(400, f"{name} must be {word}, got {json.dumps(value)[:80]}: send {word} (or leave it out)",
                        param=name)
+    if kind is str:
+        check_text(name, value)
     return value
+
+
+def check_text(name: str, text: str) -> None:
+    """Refuse text UTF-8 cannot encode (a lone surrogate, as JSON's "\\ud800" escape gives): 400 naming the field."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ApiError(400, f"{name} holds an unpaired surrogate (U+{ord(text[e.start]):04X} at character "
+                       f"{e.start}): send valid Unicode text", param=name) from None
+
+
+def check_fields(body: dict, known: set[str]) -> None:
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise ApiError(400, f"unknown field {unknown[0][:80]!r}: the fields are {', '.join(sorted(known))}",
+                       param=unknown[0][:80])
 
 
 def check_range(name: str, value, ok: bool, allowed: str) -> None:
@@ -119,10 +172,7 @@ def check_range(name: str, value, ok: bool, allowed: str) -> None:
 
 
 def parse_speech(body: dict, engine, voices: VoiceStore) -> Speech:
-    unknown = sorted(set(body) - SPEECH_FIELDS)
-    if unknown:
-        raise ApiError(400, f"unknown field {unknown[0][:80]!r}: the fields are {', '.join(sorted(SPEECH_FIELDS))}",
-                       param=unknown[0][:80])
+    check_fields(body, SPEECH_FIELDS)
     model = optional(body, "model", str)
     if model is None:
         raise ApiError(400, f"model is missing: send \"model\": \"{engine.name}\" (GET /v1/models)", param="model")
@@ -232,7 +282,8 @@ async def respond(request: Request, row, speech: Speech, sample_rate: int, metri
     except Exception as e:  # the row failed before any audio: its error, logged in one line
         stop()
         log.error("speech request failed: %s: %s", type(e).__name__, e)
-        raise ApiError(500, f"synthesis failed ({type(e).__name__}: {e}): the server logged it; retry, or report it",
+        why = f" ({e})" if isinstance(e, RvqspecError) else ""  # the engine's own words; never another's repr
+        raise ApiError(500, f"synthesis failed{why}: the server logged it; retry, or report it",
                        kind="server_error") from None
     except BaseException:
         stop()
@@ -243,9 +294,12 @@ async def respond(request: Request, row, speech: Speech, sample_rate: int, metri
 
 # ---------------------------------------------------------------- the app
 
-def create_app(engine, voices: VoiceStore, api_key: str | None = None, threads: int = 64):
+def create_app(engine, voices: VoiceStore, api_key: str | None = None, threads: int = 64,
+               allowed_hosts: tuple[str, ...] = (), body_seconds: float = BODY_SECONDS):
     """The ASGI app serving `engine` (an `rvqspec.runtime.Engine`), cloned voices kept in `voices`. `threads`: worker
-    threads for reading requests' audio (each decoding or waiting request holds one while it waits for a chunk)."""
+    threads for reading requests' audio (each decoding or waiting request holds one while it waits for a chunk);
+    `allowed_hosts`: host names the Host header may give besides addresses and localhost ("*": any); a body must
+    arrive within `body_seconds`."""
     metrics = Metrics()
     page = resources.files("rvqspec.serve").joinpath("page/index.html").read_text()
     created = int(time.time())
@@ -270,14 +324,14 @@ def create_app(engine, voices: VoiceStore, api_key: str | None = None, threads: 
     @app.exception_handler(Exception)
     async def internal_error(request, e: Exception):
         log.error("%s %s failed: %s: %s", request.method, request.url.path, type(e).__name__, e)
-        return ApiError(500, f"internal error ({type(e).__name__}: {e}): the server logged it; retry, or report it",
+        return ApiError(500, "internal error: the server logged it; retry, or report it",
                         kind="server_error").response()
 
     @app.get("/", response_class=HTMLResponse)
     async def index():
         return page
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         return {"status": "ok", "model": engine.name}
 
@@ -300,7 +354,8 @@ def create_app(engine, voices: VoiceStore, api_key: str | None = None, threads: 
         if not engine.can_clone:
             raise ApiError(400, f"the served model ({engine.name}) cannot clone voices: serve a Qwen3-TTS Base "
                            "checkpoint (rvqspec serve --model PATH)", code="cannot_clone")
-        body = await read_json(request, MAX_VOICE_BODY)
+        body = await read_json(request, MAX_VOICE_BODY, body_seconds)
+        check_fields(body, VOICE_FIELDS)
         name, audio = optional(body, "name", str), optional(body, "audio", str)
         transcript = optional(body, "transcript", str)
         try:
@@ -311,13 +366,17 @@ def create_app(engine, voices: VoiceStore, api_key: str | None = None, threads: 
             raise ApiError(400, f"{name!r} is a built-in voice: pick another name", param="name")
         if transcript is not None and len(transcript) > MAX_INPUT:
             raise ApiError(400, f"transcript is over {MAX_INPUT} characters: send the clip's words", param="transcript")
+        if not audio:
+            raise ApiError(400, "audio is missing: send the clip's wav or flac file, base64-encoded", param="audio")
         try:
-            data = base64.b64decode(audio or "", validate=True)
+            data = base64.b64decode("".join(audio.split()), validate=True)  # line breaks (base64's output) allowed
         except binascii.Error:
             raise ApiError(400, "audio is not base64: send the clip's wav or flac file, base64-encoded", param="audio") \
                 from None
         try:
             await anyio.to_thread.run_sync(add_voice, engine, voices, name, data, transcript)
+        except StoreFull as e:
+            raise ApiError(507, str(e), code="voices_quota") from None
         except RvqspecError as e:
             raise ApiError(409 if "already exists" in str(e) else 400, str(e), param="audio") from None
         return {"id": name, "object": "voice", "kind": "cloned"}
@@ -333,7 +392,7 @@ def create_app(engine, voices: VoiceStore, api_key: str | None = None, threads: 
 
     @app.post("/v1/audio/speech")
     async def speech(request: Request):
-        job = parse_speech(await read_json(request, MAX_SPEECH_BODY), engine, voices)
+        job = parse_speech(await read_json(request, MAX_SPEECH_BODY, body_seconds), engine, voices)
         try:
             if job.clone:
                 job.args["clone"] = await anyio.to_thread.run_sync(voices.prompt, job.clone, engine)
@@ -347,24 +406,25 @@ def create_app(engine, voices: VoiceStore, api_key: str | None = None, threads: 
             raise ApiError(400, f"voice {job.clone!r} was just deleted: register it again", param="voice") from None
         return await respond(request, row, job, engine.sample_rate, metrics)
 
-    return Gate(app, metrics, api_key)
+    return Gate(app, metrics, api_key, allowed_hosts)
 
 
 def add_voice(engine, voices: VoiceStore, name: str, data: bytes, transcript: str | None) -> None:
-    """Decode the clip, make its clone prompt (refused here rather than at the first synthesis), store it."""
-    audio, sample_rate = decode_clip(data)
-    prompt = engine.clone_prompt(audio, sample_rate, transcript)
-    voices.add(name, audio, sample_rate, transcript)
-    with voices.lock:
-        voices.prompts[name] = prompt
+    """Decode the clip (bounded: `decode_clip`), make its clone prompt (refused here rather than at the first
+    synthesis), store both."""
+    pcm = decode_clip(data, engine.sample_rate)
+    prompt = engine.clone_prompt(samples(pcm), engine.sample_rate, transcript)
+    voices.add(name, pcm, engine.sample_rate, transcript, prompt)
 
 
 class Gate:
-    """The outermost layer of the app: the API key check, and the count of answers by status for /metrics."""
+    """The outermost layer of the app: the Host and API key checks, and the count of answers by status for
+    /metrics."""
 
-    def __init__(self, app, metrics: Metrics, api_key: str | None):
+    def __init__(self, app, metrics: Metrics, api_key: str | None, allowed_hosts: tuple[str, ...] = ()):
         self.app, self.metrics = app, metrics
         self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.allowed_hosts = {"localhost", *(name.lower() for name in allowed_hosts)}
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -375,6 +435,11 @@ class Gate:
                 self.metrics.count_status(message["status"])
             await send(message)
 
+        host = dict(scope["headers"]).get(b"host")
+        if host is not None and not host_allowed(host.decode("latin-1"), self.allowed_hosts):
+            refusal = ApiError(421, f"Host {host.decode('latin-1')[:80]!r} is not a name of this server: use its "
+                               "address, or start it with --allowed-hosts NAME", code="host_not_allowed")
+            return await refusal.response()(scope, receive, counted)
         if self.expected is not None and scope["path"] not in OPEN_PATHS:
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):  # constant time: no timing hint at the key
@@ -382,3 +447,14 @@ class Gate:
                                    "(the server's --api-key or RVQSPEC_API_KEY)", code="invalid_api_key")
                 return await refusal.response()(scope, receive, counted)
         await self.app(scope, receive, counted)
+
+
+def host_allowed(host: str, allowed: set[str]) -> bool:
+    """Whether a Host header (name[:port]) names this server: an IP address (a DNS-rebinding page's Host is its own
+    domain name, never an address), or a name in `allowed` ("*": any)."""
+    name = host[1:].partition("]")[0] if host.startswith("[") else host.rpartition(":")[0] if ":" in host else host
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        return name.lower() in allowed or "*" in allowed

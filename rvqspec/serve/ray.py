@@ -29,10 +29,11 @@ from ray.serve.metrics import Gauge
 
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.runtime import Engine
+from rvqspec.serve import BODY_SECONDS
 from rvqspec.serve.app import RETRY_AFTER_SECONDS, create_app
 from rvqspec.serve.ray_proxy import PROXY_CALLBACK
 from rvqspec.serve.server import bind
-from rvqspec.serve.voices import VoiceStore
+from rvqspec.serve.voices import MAX_VOICES, VOICES_QUOTA, VoiceStore
 
 APP_NAME = "rvqspec"
 REPLICA_HEADER = b"x-rvqspec-replica"  # which replica answered: Ray's replica id (its actor's name)
@@ -50,8 +51,8 @@ class SharedVoices(VoiceStore):
     """A VoiceStore that other processes change too: a cached clone prompt is used only while the voice on disk is
     the one it was made from (a voice deleted and registered again elsewhere is a new file)."""
 
-    def __init__(self, folder: str | Path):
-        super().__init__(folder)
+    def __init__(self, folder: str | Path, max_voices: int = MAX_VOICES, quota: int = VOICES_QUOTA):
+        super().__init__(folder, max_voices, quota)
         self.stamps: dict[str, tuple[int, int]] = {}
 
     def prompt(self, name: str, engine) -> object:
@@ -69,11 +70,12 @@ class Replica:
     """One replica: an Engine (built here, in the replica's process), the shared voices, the app."""
 
     def __init__(self, model: str | Callable[[], object], engine_options: dict, voices_dir: str | None,
-                 api_key: str | None, threads: int):
+                 api_key: str | None, threads: int, guards: dict):
         torch.set_num_threads(threads)
         self.engine = model() if callable(model) else Engine(model, **engine_options)
         folder = voices_dir or Path.home() / ".cache" / "rvqspec" / "voices" / self.engine.name
-        self.voices, self.api_key = SharedVoices(folder), api_key
+        self.voices = SharedVoices(folder, guards["max_voices"], guards["voices_quota"])
+        self.api_key, self.guards = api_key, guards
         self.threads = engine_options["max_batch"] + engine_options["max_queue"] + 16  # as `rvqspec serve`'s
         self.stop = threading.Event()
         gauges = {key: Gauge(name, description=text) for key, (name, text) in STATUS_METRICS.items()}
@@ -81,7 +83,8 @@ class Replica:
 
     def __serve_build_asgi_app__(self):
         replica = serve.get_replica_context().replica_id.to_full_id_str()
-        return tagged(create_app(self.engine, self.voices, self.api_key, self.threads), replica)
+        return tagged(create_app(self.engine, self.voices, self.api_key, self.threads, self.guards["allowed_hosts"],
+                                 self.guards["body_seconds"]), replica)
 
     def __del__(self):
         self.stop.set()
@@ -112,13 +115,15 @@ def app(model: str | Callable[[], object] = "standin", *, replicas: int | None =
         min_replicas: int | None = None, max_replicas: int | None = None, threads_per_replica: int = 1,
         max_batch: int = 8, max_queue: int = 32, weights: str | None = None, talker_weights: str | None = None,
         voices_dir: str | Path | None = None, api_key: str | None = None, grace: float = 30.0,
-        autoscaling: dict | None = None) -> serve.Application:
+        autoscaling: dict | None = None, allowed_hosts: tuple[str, ...] = (), max_voices: int = MAX_VOICES,
+        voices_quota: int = VOICES_QUOTA, body_seconds: float = BODY_SECONDS) -> serve.Application:
     """The Ray Serve application of `rvqspec serve` on `model` ("standin", a checkpoint folder every node can read,
     or a zero-argument callable building an Engine-like object in each replica): `replicas` fixed, or between
     `min_replicas` and `max_replicas` scaled on ongoing requests (`autoscaling`: more of Ray's autoscaling_config,
     e.g. its delays). Each replica is one Engine of `max_batch` rows and `max_queue` waiting, on
     `threads_per_replica` torch threads (and as many of Ray's CPUs). Run it with `serve.run(app(...),
-    route_prefix="/")`; `grace`: seconds a stopping replica lets its requests finish."""
+    route_prefix="/")`; `grace`: seconds a stopping replica lets its requests finish; `allowed_hosts`, `max_voices`,
+    `voices_quota` (bytes) and `body_seconds` as `rvqspec serve`'s flags."""
     scaling = replica_count(replicas, min_replicas, max_replicas)
     if "autoscaling_config" in scaling:
         scaling["autoscaling_config"].update(target_ongoing_requests=max_batch, **(autoscaling or {}))
@@ -131,8 +136,10 @@ def app(model: str | Callable[[], object] = "standin", *, replicas: int | None =
         backpressure_config={"status_code": 429, "retry_after_s": RETRY_AFTER_SECONDS},
         graceful_shutdown_timeout_s=grace, graceful_shutdown_wait_loop_s=0.5,
         max_constructor_retry_count=CONSTRUCTOR_TRIES, **scaling)
+    guards = dict(allowed_hosts=allowed_hosts, max_voices=max_voices, voices_quota=voices_quota,
+                  body_seconds=body_seconds)
     return deployment.bind(model, engine_options, None if voices_dir is None else str(voices_dir), api_key,
-                           threads_per_replica)
+                           threads_per_replica, guards)
 
 
 def replica_count(replicas: int | None, min_replicas: int | None, max_replicas: int | None) -> dict:

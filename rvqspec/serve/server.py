@@ -1,48 +1,111 @@
 """Running the app with uvicorn: on a socket bound before the model loads (a taken port fails at once), until SIGTERM
 or Ctrl-C.
 
-On SIGTERM uvicorn stops accepting, lets in-flight responses finish for `grace` seconds, then cancels them (their
-rows leave the batch); the engine is closed and the process exits 0.
+SIGTERM is handled from the start (`exit_on_sigterm`: before the server runs, it exits 0 at once, nothing being in
+flight); once the server runs, uvicorn stops accepting, lets in-flight responses finish for `grace` seconds, then
+cancels them (their rows leave the batch); the engine is closed and the process exits 0. A request's headers must
+arrive within `header_seconds` (uvicorn has no such deadline: a client trickling bytes held its connection forever),
+its body within `body_seconds` (the app's `read_json`).
 """
 
 import signal
 import socket
 import sys
 
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.serve import BODY_SECONDS, HEADER_SECONDS
 from rvqspec.serve.app import create_app
 from rvqspec.serve.voices import VoiceStore
 
 
 def bind(host: str, port: int) -> socket.socket:
     """A listening TCP socket on host:port (port 0: any free port; `sock.getsockname()[1]` says which)."""
-    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    sock = socket.socket(family, kind, proto)
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as e:
+        raise RvqspecError(f"cannot listen on {host}: {e.strerror or e}: pass an address of this machine as --host") \
+            from None
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(address)
         sock.listen(128)
-    except OSError:
+    except OSError as e:
         sock.close()
-        raise
+        raise RvqspecError(f"cannot listen on {host} port {port}: {e.strerror or e}: pick another --port (or stop "
+                           "what listens there)") from None
     return sock
 
 
+def exit_on_sigterm() -> None:
+    """Until the server runs (flags checked, the model loading), SIGTERM exits at once with status 0."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+
+
 def serve(engine, sock: socket.socket, voices: VoiceStore, api_key: str | None = None, grace: float = 30.0,
-          threads: int = 64) -> None:
+          threads: int = 64, allowed_hosts: tuple[str, ...] = (), header_seconds: float = HEADER_SECONDS,
+          body_seconds: float = BODY_SECONDS) -> None:
     """Serve `engine` on `sock` until SIGTERM or Ctrl-C; the engine is closed on the way out."""
     import uvicorn
 
-    app = create_app(engine, voices, api_key, threads)
-    server = uvicorn.Server(uvicorn.Config(app, timeout_graceful_shutdown=grace, log_level="info"))
+    app = create_app(engine, voices, api_key, threads, allowed_hosts, body_seconds)
+    server = uvicorn.Server(uvicorn.Config(app, timeout_graceful_shutdown=grace, log_level="info",
+                                           http=header_deadline(header_seconds)))
+    # From here SIGTERM drains: before uvicorn installs its own handler (and after it puts this one back), this one
+    # tells it to stop; uvicorn raises the signal it drained on once more when it is done, which lands here and
+    # ends nothing: the process exits 0 (Ctrl-C keeps its KeyboardInterrupt).
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: setattr(server, "should_exit", True))
     host, port = sock.getsockname()[:2]
     host = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
     print(f"rvqspec serve: {engine.name} on http://{host}:{port} (voices in {voices.folder})", flush=True)
-    # uvicorn raises the signal it drained on once more when it is done; landing on a no-op handler, that SIGTERM
-    # ends nothing: the process exits 0 (Ctrl-C keeps its KeyboardInterrupt).
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
     try:
         server.run(sockets=[sock])
     finally:
         engine.close(grace=0)
         signal.signal(signal.SIGTERM, previous)
         sys.stdout.flush()
+
+
+def header_deadline(seconds: float):
+    """uvicorn's h11 protocol, closing a connection whose next request's headers have not arrived `seconds` after
+    it opened or after its last response (uvicorn's keep-alive timer stops at the first byte of them)."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderDeadline(H11Protocol):
+        deadline = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self.arm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self.arm()
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.conn.their_state is not h11.IDLE:
+                self.disarm()
+
+        def connection_lost(self, exc) -> None:
+            self.disarm()
+            super().connection_lost(exc)
+
+        def arm(self) -> None:
+            self.disarm()
+            if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+                self.deadline = self.loop.call_later(seconds, self.too_slow)
+
+        def disarm(self) -> None:
+            if self.deadline is not None:
+                self.deadline.cancel()
+                self.deadline = None
+
+        def too_slow(self) -> None:
+            self.deadline = None
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self.logger.info("closed a connection whose request headers took over %g s", seconds)
+                self.transport.close()
+
+    return HeaderDeadline

@@ -1,7 +1,8 @@
 """A test double of `rvqspec.runtime.Engine` (same interface, no model), and a script serving it:
 
     python tests/helpers/fake_server.py --port 0 --voices-dir DIR [--max-batch 2] [--max-queue 2] [--grace 1]
-                                        [--api-key KEY] [--can-clone]
+                                        [--api-key KEY] [--can-clone] [--max-voices N] [--voices-quota MIB]
+                                        [--allowed-hosts A,B] [--header-timeout S] [--body-timeout S]
 
 for the HTTP behaviour tests (429, disconnects, SIGTERM, auth, the JSON fuzz), which need rows that last as long as
 a test wants: a request of n characters decodes n frames, FRAME_SECONDS each, in one scheduler thread that steps every
@@ -157,10 +158,18 @@ def main() -> None:
     p.add_argument("--grace", type=float, default=5.0)
     p.add_argument("--api-key")
     p.add_argument("--can-clone", action="store_true")
+    p.add_argument("--max-voices", type=int, default=100)
+    p.add_argument("--voices-quota", type=int, default=1024)
+    p.add_argument("--allowed-hosts", default="")
+    p.add_argument("--header-timeout", type=float, default=10.0)
+    p.add_argument("--body-timeout", type=float, default=30.0)
     args = p.parse_args()
     sock = bind("127.0.0.1", args.port)
     engine = FakeEngine(args.max_batch, args.max_queue, args.can_clone)
-    serve(engine, sock, VoiceStore(args.voices_dir), args.api_key, args.grace)
+    voices = VoiceStore(args.voices_dir, args.max_voices, args.voices_quota * 2 ** 20)
+    serve(engine, sock, voices, args.api_key, args.grace,
+          allowed_hosts=tuple(filter(None, args.allowed_hosts.split(","))),
+          header_seconds=args.header_timeout, body_seconds=args.body_timeout)
 
 
 if __name__ == "__main__":
