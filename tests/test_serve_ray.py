@@ -240,9 +240,10 @@ def test_a_killed_replica_cuts_its_stream_and_is_replaced(two):
 @needs_ray
 def test_a_full_cluster_answers_429_with_retry_after_in_openais_error_shape(two):
     got = together(two, 40, "x" * 100)  # 2 replicas x (2 rows + 8 waiting) + 8 at the proxy: the rest are refused
-    # (1 s of frames each, so that none is done before the last arrives)
+    # (1 s of frames each, so that none is done before the last arrives). How many past the replicas' 20 the proxy
+    # holds depends on when Ray's routers see them (8 to 12 refused here), so the bounds are the replicas' own.
     statuses = sorted(r.status_code for r in got)
-    assert set(statuses) == {200, 429} and statuses.count(429) >= 40 - 28, statuses
+    assert set(statuses) == {200, 429} and statuses.count(200) >= 2 * (2 + 8), statuses
     refused = [r for r in got if r.status_code == 429]  # by the proxy, or by a replica's engine at a frame boundary
     assert all(r.headers["retry-after"] == "1" and r.json()["error"]["type"] == "rate_limit_error" for r in refused)
     assert any("every replica is full" in r.json()["error"]["message"] for r in refused)
