@@ -238,12 +238,15 @@ def test_a_killed_replica_cuts_its_stream_and_is_replaced(two):
 
 
 @needs_ray
-def test_a_full_cluster_answers_429_with_retry_after_in_openais_error_shape(two):
-    got = together(two, 40, "x" * 100)  # 2 replicas x (2 rows + 8 waiting) + 8 at the proxy: the rest are refused
-    # (1 s of frames each, so that none is done before the last arrives). How many past the replicas' 20 the proxy
-    # holds depends on when Ray's routers see them (8 to 12 refused here), so the bounds are the replicas' own.
+def test_a_full_cluster_answers_429_with_retry_after_in_openais_error_shape(cluster, tmp_path):
+    """A cluster small enough that 16 requests at once overflow it however the machine spreads their arrival: 2
+    replicas of 1 row and 1 waiting, 1 more at the proxy (how many past the replicas' own the proxy holds depends on
+    when Ray's routers count them). It takes the place of `two`'s app (the 2 CPUs hold 2 replicas): the tests after
+    this one deploy their own."""
+    small = deploy(cluster, tmp_path / "voices", max_batch=1, max_queue=1, replicas=2)
+    got = together(small, 16, "x" * 100)  # 1 s of frames each
     statuses = sorted(r.status_code for r in got)
-    assert set(statuses) == {200, 429} and statuses.count(200) >= 2 * (2 + 8), statuses
+    assert set(statuses) == {200, 429}, statuses  # some served, the overflow refused (Ray may route 3 to a replica)
     refused = [r for r in got if r.status_code == 429]  # by the proxy, or by a replica's engine at a frame boundary
     assert all(r.headers["retry-after"] == "1" and r.json()["error"]["type"] == "rate_limit_error" for r in refused)
     assert any("every replica is full" in r.json()["error"]["message"] for r in refused)
