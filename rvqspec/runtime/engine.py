@@ -15,7 +15,6 @@ request in one batch that new ones join at frame boundaries. Prompts and setting
 """
 
 import inspect
-import json
 import random
 import weakref
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ import torch
 from rvqspec.engine import policy as policy_choice
 from rvqspec.engine.drafters import Offsets, ReusedHeads
 from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.files import read_json
 from rvqspec.engine.policy import Policy, measure_first_use
 from rvqspec.engine.tree import Tree
 from rvqspec.integrations.base import check_arguments
@@ -42,9 +42,10 @@ class Engine:
     """A TTS model's frame loop over every submitted request (module docstring).
 
     `model`: "standin" (the shipped stand-in), a folder (a qwen-tts 12 Hz checkpoint, loaded in `dtype`; "auto": the
-    CPU class's fastest float, `device_path.fastest_float`; or a stand-in folder), or a loaded `qwen_tts.Qwen3TTSModel`. `drafter`: "auto" (the stand-in's shipped offsets, else the
-    predictor's own heads: `ReusedHeads`), a drafter, or None (AR); `tree`: "auto" (the decoding policy per batch
-    size, from `calibration` and this CPU's measured latencies) or a `Tree`. `weights` / `talker_weights`: int8
+    CPU class's fastest float, `device_path.fastest_float`; or a stand-in folder), or a loaded
+    `qwen_tts.Qwen3TTSModel`. `drafter`: "auto" (the stand-in's shipped offsets, else the predictor's own heads:
+    `ReusedHeads`), a drafter, or None (AR); `tree`: "auto" (the decoding policy per batch size, from `calibration`
+    and this CPU's measured latencies) or a `Tree`. `weights` / `talker_weights`: int8
     schemes for the predictor / the talker (`rvqspec.quantize`: another model, opt-in). At most `max_batch` requests
     decode at once and `max_queue` wait (more: `QueueFull`). Chunks of `chunk_frames` frames (the first
     `first_chunk_frames`)."""
@@ -273,10 +274,7 @@ def model_config(folder: Path) -> dict:
     if not path.is_file():
         raise RvqspecError(f"{folder} is not a model folder (no config.json): pass 'standin', a qwen-tts 12 Hz "
                            "checkpoint folder or a stand-in folder")
-    try:
-        config = json.loads(path.read_bytes())
-    except (ValueError, RecursionError):
-        raise RvqspecError(f"{path} is not valid JSON: restore the checkpoint's config.json") from None
+    config = read_json(path, "restore the checkpoint's config.json")
     if not isinstance(config, dict) or not isinstance(config.setdefault("talker_config", {}), dict):
         raise RvqspecError(f"{path} is not a model config (a JSON object with an object talker_config): restore the "
                            "checkpoint's config.json")
