@@ -20,7 +20,6 @@
 #include <ATen/Parallel.h>
 #include <cmath>
 #include <limits>
-#include <type_traits>
 
 #include "kernels.h"
 
@@ -79,9 +78,10 @@ inline __m128 total4(__m256 a, __m256 b, __m256 c, __m256 d) {
   return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
 }
 
-// R rows of int16 activations (row stride kp) x one packed block -> sums [R][COLS] as floats times the weight scales.
+// A tile: R rows of activations (row stride kp) x one packed block -> sums [R][COLS] as floats times the weight
+// scales. w8a8: int16 activations, exact int32 sums.
 template <int R>
-inline void int8_tile(const int16_t* a, int64_t kp, const int8_t* w, const float* wscale, float (*out)[COLS]) {
+inline void tile(const int16_t* a, int64_t kp, const int8_t* w, const float* wscale, float (*out)[COLS]) {
   __m256i acc[R][COLS];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < COLS; ++c) acc[r][c] = _mm256_setzero_si256();
@@ -99,8 +99,9 @@ inline void int8_tile(const int16_t* a, int64_t kp, const int8_t* w, const float
     _mm_storeu_ps(out[r], _mm_mul_ps(_mm_cvtepi32_ps(total4(acc[r][0], acc[r][1], acc[r][2], acc[r][3])), ws));
 }
 
+// w8a16: float32 activations, fused multiply-adds in a fixed order.
 template <int R>
-inline void w8a16_tile(const float* a, int64_t kp, const int8_t* w, const float* wscale, float (*out)[COLS]) {
+inline void tile(const float* a, int64_t kp, const int8_t* w, const float* wscale, float (*out)[COLS]) {
   __m256 acc[R][COLS];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < COLS; ++c) acc[r][c] = _mm256_setzero_ps();
@@ -124,7 +125,8 @@ inline void w8a16_tile(const float* a, int64_t kp, const int8_t* w, const float*
 }
 
 // The GEMM's loop: blocks of COLS channels split across threads (each block's weights stay in L1 while every tile of
-// ROWS rows passes over them), `tile` per tile, `finish(row, channel, value)` for each output kept.
+// ROWS rows passes over them; the activations' type picks the tile), `finish(row, channel, value)` for each output
+// kept.
 template <typename A, typename Finish>
 void gemm(const A* a, int64_t rows, int64_t kp, const at::Tensor& packed, const float* wscale, int64_t n,
           const Finish& finish) {
@@ -135,15 +137,10 @@ void gemm(const A* a, int64_t rows, int64_t kp, const at::Tensor& packed, const 
     for (int64_t b = begin; b < end; ++b) {
       const int8_t* w = pw + b * block_bytes;
       for (int64_t r = 0; r < rows; r += ROWS) {
-        const int64_t tile = std::min(ROWS, rows - r);
-        if constexpr (std::is_same_v<A, int16_t>) {
-          tile == ROWS ? int8_tile<ROWS>(a + r * kp, kp, w, wscale + b * COLS, out)
-                       : int8_tile<1>(a + r * kp, kp, w, wscale + b * COLS, out);
-        } else {
-          tile == ROWS ? w8a16_tile<ROWS>(a + r * kp, kp, w, wscale + b * COLS, out)
-                       : w8a16_tile<1>(a + r * kp, kp, w, wscale + b * COLS, out);
-        }
-        for (int64_t i = 0; i < tile; ++i)
+        const int64_t count = std::min(ROWS, rows - r);
+        count == ROWS ? tile<ROWS>(a + r * kp, kp, w, wscale + b * COLS, out)
+                      : tile<1>(a + r * kp, kp, w, wscale + b * COLS, out);
+        for (int64_t i = 0; i < count; ++i)
           for (int64_t c = 0; c < COLS && b * COLS + c < n; ++c) finish(r + i, b * COLS + c, out[i][c]);
       }
     }
