@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the upstream model builder shared with the parity tests
 
 import rvqspec  # noqa: E402
+from rvqspec.bench.floor import copy_bandwidth  # noqa: E402
 from rvqspec.bench.timing import finish_machine, machine, machine_text  # noqa: E402
 from rvqspec.cli.inspect import parameter_counts  # noqa: E402
 from rvqspec.engine.checkpoint import save_json, save_text  # noqa: E402
@@ -41,14 +42,6 @@ def seconds(fn) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
-
-
-def copy_bandwidth(megabytes: int, repeats: int) -> float:
-    """Bytes moved per second by `dst.copy_(src)` (read + write), median over repeats."""
-    src = torch.randn(megabytes * 2 ** 20 // 4)
-    dst = torch.empty_like(src)
-    times = [seconds(lambda: dst.copy_(src)) for _ in range(repeats + 2)][2:]
-    return 2 * src.numel() * src.element_size() / statistics.median(times)
 
 
 def profile(run, top: int) -> dict:
@@ -96,7 +89,7 @@ def measure(args) -> dict:
                 if repeat >= args.warmup:
                     timings[name].append(elapsed)
         profiles = {name: profile(runs[name], args.top_ops) for name in ("ours_frame", "upstream_frame")}
-    bandwidth = copy_bandwidth(args.copy_mb, args.repeats)
+    bandwidth = copy_bandwidth(args.copy_mb / 1024, args.repeats)
     counts = parameter_counts(ours)
     bytes_per_call = counts["per_token_call"] * ours.dtype.itemsize
     median = {name: statistics.median(values) for name, values in timings.items()}

@@ -100,7 +100,7 @@ def predictor_frames(frames: int, log) -> dict:
         batch = {}
         for rows in (4, 8):
             h, c = batch_inputs(predictor, rows, 0)
-            batch[str(rows)] = statistics.median(timed(lambda: decode_frames(model, h, c, sampler), 3)) / ms["ar"]
+            batch[str(rows)] = median_ms({"ar": lambda: decode_frames(model, h, c, sampler)}, 3)["ar"] / ms["ar"]
         out["schemes"][name] = {"ms": ms, "policy_size": chosen, "policy_ms": ms[str(chosen)] if chosen else ms["ar"],
                                 "why": policy.explain(1), "ar_rows_over_one": batch}
         log(f"{name}: AR frame {ms['ar']:.0f} ms, " + ", ".join(f"N={n} {ms[str(n)]:.0f}" for n in SIZES)
@@ -108,16 +108,6 @@ def predictor_frames(frames: int, log) -> dict:
     base = out["schemes"][dtype]
     out["w8a8_ar_over_float_ar"] = out["schemes"]["w8a8"]["ms"]["ar"] / base["ms"]["ar"]
     out["w8a8_policy_over_float_ar"] = out["schemes"]["w8a8"]["policy_ms"] / base["ms"]["ar"]
-    return out
-
-
-def timed(call, repeats: int) -> list[float]:
-    call()
-    out = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        out.append(1e3 * (time.perf_counter() - start))
     return out
 
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from rvqspec.engine import cpu_class
 from rvqspec.engine.config import ARCHITECTURES
-from rvqspec.engine.device_path import packable
+from rvqspec.engine.device_path import median_ms, packable
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.quantize import Int8Matmul, check_scheme, int8_kernels, w8a8_kernel
 
@@ -76,16 +76,9 @@ def one_row_steps(schemes=SCHEMES, arch: str = "0.6b", repeats: int = 7, rows=RO
         except RvqspecError as e:
             report["schemes"][scheme] = {"refused": str(e)}
             continue
-        ms = {}
-        for n in rows:
-            x = {k: v.to(torch.bfloat16) if scheme == "bfloat16" else v for k, v in inputs[n].items()}
-            step(x)  # warm-up: packed layouts made
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                step(x)
-                times.append(time.perf_counter() - start)
-            ms[n] = 1e3 * statistics.median(times)
+        cast = {n: {k: v.to(torch.bfloat16) if scheme == "bfloat16" else v for k, v in inputs[n].items()}
+                for n in rows}
+        ms = median_ms({n: lambda x=cast[n]: step(x) for n in rows}, repeats)  # a warm-up each: packed layouts made
         floor = 1e3 * nbytes / bandwidth
         report["schemes"][scheme] = {"ms": {str(n): v for n, v in ms.items()}, "bytes": nbytes, "floor_ms": floor,
                                      "of_floor": floor / ms[rows[0]],
