@@ -88,9 +88,9 @@ def real_architecture_comparison() -> dict:
     row = time_batches(predictor, None, 1, size, calibrated.strength if size else None, frames, sampler)
     # The same heads with int8 weights (a different model): its AR and the policy's frames beside the float AR's,
     # where this CPU runs them (probed first: a kernel that is unusable here is reported, not timed for minutes).
-    skipped = int8_skipped(predictor.model, timed[0], sampler)
-    if not skipped:
-        int8_policy = live_int8_policy(quantize(predictor.model, INT8_SCHEME), timed[1:], sampler)
+    quantized, skipped = int8_model(predictor.model, timed[0], sampler)
+    if quantized is not None:
+        int8_policy = live_int8_policy(quantized, timed[1:], sampler)
         int8_size = int8_policy.choose(1)
         int8 = time_batches(predictor, None, 1, int8_size, calibrated.strength, frames, sampler, weights=INT8_SCHEME)
     return {"model": "Qwen3-TTS 0.6B code predictor architecture (random weights, acceptance controlled)",
@@ -115,15 +115,17 @@ def live_int8_policy(quantized, frames: list, sampler: Sampler) -> Policy:
                        rounds=3)
 
 
-def int8_skipped(model, frame, sampler: Sampler) -> str | None:
-    """Why the live int8 row is not timed on this CPU (w8a8 refused, or its probed AR frame too slow), or None."""
+def int8_model(model, frame, sampler: Sampler) -> tuple[object | None, str | None]:
+    """(`model` with int8 weights, None), or (None, why the live int8 row is not timed on this CPU: w8a8 refused, or
+    its probed AR frame too slow)."""
     from rvqspec.bench.weights import probe
 
     try:
         quantized = quantize(model, INT8_SCHEME)
     except RvqspecError as e:
-        return str(e)
-    return probe({"bfloat16": model, INT8_SCHEME: quantized}, frame, sampler).get(INT8_SCHEME)
+        return None, str(e)
+    skipped = probe({"bfloat16": model, INT8_SCHEME: quantized}, frame, sampler).get(INT8_SCHEME)
+    return (None, skipped) if skipped else (quantized, None)
 
 
 def heldout_top1(assets: Path) -> float | None:
