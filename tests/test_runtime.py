@@ -4,6 +4,7 @@ requests repeat, and the engine's behaviour: cancel, a full queue, close, bad pr
 Exactness against upstream and the G-tests: tests/test_runtime_exactness.py."""
 
 import threading
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -132,9 +133,11 @@ def long_request(engine, seed: int = 0):
 
 
 def frames_of(request, count: int) -> None:
-    """Wait until `request` has decoded `count` frames (its frame queue: no sleeping)."""
-    for _ in range(count):
-        request.frames.get(timeout=WAIT)
+    """Wait until `request` has decoded `count` frames."""
+    deadline = time.monotonic() + WAIT
+    while len(request.decoded) < count:
+        assert time.monotonic() < deadline, f"{count} frames not decoded within {WAIT} s"
+        time.sleep(0.001)
 
 
 def test_cancel_frees_the_row_at_the_next_frame_boundary_and_ends_iteration(tts):

@@ -228,7 +228,8 @@ def test_metrics_are_prometheus_text(server):
     for line in text.splitlines():
         assert re.fullmatch(r"# (HELP|TYPE) \w+ .+|rvqspec_\w+(\{\w+=\"[^\"]*\"\})? [-+.\deE]+|.*\+Inf.*", line), line
     for family in ("requests_total", "time_to_first_audio_seconds", "active_rows", "queued_requests",
-                   "audio_seconds_total", "tokens_per_step", "policy_tree"):
+                   "audio_seconds_total", "tokens_per_step", "policy_tree", "capacity_frames_per_second",
+                   "realtime_rows", "row_real_time_factor", "largest_chunk_gap_seconds"):
         assert f"# TYPE rvqspec_{family} " in text
     assert re.search(r'rvqspec_requests_total\{status="200"\} [1-9]', text)
     assert 'rvqspec_policy_tree{tree="AR"} 1' in text

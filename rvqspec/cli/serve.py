@@ -78,7 +78,7 @@ def run_serve(args) -> int:
     key = key_of(args)
     sock = bind(args.host, args.port)  # a taken port fails now, before the model loads
     engine = Engine(args.model, max_batch=args.max_batch, max_queue=args.max_queue, weights=args.weights,
-                    talker_weights=args.talker_weights)
+                    talker_weights=args.talker_weights, cores=args.cores, threads=args.threads)
     voices = VoiceStore(args.voices_dir or Path.home() / ".cache" / "rvqspec" / "voices" / engine.name,
                         args.max_voices, args.voices_quota * 2 ** 20)
     serve(engine, sock, voices, key, args.grace, threads=args.max_batch + args.max_queue + 16,
@@ -89,6 +89,8 @@ def run_serve(args) -> int:
 def run_ray(args) -> int:
     """`rvqspec serve --ray`: the app on Ray Serve (rvqspec/serve/ray.py), one Engine per replica."""
     flags.require_extra("rvqspec serve --ray", "ray", "ray", "fastapi", "uvicorn", "soundfile")
+    if args.cores is not None or args.threads is not None:
+        raise RvqspecError("--cores and --threads size one server: with --ray, give --threads-per-replica")
     if args.model != "standin" and not Path(args.model).is_dir():
         raise RvqspecError(f"--model {args.model} is not a checkpoint folder (with --address: give a path that "
                            "every node can read)")
@@ -116,6 +118,10 @@ def add_cli(subparsers) -> None:
     p.add_argument("--max-batch", type=flags.bounded_int(1, 256), default=8, help="requests decoded together (default 8)")
     p.add_argument("--max-queue", type=max_queue, default=32,
                    help="requests waiting for a row (default 32); past it, 429 with Retry-After")
+    p.add_argument("--cores", type=flags.bounded_int(1, 4096),
+                   help="threads that may do torch work at once (default: the CPUs this process may use)")
+    p.add_argument("--threads", type=flags.bounded_int(1, 4096),
+                   help="the frame loop's torch threads (default: all of --cores but one, which the codec takes)")
     p.add_argument("--weights", choices=SCHEMES, help="the code predictor with int8 weights (CPU; opt-in)")
     p.add_argument("--talker-weights", choices=SCHEMES, help="the talker's layers with int8 weights (CPU; lossy)")
     p.add_argument("--api-key", type=api_key, help="require 'Authorization: Bearer KEY' (default: $RVQSPEC_API_KEY; "

@@ -32,8 +32,11 @@ from rvqspec.engine.policy import Policy, measure_first_use
 from rvqspec.engine.tree import Tree
 from rvqspec.integrations.base import check_arguments
 from rvqspec.integrations.stream import CHUNK_FRAMES, check_chunks
+from rvqspec.runtime.capacity import Capacity
+from rvqspec.runtime.codec_worker import CodecWorker, Cores
 from rvqspec.runtime.request import Request
 from rvqspec.runtime.scheduler import Scheduler
+from rvqspec.runtime.threads import ThreadBudget, intra_op_threads
 
 MAX_BATCH, MAX_QUEUE = 8, 32
 
@@ -47,17 +50,22 @@ class Engine:
     `ReusedHeads`), a drafter, or None (AR); `tree`: "auto" (the decoding policy per batch size, from `calibration`
     and this CPU's measured latencies) or a `Tree`. `weights` / `talker_weights`: int8
     schemes for the predictor / the talker (`rvqspec.quantize`: another model, opt-in). At most `max_batch` requests
-    decode at once and `max_queue` wait (more: `QueueFull`). Chunks of `chunk_frames` frames (the first
-    `first_chunk_frames`)."""
+    decode at once and `max_queue` wait (more: `QueueFull`); with `realtime`, a request joins the batch only while the
+    running streams stay at real time (`runtime/capacity.py`). Chunks of `chunk_frames` frames (the first
+    `first_chunk_frames`). `cores`: how many threads may do torch work at once (None: the cores this process may use);
+    `threads` / `codec_threads`: the frame loop's intra-op threads / the codec workers (None: the measured split,
+    `runtime/threads.py`)."""
 
     def __init__(self, model="standin", drafter="auto", tree: Tree | str | None = "auto", weights: str | None = None,
                  talker_weights: str | None = None, calibration: str | Path | None = None, max_batch: int = MAX_BATCH,
                  max_queue: int = MAX_QUEUE, chunk_frames: int = CHUNK_FRAMES, first_chunk_frames: int | None = None,
-                 dtype: str | torch.dtype = "auto", seed: int | None = None):
+                 dtype: str | torch.dtype = "auto", seed: int | None = None, cores: int | None = None,
+                 threads: int | None = None, codec_threads: int | None = None, realtime: bool = True):
         for name, value in (("max_batch", max_batch), ("max_queue", max_queue)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise RvqspecError(f"{name} must be a whole number >= 1, got {value!r}")
         self.chunks = check_chunks(chunk_frames, first_chunk_frames)
+        self.budget = ThreadBudget.split(cores, threads, codec_threads)
         self.name, self.model, shipped = load_model(model, weights, talker_weights, dtype)
         predictor = self.model.predictor
         if drafter == "auto":
@@ -72,12 +80,17 @@ class Engine:
             if isinstance(tree, Tree):
                 tree.check_fits(drafter.depth)
             else:
-                policy = measured_policy(predictor, calibration)
+                with intra_op_threads(self.budget.loop):  # the latencies of the frame loop's thread count
+                    policy = measured_policy(predictor, calibration)
         self.policy, self.drafter = policy, drafter
+        cores = Cores(self.budget.cores)
+        self.codec = CodecWorker(self.model, cores, self.budget.codec)
+        self.capacity = Capacity(self.model.frame_seconds, max_batch, realtime)
         self.scheduler = Scheduler(self.model, drafter, tree if isinstance(tree, Tree) else None, policy,
-                                   max_batch, max_queue, seeded(seed, predictor.device))
-        # An engine dropped without close(): its thread ends with it (cancelling what it still decodes).
-        self.finalizer = weakref.finalize(self, self.scheduler.close, 0)
+                                   max_batch, max_queue, seeded(seed, predictor.device), cores, self.budget.loop,
+                                   self.codec, self.capacity)
+        # An engine dropped without close(): its threads end with it (cancelling what it still decodes).
+        self.finalizer = weakref.finalize(self, shut_down, self.scheduler, self.codec, 0)
 
     # ---------------------------------------------------------------- what the model offers
 
@@ -120,8 +133,7 @@ class Engine:
         return self.submit(kind, seed=seed, **arguments, **{k: v for k, v in sampling.items() if v is not None})
 
     def enqueue(self, prompt, seed: int | None) -> Request:
-        request = Request(prompt, lambda: self.model.new_stream(prompt), self.sample_rate, self.chunks,
-                          seeded(seed, self.model.predictor.device))
+        request = Request(prompt, self.codec, self.sample_rate, self.chunks, seeded(seed, self.model.predictor.device))
         self.scheduler.submit(request)
         return request
 
@@ -189,12 +201,19 @@ class Engine:
     # ---------------------------------------------------------------- state
 
     def status(self) -> dict:
-        """Rows decoding, requests waiting, frames and audio seconds decoded, predictor tokens/step, the tree."""
+        """Rows decoding, requests waiting, frames and audio seconds decoded, predictor tokens/step, the tree; the
+        capacity (frames/s of the current batch, the most rows at real time), each row's real-time factor (audio
+        seconds per second since its first frame), and the largest gap between two audio chunks of a stream (of
+        those streaming now, and since the engine started), in seconds."""
         active, queued = self.scheduler.counts()
         stats = self.scheduler.stats
+        now, ever = self.codec.gaps()
         return {"active": active, "queued": queued, "frames": stats.frames,
                 "audio_seconds": stats.frames * self.model.frame_seconds, "tokens_per_step": stats.tokens_per_step,
-                "tree": self.explain(max(active, 1))}
+                "tree": self.explain(max(active, 1)), **self.capacity.report(active),
+                "real_time_factors": self.scheduler.real_time_factors(), "largest_chunk_gap": now,
+                "largest_chunk_gap_ever": ever, "cores": self.budget.cores, "threads": self.budget.loop,
+                "codec_threads": self.budget.codec}
 
     def explain(self, batch: int = 1) -> str:
         """What decodes a batch of `batch` requests' frames, and why."""
@@ -203,7 +222,7 @@ class Engine:
     def close(self, grace: float | None = None) -> None:
         """Stop taking requests; those submitted finish within `grace` seconds (None: all of them), the rest are
         cancelled; the engine's thread ends."""
-        self.scheduler.close(grace)
+        shut_down(self.scheduler, self.codec, grace)
         self.finalizer.detach()
 
     def __enter__(self) -> "Engine":
@@ -211,6 +230,12 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close(grace=0 if exc[0] is not None else None)
+
+
+def shut_down(scheduler: Scheduler, codec: CodecWorker, grace: float | None) -> None:
+    """The frame loop ends (what it holds within `grace`), then the codec workers, once every stream got its end."""
+    scheduler.close(grace)
+    codec.close()
 
 
 def seeded(seed: int | None, device: torch.device) -> torch.Generator:

@@ -1,8 +1,9 @@
 """One request of the engine: what it decodes from (`Prompt`), and its frames on their way to the caller as audio.
 
-The scheduler's thread puts each finished frame into the request (`put`) and ends it (`finish`); the caller's thread
-iterates the request and turns frames into audio chunks there (`AudioStream`, the model's codec), so vocoding one
-request never holds up the frame loop of the others.
+The scheduler's thread puts each finished frame into the request (`put`) and ends it (`finish`); once the caller
+iterates the request, the Engine's codec workers turn its frames into audio chunks (`runtime/codec_worker.py`, the
+model's `AudioStream`) and deliver them to it: the caller's thread only receives audio, and vocoding one request
+never holds up the frame loop of the others.
 """
 
 import queue
@@ -17,9 +18,9 @@ from torch import Tensor
 
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.sampling import Sampler, TalkerRules
-from rvqspec.integrations.stream import POLL_SECONDS, ChunkClock
+from rvqspec.integrations.stream import POLL_SECONDS
 
-END = object()  # the last item of a request's frame queue
+END = object()  # the last item of a request's audio queue
 
 
 class QueueFull(RvqspecError):
@@ -64,32 +65,47 @@ class Request:
     """Iterate for float32 audio chunks (mono, at `sample_rate`) as frames are decoded; `cancel()` (or leaving the
     iteration early) frees its row at the next frame boundary; `audio()` the whole audio; `codes` [T, G] once done.
     An error of its decoding is raised to the caller (iteration, `audio()`, `wait()`), never to the other requests;
-    so is the engine's closing before the request finished (`Engine.close`)."""
+    so is the engine's closing before the request finished (`Engine.close`). `codec`: the Engine's codec worker."""
 
-    def __init__(self, prompt: Prompt, new_stream: Callable[[], AudioStream], sample_rate: int,
-                 chunks: tuple[int, int], generator: torch.Generator):
-        self.prompt, self.new_stream, self.sample_rate, self.chunks = prompt, new_stream, sample_rate, chunks
+    def __init__(self, prompt: Prompt, codec, sample_rate: int, chunks: tuple[int, int],
+                 generator: torch.Generator):
+        self.prompt, self.codec, self.sample_rate, self.chunks = prompt, codec, sample_rate, chunks
         self.generator = generator
-        self.frames: queue.Queue = queue.Queue()
+        self.chunks_ready: queue.Queue = queue.Queue()  # audio from the codec worker, then END
         self.decoded: list[Tensor] = []
         self.cancelled, self.finished = threading.Event(), threading.Event()
         self.error: BaseException | None = None
         self.submitted = time.perf_counter()
+        self.started: float | None = None  # when its first frame was decoded
         self.first_audio_seconds: float | None = None
         self.taken = False
 
     # ---------------------------------------------------------------- the scheduler's side
 
     def put(self, frame: Tensor) -> None:
+        if self.started is None:
+            self.started = time.perf_counter()
         self.decoded.append(frame)
-        self.frames.put(frame)
 
     def finish(self, error: BaseException | None = None) -> None:
         if self.finished.is_set():
             return
         self.error = error
         self.finished.set()
-        self.frames.put(END)
+        self.codec.wake()
+
+    # ---------------------------------------------------------------- the codec worker's side
+
+    def deliver(self, audio: np.ndarray) -> None:
+        self.chunks_ready.put(audio)
+
+    def deliver_end(self) -> None:
+        self.chunks_ready.put(END)
+
+    def deliver_error(self, error: BaseException) -> None:
+        if self.error is None:
+            self.error = error
+        self.chunks_ready.put(END)
 
     # ---------------------------------------------------------------- the caller's side
 
@@ -100,7 +116,8 @@ class Request:
     def cancel(self) -> None:
         """Stop decoding this request: its row leaves the batch at the next frame boundary; iteration ends."""
         self.cancelled.set()
-        self.frames.put(END)
+        self.chunks_ready.put(END)
+        self.codec.wake()
 
     def wait(self, timeout: float | None = None) -> Tensor:
         """Block until decoding ends: the codes [T, G] (RvqspecError if it failed or `timeout` passed)."""
@@ -126,35 +143,24 @@ class Request:
         if self.taken:
             raise RvqspecError("this request's audio was already read: iterate a request (or call audio()) once")
         self.taken = True
-        stream = self.new_stream()
-        first, every = self.chunks
-        clock, pending = ChunkClock(first + stream.lag, every), []
+        self.codec.attach(self)
         try:
-            while (frame := self.next_frame()) is not END:
-                pending.append(frame)
-                if clock.tick():
-                    yield from self.chunk(stream.add(pending))
-                    pending = []
-            if not self.cancelled.is_set():
-                yield from self.chunk(stream.add(pending) if pending else np.zeros(0, dtype=np.float32))
-                yield from self.chunk(stream.finish())
+            while (audio := self.next_chunk()) is not END:
+                if self.first_audio_seconds is None:
+                    self.first_audio_seconds = time.perf_counter() - self.submitted
+                yield audio
         except GeneratorExit:  # the caller stopped iterating (break, or dropped the iterator): its row is freed
             self.cancel()
             raise
-        self.raise_error()
+        if not self.cancelled.is_set():
+            self.raise_error()
 
-    def next_frame(self):
+    def next_chunk(self):
         while True:
             try:
-                return self.frames.get(timeout=POLL_SECONDS)  # polls: Ctrl-C reaches the caller
+                return self.chunks_ready.get(timeout=POLL_SECONDS)  # polls: Ctrl-C reaches the caller
             except queue.Empty:
                 continue
-
-    def chunk(self, audio: np.ndarray) -> Iterator[np.ndarray]:
-        if len(audio):
-            if self.first_audio_seconds is None:
-                self.first_audio_seconds = time.perf_counter() - self.submitted
-            yield audio
 
     def audio(self) -> np.ndarray:
         """The whole audio (blocks until decoding ends)."""

@@ -9,8 +9,10 @@ One frame step, for the B rows of the batch (each a request, row b of the talker
  4. each frame goes to its request (whose caller turns it into audio) and becomes the row's next talker input
     (the model's frame embedding, plus Qwen3-TTS's trailing text);
  5. one talker step for all rows gives each its next hidden state.
-Between steps, waiting requests are prefilled, one by one, into new rows (up to `max_batch`): they join at the next
-step. A row's codes do not depend on the batch (greedy: the same bits; `engine/talker.py`), except that the
+Between steps, waiting requests are prefilled, one by one, into new rows (up to `max_batch`, and while the measured
+capacity keeps the running streams at real time: `runtime/capacity.py`): they join at the next step. Each step (and
+each prefill) holds the thread budget's cores for the frame loop (`runtime/threads.py`), and wakes the codec workers
+that turn the new frames into audio. A row's codes do not depend on the batch (greedy: the same bits; `engine/talker.py`), except that the
 predictor's draws of a batch of several rows come from the engine's generator (a lone row uses its own: a fixed
 seed then repeats its audio exactly; in a batch it keeps the same distribution).
 
@@ -21,6 +23,7 @@ row is zeroed first: a masked slot still multiplies its value by 0, and 0 * nan 
 
 import collections
 import threading
+import time
 import traceback
 import warnings
 from dataclasses import dataclass, field
@@ -36,6 +39,8 @@ from rvqspec.engine.policy import Policy
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import Tree
 from rvqspec.integrations.base import Stats
+from rvqspec.runtime.capacity import Capacity
+from rvqspec.runtime.codec_worker import CodecWorker, Cores
 from rvqspec.runtime.request import QueueFull, Request
 
 
@@ -54,12 +59,14 @@ class Row:
 
 class Scheduler:
     """Runs `model` (a model adapter: the interface in runtime/standin.py) over every submitted request, in a thread
-    of its own."""
+    of its own with `threads` intra-op threads, each step holding that many of `cores`; `codec` turns the frames
+    into audio, `capacity` decides admission."""
 
     def __init__(self, model, drafter, tree: Tree | None, policy: Policy | None, max_batch: int, max_queue: int,
-                 generator: torch.Generator):
+                 generator: torch.Generator, cores: Cores, threads: int, codec: CodecWorker, capacity: Capacity):
         self.model, self.drafter, self.tree, self.policy = model, drafter, tree, policy
         self.max_batch, self.max_queue, self.generator = max_batch, max_queue, generator
+        self.cores, self.threads, self.codec, self.capacity = cores, threads, codec, capacity
         self.waiting: collections.deque[Request] = collections.deque()
         self.rows: list[Row] = []
         self.cache = talker_blocks.RowCache(model.talker)
@@ -89,6 +96,13 @@ class Scheduler:
         with self.condition:
             return len(self.rows), len(self.waiting)
 
+    def real_time_factors(self) -> list[float]:
+        """Each decoding row's audio seconds per second since its first frame (above 1: faster than real time)."""
+        now = time.perf_counter()
+        with self.condition:
+            starts = [(len(row.request.decoded), row.request.started) for row in self.rows]
+        return [frames * self.model.frame_seconds / (now - start) if start else 0.0 for frames, start in starts]
+
     def close(self, grace: float | None) -> None:
         """Stop accepting; let what was submitted finish within `grace` seconds (None: however long); what has not
         ends with an error (`end_all`), so that no caller takes its cut audio for the whole."""
@@ -104,12 +118,15 @@ class Scheduler:
     # ---------------------------------------------------------------- the loop (its own thread)
 
     def run(self) -> None:
+        torch.set_num_threads(self.threads)  # this thread's own count (runtime/threads.py)
         with torch.inference_mode():
             while self.next_work():
                 try:
-                    self.admit()
-                    if self.rows:
-                        self.frame_step()
+                    with self.cores.held(self.threads):
+                        self.admit()
+                        if self.rows:
+                            self.timed_step()
+                    self.codec.wake()
                 except Exception as e:  # an internal error fails the requests of this step, never the engine
                     warnings.warn(f"rvqspec engine: a frame step failed ({type(e).__name__}: {e}); its requests end "
                                   f"with the error\n{traceback.format_exc()}", RuntimeWarning)
@@ -124,7 +141,7 @@ class Scheduler:
             return not self.stopping and (self.accepting or bool(self.waiting) or bool(self.rows))
 
     def admit(self) -> None:
-        while len(self.rows) < self.max_batch:
+        while len(self.rows) < self.max_batch and self.capacity.admits(len(self.rows)):
             with self.condition:
                 if not self.waiting:
                     return
@@ -144,6 +161,11 @@ class Scheduler:
                 continue
             with self.condition:
                 self.rows.append(Row(request, hidden))
+
+    def timed_step(self) -> None:
+        batch, start = len(self.rows), time.perf_counter()
+        self.frame_step()
+        self.capacity.record(batch, time.perf_counter() - start)
 
     def frame_step(self) -> None:
         logits = self.model.c0_logits(torch.stack([row.hidden for row in self.rows]))

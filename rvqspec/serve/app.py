@@ -15,8 +15,8 @@ browser: a body is parsed only when its Content-Type is JSON (a cross-site "simp
 never is: 415), and the Host header must name this server (an IP address, localhost or an --allowed-hosts name: a
 DNS-rebinding page's Host is its own domain: 421).
 
-The engine's request iterators block, so they are read in worker threads: a request's audio is vocoded there, beside
-the others', while the event loop only moves bytes.
+The engine's request iterators block, so they are read in worker threads, which only wait for the chunks the
+engine's codec workers make (within its thread budget); the event loop only moves bytes.
 """
 
 import asyncio

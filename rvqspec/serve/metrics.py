@@ -45,6 +45,17 @@ class Metrics:
                         [("", status["audio_seconds"])])
         lines += family("rvqspec_tokens_per_step", "gauge", "The code predictor's codes per call",
                         [("", status["tokens_per_step"])])
+        lines += family("rvqspec_capacity_frames_per_second", "gauge",
+                        "Frames per second the current batch sustains (measured frame steps)",
+                        [("", status["frames_per_second"])])
+        lines += family("rvqspec_realtime_rows", "gauge", "The most rows the frame loop keeps at real time (-1: not "
+                        "measured yet)", [("", -1 if status["realtime_rows"] is None else status["realtime_rows"])])
+        lines += family("rvqspec_row_real_time_factor", "gauge",
+                        "Each decoding row's audio seconds per second since its first frame",
+                        [(f'{{row="{i}"}}', factor) for i, factor in enumerate(status["real_time_factors"])])
+        lines += family("rvqspec_largest_chunk_gap_seconds", "gauge",
+                        "The longest wait between two audio chunks of a stream: of those streaming now, and ever",
+                        [('{of="now"}', status["largest_chunk_gap"]), ('{of="ever"}', status["largest_chunk_gap_ever"])])
         tree = str(status["tree"]).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
         lines += family("rvqspec_policy_tree", "gauge", "The decoding policy's choice for the current batch (label)",
                         [(f'{{tree="{tree}"}}', 1)])

@@ -44,6 +44,9 @@ STATUS_METRICS = {  # engine.status() key: (Ray metric, its description); export
     "queued": ("rvqspec_queued_requests", "Requests waiting for a batch row in the replica"),
     "frames": ("rvqspec_frames", "Frames the replica decoded"),
     "audio_seconds": ("rvqspec_audio_seconds", "Seconds of audio the replica produced"),
+    "frames_per_second": ("rvqspec_capacity_frames_per_second", "Frames per second the replica's batch sustains"),
+    "largest_chunk_gap": ("rvqspec_largest_chunk_gap_seconds", "The longest wait between two audio chunks of a "
+                          "stream in the replica now"),
 }
 
 
@@ -129,7 +132,8 @@ def app(model: str | Callable[[], object] = "standin", *, replicas: int | None =
         scaling["autoscaling_config"].update(target_ongoing_requests=max_batch, **(autoscaling or {}))
     elif autoscaling:
         raise RvqspecError("autoscaling settings need min_replicas and max_replicas: give those instead of replicas")
-    engine_options = dict(max_batch=max_batch, max_queue=max_queue, weights=weights, talker_weights=talker_weights)
+    engine_options = dict(max_batch=max_batch, max_queue=max_queue, weights=weights, talker_weights=talker_weights,
+                          cores=threads_per_replica)
     deployment = serve.deployment(
         Replica, name=APP_NAME, ray_actor_options={"num_cpus": threads_per_replica},
         max_ongoing_requests=max_batch + max_queue, max_queued_requests=max_queue,

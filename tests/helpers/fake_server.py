@@ -132,7 +132,8 @@ class FakeEngine:
             active = sum(not r.done and not r.cancelled.is_set() for r in self.active)
             return {"active": active, "queued": len(self.waiting), "frames": self.frames,
                     "audio_seconds": self.frames * SAMPLES_PER_FRAME / self.sample_rate, "tokens_per_step": 1.0,
-                    "tree": "AR"}
+                    "tree": "AR", "frames_per_second": 1 / FRAME_SECONDS, "realtime_rows": None,
+                    "real_time_factors": [1.0] * active, "largest_chunk_gap": 0.0, "largest_chunk_gap_ever": 0.0}
 
     def close(self, grace: float | None = None) -> None:
         self.closing.set()

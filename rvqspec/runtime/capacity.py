@@ -1,0 +1,62 @@
+"""Admission that protects running streams: a waiting request joins the batch only if the frame period it would
+make keeps the running streams at real time.
+
+The frame loop records how long each frame step takes per batch size (`record`). The period of a batch size not
+seen yet is predicted from those measured: a straight line through them (a frame step's cost grows with its rows
+from a fixed part), or, with one size measured, in proportion to its rows (pessimistic: batching costs less).
+A request waits (in the engine's queue; a full queue answers 429 in `rvqspec serve`) while admitting it would make
+the predicted period longer than a frame's audio. A batch already slower than real time (a CPU too slow for even
+its running streams) has no stream to protect, and fills for throughput; so does a batch with no rows.
+"""
+
+import collections
+import statistics
+import threading
+
+RECENT = 9  # frame steps per batch size whose median is its period: a first step's one-off work does not count
+
+
+class Capacity:
+    """Measured frame periods per batch size, and the admission decision (module docstring)."""
+
+    def __init__(self, frame_seconds: float, max_batch: int, realtime: bool = True):
+        self.frame_seconds, self.max_batch, self.realtime = frame_seconds, max_batch, realtime
+        self.recent: dict[int, collections.deque] = {}  # batch size -> seconds of its last frame steps
+        self.lock = threading.Lock()
+
+    def record(self, batch: int, seconds: float) -> None:
+        with self.lock:
+            self.recent.setdefault(batch, collections.deque(maxlen=RECENT)).append(seconds)
+
+    def period(self, batch: int) -> float | None:
+        """Seconds per frame step of `batch` rows: measured, else predicted (module docstring); None before any."""
+        with self.lock:
+            periods = {size: statistics.median(steps) for size, steps in self.recent.items()}
+        if batch in periods or not periods:
+            return periods.get(batch)
+        if len(periods) == 1:
+            (size, seconds), = periods.items()
+            return seconds * batch / size
+        sizes = list(periods)
+        mean_size, mean_period = sum(sizes) / len(sizes), sum(periods.values()) / len(sizes)
+        slope = sum((s - mean_size) * (periods[s] - mean_period) for s in sizes) \
+            / sum((s - mean_size) ** 2 for s in sizes)
+        return max(mean_period + max(slope, 0.0) * (batch - mean_size), min(periods.values()))
+
+    def admits(self, batch: int) -> bool:
+        """Whether a request may join a batch of `batch` rows now."""
+        if not self.realtime or batch == 0:
+            return True
+        now, then = self.period(batch), self.period(batch + 1)
+        if now is None or now > self.frame_seconds:
+            return True
+        return then <= self.frame_seconds
+
+    def report(self, batch: int) -> dict:
+        """What `Engine.status()` shows: frames/s the current batch sustains, and the most rows at real time."""
+        period = self.period(max(batch, 1))
+        realtime_rows = 0
+        while realtime_rows < self.max_batch and (p := self.period(realtime_rows + 1)) is not None and p <= self.frame_seconds:
+            realtime_rows += 1
+        return {"frames_per_second": 0.0 if not period else max(batch, 1) / period,
+                "realtime_rows": realtime_rows if period is not None else None}

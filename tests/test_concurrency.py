@@ -1,0 +1,195 @@
+"""Concurrency that pays (issue 40): the thread budget (never more threads doing torch work than the engine's
+cores), audio made off the callers' threads and independent of the batch, and admission under a tiny capacity.
+Seeds and chunked prefill: tests/test_runtime.py."""
+
+import contextlib
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from rvqspec import RvqspecError
+from rvqspec.runtime import Engine
+from rvqspec.runtime.capacity import Capacity
+from rvqspec.runtime.codec_worker import Cores
+from rvqspec.runtime.threads import ThreadBudget
+
+from helpers.engines import GREEDY, never_ending
+from helpers.upstream_models import upstream_available
+
+if not upstream_available():
+    pytest.skip("qwen-tts reference not installed: run `make install`", allow_module_level=True)
+
+from helpers.upstream_tts import tiny_qwen3_tts  # noqa: E402
+
+WAIT = 120
+QWEN = dict(speaker="tiny", language="English")
+
+
+@pytest.fixture(scope="module")
+def tts64():
+    """The tiny qwen-tts with a float64 codec: streamed and whole decodes agree to 1e-6 (tests/test_streaming.py)."""
+    tts = tiny_qwen3_tts(seed=1)
+    tts.model.speech_tokenizer.model.double()
+    return tts
+
+
+def frames_of(request, count: int) -> None:
+    deadline = time.monotonic() + WAIT
+    while len(request.decoded) < count:
+        assert time.monotonic() < deadline, f"{count} frames not decoded within {WAIT} s"
+        time.sleep(0.001)
+
+
+# ---------------------------------------------------------------- the thread budget
+
+def test_the_default_budget_follows_the_cores_the_process_may_use(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert ThreadBudget.split() == ThreadBudget(cores=1, loop=1, codec=1)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert ThreadBudget.split() == ThreadBudget(cores=4, loop=3, codec=4)
+    assert ThreadBudget.split(cores=2, threads=2, codec_threads=3) == ThreadBudget(cores=2, loop=2, codec=3)
+    assert ThreadBudget.split(threads=6).cores == 6  # a frame loop of 6 threads holds 6 cores
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(RvqspecError, match="whole number >= 1"):
+            ThreadBudget.split(threads=bad)
+
+
+def test_cores_are_handed_out_first_come_first_served():
+    cores, order = Cores(2), []
+
+    def take(name: str, count: int) -> None:
+        with cores.held(count):
+            order.append(name)
+
+    with cores.held(2):  # all taken: the others queue in the order they came
+        threads = [threading.Thread(target=take, args=(name, count)) for name, count in (("a", 2), ("b", 1))]
+        for thread in threads:
+            thread.start()
+            time.sleep(0.05)
+    for thread in threads:
+        thread.join(WAIT)
+    assert order == ["a", "b"]  # b (one core) did not overtake a (two)
+
+
+def test_no_more_threads_do_torch_work_than_the_engines_cores(tts64, monkeypatch):
+    """8 requests streamed from 8 caller threads with cores=2: the frame loop and the codec workers never hold more
+    than 2 cores together, each works with its budget's intra-op threads, and the model's audio is made only in the
+    codec workers (callers only receive it)."""
+    held, peak, lock, counts, makers = [0], [0], threading.Lock(), set(), set()
+    original = Cores.held
+
+    @contextlib.contextmanager
+    def counted(self, count):
+        with original(self, count):
+            with lock:
+                held[0] += count
+                peak[0] = max(peak[0], held[0])
+                counts.add((threading.current_thread().name.rstrip("0123456789-"), torch.get_num_threads()))
+            try:
+                yield
+            finally:
+                with lock:
+                    held[0] -= count
+
+    monkeypatch.setattr(Cores, "held", counted)
+    with Engine(tts64, drafter=None, cores=2, chunk_frames=2, first_chunk_frames=1) as engine:
+        new_stream = engine.model.new_stream
+
+        def recording(prompt):
+            stream = new_stream(prompt)
+            add = stream.add
+
+            def add_recorded(frames):
+                makers.add(threading.current_thread().name)
+                return add(frames)
+
+            stream.add = add_recorded
+            return stream
+
+        monkeypatch.setattr(engine.model, "new_stream", recording)
+        audio = [None] * 8
+        arguments = [dict(text=f"line {i} here", max_new_tokens=6 + i, **QWEN, **GREEDY) for i in range(8)]
+
+        def caller(i: int) -> None:
+            audio[i] = engine.submit("custom_voice", **arguments[i]).audio()
+
+        callers = [threading.Thread(target=caller, args=(i,), name=f"caller-{i}") for i in range(8)]
+        for thread in callers:
+            thread.start()
+        for thread in callers:
+            thread.join(WAIT)
+        assert engine.status()["cores"] == 2
+    assert all(a is not None and len(a) for a in audio)
+    assert 1 <= peak[0] <= 2
+    assert counts == {("rvqspec-engine", 1), ("rvqspec-codec", 1)}
+    assert makers and all(name.startswith("rvqspec-codec-") for name in makers)
+
+
+# ---------------------------------------------------------------- audio off the callers' threads
+
+def test_a_requests_audio_does_not_depend_on_what_else_decodes(tts64):
+    """Greedy requests' audio alone, then with the first already streaming when the others join, one of them
+    cancelled mid-stream: each finished request's audio equals its lone audio (float rounding of the codec aside);
+    the cancelled one's chunks are a prefix of its lone audio."""
+    arguments = [dict(text=text, max_new_tokens=n, **QWEN, **GREEDY)
+                 for text, n in (("hello there", 14), ("a second line", 9), ("yes", 4), ("one more", 12))]
+    with Engine(tts64, drafter=None, chunk_frames=2, first_chunk_frames=1) as engine:
+        alone = [engine.submit("custom_voice", **a).audio() for a in arguments]
+        first = engine.submit("custom_voice", **arguments[0])
+        chunks = iter(first)
+        head = [next(chunks)]
+        others = [engine.submit("custom_voice", **a) for a in arguments[1:]]
+        cancelled = iter(others[-1])
+        cut = [next(cancelled)]
+        others[-1].cancel()
+        cut += list(cancelled)
+        together = [np.concatenate(head + list(chunks))] + [r.audio() for r in others[:-1]]
+    for mine, theirs in zip(together, alone):
+        assert mine.shape == theirs.shape
+        np.testing.assert_allclose(mine, theirs, atol=1e-6, rtol=0)
+    cut = np.concatenate(cut)
+    assert 0 < len(cut) <= len(alone[-1])
+    np.testing.assert_allclose(cut, alone[-1][:len(cut)], atol=1e-6, rtol=0)
+
+
+# ---------------------------------------------------------------- admission
+
+def test_capacity_predicts_unmeasured_batch_sizes_and_protects_real_time():
+    capacity = Capacity(frame_seconds=0.08, max_batch=8)
+    assert capacity.admits(0) and capacity.admits(1)  # nothing measured yet
+    for _ in range(3):
+        capacity.record(1, 0.03)
+    assert capacity.period(2) == pytest.approx(0.06)  # one size measured: in proportion to the rows
+    assert capacity.period(3) == pytest.approx(0.09)
+    assert capacity.admits(1) and not capacity.admits(2)  # 3 rows would run below real time
+    capacity.record(2, 0.035)
+    assert capacity.period(3) == pytest.approx(0.04)  # a line through the measured sizes
+    assert capacity.admits(2) and capacity.report(2)["realtime_rows"] == 8
+    slow = Capacity(frame_seconds=0.08, max_batch=8)
+    slow.record(1, 0.2)  # slower than real time alone: nothing to protect, the batch fills for throughput
+    assert slow.admits(1) and slow.report(1) == {"frames_per_second": 5.0, "realtime_rows": 0}
+    assert Capacity(0.08, 8, realtime=False).admits(5)
+    capacity.record(1, 10.0)  # one slow step (a first call's one-off work) does not move the median
+    assert capacity.period(1) == pytest.approx(0.03)
+
+
+def test_a_request_waits_while_admitting_it_would_slow_the_running_stream(tts64, monkeypatch):
+    """Under a capacity of one row, a second request waits in the queue while the first decodes, and starts once
+    it leaves; status() reports the rows' real-time factors and the capacity."""
+    with Engine(tts64, drafter=None) as engine:
+        monkeypatch.setattr(engine.capacity, "admits", lambda batch: batch == 0)
+        prompt = engine.model.prompts("custom_voice", dict(text="hello there", **QWEN, **GREEDY))[0]
+        running = engine.enqueue(never_ending(prompt), None)
+        frames_of(running, 3)
+        waiting = engine.submit("custom_voice", text="yes", max_new_tokens=4, **QWEN, **GREEDY)
+        time.sleep(0.2)
+        status = engine.status()
+        assert (status["active"], status["queued"]) == (1, 1) and not waiting.decoded
+        assert len(status["real_time_factors"]) == 1 and status["real_time_factors"][0] > 0
+        assert status["frames_per_second"] > 0
+        running.cancel()
+        assert len(waiting.wait(WAIT)) == 3
