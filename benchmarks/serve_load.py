@@ -65,7 +65,8 @@ def serve_real_size(max_batch: int, max_queue: int) -> None:
 
 
 def start_server(model: str, max_batch: int, max_queue: int, ray: int | None) -> tuple[subprocess.Popen, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
+    env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
+    env.pop("OMP_NUM_THREADS", None)  # the engine's default thread budget (runtime/threads.py) decides
     sizes = ["--max-batch", str(max_batch), "--max-queue", str(max_queue)]
     command = ([__file__, "--serve-real-size", *sizes] if model == REAL_SIZE else
                ["-m", "rvqspec.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--model", model, *sizes])
@@ -86,18 +87,20 @@ def start_server(model: str, max_batch: int, max_queue: int, ray: int | None) ->
 
 def one_request(client: httpx.Client, url: str, body: dict) -> dict:
     """Send one streaming request; its time to first byte, audio bytes and how it ended."""
-    start, first, size = time.perf_counter(), None, 0
+    start, first, size, last, gap = time.perf_counter(), None, 0, None, 0.0
     try:
         with client.stream("POST", f"{url}/v1/audio/speech", json=body, timeout=300) as response:
             if response.status_code != 200:
                 response.read()
                 return {"error": f"{response.status_code}: {response.text[:200]}"}
             for piece in response.iter_raw():
-                first = time.perf_counter() - start if first is None and piece else first
+                now = time.perf_counter()
+                first = now - start if first is None and piece else first
+                gap, last = (max(gap, now - last) if last is not None else gap), now
                 size += len(piece)
     except httpx.HTTPError as e:
         return {"truncated": first is not None, "error": None if first is not None else f"{type(e).__name__}: {e}"}
-    return {"ttfb": first, "bytes": size, "end": time.perf_counter(), "truncated": size == 0 or size % 2 == 1,
+    return {"ttfb": first, "bytes": size, "end": time.perf_counter(), "truncated": size == 0 or size % 2 == 1, "gap": gap,
             "sample_rate": int(response.headers["x-sample-rate"])}
 
 
@@ -145,6 +148,7 @@ def summarize(level: dict, sample_rate: int) -> dict:
             "errors": sum(bool(r.get("error")) for r in level["results"]),
             "truncated": sum(bool(r.get("truncated")) for r in level["results"]),
             "ttfb_p50": float(np.percentile(ttfb, 50)), "ttfb_p95": float(np.percentile(ttfb, 95)),
+            "largest_gap": max((r["gap"] for r in done), default=float("nan")),
             "audio_seconds": audio, "wall_seconds": level["wall"], "audio_per_second": audio / level["wall"],
             "frames_per_second": level["frames"] / level["wall"], "load_average": level["load"]}
 
@@ -158,22 +162,24 @@ def markdown(report: dict) -> str:
     if report.get("ray"):
         what += f" on Ray Serve, {report['ray']} replica(s) of one thread (`--ray --replicas {report['ray']}`)"
     lines = [f"# Serving under load: {what}", "",
-             f"Measured on {report['cpu']}, one torch thread for the model (OMP_NUM_THREADS=1), {report['cores']} "
-             f"cores shared with the clients; max batch {report['max_batch']}, each level {report['seconds']:.0f} s of "
+             f"Measured on {report['cpu']}, the server at its default thread budget (no thread flags: "
+             f"{report.get('budget', '?')}), {report['cores']} cores shared with the clients; max batch {report['max_batch']}, each level {report['seconds']:.0f} s of "
              "clients sending streaming pcm requests back to back (a short English sentence each, "
              f"{report['sample_rate']} Hz), loopback. `python benchmarks/serve_load.py`.", "",
              "Frames/s is the engine's decoding alone (codes; /metrics); audio s/s also counts vocoding each "
-             "request's chunks, in the server's request threads. Load average: the machine's 1-minute load at the "
-             "level's end (other jobs included; 2 cores).", "",
+             "request's chunks, in the engine's codec workers. Largest gap: the longest wait between two pieces of "
+             "one response, over the level. Load average: the machine's 1-minute load at the level's end (other jobs "
+             "included; 2 cores).", "",
              "| clients | requests | errors | truncated | first byte p50 (s) | p95 (s) | audio s / s | vs 1 client | "
-             "frames / s | vs 1 client | load average |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "frames / s | vs 1 client | largest gap (s) | load average |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['clients']} | {r['requests']} | {r['errors']} | {r['truncated']} | {r['ttfb_p50']:.2f} | "
                      f"{r['ttfb_p95']:.2f} | {r['audio_per_second']:.2f} | "
                      f"{r['audio_per_second'] / lone['audio_per_second']:.2f}x | {r['frames_per_second']:.1f} | "
-                     f"{r['frames_per_second'] / lone['frames_per_second']:.2f}x | {r['load_average']:.1f} |")
-    lines += ["", "Targets (issue 33), this run:", ""]
+                     f"{r['frames_per_second'] / lone['frames_per_second']:.2f}x | {r.get('largest_gap', float('nan')):.2f} | "
+                     f"{r['load_average']:.1f} |")
+    lines += ["", "Targets (issues 33 and 40), this run:", ""]
     for name, (value, target, ok) in report["targets"].items():
         lines.append(f"- {name}: {value} (target {target}): {'met' if ok else 'NOT met'}")
     return "\n".join(lines) + "\n"
@@ -228,7 +234,11 @@ def main() -> int:
     finally:
         process.send_signal(signal.SIGTERM)
         status = process.wait(timeout=120)
-    report = {"model": args.model, "ray": args.ray, "cpu": cpu_name(), "cores": os.cpu_count(), "threads": 1,
+    from rvqspec.runtime.threads import ThreadBudget
+
+    budget = ThreadBudget.split(cores=1 if args.ray else None)  # a replica has one core (--threads-per-replica 1)
+    report = {"model": args.model, "ray": args.ray, "cpu": cpu_name(), "cores": os.cpu_count(),
+              "budget": f"{budget.cores} cores: the frame loop {budget.loop} thread(s), {budget.codec} codec workers",
               "max_batch": args.max_batch, "seconds": args.seconds, "sample_rate": sample_rate, "levels": rows,
               "targets": targets(rows), "server_exit_status": status, "command": " ".join(sys.argv)}
     out.parent.mkdir(parents=True, exist_ok=True)
