@@ -33,7 +33,7 @@ from rvqspec.engine.tree import Tree
 from rvqspec.integrations.base import check_arguments
 from rvqspec.integrations.stream import CHUNK_FRAMES, check_chunks
 from rvqspec.runtime.request import Request
-from rvqspec.runtime.scheduler import Scheduler
+from rvqspec.runtime.scheduler import PREFILL_CHUNK, Scheduler
 
 MAX_BATCH, MAX_QUEUE = 8, 32
 
@@ -48,15 +48,21 @@ class Engine:
     and this CPU's measured latencies) or a `Tree`. `weights` / `talker_weights`: int8
     schemes for the predictor / the talker (`rvqspec.quantize`: another model, opt-in). At most `max_batch` requests
     decode at once and `max_queue` wait (more: `QueueFull`). Chunks of `chunk_frames` frames (the first
-    `first_chunk_frames`)."""
+    `first_chunk_frames`). While requests decode, a new one's prompt is prefilled `prefill_chunk` tokens between
+    two frame steps (`scheduler.PREFILL_CHUNK`: about one talker step's cost); None prefills each prompt whole."""
 
     def __init__(self, model="standin", drafter="auto", tree: Tree | str | None = "auto", weights: str | None = None,
                  talker_weights: str | None = None, calibration: str | Path | None = None, max_batch: int = MAX_BATCH,
                  max_queue: int = MAX_QUEUE, chunk_frames: int = CHUNK_FRAMES, first_chunk_frames: int | None = None,
-                 dtype: str | torch.dtype = "auto", seed: int | None = None):
-        for name, value in (("max_batch", max_batch), ("max_queue", max_queue)):
+                 dtype: str | torch.dtype = "auto", seed: int | None = None,
+                 prefill_chunk: int | None = PREFILL_CHUNK):
+        for name, value in (("max_batch", max_batch), ("max_queue", max_queue), ("prefill_chunk", prefill_chunk)):
+            if name == "prefill_chunk" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise RvqspecError(f"{name} must be a whole number >= 1, got {value!r}")
+                raise RvqspecError(f"{name} must be a whole number >= 1, got {value!r}"
+                                   + (" (prompt tokens per piece), or None for whole prompts"
+                                      if name == "prefill_chunk" else ""))
         self.chunks = check_chunks(chunk_frames, first_chunk_frames)
         self.name, self.model, shipped = load_model(model, weights, talker_weights, dtype)
         predictor = self.model.predictor
@@ -75,7 +81,7 @@ class Engine:
                 policy = measured_policy(predictor, calibration)
         self.policy, self.drafter = policy, drafter
         self.scheduler = Scheduler(self.model, drafter, tree if isinstance(tree, Tree) else None, policy,
-                                   max_batch, max_queue, seeded(seed, predictor.device))
+                                   max_batch, max_queue, seeded(seed, predictor.device), prefill_chunk)
         # An engine dropped without close(): its thread ends with it (cancelling what it still decodes).
         self.finalizer = weakref.finalize(self, self.scheduler.close, 0)
 
