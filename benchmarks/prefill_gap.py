@@ -174,8 +174,8 @@ def to_markdown(report: dict) -> str:
               "| prompt tokens | ms | ms per token | over one step |", "|---|---|---|---|"]
     for tokens, ms in costs["prefill_ms"].items():
         lines.append(f"| {tokens} | {ms:.0f} | {ms / int(tokens):.2f} | {ms / step:.2f}x |")
-    lines += ["", "A piece of up to about the chunk's tokens costs about one talker step (the layers' weights are read "
-              "once; the tokens' arithmetic is small beside it); a whole long prompt costs several, all in one gap.", ""]
+    lines += ["", "A call costs a fixed part (the layers' weights read once: about one talker step) and a little per "
+              "token; a long prompt prefilled whole costs several steps, all in one gap.", ""]
     return "\n".join(lines)
 
 
