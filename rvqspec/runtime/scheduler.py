@@ -46,9 +46,9 @@ from rvqspec.runtime.request import QueueFull, Request
 # Prompt tokens prefilled in one gap between two frame steps while rows decode. A prefill call costs a fixed part
 # (the layers' weights read once: about one talker step) plus a part per token; measured at the 0.6B sizes, bfloat16,
 # one thread, on an Intel Xeon with AMX (two runs): 16 tokens 1.2 talker steps, 64 tokens 1.5-1.8, 320 tokens 4.1-4.7
-# (about 1.6-2 ms a token past the fixed part; benchmarks/prefill_gap.py, benchmarks/results/prefill-gap.md). At 64 a piece delays a
-# running stream by under two talker steps, while a long prompt's pieces cost under twice its one call in all (smaller
-# pieces would cost more calls for little less delay); short prompts still go in one piece.
+# (about 1.6-2 ms a token past the fixed part; benchmarks/prefill_gap.py, benchmarks/results/prefill-gap.md). At 64
+# a piece delays a running stream by under two talker steps, while a long prompt's pieces cost under twice its one
+# call in all (smaller pieces would cost more calls for little less delay); short prompts still go in one piece.
 PREFILL_CHUNK = 64
 
 
