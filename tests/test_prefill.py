@@ -94,7 +94,8 @@ def test_chunked_prefill_gives_the_greedy_codes_of_whole_prefills_while_rows_lea
     cancelled while it is half-prefilled, one stays. Every request's codes are those of whole prefills, alone (the
     cancelled one's: the frames it had)."""
     with Engine(standin, drafter=None, prefill_chunk=None) as engine:
-        short, long = prompt_of(engine, "hello there", max_new_tokens=30), prompt_of(engine, LONG * 3, max_new_tokens=12)
+        short = prompt_of(engine, "hello there", max_new_tokens=30)
+        long = prompt_of(engine, LONG * 3, max_new_tokens=12)
         staying, cancelled = (prompt_of(engine, text, max_new_tokens=300) for text in ("stay", "go"))
         alone = [engine.enqueue(prompt, 0).wait(WAIT) for prompt in (short, long, staying, cancelled)]
     with Engine(standin, drafter=None, prefill_chunk=chunk) as engine:
@@ -118,8 +119,8 @@ def test_chunked_prefill_gives_the_greedy_codes_of_whole_prefills_while_rows_lea
 
 def test_a_prompt_failing_mid_prefill_fails_alone(standin, monkeypatch):
     """With a row decoding, a prompt whose last embedding is nan, and one whose last position is past the RoPE
-    table, fail after pieces of them ran (on their last) with their own error; the staging row they leave (nan: zeroed) serves the next
-    prompt, whose codes and the running row's are theirs alone."""
+    table, fail after pieces of them ran (on their last) with their own error; the staging row they leave (nan:
+    zeroed) serves the next prompt, whose codes and the running row's are theirs alone."""
     with Engine(standin, drafter=None, prefill_chunk=None) as engine:
         good, other = prompt_of(engine, LONG, max_new_tokens=10), prompt_of(engine, "hello there", max_new_tokens=40)
         alone = [engine.enqueue(prompt, 0).wait(WAIT) for prompt in (good, other)]
