@@ -17,7 +17,7 @@ from rvqspec.runtime.capacity import Capacity
 from rvqspec.runtime.codec_worker import Cores
 from rvqspec.runtime.threads import ThreadBudget
 
-from helpers.engines import GREEDY, never_ending
+from helpers.engines import GREEDY, frames_of, never_ending
 from helpers.upstream_models import upstream_available
 
 if not upstream_available():
@@ -35,13 +35,6 @@ def tts64():
     tts = tiny_qwen3_tts(seed=1)
     tts.model.speech_tokenizer.model.double()
     return tts
-
-
-def frames_of(request, count: int) -> None:
-    deadline = time.monotonic() + WAIT
-    while len(request.decoded) < count:
-        assert time.monotonic() < deadline, f"{count} frames not decoded within {WAIT} s"
-        time.sleep(0.001)
 
 
 # ---------------------------------------------------------------- the thread budget

@@ -4,8 +4,10 @@ backbone, the stand-in's), decoding many requests at once, each one row of a sha
 Rows: row b of a step is row b of the cache buffer, and its tokens sit at slots 0..lengths[b]-1 (a token's slot is
 its index in its own sequence, not its RoPE position: the stand-in's positions are text-aligned). A step gives every
 row one token, written at slot lengths[b] and attending to the slots before it and itself. A new request is
-prefilled alone into a new last row; a row that leaves takes the last row's entries into its place (`RowCache.remove`),
-so a step's rows are always 0..B-1 and it reads a view of the buffer, never a gather.
+prefilled alone, whole or in pieces (each `prefill` call appends a piece to its row), into a row of a cache of its own
+(the scheduler's staging row, so that a half-prefilled row never takes part in a step), then copied into a new last row
+(`RowCache.adopt`); a row that leaves takes the last row's entries into its place (`RowCache.remove`), so a step's rows
+are always 0..B-1 and it reads a view of the buffer, never a gather.
 
 A step attends over the slots in use rounded up to `SLOT_MULTIPLE`, alone or in any batch, so a row's attention
 reductions run over the same lanes whatever else is in the batch (masked slots add exact zeros). Where the matmuls
@@ -139,19 +141,34 @@ class RowCache:
             self.lengths[row] = used
         self.lengths.pop()
 
+    def adopt(self, source: "RowCache", row: int) -> int:
+        """A new last row holding the entries of `source`'s `row` (a prefilled request's); its index."""
+        used = source.lengths[row]
+        self.reserve(self.rows + 1, used)
+        self.lengths.append(used)
+        self.kv.kv[:, :, self.rows - 1, :, :used] = source.kv.kv[:, :, row, :, :used]
+        return self.rows - 1
+
+    def clear(self, row: int) -> None:
+        """Zero `row`'s entries, all of its slots: a masked slot still multiplies its value by 0, and 0 * nan is
+        nan for the next request there (a failed one's stale nan)."""
+        self.kv.kv[:, :, row].zero_()
+
 
 def prefill(talker: nn.Module, cache: RowCache, row: int, embeds: Tensor, positions: Tensor) -> Tensor:
-    """Run a request's prompt embeds [L, H] at RoPE ids `positions` [L] into the empty `row`: the last hidden
-    state [H] (the one that emits its first c0)."""
-    length = len(embeds)
+    """Run a piece of a request's prompt, embeds [L, H] at RoPE ids `positions` [L], into `row` after the entries
+    it holds (none: the whole prompt at once): the piece's last hidden state [H] (the prompt's last one emits its first
+    c0). In pieces or whole, a row's entries and last state are the same but for rounding: a piece's matmuls have
+    other row counts and its attention other widths (tests/test_prefill.py)."""
+    start, length = cache.lengths[row], len(embeds)
     check_positions(talker, positions)
-    cache.reserve(cache.rows, length)
-    width = round_slots(length)
-    slots = torch.arange(length, device=embeds.device)
+    cache.reserve(cache.rows, start + length)
+    width = round_slots(start + length)
+    slots = torch.arange(start, start + length, device=embeds.device)
     mask = torch.arange(width, device=embeds.device)[None, :] <= slots[:, None]
     hidden = run_layers(talker, embeds[None].to(talker.norm.weight.dtype), positions, mask,
                         cache.kv.view(slice(row, row + 1), width), slots)
-    cache.lengths[row] = length
+    cache.lengths[row] = start + length
     return hidden[0, -1]
 
 

@@ -35,7 +35,7 @@ from rvqspec.integrations.stream import CHUNK_FRAMES, check_chunks
 from rvqspec.runtime.capacity import Capacity
 from rvqspec.runtime.codec_worker import CodecWorker, Cores
 from rvqspec.runtime.request import Request
-from rvqspec.runtime.scheduler import Scheduler
+from rvqspec.runtime.scheduler import PREFILL_CHUNK, Scheduler
 from rvqspec.runtime.threads import ThreadBudget, intra_op_threads
 
 MAX_BATCH, MAX_QUEUE = 8, 32
@@ -54,16 +54,23 @@ class Engine:
     running streams stay at real time (`runtime/capacity.py`). Chunks of `chunk_frames` frames (the first
     `first_chunk_frames`). `cores`: how many threads may do torch work at once (None: the cores this process may use);
     `threads` / `codec_threads`: the frame loop's intra-op threads / the codec workers (None: the measured split,
-    `runtime/threads.py`)."""
+    `runtime/threads.py`). While requests decode, a new one's prompt is prefilled `prefill_chunk` tokens
+    between two frame steps (`scheduler.PREFILL_CHUNK`: about one talker step's cost); None prefills each prompt
+    whole."""
 
     def __init__(self, model="standin", drafter="auto", tree: Tree | str | None = "auto", weights: str | None = None,
                  talker_weights: str | None = None, calibration: str | Path | None = None, max_batch: int = MAX_BATCH,
                  max_queue: int = MAX_QUEUE, chunk_frames: int = CHUNK_FRAMES, first_chunk_frames: int | None = None,
                  dtype: str | torch.dtype = "auto", seed: int | None = None, cores: int | None = None,
-                 threads: int | None = None, codec_threads: int | None = None, realtime: bool = True):
-        for name, value in (("max_batch", max_batch), ("max_queue", max_queue)):
+                 threads: int | None = None, codec_threads: int | None = None, realtime: bool = True,
+                 prefill_chunk: int | None = PREFILL_CHUNK):
+        for name, value in (("max_batch", max_batch), ("max_queue", max_queue), ("prefill_chunk", prefill_chunk)):
+            if name == "prefill_chunk" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise RvqspecError(f"{name} must be a whole number >= 1, got {value!r}")
+                raise RvqspecError(f"{name} must be a whole number >= 1, got {value!r}"
+                                   + (" (prompt tokens per piece), or None for whole prompts"
+                                      if name == "prefill_chunk" else ""))
         self.chunks = check_chunks(chunk_frames, first_chunk_frames)
         self.budget = ThreadBudget.split(cores, threads, codec_threads)
         self.name, self.model, shipped = load_model(model, weights, talker_weights, dtype)
@@ -88,7 +95,7 @@ class Engine:
         self.capacity = Capacity(self.model.frame_seconds, max_batch, realtime)
         self.scheduler = Scheduler(self.model, drafter, tree if isinstance(tree, Tree) else None, policy,
                                    max_batch, max_queue, seeded(seed, predictor.device), cores, self.budget.loop,
-                                   self.codec, self.capacity)
+                                   self.codec, self.capacity, prefill_chunk)
         # An engine dropped without close(): its threads end with it (cancelling what it still decodes).
         self.finalizer = weakref.finalize(self, shut_down, self.scheduler, self.codec, 0)
 

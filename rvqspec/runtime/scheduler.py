@@ -8,11 +8,17 @@ One frame step, for the B rows of the batch (each a request, row b of the talker
     batch size (the engine's speculation: exact, so each row's codes keep their distribution);
  4. each frame goes to its request (whose caller turns it into audio) and becomes the row's next talker input
     (the model's frame embedding, plus Qwen3-TTS's trailing text);
- 5. one talker step for all rows gives each its next hidden state.
-Between steps, waiting requests are prefilled, one by one, into new rows (up to `max_batch`, and while the measured
-capacity keeps the running streams at real time: `runtime/capacity.py`): they join at the next step. Each step (and
-each prefill) holds the thread budget's cores for the frame loop (`runtime/threads.py`), and wakes the codec workers
-that turn the new frames into audio. A row's codes do not depend on the batch (greedy: the same bits; `engine/talker.py`), except that the
+ 5. one talker step for all rows gives each its next hidden state;
+ 6. before the next step, a piece of a waiting request's prompt is prefilled (below).
+Between steps, waiting requests are prefilled, one by one, and join at the next step (up to `max_batch` rows, and
+while the measured capacity keeps the running streams at real time: `runtime/capacity.py`). While rows decode, a gap
+between two steps runs one piece of at most `prefill_chunk` prompt tokens (chunked prefill), so that an arrival delays
+a running stream's next frame by one piece, not by its whole prompt; with no row decoding, prompts are prefilled
+whole. A prompt is prefilled into a staging row of its own (`engine/talker.py`) and copied into the batch's cache
+when it is done, so that it never takes part in a step half-prefilled. `PREFILL_CHUNK`: why its size. Each step and
+each piece holds the thread budget's cores for the frame loop (`runtime/threads.py`), and the codec workers are woken
+to turn the new frames into audio.
+A row's codes do not depend on the batch (greedy: the same bits; `engine/talker.py`), except that the
 predictor's draws of a batch of several rows come from the engine's generator (a lone row uses its own: a fixed
 seed then repeats its audio exactly; in a batch it keeps the same distribution).
 
@@ -43,6 +49,14 @@ from rvqspec.runtime.capacity import Capacity
 from rvqspec.runtime.codec_worker import CodecWorker, Cores
 from rvqspec.runtime.request import QueueFull, Request
 
+# Prompt tokens prefilled in one gap between two frame steps while rows decode. A prefill call costs a fixed part
+# (the layers' weights read once: about one talker step) plus a part per token; measured at the 0.6B sizes, bfloat16,
+# one thread, on an Intel Xeon with AMX (two runs): 16 tokens 1.2 talker steps, 64 tokens 1.5-1.8, 320 tokens 4.1-4.7
+# (about 1.6-2 ms a token past the fixed part; benchmarks/prefill_gap.py, benchmarks/results/prefill-gap.md). At 64
+# a piece delays a running stream by under two talker steps, while a long prompt's pieces cost under twice its one
+# call in all (smaller pieces would cost more calls for little less delay); short prompts still go in one piece.
+PREFILL_CHUNK = 64
+
 
 @dataclass
 class Row:
@@ -57,19 +71,31 @@ class Row:
         return len(self.request.decoded)
 
 
+@dataclass
+class Prefill:
+    """A request while its prompt is prefilled into the staging row: `done` tokens so far."""
+
+    request: Request
+    done: int = 0
+
+
 class Scheduler:
     """Runs `model` (a model adapter: the interface in runtime/standin.py) over every submitted request, in a thread
     of its own with `threads` intra-op threads, each step holding that many of `cores`; `codec` turns the frames
     into audio, `capacity` decides admission."""
 
     def __init__(self, model, drafter, tree: Tree | None, policy: Policy | None, max_batch: int, max_queue: int,
-                 generator: torch.Generator, cores: Cores, threads: int, codec: CodecWorker, capacity: Capacity):
+                 generator: torch.Generator, cores: Cores, threads: int, codec: CodecWorker, capacity: Capacity,
+                 prefill_chunk: int | None = PREFILL_CHUNK):
         self.model, self.drafter, self.tree, self.policy = model, drafter, tree, policy
         self.max_batch, self.max_queue, self.generator = max_batch, max_queue, generator
         self.cores, self.threads, self.codec, self.capacity = cores, threads, codec, capacity
+        self.prefill_chunk = prefill_chunk  # None: whole prompts
         self.waiting: collections.deque[Request] = collections.deque()
         self.rows: list[Row] = []
+        self.prefilling: Prefill | None = None
         self.cache = talker_blocks.RowCache(model.talker)
+        self.staging = talker_blocks.RowCache(model.talker)  # the prefilling request's row (module docstring)
         self.stats = Stats()
         self.condition = threading.Condition()
         self.accepting, self.stopping = True, False
@@ -92,9 +118,9 @@ class Scheduler:
             self.condition.notify()
 
     def counts(self) -> tuple[int, int]:
-        """(rows decoding, requests waiting)."""
+        """(rows decoding, requests waiting: the one being prefilled included)."""
         with self.condition:
-            return len(self.rows), len(self.waiting)
+            return len(self.rows), len(self.waiting) + (self.prefilling is not None)
 
     def real_time_factors(self) -> list[float]:
         """Each decoding row's audio seconds per second since its first frame (above 1: faster than real time)."""
@@ -136,31 +162,60 @@ class Scheduler:
     def next_work(self) -> bool:
         """Wait for something to do; False once the engine stops."""
         with self.condition:
-            while not (self.waiting or self.rows or self.stopping or not self.accepting):
+            while not (self.waiting or self.prefilling or self.rows or self.stopping or not self.accepting):
                 self.condition.wait()
-            return not self.stopping and (self.accepting or bool(self.waiting) or bool(self.rows))
+            busy = bool(self.waiting) or self.prefilling is not None or bool(self.rows)
+            return not self.stopping and (self.accepting or busy)
 
     def admit(self) -> None:
-        while len(self.rows) < self.max_batch and self.capacity.admits(len(self.rows)):
-            with self.condition:
-                if not self.waiting:
-                    return
-                request = self.waiting.popleft()
-            if request.cancelled.is_set():
-                request.finish()
-                continue
-            row = self.cache.add()
-            try:
-                prompt = request.prompt
-                hidden = talker_blocks.prefill(self.model.talker, self.cache, row, prompt.embeds, prompt.positions)
-                check_finite(hidden, "the talker state after its prompt")
-            except Exception as e:  # a bad prompt fails its own request
-                self.clear(row)
-                self.cache.remove(row)
-                request.finish(e if isinstance(e, RvqspecError) else RvqspecError(f"prefill failed: {e}"))
-                continue
-            with self.condition:
-                self.rows.append(Row(request, hidden))
+        """Prefill waiting requests into rows (up to `max_batch`, while `capacity` admits one more): while rows
+        decode, one piece in this gap (module docstring); with none decoding, until every row is taken or nothing
+        waits."""
+        while len(self.rows) < self.max_batch:
+            if self.prefilling is None:
+                with self.condition:
+                    if not self.waiting or not self.capacity.admits(len(self.rows)):
+                        return
+                    self.prefilling = Prefill(self.waiting.popleft())
+            decoding = bool(self.rows)
+            self.prefill_piece(self.prefill_chunk if decoding else None)
+            if decoding:
+                return
+
+    def prefill_piece(self, tokens: int | None) -> None:
+        """The next `tokens` of the prefilling request's prompt (None: the rest) into the staging row; at the
+        prompt's end its row joins the batch. A cancelled request or a bad prompt ends there, alone."""
+        state, prompt = self.prefilling, self.prefilling.request.prompt
+        if state.request.cancelled.is_set():
+            self.end_prefill()
+            return
+        if not self.staging.rows:
+            self.staging.add()
+        end = len(prompt.embeds) if tokens is None else min(state.done + tokens, len(prompt.embeds))
+        try:
+            hidden = talker_blocks.prefill(self.model.talker, self.staging, 0, prompt.embeds[state.done:end],
+                                           prompt.positions[state.done:end])
+            state.done = end
+            if end < len(prompt.embeds):
+                return
+            check_finite(hidden, "the talker state after its prompt")
+        except Exception as e:  # a bad prompt fails its own request
+            self.staging.clear(0)
+            self.end_prefill(e if isinstance(e, RvqspecError) else RvqspecError(f"prefill failed: {e}"))
+            return
+        with self.condition:
+            self.cache.adopt(self.staging, 0)
+            self.rows.append(Row(state.request, hidden))
+            self.staging.remove(0)
+            self.prefilling = None
+
+    def end_prefill(self, error: BaseException | None = None) -> None:
+        """The prefilling request ends (with `error`) and gives the staging row back."""
+        with self.condition:
+            request, self.prefilling = self.prefilling.request, None
+            if self.staging.rows:
+                self.staging.remove(0)
+        request.finish(error)
 
     def timed_step(self) -> None:
         batch, start = len(self.rows), time.perf_counter()
@@ -261,19 +316,16 @@ class Scheduler:
 
     def fail(self, index: int, error: Exception) -> None:
         """Row `index` fails alone: its request ends with the error; its cache row is zeroed before it is reused."""
-        self.clear(index)
+        self.cache.clear(index)
         self.leave(index, error if isinstance(error, RvqspecError) else RvqspecError(
             f"decoding failed ({type(error).__name__}: {error}): this is a bug, please report it"))
-
-    def clear(self, index: int) -> None:
-        """Zero cache row `index` (module docstring: stale nan there would reach the row that next uses it)."""
-        self.cache.kv.kv[:, :, index].zero_()
 
     def end_all(self) -> None:
         """When the engine stops: what it still holds ends, with an error unless its caller had cancelled it."""
         with self.condition:
-            requests = [row.request for row in self.rows] + list(self.waiting)
-            self.rows, self.waiting = [], collections.deque()
+            prefilling = [self.prefilling.request] if self.prefilling else []
+            requests = [row.request for row in self.rows] + prefilling + list(self.waiting)
+            self.rows, self.prefilling, self.waiting = [], None, collections.deque()
         for request in requests:
             request.finish(None if request.cancelled.is_set() else RvqspecError(
                 f"the engine was closed after {len(request.decoded)} frames of this request, before it finished: "

@@ -3,6 +3,7 @@ Hugging Face's own c0 logits processing, exact distributions of a request's firs
 
 import contextlib
 import itertools
+import time
 from dataclasses import replace
 
 import torch
@@ -64,6 +65,14 @@ def engine_states(engine, monkeypatch) -> dict:
 
     monkeypatch.setattr(engine.scheduler, "predict", recording)
     return states
+
+
+def frames_of(request, count: int, wait: float = 120) -> None:
+    """Wait until `request` has decoded `count` frames (at most `wait` seconds: a bug fails rather than hangs)."""
+    deadline = time.monotonic() + wait
+    while len(request.decoded) < count:
+        assert time.monotonic() < deadline, f"{count} frames not decoded within {wait} s"
+        time.sleep(0.001)
 
 
 def never_ending(prompt):
