@@ -174,12 +174,12 @@ class RoundSampler(Sampler):
     def end_frame(self) -> None:
         object.__setattr__(self, "drafts", None)
 
-    def sample(self, logits, generator=None):
+    def sample_noise(self, logits, noise):
         if self.drafts is None:
-            return super().sample(logits, generator)
-        depth = self.depth
+            return super().sample_noise(logits, noise)
+        depth = self.depth  # the round's draws ignore the engine's noise: torch's global RNG
         object.__setattr__(self, "depth", depth + 1)
-        return torch.tensor([self.draw(p, drafts[depth] if depth < len(drafts) else None, generator)
+        return torch.tensor([self.draw(p, drafts[depth] if depth < len(drafts) else None, None)
                              for p, drafts in zip(self.probs(logits), self.drafts)])
 
 

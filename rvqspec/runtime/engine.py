@@ -48,7 +48,9 @@ class Engine:
     and this CPU's measured latencies) or a `Tree`. `weights` / `talker_weights`: int8
     schemes for the predictor / the talker (`rvqspec.quantize`: another model, opt-in). At most `max_batch` requests
     decode at once and `max_queue` wait (more: `QueueFull`). Chunks of `chunk_frames` frames (the first
-    `first_chunk_frames`)."""
+    `first_chunk_frames`). Every request draws from its own generator, seeded with its `seed` (its audio is then the
+    same bits alone and in any batch); `seed` here seeds the seeds of the requests submitted without one, in
+    submission order (None: fresh entropy for each), so that a seeded engine repeats a run's audio."""
 
     def __init__(self, model="standin", drafter="auto", tree: Tree | str | None = "auto", weights: str | None = None,
                  talker_weights: str | None = None, calibration: str | Path | None = None, max_batch: int = MAX_BATCH,
@@ -58,6 +60,7 @@ class Engine:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise RvqspecError(f"{name} must be a whole number >= 1, got {value!r}")
         self.chunks = check_chunks(chunk_frames, first_chunk_frames)
+        self.seeds = random.SystemRandom() if check_seed(seed) is None else random.Random(seed)
         self.name, self.model, shipped = load_model(model, weights, talker_weights, dtype)
         predictor = self.model.predictor
         if drafter == "auto":
@@ -75,7 +78,7 @@ class Engine:
                 policy = measured_policy(predictor, calibration)
         self.policy, self.drafter = policy, drafter
         self.scheduler = Scheduler(self.model, drafter, tree if isinstance(tree, Tree) else None, policy,
-                                   max_batch, max_queue, seeded(seed, predictor.device))
+                                   max_batch, max_queue)
         # An engine dropped without close(): its thread ends with it (cancelling what it still decodes).
         self.finalizer = weakref.finalize(self, self.scheduler.close, 0)
 
@@ -120,8 +123,9 @@ class Engine:
         return self.submit(kind, seed=seed, **arguments, **{k: v for k, v in sampling.items() if v is not None})
 
     def enqueue(self, prompt, seed: int | None) -> Request:
+        seed = self.seeds.getrandbits(62) if check_seed(seed) is None else seed
         request = Request(prompt, lambda: self.model.new_stream(prompt), self.sample_rate, self.chunks,
-                          seeded(seed, self.model.predictor.device))
+                          torch.Generator(self.model.predictor.device).manual_seed(seed))
         self.scheduler.submit(request)
         return request
 
@@ -213,11 +217,11 @@ class Engine:
         self.close(grace=0 if exc[0] is not None else None)
 
 
-def seeded(seed: int | None, device: torch.device) -> torch.Generator:
-    """A generator on `device` seeded with `seed`, or with fresh entropy where there is none."""
+def check_seed(seed: int | None) -> int | None:
+    """`seed` if it is None or a torch generator's seed, else a clear error."""
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63):
         raise RvqspecError(f"seed must be an integer from 0 to 2**63 - 1 (a torch generator's seed), got {seed!r}")
-    return torch.Generator(device).manual_seed(random.SystemRandom().getrandbits(62) if seed is None else seed)
+    return seed
 
 
 def measured_policy(predictor, calibration) -> Policy:

@@ -10,9 +10,10 @@ One frame step, for the B rows of the batch (each a request, row b of the talker
     (the model's frame embedding, plus Qwen3-TTS's trailing text);
  5. one talker step for all rows gives each its next hidden state.
 Between steps, waiting requests are prefilled, one by one, into new rows (up to `max_batch`): they join at the next
-step. A row's codes do not depend on the batch (greedy: the same bits; `engine/talker.py`), except that the
-predictor's draws of a batch of several rows come from the engine's generator (a lone row uses its own: a fixed
-seed then repeats its audio exactly; in a batch it keeps the same distribution).
+step. A row's codes do not depend on the batch: every draw of a row, its c0 and its predictor's (AR or speculative),
+comes from its request's own generator, which moves on by the same amount per frame in any batch (`engine/context.py`,
+Draws), so a seeded request's codes are the same bits alone and in any batch, joining mid-utterance or not (given the
+same logits bits: greedy or sampled, `engine/talker.py`), as per-request seeds are in vLLM.
 
 A row fails alone: one whose talker state or logits turn non-finite (inf or nan: a clip or prompt out of range), or
 whose draw or predictor batch raises, leaves with its own error while the others go on with the same bits. Its cache
@@ -56,10 +57,9 @@ class Scheduler:
     """Runs `model` (a model adapter: the interface in runtime/standin.py) over every submitted request, in a thread
     of its own."""
 
-    def __init__(self, model, drafter, tree: Tree | None, policy: Policy | None, max_batch: int, max_queue: int,
-                 generator: torch.Generator):
+    def __init__(self, model, drafter, tree: Tree | None, policy: Policy | None, max_batch: int, max_queue: int):
         self.model, self.drafter, self.tree, self.policy = model, drafter, tree, policy
-        self.max_batch, self.max_queue, self.generator = max_batch, max_queue, generator
+        self.max_batch, self.max_queue = max_batch, max_queue
         self.waiting: collections.deque[Request] = collections.deque()
         self.rows: list[Row] = []
         self.cache = talker_blocks.RowCache(model.talker)
@@ -216,11 +216,11 @@ class Scheduler:
 
     def predict_group(self, hidden: Tensor, c0: Tensor, rows: list[Row], sampler: Sampler, members: list[int],
                       codes: Tensor) -> None:
-        """The codes of rows `members` (one sampler), written into `codes`."""
+        """The codes of rows `members` (one sampler), written into `codes`; each row draws from its own generator."""
         tree = self.tree_for(len(members))
-        generator = rows[members[0]].request.generator if len(members) == 1 else self.generator
+        generators = [rows[b].request.generator for b in members]
         index = torch.tensor(members, device=c0.device)
-        result = decode_frames(self.model.predictor, hidden[index], c0[index], sampler, generator,
+        result = decode_frames(self.model.predictor, hidden[index], c0[index], sampler, generators,
                                self.drafter if tree is not None else None, tree)
         self.stats.add(result, tree.size if tree is not None else 0)
         codes[index] = result.codes.to(c0.device)
