@@ -5,8 +5,8 @@ round one call per batch whatever each row's progress (k, the codes it has so fa
 is complete rides along as padding until the slowest row finishes. `decode_frame` is the batch of one.
 
 A decode call makes its `RoundContext` once (`context.py`: the model, the cache, the tree's plan, the sampler, each
-row's noise for the frame's draws, the drafter and the resolved device path), then runs its steps over it: `decode_speculative` is one loop
-of `steps.round(ctx, ...)`. The steps are these functions, eager; `graphs=` swaps in the same functions replayed
+row's noise for the frame's draws, the drafter and the resolved device path), then runs its steps over it:
+`decode_speculative` is one loop of `steps.round(ctx, ...)`. The steps are these functions, eager; `graphs=` swaps in the same functions replayed
 from captured calls (`graphs.py`), and nothing here knows of it.
 
 Speculative round (docs/design.md, section 2), all in `round_on_device` (which `speculative_round` calls, then reads
