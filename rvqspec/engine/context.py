@@ -4,7 +4,7 @@ The call's path (`device_path.DevicePath`) is resolved here, from the model's de
 (CUDA graphs) takes the path that reads no host value (`device_path.captured`). The drafters, the walk and the heads
 read `ctx.path` and `ctx.captured` to pick an implementation, never a device type or an argument's type.
 
-Draws. A context holds each row's Exp(1) noise for the frame, [rows, G-1, V], drawn once from the row's own generator
+Draws. A context holds each row's Exp(1) noise for the frame, [batch, G-1, V], drawn once from the row's own generator
 (`sampling.fill_noise`), and every draw of code c_j is argmax(p~ / the row's noise for c_j) (`RoundContext.sample`),
 torch.multinomial's draw. So a row's codes and its generator's use depend on nothing but its own frame: the same
 bits alone and in any batch, AR or speculative, on every walk and through captured calls; and since each emitted code
