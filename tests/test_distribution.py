@@ -48,13 +48,15 @@ def exact_joint(sampler: Sampler, row: int = 0, rows: int = 1, dtype: torch.dtyp
 
 
 def sample_counts(sampler: Sampler, samples: int, seed: int, drafter=None, tree=None, between_frames=None,
-                  rows: int = 0, graphs=None, dtype: torch.dtype = torch.float64):
+                  rows: int = 0, graphs=None, dtype: torch.dtype = torch.float64, per_row: bool = False):
     """Histogram of decoded (c1, c2, c3) over `samples` frames, and the mean accepted drafts per round.
     rows 0: one `decode_frame` at a time; else batches of `rows` frames (`decode_frames`, through `graphs` if
-    given), a histogram per row."""
+    given; `per_row`: a generator per row, seeded seed, seed + 1, ...), a histogram per row."""
     model, talker_hidden, c0 = setup(max(rows, 1), dtype)
     vocab, last = model.config.vocab_size, model.config.num_residual_codes
     generator = torch.Generator().manual_seed(seed)
+    if per_row:
+        generator = [torch.Generator().manual_seed(seed + row) for row in range(rows)]
     counts = torch.zeros(max(rows, 1), vocab ** last, dtype=torch.long)
     place = vocab ** torch.arange(last - 1, -1, -1)
     accepted = rounds = 0
@@ -117,11 +119,13 @@ def test_bfloat16_speculative_sampling_matches_enumeration():
     assert pvalue > 1e-3
 
 
-def test_batched_speculative_sampling_matches_enumeration():
-    """Four different frames decoded together: each row follows its own AR distribution."""
+@pytest.mark.parametrize("per_row", [False, True], ids=["one-generator", "a-generator-per-row"])
+def test_batched_speculative_sampling_matches_enumeration(per_row):
+    """Four different frames decoded together: each row follows its own AR distribution, drawing from one generator
+    for the batch or from its own (the engine's rows: tests/test_row_draws.py)."""
     model = setup()[0]
     counts, accepted = sample_counts(DEPLOYED, SAMPLES, seed=6, drafter=random_offsets(model, 3, seed=5), tree=FULL,
-                                     rows=4)
+                                     rows=4, per_row=per_row)
     pvalues = [g_test(counts[row], exact_joint(DEPLOYED, row, 4)) for row in range(4)]
     print(f"G-test p-values {[f'{p:.3g}' for p in pvalues]} over {SAMPLES} batches, {accepted:.2f} accepted per round")
     assert accepted > 0.4
@@ -174,12 +178,12 @@ class RoundSampler(Sampler):
     def end_frame(self) -> None:
         object.__setattr__(self, "drafts", None)
 
-    def sample(self, logits, generator=None):
+    def sample_noise(self, logits, noise):
         if self.drafts is None:
-            return super().sample(logits, generator)
-        depth = self.depth
+            return super().sample_noise(logits, noise)
+        depth = self.depth  # the round's draws ignore the engine's noise: torch's global RNG
         object.__setattr__(self, "depth", depth + 1)
-        return torch.tensor([self.draw(p, drafts[depth] if depth < len(drafts) else None, generator)
+        return torch.tensor([self.draw(p, drafts[depth] if depth < len(drafts) else None, None)
                              for p, drafts in zip(self.probs(logits), self.drafts)])
 
 

@@ -101,25 +101,55 @@ def test_greedy_codes_do_not_depend_on_the_batch(model, speculative, tts, standi
     assert 3 in gate.sizes[peak:]  # and rows left while others went on
 
 
-def test_a_seeded_sampled_talker_draws_the_same_codes_alone_and_in_a_batch(tts):
-    """A request's c0 draws come from its own generator in any batch: with the predictor greedy, a seeded request
-    sampled by the talker has the same codes alone and beside three others (sampled, other seeds)."""
-    arguments = dict(text="hello there", max_new_tokens=20, subtalker_dosample=False, **QWEN)
-    with Engine(tts, drafter=None) as engine:
-        alone = engine.submit("custom_voice", seed=11, **arguments).wait(WAIT)
-        requests = [engine.submit("custom_voice", seed=seed, **arguments) for seed in (11, 12, 13, 14)]
-        codes = [request.wait(WAIT) for request in requests]
-    assert torch.equal(codes[0], alone)
-    assert not all(torch.equal(c, alone) for c in codes[1:])  # the seeds matter: the talker does sample
+def sampled_requests_of(model: str) -> tuple[str, list[dict]]:
+    """(kind, arguments) of eight requests, talker and predictor sampled: the first long, the others leaving after
+    9 to 15 frames (or at a sampled EOS): they join one a frame step (chunked prefill), all eight decode together,
+    then they leave one by one."""
+    kind, arguments = requests_of(model)
+    sampled = [{k: v for k, v in a.items() if k not in GREEDY} for a in arguments * 2]
+    for a, frames in zip(sampled, [24, 9, 10, 11, 12, 13, 14, 15]):
+        a["max_new_tokens"] = frames + (model != "standin")  # qwen-tts counts the c0 of a frame never decoded
+    return kind, sampled
 
 
-def test_a_seeded_request_alone_repeats_its_codes_exactly(tts):
-    """Alone, a row uses its own generator for the predictor too: the same seed gives the same sampled codes
-    (talker and predictor sampled, speculative); another seed other codes."""
-    arguments = dict(text="hello there", max_new_tokens=12, **QWEN)
-    with Engine(tts, **SPECULATIVE) as engine:
-        runs = [engine.submit("custom_voice", seed=seed, **arguments).wait(WAIT) for seed in (5, 5, 6)]
-    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
+@pytest.mark.parametrize("speculative", [False, True], ids=["ar", "speculative"])
+@pytest.mark.parametrize("model", ["standin", "qwen-tts"])
+def test_seeded_sampled_codes_do_not_depend_on_the_batch(model, speculative, tts, standin, monkeypatch):
+    """A seed is a seed in any batch: every draw of a row (c0 and the predictor's) comes from its own generator.
+    Eight requests of different seeds, each alone, then together: the first alone for 3 frames, the seven others
+    joining it one a frame step and leaving one by one (batches of 2 up to 8 and down again). Every request's sampled
+    codes are the very codes it gets alone."""
+    kind, arguments = sampled_requests_of(model)
+    options = SPECULATIVE if speculative else {"drafter": None}
+    first_seed = {"standin": 10, "qwen-tts": 3}[model]  # the first seeds none of whose requests draw an early EOS
+    seeds = range(first_seed, first_seed + len(arguments))
+    with Engine(standin if model == "standin" else tts, **options) as engine:
+        alone = [engine.submit(kind, seed=seed, **a).wait(WAIT) for seed, a in zip(seeds, arguments)]
+        gate = Gate(engine, monkeypatch)
+        first = engine.submit(kind, seed=seeds[0], **arguments[0])
+        gate.hold(first, 3)
+        assert gate.reached.wait(WAIT)
+        others = [engine.submit(kind, seed=seed, **a) for seed, a in zip(seeds[1:], arguments[1:])]
+        gate.open()
+        together = [request.wait(WAIT) for request in [first, *others]]
+    for index, (mine, theirs) in enumerate(zip(together, alone)):
+        assert torch.equal(mine, theirs), index
+    assert {8, 4, 2} <= set(gate.sizes) and gate.sizes[:3] == [1] * 3
+    same_text = [alone[i][:2] for i in (0, 4)]  # the same text and settings, other seeds: other codes
+    assert not torch.equal(*same_text)
+
+
+def test_a_seeded_engine_repeats_its_unseeded_requests(tts):
+    """Engine(seed=) seeds the seeds of the requests submitted without one, in submission order: a run repeats; a
+    request's own seed is its own."""
+    arguments = dict(text="hello there", max_new_tokens=6, **QWEN)
+    runs = []
+    for seed in (5, 5, 6):
+        with Engine(tts, drafter=None, seed=seed) as engine:
+            runs.append([engine.submit("custom_voice", **arguments).wait(WAIT) for _ in range(2)]
+                        + [engine.submit("custom_voice", seed=1, **arguments).wait(WAIT)])
+    assert all(torch.equal(a, b) for a, b in zip(runs[0], runs[1]))
+    assert not torch.equal(runs[0][0], runs[2][0]) and torch.equal(runs[0][2], runs[2][2])
 
 
 # ---------------------------------------------------------------- behaviour

@@ -180,8 +180,8 @@ def test_sampled_c0_follow_upstreams_rules_in_a_batch_and_a_wrong_rule_is_seen(t
 @pytest.mark.parametrize("batch, speculative", [(1, False), (8, False), (8, True)],
                          ids=["alone", "batch-ar", "batch-speculative"])
 def test_sampled_predictor_codes_follow_the_enumeration_alone_and_in_a_batch(tts, batch, speculative):
-    """Frame 0's (c1, c2) of requests decoded alone (each row's own generator), 8 at a time AR, and 8 at a time
-    speculatively (the engine's generator, the tree's acceptance): against the exact joint from the predictor's
+    """Frame 0's (c1, c2) of requests decoded alone, 8 at a time AR, and 8 at a time speculatively (the tree's
+    acceptance), each row drawing from its own generator: against the exact joint from the predictor's
     teacher-forced logits at upstream's talker state (c0 greedy). The same counts reject the joint of a sampler
     whose temperature is off by 0.3: the test has the power to see a wrong predictor rule."""
     settings = dict(ARGUMENTS, do_sample=False, subtalker_temperature=1.0, max_new_tokens=2)

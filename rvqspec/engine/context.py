@@ -4,6 +4,12 @@ The call's path (`device_path.DevicePath`) is resolved here, from the model's de
 (CUDA graphs) takes the path that reads no host value (`device_path.captured`). The drafters, the walk and the heads
 read `ctx.path` and `ctx.captured` to pick an implementation, never a device type or an argument's type.
 
+Draws. A context holds each row's Exp(1) noise for the frame, [batch, G-1, V], drawn once from the row's own generator
+(`sampling.fill_noise`), and every draw of code c_j is argmax(p~ / the row's noise for c_j) (`RoundContext.sample`),
+torch.multinomial's draw. So a row's codes and its generator's use depend on nothing but its own frame: the same
+bits alone and in any batch, AR or speculative, on every walk and through captured calls; and since each emitted code
+is one draw from p~ given its true prefix with noise no other code uses, the codes keep AR's distribution.
+
 The tree's plan (`TreePlan`) is built here too, once per (tree, code groups, device), and kept in a bounded cache on
 the decoding side (least recently used first out), never on the caller's `Tree`.
 """
@@ -18,7 +24,7 @@ from torch import Tensor, nn
 from rvqspec.engine import device_path
 from rvqspec.engine.device_path import DevicePath
 from rvqspec.engine.model import KVCache, MultiCodeDecoder
-from rvqspec.engine.sampling import Sampler
+from rvqspec.engine.sampling import Generators, Sampler, fill_noise, row_generators
 from rvqspec.engine.tree import Tree
 
 PLANS = 64  # trees' plans kept (a plan is a few small tensors)
@@ -58,14 +64,14 @@ class TreePlan:
 
 @dataclass(frozen=True)
 class RoundContext:
-    """One decode call's predictor, cache, tree plan, sampler, generator, drafter and path: every step of it (the AR
+    """One decode call's predictor, cache, tree plan, sampler, noise, drafter and path: every step of it (the AR
     frame, the prefill, each round) reads this and its own per-round inputs only."""
 
     model: MultiCodeDecoder
     cache: KVCache
     plan: TreePlan | None  # None: plain AR
-    sampler: Sampler  # in a captured call, the graph's noise sampler (`graphs.Noise`)
-    generator: torch.Generator | None
+    sampler: Sampler
+    noise: Tensor | None  # [batch, G-1, V] each row's Exp(1) noise for c1..c_{G-1} (module docstring); None: greedy
     drafter: nn.Module | None  # a `drafters.Drafter`; None: plain AR
     path: DevicePath
     rows: int  # the frames; cache rows past them are padding (a graph's bucket) that starts done
@@ -84,15 +90,42 @@ class RoundContext:
         """Each row's k as the round's steps take it: the device tensor in a captured call, else the host list."""
         return k if self.captured else k_host
 
+    def sample(self, logits: Tensor, codebooks: int | list[int] | Tensor, rows: Tensor | None = None) -> Tensor:
+        """The draws of `rows` (default: every row) from `logits` [n, V], each of its code c_{codebook} with its noise
+        for that code: `codebooks` one for all (an int) or one per row (a host list, or a device tensor)."""
+        if self.noise is None:
+            return self.sampler.sample_noise(logits, None)
+        if isinstance(codebooks, int):
+            return self.sampler.sample_noise(logits, self.noise[:, codebooks - 1])
+        index = torch.as_tensor(codebooks, device=self.noise.device) - 1
+        rows = torch.arange(len(index), device=index.device) if rows is None else rows.to(index.device)
+        return self.sampler.sample_noise(logits, self.noise[rows, index])
 
-def new_context(model: MultiCodeDecoder, cache: KVCache, sampler: Sampler, generator: torch.Generator | None,
-                drafter: nn.Module | None, tree: Tree | None, rows: int, captured: bool = False) -> RoundContext:
+
+def new_context(model: MultiCodeDecoder, cache: KVCache, sampler: Sampler, generator: Generators,
+                drafter: nn.Module | None, tree: Tree | None, rows: int, captured: bool = False,
+                noise: Tensor | None = None) -> RoundContext:
     """The context of a decode call over `cache` (`rows` frames): the path resolved for the model's device and dtype
-    in the current grad mode and fast-path switch, the plan built (or found) where there is a drafter."""
+    in the current grad mode and fast-path switch, the plan built (or found) where there is a drafter, the rows'
+    noise drawn from `generator` (one for every row, or one per row) into `noise` (a captured call's static
+    buffer; default: a new one)."""
     path = device_path.choose(model.device, model.dtype)
     plan = plan_for(tree, model) if drafter is not None else None
-    return RoundContext(model, cache, plan, sampler, generator, drafter,
-                        device_path.captured(path) if captured else path, rows)
+    noise = frame_noise(model, sampler, generator, rows, cache.kv.shape[2], noise)
+    return RoundContext(model, cache, plan, sampler, noise, drafter, device_path.captured(path) if captured else path,
+                        rows)
+
+
+def frame_noise(model: MultiCodeDecoder, sampler: Sampler, generator: Generators, rows: int, batch: int,
+                noise: Tensor | None = None) -> Tensor | None:
+    """The noise [batch, G-1, V] of `rows` frames' draws of c1..c_{G-1} (`RoundContext.noise`; None when greedy), in
+    `noise` if given. Padding rows (past `rows`) take nothing from the generators."""
+    if not sampler.do_sample:
+        return None
+    if noise is None:
+        c = model.config
+        noise = torch.ones(batch, c.num_residual_codes, c.vocab_size, device=model.device)
+    return fill_noise(noise, row_generators(generator, rows))
 
 
 def frame_slots(model: MultiCodeDecoder, tree: Tree | None) -> int:

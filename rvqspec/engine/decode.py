@@ -4,9 +4,9 @@ Every row of a batch goes through the same predictor calls: AR takes 15 calls pe
 round one call per batch whatever each row's progress (k, the codes it has so far). A row whose frame
 is complete rides along as padding until the slowest row finishes. `decode_frame` is the batch of one.
 
-A decode call makes its `RoundContext` once (`context.py`: the model, the cache, the tree's plan, the sampler, the
-generator, the drafter and the resolved device path), then runs its steps over it: `decode_speculative` is one loop
-of `steps.round(ctx, ...)`. The steps are these functions, eager; `graphs=` swaps in the same functions replayed
+A decode call makes its `RoundContext` once (`context.py`: the model, the cache, the tree's plan, the sampler, each
+row's noise for the frame's draws, the drafter and the resolved device path), then runs its steps over it:
+`decode_speculative` is one loop of `steps.round(ctx, ...)`. The steps are these functions, eager; `graphs=` swaps in the same functions replayed
 from captured calls (`graphs.py`), and nothing here knows of it.
 
 Speculative round (docs/design.md, section 2), all in `round_on_device` (which `speculative_round` calls, then reads
@@ -15,14 +15,17 @@ the result on the host once), for every row at once:
     top-m codes for c_{k+1}..c_{k+K}; the tree picks N of them;
  2. one model call over [root = c_k, node_1..node_N] per row, with the row's tree mask, positions and
     embedding tables (gathered by its k), gives the verifier's distribution at every node;
- 3. sample-then-match: walking from the root, a fresh draw x ~ p~(node) is taken at the current node
-    (exactly AR sampling wherever the walk goes) and the child whose token is x is accepted; the draw at
-    the deepest accepted node is the bonus code. Only the nodes on the path reach the heads and the
-    sampler. On the CPU's path the walk reads each depth and stops at the first one without a match; on an
-    accelerator's it runs on the device, one draw per depth, and the host reads the result once (`walk`);
+ 3. sample-then-match: walking from the root, a draw x ~ p~(node) is taken at the current node (exactly AR
+    sampling wherever the walk goes: the row's noise for that code, `context.py`) and the child whose token is
+    x is accepted; the draw at the deepest accepted node is the bonus code. Only the nodes on the path reach
+    the heads and the sampler. On the CPU's path the walk reads each depth and stops at the first one without
+    a match; on an accelerator's it runs on the device, one draw per depth, and the host reads the result once
+    (`walk`);
  4. each row's K/V entries of the root and its accepted nodes are moved to consecutive slots.
 Because every emitted code is a draw from the verifier's p~ given the true prefix, the output has
-exactly the distribution of AR decoding (and greedy codes are identical).
+exactly the distribution of AR decoding (and greedy codes are identical). A row's draws use its own noise only,
+one block per code: its codes are the same bits alone and in any batch (given the same p~ bits), and a seeded
+row's sampled codes are those of AR decoding with the same generator (bar a last-bit difference in p~).
 
 Cache layout (per row): slots 0..G-1 hold committed positions (slot = position); slots G..G+N hold the
 round's tree. Committed: positions 0..k (position p holds c_{p-1}; position 0 the talker state). The
@@ -42,7 +45,7 @@ from torch import Tensor
 from rvqspec.engine.context import RoundContext, frame_slots, new_context
 from rvqspec.engine.drafters import Drafter
 from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.sampling import Sampler
+from rvqspec.engine.sampling import Generators, Sampler
 from rvqspec.engine.tree import Tree
 from rvqspec.engine.walk import walk
 
@@ -134,11 +137,17 @@ def check_batch(model, talker_hidden: Tensor, c0, sampler: Sampler) -> tuple[Ten
     return talker_hidden.to(model.device), c0.to(model.device, torch.long)
 
 
-def check_decoding(generator, drafter, tree) -> None:
-    """The generator, drafter and tree of a decode call are of the types it takes (or a clear error)."""
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise RvqspecError(f"generator must be a torch.Generator (or None: torch's global RNG), got "
-                           f"{type(generator).__name__}: pass torch.Generator().manual_seed(seed)")
+def check_decoding(generator, drafter, tree, rows: int) -> None:
+    """The generator(s), drafter and tree of a decode call of `rows` frames are of the types it takes (or a clear
+    error)."""
+    if isinstance(generator, (list, tuple)):
+        if len(generator) != rows or not all(isinstance(g, torch.Generator) for g in generator):
+            raise RvqspecError(f"generator as a list must hold one torch.Generator per frame ({rows}), got "
+                               f"{len(generator)} items of {sorted({type(g).__name__ for g in generator})}: pass "
+                               "[torch.Generator().manual_seed(seed) for seed in seeds], one per row")
+    elif generator is not None and not isinstance(generator, torch.Generator):
+        raise RvqspecError(f"generator must be a torch.Generator, a list of one per frame (or None: torch's global "
+                           f"RNG), got {type(generator).__name__}: pass torch.Generator().manual_seed(seed)")
     if drafter is not None and not isinstance(drafter, Drafter):
         raise RvqspecError(f"drafter must be an rvqspec drafter (rvqspec.ReusedHeads(), rvqspec.Offsets.load(path), "
                            f"...) or None for plain AR, got {drafter!r}")
@@ -150,7 +159,7 @@ def check_decoding(generator, drafter, tree) -> None:
 
 
 @torch.inference_mode()
-def decode_frame(model, talker_hidden: Tensor, c0, sampler: Sampler, generator: torch.Generator | None = None,
+def decode_frame(model, talker_hidden: Tensor, c0, sampler: Sampler, generator: Generators = None,
                  drafter=None, tree: Tree | None = None) -> FrameResult:
     """Codes c1..c15 of one frame. drafter None: plain AR (15 calls); else speculative with `tree`."""
     talker_hidden, c0 = check_frame(model, talker_hidden, c0)
@@ -158,17 +167,19 @@ def decode_frame(model, talker_hidden: Tensor, c0, sampler: Sampler, generator: 
 
 
 @torch.inference_mode()
-def decode_frames(model, talker_hidden: Tensor, c0, sampler: Sampler, generator: torch.Generator | None = None,
+def decode_frames(model, talker_hidden: Tensor, c0, sampler: Sampler, generator: Generators = None,
                   drafter=None, tree: Tree | None = None, graphs=None) -> BatchResult:
     """Codes c1..c15 of B frames (talker_hidden [B, H], c0 [B]) in one batch of predictor calls.
 
     drafter None: plain AR, 15 calls for the batch; else speculative with `tree`, until every row is done.
     Each row draws from its own distribution, exactly as it would alone (identical codes when greedy).
+    `generator`: one torch.Generator for every row (each row's noise in turn), a list of one per row (row b's
+    codes then depend on generator b alone: the same bits in any batch), or None (torch's global RNG).
     `graphs`: where the calls run, a `rvqspec.engine.graphs.GraphCache` (captured calls, replayed; the same
     decoding); default: eagerly (`eager_calls`).
     """
     talker_hidden, c0 = check_batch(model, talker_hidden, c0, sampler)
-    check_decoding(generator, drafter, tree)
+    check_decoding(generator, drafter, tree, len(c0))
     model.refresh()
     if drafter is not None:
         drafter.check_model(model)
@@ -192,7 +203,7 @@ class Steps(NamedTuple):
 
 
 @contextmanager
-def eager_calls(model, batch: int, sampler: Sampler, generator: torch.Generator | None, drafter, tree: Tree | None
+def eager_calls(model, batch: int, sampler: Sampler, generator: Generators, drafter, tree: Tree | None
                 ) -> Iterator[tuple[RoundContext, Steps]]:
     """A decode's context over a fresh cache of `batch` rows, and its steps run as they come."""
     cache = model.new_cache(batch, frame_slots(model, tree if drafter is not None else None))
@@ -224,7 +235,7 @@ def autoregressive_codes(ctx: RoundContext, talker_hidden: Tensor, c0: Tensor) -
     capture it, `rvqspec.engine.graphs`)."""
     model, groups = ctx.model, ctx.model.config.num_code_groups
     hidden = prefill(model, ctx.cache, talker_hidden, c0)
-    codes = [ctx.sampler.sample(model.head_logits(hidden, 1), ctx.generator)]
+    codes = [ctx.sample(model.head_logits(hidden, 1), 1)]
     slots = torch.arange(groups, device=model.device)
     masks = slots[None, :] <= slots[:, None]
     for p in range(2, groups):
@@ -237,13 +248,13 @@ def autoregressive_step(ctx: RoundContext, code: Tensor, p: int, slots: Tensor, 
     position = slots[p:p + 1]
     x = ctx.model.embed_codes(code, position - 1)[:, None]
     hidden = ctx.model(x, position, masks[p:p + 1], ctx.cache, position)[:, 0]
-    return ctx.sampler.sample(ctx.model.head_logits(hidden, p), ctx.generator)
+    return ctx.sample(ctx.model.head_logits(hidden, p), p)
 
 
 def first_code(ctx: RoundContext, talker_hidden: Tensor, c0: Tensor) -> tuple[Tensor, Tensor]:
     """A speculative frame's prefill: (h_1 [B, hidden], c1 [B])."""
     hidden = prefill(ctx.model, ctx.cache, talker_hidden, c0)
-    return hidden, ctx.sampler.sample(ctx.model.head_logits(hidden, 1), ctx.generator)
+    return hidden, ctx.sample(ctx.model.head_logits(hidden, 1), 1)
 
 
 def decode_speculative(ctx: RoundContext, steps: Steps, talker_hidden: Tensor, c0: Tensor) -> BatchResult:

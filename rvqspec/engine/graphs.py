@@ -19,11 +19,10 @@ GraphCache, least recently used first out past `capacity`. Trees and samplers co
 drafter (whose weights a graph bakes in) by weak reference, so the cache keeps neither alive, and an entry whose model
 or drafter is gone is dropped. Batches past the largest bucket decode eagerly.
 
-Draws. torch.multinomial draws one sample from p as argmax(p / q), q ~ Exp(1) of p's shape. A captured call does
-the same with q read from a noise buffer per draw (`Noise`), filled before each replay from the caller's generator,
-for the real rows only and in the order eager decoding draws: so the generator is no part of the capture (a fresh
-seeded generator per request reuses the graphs), padding rows draw nothing from it, and seeded codes through graphs
-are eager's (on a device where eager decoding walks every depth, as graphs do: accelerators).
+Draws. Every draw reads the row's Exp(1) noise for its code (`context.py`, Draws) from the entry's static noise
+buffer, filled once per decode call from the caller's generator(s), for the real rows only, as eager decoding fills
+its own: so the generator is no part of the capture (a fresh seeded generator per request reuses the graphs),
+padding rows draw nothing from it, and seeded codes through graphs are eager's.
 
 `capture` is what turns a call into a replay: `cuda_graph` on CUDA; tests on the CPU pass `direct_call`, which
 runs the same static-buffer code each time, so everything but the capture itself is tested without a GPU.
@@ -41,13 +40,12 @@ import torch
 from torch import Tensor
 
 from rvqspec.engine import device_path
-from rvqspec.engine.context import RoundContext, frame_slots, new_context
+from rvqspec.engine.context import RoundContext, frame_noise, frame_slots, new_context
 from rvqspec.engine.decode import (RoundResult, Steps, autoregressive_codes, eager_calls, first_code, read_round,
                                    round_on_device)
 from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.sampling import Sampler
+from rvqspec.engine.sampling import Generators, Sampler
 from rvqspec.engine.tree import Tree
-from rvqspec.engine.walk import depths
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 CAPACITY = 32  # cache entries (each an AR frame, or a speculative frame's start and round) per GraphCache
@@ -83,47 +81,19 @@ def direct_call(fn: Callable[[], object]) -> Callable[[], object]:
     return fn
 
 
-class Noise:
-    """The sampler of a captured call (module docstring, Draws): its i-th draw is argmax(p / noise[i]), noise filled
-    by `draw` before each replay. Greedy: the sampler's argmax, no noise."""
-
-    def __init__(self, sampler: Sampler, draws: int, batch: int, vocab: int, device: torch.device):
-        self.sampler, self.used = sampler, 0
-        self.noise = torch.ones(draws if sampler.do_sample else 0, batch, vocab, device=device)  # float32: p's dtype
-
-    def sample(self, logits: Tensor, generator=None) -> Tensor:
-        if not self.sampler.do_sample:
-            return self.sampler.sample(logits)
-        q, self.used = self.noise[self.used], self.used + 1
-        return (self.sampler.process(logits).softmax(-1) / q).argmax(-1)
-
-    def draw(self, rows: int, generator: torch.Generator | None) -> None:
-        """Exp(1) noise for the first `rows` rows, one [rows, V] block per draw in order, as torch.multinomial would
-        draw them from `generator`; padding rows keep theirs (1) and take nothing from it."""
-        for q in self.noise:
-            q[:rows].exponential_(generator=generator)
-
-
 class Captured:
-    """`fn(sampler, **inputs)` over static input buffers and the noise of its `draws` draws, captured once; calling
-    it copies new inputs in, draws the noise of the real rows and replays."""
+    """`fn(**inputs)` over static input buffers, captured once; calling it copies new inputs in and replays."""
 
-    def __init__(self, fn: Callable[..., object], inputs: dict[str, Tensor], sampler: Sampler, draws: int, vocab: int,
-                 capture):
+    def __init__(self, fn: Callable[..., object], inputs: dict[str, Tensor], capture):
         self.inputs = {name: value.clone() for name, value in inputs.items()}
-        batch, device = next(iter(inputs.values())).shape[0], next(iter(inputs.values())).device
-        self.noise, self.fn = Noise(sampler, draws, batch, vocab, device), fn
-        self.replay = capture(self.run)
+        self.fn = fn
+        self.replay = capture(lambda: self.fn(**self.inputs))
 
-    def run(self):
-        self.noise.used = 0  # every run (the capture's warm-ups included) reads the buffers from the first
-        return self.fn(self.noise, **self.inputs)
-
-    def __call__(self, rows: int, generator: torch.Generator | None, **inputs: Tensor):
+    def __call__(self, **inputs: Tensor):
         for name, value in inputs.items():
             self.inputs[name].copy_(value)
-        self.noise.draw(rows, generator)
         return self.replay()
+
 class Key(NamedTuple):
     """What a cache entry serves (module docstring): values, and weak references to the model and the drafter."""
 
@@ -141,15 +111,16 @@ class Key(NamedTuple):
 
 
 class Entry:
-    """A bucket's static KV cache and the calls captured over it, by name ("ar", or "start" and "round")."""
+    """A bucket's static KV cache and noise buffer (None: greedy), and the calls captured over them, by name ("ar",
+    or "start" and "round")."""
 
-    def __init__(self, cache, sampler: Sampler, vocab: int, capture):
-        self.cache, self.sampler, self.vocab, self.capture = cache, sampler, vocab, capture
+    def __init__(self, cache, noise: Tensor | None, capture):
+        self.cache, self.noise, self.capture = cache, noise, capture
         self.calls: dict[str, Captured] = {}
 
-    def captured(self, name: str, fn: Callable[..., object], inputs: dict[str, Tensor], draws: int) -> Captured:
+    def captured(self, name: str, fn: Callable[..., object], inputs: dict[str, Tensor]) -> Captured:
         if name not in self.calls:
-            self.calls[name] = Captured(fn, inputs, self.sampler, draws, self.vocab, self.capture)
+            self.calls[name] = Captured(fn, inputs, self.capture)
         return self.calls[name]
 
 
@@ -164,7 +135,7 @@ class GraphCache:
         self.capture, self.capacity, self.lock = capture, capacity, threading.Lock()
         self.graphs: OrderedDict[Key, Entry] = OrderedDict()  # least recently used first
 
-    def entry(self, key: Key, make_cache: Callable, sampler: Sampler, vocab: int) -> Entry:
+    def entry(self, key: Key, make_cache: Callable, make_noise: Callable) -> Entry:
         """`key`'s entry, now the most recently used; entries of a model or drafter that is gone are dropped, and the
         least recently used past `capacity`."""
         for dead in [k for k in self.graphs if not k.alive()]:
@@ -172,17 +143,17 @@ class GraphCache:
         if key in self.graphs:
             self.graphs.move_to_end(key)
         else:
-            self.graphs[key] = Entry(make_cache(), sampler, vocab, self.capture)
+            self.graphs[key] = Entry(make_cache(), make_noise(), self.capture)
             while len(self.graphs) > self.capacity:
                 self.graphs.popitem(last=False)
         return self.graphs[key]
 
     @contextmanager
-    def calls(self, model, batch: int, sampler: Sampler, generator: torch.Generator | None, drafter,
+    def calls(self, model, batch: int, sampler: Sampler, generator: Generators, drafter,
               tree: Tree | None) -> Iterator[tuple[RoundContext, Steps]]:
-        """`decode_frames`'s context and steps (it calls this with `graphs=`): over the static cache of `batch`'s
-        bucket, each step replayed from its captured call, under this cache's lock for the whole decode; past the
-        largest bucket, eager."""
+        """`decode_frames`'s context and steps (it calls this with `graphs=`): over the static cache and noise of
+        `batch`'s bucket (its real rows' noise drawn now), each step replayed from its captured call, under this
+        cache's lock for the whole decode; past the largest bucket, eager."""
         if self.capture is cuda_graph and not device_path.replays_graphs(model.device):
             raise RvqspecError(f"CUDA graphs replay calls on a GPU but this model is on {model.device}: decode without "
                                "graphs= (accelerate(..., graphs=False)), or move the model to a CUDA device")
@@ -196,42 +167,41 @@ class GraphCache:
                   sampler, model.dtype, str(model.device), weakref.ref(model),
                   None if drafter is None else weakref.ref(drafter))
         with self.lock:
-            entry = self.entry(key, lambda: model.new_cache(size, frame_slots(model, tree)), sampler,
-                               model.config.vocab_size)
-            ctx = new_context(model, entry.cache, sampler, generator, drafter, tree, batch, captured=True)
+            entry = self.entry(key, lambda: model.new_cache(size, frame_slots(model, tree)),
+                               lambda: frame_noise(model, sampler, None, 0, size))
+            ctx = new_context(model, entry.cache, sampler, generator, drafter, tree, batch, captured=True,
+                              noise=entry.noise)
             yield ctx, Steps(replayed_frame(entry, key, ctx), replayed_start(entry, key, ctx),
                              replayed_round(entry, key, ctx))
 
 
-def contexts(key: Key, ctx: RoundContext) -> Callable[["Noise"], RoundContext]:
-    """The context a captured call runs in, given its noise: `ctx`'s cache, plan, path and rows, the model and the
-    drafter reached through the key's weak references (a cache entry keeps neither alive), the noise as its sampler
-    and no generator (the noise holds the draws)."""
-    cache, plan, path, rows = ctx.cache, ctx.plan, ctx.path, ctx.rows
-    return lambda noise: RoundContext(key.model(), cache, plan, noise, None, key.drafter and key.drafter(), path, rows)
+def contexts(key: Key, ctx: RoundContext) -> Callable[[], RoundContext]:
+    """The context a captured call runs in: `ctx`'s cache, plan, sampler, noise buffer, path and rows, the model and
+    the drafter reached through the key's weak references (a cache entry keeps neither alive)."""
+    cache, plan, sampler, noise, path, rows = ctx.cache, ctx.plan, ctx.sampler, ctx.noise, ctx.path, ctx.rows
+    return lambda: RoundContext(key.model(), cache, plan, sampler, noise, key.drafter and key.drafter(), path, rows)
 
 
-def replayed(entry: Entry, key: Key, ctx: RoundContext, name: str, step: Callable, draws: int) -> Callable:
+def replayed(entry: Entry, key: Key, ctx: RoundContext, name: str, step: Callable) -> Callable:
     """`step(ctx, talker_hidden, c0)` replayed from its capture (its outputs: the capture's static buffers)."""
     live = contexts(key, ctx)
 
     def run(ctx: RoundContext, talker_hidden: Tensor, c0: Tensor):
-        call = entry.captured(name, lambda noise, **inputs: step(live(noise), **inputs),
-                              {"talker_hidden": talker_hidden, "c0": c0}, draws)
-        return call(ctx.rows, ctx.generator, talker_hidden=talker_hidden, c0=c0)
+        call = entry.captured(name, lambda **inputs: step(live(), **inputs), {"talker_hidden": talker_hidden, "c0": c0})
+        return call(talker_hidden=talker_hidden, c0=c0)
 
     return run
 
 
 def replayed_frame(entry: Entry, key: Key, ctx: RoundContext) -> Callable:
     """`decode.autoregressive_codes` replayed: the AR frame's codes, copied out."""
-    replay = replayed(entry, key, ctx, "ar", autoregressive_codes, ctx.model.config.num_residual_codes)
+    replay = replayed(entry, key, ctx, "ar", autoregressive_codes)
     return lambda ctx, talker_hidden, c0: replay(ctx, talker_hidden, c0).clone()
 
 
 def replayed_start(entry: Entry, key: Key, ctx: RoundContext) -> Callable:
     """`decode.first_code` replayed: h_1 and c1, copied out."""
-    replay = replayed(entry, key, ctx, "start", first_code, 1)
+    replay = replayed(entry, key, ctx, "start", first_code)
 
     def start(ctx: RoundContext, talker_hidden: Tensor, c0: Tensor) -> tuple[Tensor, Tensor]:
         hidden, first = replay(ctx, talker_hidden, c0)
@@ -245,9 +215,9 @@ def replayed_round(entry: Entry, key: Key, ctx: RoundContext) -> Callable:
     live = contexts(key, ctx)
 
     def run(ctx: RoundContext, k: Tensor, k_host: list[int], root: Tensor, hidden: Tensor) -> RoundResult:
-        call = entry.captured("round", lambda noise, **inputs: round_on_device(live(noise), k_host=None, **inputs),
-                              {"k": k, "root": root, "hidden_k": hidden}, depths(ctx, None))
-        draws, hidden, found, node = call(ctx.rows, ctx.generator, k=k, root=root, hidden_k=hidden)
+        call = entry.captured("round", lambda **inputs: round_on_device(live(), k_host=None, **inputs),
+                              {"k": k, "root": root, "hidden_k": hidden})
+        draws, hidden, found, node = call(k=k, root=root, hidden_k=hidden)
         return read_round(draws.clone(), hidden.clone(), found, node)
 
     return run

@@ -1,6 +1,7 @@
 """The deployed sampler: Hugging Face order (temperature, top-k, top-p, then a draw), or greedy."""
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -9,6 +10,8 @@ from torch import Tensor
 from rvqspec.engine.errors import RvqspecError
 
 MIN_TEMPERATURE = 1e-6  # logits of order 1e4 divided by less overflow float32 towards 1e38
+
+Generators = torch.Generator | Sequence[torch.Generator] | None  # one for every row, one per row, or torch's global
 
 
 def real(value) -> bool:
@@ -64,6 +67,31 @@ class Sampler:
         if not self.do_sample:
             return logits.float().argmax(-1)
         return torch.multinomial(self.process(logits).softmax(-1), 1, generator=generator).squeeze(-1)
+
+    def sample_noise(self, logits: Tensor, noise: Tensor | None) -> Tensor:
+        """One draw per row of `logits` [N, V] given its Exp(1) noise [N, V] (`fill_noise`; None when greedy):
+        argmax(p~ / noise), the very draw torch.multinomial makes for one sample (it makes the noise itself)."""
+        if not self.do_sample:
+            return logits.float().argmax(-1)
+        return (self.process(logits).softmax(-1) / noise).argmax(-1)
+
+
+def row_generators(generator: Generators, rows: int) -> list[torch.Generator | None]:
+    """One generator per row: a sequence as it is (one per row), else `generator` for every row."""
+    if isinstance(generator, torch.Generator) or generator is None:
+        return [generator] * rows
+    return list(generator)
+
+
+def fill_noise(noise: Tensor, generators: list[torch.Generator | None]) -> Tensor:
+    """Row b of `noise` [rows, ...] filled with Exp(1) values from generators[b] (rows past them keep theirs).
+
+    Each row takes its block in one call of the same size whatever the batch, so a row draws the same noise alone
+    and in any batch, and its generator moves on by the same amount (one generator for several rows: in row
+    order). A block [G-1, V] equals G-1 draws of [V] in turn: a frame's noise is the AR frame's draws."""
+    for row, generator in zip(noise, generators):
+        row.exponential_(generator=generator)
+    return noise
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,9 @@ its first found[b] + 1 of them, capped at the frame end) and the accepted drafts
   only for the rows whose walk goes on: accepted + 1 heads and draws per round instead of K + 1.
 - `walk_on_device` (accelerators): no host read, so every depth some row can reach is visited (with static shapes
   every depth); a stopped row stays put and its extra draws are ignored.
+
+Either way a draw of c_j uses the row's noise for c_j (`RoundContext.sample`): an extra draw takes nothing from the
+row's generator, so both walks give a row the same codes alone and in any batch.
 """
 
 from dataclasses import dataclass
@@ -61,10 +64,9 @@ def walk_on_host(ctx: RoundContext, k_host: list[int], tokens: Tensor, hidden: T
     for d in range(visited):
         if not walking:
             break
-        rows = torch.tensor(walking)
-        logits = model.head_logits(hidden[rows, torch.tensor([node[b] for b in walking])],
-                                   [k_host[b] + 1 + d for b in walking], ctx.path)
-        drawn = ctx.sampler.sample(logits, ctx.generator)
+        rows, codebooks = torch.tensor(walking), [k_host[b] + 1 + d for b in walking]
+        logits = model.head_logits(hidden[rows, torch.tensor([node[b] for b in walking])], codebooks, ctx.path)
+        drawn = ctx.sample(logits, codebooks, rows)
         draws[rows, d] = drawn
         going_on = []
         for b, code in zip(walking, drawn.tolist()):
@@ -88,7 +90,7 @@ def walk_on_device(ctx: RoundContext, k: Tensor, k_host: list[int] | None, token
         # rows past their frame end draw garbage, ignored
         codebooks = codebooks_ahead(positions, 1 + d, last, ctx.captured)
         logits = ctx.model.head_logits(hidden[rows, node], codebooks, ctx.path)
-        draws.append(ctx.sampler.sample(logits, ctx.generator))
+        draws.append(ctx.sample(logits, codebooks))
         if d < tree.max_depth:  # children exist at depth d + 1
             start, end = tree.depth_slices[d + 1]
             match = (ctx.plan.parent[start:end] == node[:, None]) & (tokens[:, start:end] == draws[-1][:, None])

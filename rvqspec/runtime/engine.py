@@ -56,7 +56,9 @@ class Engine:
     `threads` / `codec_threads`: the frame loop's intra-op threads / the codec workers (None: the measured split,
     `runtime/threads.py`). While requests decode, a new one's prompt is prefilled `prefill_chunk` tokens
     between two frame steps (`scheduler.PREFILL_CHUNK`: about one talker step's cost); None prefills each prompt
-    whole."""
+    whole. Every request draws from its own generator, seeded with its `seed` (its audio is then the same bits
+    alone and in any batch); `seed` here seeds the seeds of the requests submitted without one, in submission order
+    (None: fresh entropy for each), so that a seeded engine repeats a run's audio."""
 
     def __init__(self, model="standin", drafter="auto", tree: Tree | str | None = "auto", weights: str | None = None,
                  talker_weights: str | None = None, calibration: str | Path | None = None, max_batch: int = MAX_BATCH,
@@ -73,6 +75,7 @@ class Engine:
                                       if name == "prefill_chunk" else ""))
         self.chunks = check_chunks(chunk_frames, first_chunk_frames)
         self.budget = ThreadBudget.split(cores, threads, codec_threads)
+        self.seeds = random.SystemRandom() if check_seed(seed) is None else random.Random(seed)
         self.name, self.model, shipped = load_model(model, weights, talker_weights, dtype)
         predictor = self.model.predictor
         if drafter == "auto":
@@ -94,7 +97,7 @@ class Engine:
         self.codec = CodecWorker(self.model, cores, self.budget.codec)
         self.capacity = Capacity(self.model.frame_seconds, max_batch, realtime)
         self.scheduler = Scheduler(self.model, drafter, tree if isinstance(tree, Tree) else None, policy,
-                                   max_batch, max_queue, seeded(seed, predictor.device), cores, self.budget.loop,
+                                   max_batch, max_queue, cores, self.budget.loop,
                                    self.codec, self.capacity, prefill_chunk)
         # An engine dropped without close(): its threads end with it (cancelling what it still decodes).
         self.finalizer = weakref.finalize(self, shut_down, self.scheduler, self.codec, 0)
@@ -140,7 +143,9 @@ class Engine:
         return self.submit(kind, seed=seed, **arguments, **{k: v for k, v in sampling.items() if v is not None})
 
     def enqueue(self, prompt, seed: int | None) -> Request:
-        request = Request(prompt, self.codec, self.sample_rate, self.chunks, seeded(seed, self.model.predictor.device))
+        seed = self.seeds.getrandbits(62) if check_seed(seed) is None else seed
+        request = Request(prompt, self.codec, self.sample_rate, self.chunks,
+                          torch.Generator(self.model.predictor.device).manual_seed(seed))
         self.scheduler.submit(request)
         return request
 
@@ -245,11 +250,11 @@ def shut_down(scheduler: Scheduler, codec: CodecWorker, grace: float | None) -> 
     codec.close()
 
 
-def seeded(seed: int | None, device: torch.device) -> torch.Generator:
-    """A generator on `device` seeded with `seed`, or with fresh entropy where there is none."""
+def check_seed(seed: int | None) -> int | None:
+    """`seed` if it is None or a torch generator's seed, else a clear error."""
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63):
         raise RvqspecError(f"seed must be an integer from 0 to 2**63 - 1 (a torch generator's seed), got {seed!r}")
-    return torch.Generator(device).manual_seed(random.SystemRandom().getrandbits(62) if seed is None else seed)
+    return seed
 
 
 def measured_policy(predictor, calibration) -> Policy:

@@ -18,9 +18,10 @@ whole. A prompt is prefilled into a staging row of its own (`engine/talker.py`) 
 when it is done, so that it never takes part in a step half-prefilled. `PREFILL_CHUNK`: why its size. Each step and
 each piece holds the thread budget's cores for the frame loop (`runtime/threads.py`), and the codec workers are woken
 to turn the new frames into audio.
-A row's codes do not depend on the batch (greedy: the same bits; `engine/talker.py`), except that the
-predictor's draws of a batch of several rows come from the engine's generator (a lone row uses its own: a fixed
-seed then repeats its audio exactly; in a batch it keeps the same distribution).
+A row's codes do not depend on the batch: every draw of a row, its c0 and its predictor's (AR or speculative),
+comes from its request's own generator, which moves on by the same amount per frame in any batch (`engine/context.py`,
+Draws), so a seeded request's codes are the same bits alone and in any batch, joining mid-utterance or not (given the
+same logits bits: greedy or sampled, `engine/talker.py`), as per-request seeds are in vLLM.
 
 A row fails alone: one whose talker state or logits turn non-finite (inf or nan: a clip or prompt out of range), or
 whose draw or predictor batch raises, leaves with its own error while the others go on with the same bits. Its cache
@@ -85,10 +86,10 @@ class Scheduler:
     into audio, `capacity` decides admission."""
 
     def __init__(self, model, drafter, tree: Tree | None, policy: Policy | None, max_batch: int, max_queue: int,
-                 generator: torch.Generator, cores: Cores, threads: int, codec: CodecWorker, capacity: Capacity,
+                 cores: Cores, threads: int, codec: CodecWorker, capacity: Capacity,
                  prefill_chunk: int | None = PREFILL_CHUNK):
         self.model, self.drafter, self.tree, self.policy = model, drafter, tree, policy
-        self.max_batch, self.max_queue, self.generator = max_batch, max_queue, generator
+        self.max_batch, self.max_queue = max_batch, max_queue
         self.cores, self.threads, self.codec, self.capacity = cores, threads, codec, capacity
         self.prefill_chunk = prefill_chunk  # None: whole prompts
         self.waiting: collections.deque[Request] = collections.deque()
@@ -293,11 +294,11 @@ class Scheduler:
 
     def predict_group(self, hidden: Tensor, c0: Tensor, rows: list[Row], sampler: Sampler, members: list[int],
                       codes: Tensor) -> None:
-        """The codes of rows `members` (one sampler), written into `codes`."""
+        """The codes of rows `members` (one sampler), written into `codes`; each row draws from its own generator."""
         tree = self.tree_for(len(members))
-        generator = rows[members[0]].request.generator if len(members) == 1 else self.generator
+        generators = [rows[b].request.generator for b in members]
         index = torch.tensor(members, device=c0.device)
-        result = decode_frames(self.model.predictor, hidden[index], c0[index], sampler, generator,
+        result = decode_frames(self.model.predictor, hidden[index], c0[index], sampler, generators,
                                self.drafter if tree is not None else None, tree)
         self.stats.add(result, tree.size if tree is not None else 0)
         codes[index] = result.codes.to(c0.device)
