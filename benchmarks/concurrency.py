@@ -1,9 +1,10 @@
 """Concurrency against one at a time (issue 40): N requests streamed from N caller threads, together or staggered,
 against the same N requests decoded one after another by the same engine, at default settings (no thread flags),
 on 1 and 2 cores (the process pinned). Models: the tiny random qwen-tts of the tests (its codec and frame loop
-both matter) and the shipped stand-in (its HiFi-GAN vocoder dominates).
+both matter), the shipped stand-in (its HiFi-GAN vocoder dominates) and, opt-in, Qwen3-TTS at the 0.6B sizes.
 
     .venv/bin/python benchmarks/concurrency.py [--cores 1,2] [--requests 1,2,3,4,8] [--repeats 3]
+    .venv/bin/python benchmarks/concurrency.py --models 0.6b --cores 1 --requests 1,4 --name concurrency-0.6b
 
 Reports benchmarks/results/concurrency.{json,md}: per model, cores and N, the medians over interleaved repeats of
 the wall time over serial's, aggregate audio seconds per second, p50/p95 time to first audio, and the largest gap
@@ -23,8 +24,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
 
 from rvqspec.bench.timing import cpu_name, write_reports  # noqa: E402
+from rvqspec import ReusedHeads  # noqa: E402
 from rvqspec.runtime import Engine  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -33,21 +36,34 @@ TEXTS = ["hello there, how are you today", "a second sentence for the batch", "t
          "seven streams at once", "and the eighth sentence"]
 
 
-def tiny_qwen():
+def tiny_qwen(**options):
     from helpers.upstream_tts import tiny_qwen3_tts
 
     tts = tiny_qwen3_tts(seed=0)
-    return Engine(tts), lambda i: dict(kind="custom_voice", text=TEXTS[i], speaker="tiny", language="English",
-                                       max_new_tokens=40, do_sample=False, subtalker_dosample=False)
+    return Engine(tts, **options), lambda i: dict(kind="custom_voice", text=TEXTS[i], speaker="tiny",
+                                                  language="English", max_new_tokens=40, do_sample=False,
+                                                  subtalker_dosample=False)
 
 
-def standin():
-    return Engine("standin"), lambda i: dict(kind="speech", text=TEXTS[i], language="en", do_sample=False,
+def standin(**options):
+    return Engine("standin", **options), lambda i: dict(kind="speech", text=TEXTS[i], language="en", do_sample=False,
                                              subtalker_dosample=False)
 
 
-MODELS = {"tiny-qwen-tts": tiny_qwen, "standin": standin}
-MODES = ("serial", "together", "staggered")
+def qwen_0_6b(**options):
+    """Qwen3-TTS at the 0.6B sizes (random weights, the predictor's heads at the paper's acceptance, bfloat16; a real
+    size 12 Hz decoder), as benchmarks/end_to_end.py builds it; the policy's tree per batch size."""
+    from benchmarks.end_to_end import REQUEST, controlled_heads, real_size_tts
+
+    tts = real_size_tts(torch.bfloat16)
+    controlled_heads(tts, torch.bfloat16, log=lambda line: None)
+    request = dict(REQUEST, max_new_tokens=REAL_SIZE_FRAMES + 1)
+    return Engine(tts, drafter=ReusedHeads(), **options), lambda i: dict(request, kind="custom_voice", text=TEXTS[i])
+
+
+REAL_SIZE_FRAMES = 25  # 2 s a request at the 0.6B sizes
+MODELS = {"tiny-qwen-tts": tiny_qwen, "standin": standin, "0.6b": qwen_0_6b}
+MODES = ("serial", "together", "serial-staggered", "staggered")  # each concurrent mode after its serial baseline
 
 
 def stream(engine, arguments: dict, start: float, out: dict) -> None:
@@ -78,12 +94,14 @@ def together(engine, requests: list[dict], stagger: float) -> dict:
     return summary(outs, time.perf_counter() - start)
 
 
-def serial(engine, requests: list[dict]) -> dict:
-    """One at a time: request i starts when i-1 ended; its first audio counts from when it could have arrived
-    (all at time 0), as a server decoding one at a time would give it."""
+def serial(engine, requests: list[dict], stagger: float) -> dict:
+    """One at a time, as a server decoding one request at a time would: request i arrives at i * stagger and starts
+    once it has arrived and request i-1 has ended; its first audio counts from its arrival."""
     outs, start = [{} for _ in requests], time.perf_counter()
     for i, arguments in enumerate(requests):
-        stream(engine, arguments, start, outs[i])
+        arrival = start + i * stagger
+        time.sleep(max(0.0, arrival - time.perf_counter()))
+        stream(engine, arguments, arrival, outs[i])
     return summary(outs, time.perf_counter() - start)
 
 
@@ -94,9 +112,11 @@ def summary(outs: list[dict], seconds: float) -> dict:
             "first_p95": float(np.percentile(firsts, 95)), "largest_gap": max(o["gap"] for o in outs)}
 
 
-def measure(model: str, cores: int, counts: list[int], repeats: int, stagger: float, log) -> list[dict]:
+def measure(model: str, cores: int, counts: list[int], repeats: int, stagger: float, chunk_seconds: dict,
+            threads: int | None, log) -> list[dict]:
     os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores])
-    engine, arguments = MODELS[model]()
+    engine, arguments = MODELS[model](**({} if threads is None else {"threads": threads}))
+    chunk_seconds[model] = engine.chunks[1] * engine.model.frame_seconds
     try:
         log(f"{model} on {cores} core(s): budget {engine.budget}, {engine.explain(1)}")
         together(engine, [arguments(0)], 0.0)  # warm-up
@@ -104,33 +124,39 @@ def measure(model: str, cores: int, counts: list[int], repeats: int, stagger: fl
         for repeat in range(repeats):
             for mode, n in (list(runs) if repeat % 2 == 0 else list(runs)[::-1]):
                 requests = [arguments(i) for i in range(n)]
-                result = serial(engine, requests) if mode == "serial" else \
-                    together(engine, requests, stagger if mode == "staggered" else 0.0)
+                gap = stagger if mode.endswith("staggered") else 0.0
+                result = serial(engine, requests, gap) if mode.startswith("serial") else together(engine, requests, gap)
                 runs[(mode, n)].append(result)
                 log(f"  {mode} x{n}: {result['seconds']:.2f} s, {result['audio_per_second']:.2f} audio s/s")
     finally:
         engine.close()
     rows = []
     for n in counts:
-        base = {key: statistics.median(r[key] for r in runs[("serial", n)]) for key in runs[("serial", n)][0]}
         if n == 1:
+            base = medians(runs[("serial", 1)])
             rows.append({"model": model, "cores": cores, "requests": 1, "mode": "alone", **base, "over_serial": 1.0,
                          "serial": base})
-        for mode in MODES[1:] if n > 1 else ():
-            med = {key: statistics.median(r[key] for r in runs[(mode, n)]) for key in runs[(mode, n)][0]}
-            ratios = [r["seconds"] / s["seconds"] for r, s in zip(runs[(mode, n)], runs[("serial", n)])]
-            rows.append({"model": model, "cores": cores, "requests": n, "mode": mode, **med,
-                         "over_serial": statistics.median(ratios), "serial": base})
+            continue
+        for mode, baseline in (("together", "serial"), ("staggered", "serial-staggered")):
+            ratios = [r["seconds"] / s["seconds"] for r, s in zip(runs[(mode, n)], runs[(baseline, n)])]
+            rows.append({"model": model, "cores": cores, "requests": n, "mode": mode, **medians(runs[(mode, n)]),
+                         "over_serial": statistics.median(ratios), "serial": medians(runs[(baseline, n)])})
     return rows
 
 
+def medians(results: list[dict]) -> dict:
+    return {key: statistics.median(r[key] for r in results) for key in results[0]}
+
+
 def markdown(report: dict) -> str:
+    split = ("default Engine settings (the thread budget's split of the pinned cores)" if report["threads"] is None
+             else f"the frame loop on {report['threads']} threads")
     lines = ["# Concurrency against one at a time", "",
-             f"Measured on {report['cpu']} ({report['native']}), torch {report['torch']}, default Engine settings "
-             f"(the thread budget's split of the pinned cores); medians of {report['repeats']} interleaved repeats; "
-             f"staggered: a request every {report['stagger']} s. `{report['command']}`.", "",
-             "Wall / serial: the N requests' wall time over the same engine decoding them one after another (below "
-             "1: concurrency pays). First audio of serial counts from time 0 for every request (all arrived then).",
+             f"Measured on {report['cpu']} ({report['native']}), torch {report['torch']}, {split}; medians of "
+             f"{report['repeats']} interleaved repeats; staggered: a request every {report['stagger']} s. "
+             f"`{report['command']}`.", "",
+             "Wall / serial: the N requests' wall time over the same engine decoding them one after another, with the "
+             "same arrivals (below 1: concurrency pays); time to first audio counts from each request's arrival.",
              "", "| model | cores | N | mode | wall / serial | audio s/s | vs serial | first audio p50 / p95 (s) | "
              "serial p95 (s) | largest gap (s) | serial's (s) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
@@ -145,32 +171,50 @@ def markdown(report: dict) -> str:
     lines += ["", "Targets (issue 40), this run:", "",
               f"- 3 concurrent tiny-model requests, 2 cores: {three[0]:.2f}x serial's wall time (target <= 0.8x): "
               f"{'met' if three[0] <= 0.8 else 'NOT met'}" if three else "- 3 tiny requests on 2 cores: not run",
-              f"- the slowest concurrency over serial, any row of 2 or more requests: {worst:.2f}x (target <= 1.0x: never slower): "
-              f"{'met' if worst <= 1.0 else 'NOT met'}"]
+              f"- the slowest concurrency over serial, any row of 2 or more requests: {worst:.2f}x (target <= 1.0x: "
+              f"never slower): {'met' if worst <= 1.0 else 'NOT met'}"]
+    by = {(r["model"], r["cores"], r["requests"], r["mode"]): r for r in report["rows"]}
+    lone, four = by.get(("0.6b", 1, 1, "alone")), by.get(("0.6b", 1, 4, "together"))
+    staggered = [r for r in report["rows"] if r["model"] == "0.6b" and r["cores"] == 1 and r["mode"] == "staggered"]
+    if lone and four:
+        gain, first = four["audio_per_second"] / lone["audio_per_second"], four["first_p95"] / lone["first_p50"]
+        lines += [f"- 0.6B, 1 core: 4 together {gain:.2f}x one stream's audio s/s (target >= 2.5x): "
+                  f"{'met' if gain >= 2.5 else 'NOT met'}; p95 first audio {first:.2f}x a lone request's (target "
+                  f"<= 2.0x): {'met' if first <= 2.0 else 'NOT met'}"]
+    for r in staggered:
+        chunk = report["chunk_seconds"]["0.6b"]
+        lines.append(f"- 0.6B, 1 core, {r['requests']} staggered: the largest inter-chunk gap {r['largest_gap']:.2f} s "
+                     f"= {r['largest_gap'] / chunk:.2f}x a chunk's audio (target <= 1.5x while under capacity)")
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--models", default="tiny-qwen-tts,standin", help=f"of {', '.join(MODELS)} (0.6b: minutes a "
+                        "run; its targets are for --cores 1 --requests 1,4)")
     parser.add_argument("--cores", default="1,2")
     parser.add_argument("--requests", default="1,2,3,4,8")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="the frame loop's threads (default: the thread budget's split; to compare splits)")
     parser.add_argument("--stagger", type=float, default=0.3, help="seconds between staggered submits")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--name", default="concurrency", help="the reports' file name (.json, .md)")
     args = parser.parse_args()
     counts = [int(n) for n in args.requests.split(",")]
     log = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)  # noqa: E731
     capped = "ONEDNN_MAX_CPU_ISA" in os.environ or "ATEN_CPU_CAPABILITY" in os.environ
     report = {"cpu": cpu_name(), "native": "capped" if capped else "native", "torch": torch.__version__,
-              "repeats": args.repeats, "stagger": args.stagger, "rows": [],
+              "repeats": args.repeats, "stagger": args.stagger, "rows": [], "chunk_seconds": {},
+              "threads": args.threads,
               "command": " ".join([".venv/bin/python benchmarks/concurrency.py", *sys.argv[1:]])}
     every = sorted(os.sched_getaffinity(0))
     for model in args.models.split(","):
         for cores in [int(c) for c in args.cores.split(",")]:
             os.sched_setaffinity(0, every)
-            report["rows"] += measure(model, cores, counts, args.repeats, args.stagger, log)
-    write_reports(report, args.out, "concurrency", markdown)
+            report["rows"] += measure(model, cores, counts, args.repeats, args.stagger, report["chunk_seconds"],
+                                      args.threads, log)
+    write_reports(report, args.out, args.name, markdown)
     print(markdown(report))
 
 

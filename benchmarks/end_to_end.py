@@ -515,7 +515,7 @@ def to_markdown(report: dict) -> str:
               "decoder (the talker and the loop around it, generate's machinery included); talker step = time inside "
               "the talker's transformer alone (upstream's `talker.model` forward; the engine's prefill and step); "
               "predictor = the c1..c15 call; decoder = the 12 Hz speech decoder. In a streamed engine run the decoder "
-              "runs in the caller's thread beside the frame loop.", ""]
+              "runs in the engine's codec workers beside the frame loop (before issue 40: in the caller's thread).", ""]
     if report.get("int8_skipped"):
         lines += [f"int8 (w8a8) skipped on this CPU: {report['int8_skipped']}", ""]
     for threads, block in report["threads"].items():

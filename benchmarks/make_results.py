@@ -338,12 +338,37 @@ def serve_section(bench_dir: Path) -> list[str]:
     """`rvqspec serve` under concurrent streaming clients (serve-load.md, serve-load-0.6b.md), without their titles."""
     standin, real_size = read_text(bench_dir / "serve-load.md"), read_text(bench_dir / "serve-load-0.6b.md")
     return ["## Serving over HTTP: concurrent streaming clients", "",
-            "Each request's audio is made from its codes in the server's request threads (the stand-in: HiFi-GAN "
-            "with context frames on both sides of each chunk); where that costs more than decoding, audio s/s follows "
-            "the vocoder and frames/s shows what the engine's batching does.", "", "### The stand-in", "",
+            "Each request's audio is made from its codes in the engine's codec workers (the stand-in: HiFi-GAN with "
+            "context frames on both sides of each chunk; the 0.6B table below predates them: its audio was made in "
+            "the server's request threads); where that costs more than decoding, audio s/s follows the vocoder and "
+            "frames/s shows what the engine's batching does.", "", "### The stand-in", "",
             without_title(standin) if standin else not_measured(SERVE_LOAD), "",
             "### qwen-tts at the 0.6B sizes (random weights)", "",
             without_title(real_size) if real_size else not_measured(f"{SERVE_LOAD} --model 0.6b")]
+
+
+CONCURRENCY = "python benchmarks/concurrency.py"
+CONCURRENCY_REPORTS = [  # (heading, report, the command that writes it)
+    ("Many requests against one at a time: the tiny qwen-tts", "concurrency.md", CONCURRENCY),
+    ("Many requests against one at a time: the stand-in", "concurrency-standin.md",
+     f"{CONCURRENCY} --models standin --requests 1,2,4,8 --repeats 2 --name concurrency-standin"),
+    ("Many requests against one at a time: qwen-tts at the 0.6B sizes", "concurrency-0.6b.md",
+     f"{CONCURRENCY} --models 0.6b --cores 1 --requests 1,4 --name concurrency-0.6b"),
+    ("A codec on a batch of chunks, or on each in turn", "codec-batch.md", "python benchmarks/codec_batch.py"),
+    ("Chunked prefill: a running stream's gaps while requests arrive", "prefill-gap.md",
+     "python benchmarks/prefill_gap.py"),
+    ("A generator per row: the draws' cost", "row-draws.md", "python benchmarks/row_draws.py")]
+
+
+def concurrency_section(bench_dir: Path) -> list[str]:
+    """Issue 40's reports (the thread budget, codec workers, chunked prefill, per-row seeds), without their titles."""
+    lines = ["## Concurrency", "",
+             "The thread budget (rvqspec/runtime/threads.py) and the codec workers (runtime/codec_worker.py) against "
+             "decoding one request at a time; whether a codec gains from batching; chunked prefill; per-row draws."]
+    for heading, name, command in CONCURRENCY_REPORTS:
+        text = read_text(bench_dir / name)
+        lines += ["", f"### {heading}", "", without_title(text) if text else not_measured(command)]
+    return lines
 
 
 def tune_section(bench_dir: Path) -> list[str]:
@@ -371,7 +396,7 @@ def results_markdown(eval_report: dict | None, calibration: dict | None, calibra
         *csm_section(bench_dir / "csm"), "",
         *profile_section(profile_markdown, read_text(bench_dir / "fused-path.md")), "",
         *weights_section(bench_dir), "", *end_to_end_section(bench_dir), "", *serve_section(bench_dir), "",
-        *tune_section(bench_dir), "",
+        *concurrency_section(bench_dir), "", *tune_section(bench_dir), "",
         *standin_bench_section(standin_bench, bench_dir / "standin", out), ""])
 
 

@@ -10,6 +10,7 @@ its running streams) has no stream to protect, and fills for throughput; so does
 """
 
 import collections
+import math
 import statistics
 import threading
 
@@ -56,7 +57,7 @@ class Capacity:
         """What `Engine.status()` shows: frames/s the current batch sustains, and the most rows at real time."""
         period = self.period(max(batch, 1))
         realtime_rows = 0
-        while realtime_rows < self.max_batch and (p := self.period(realtime_rows + 1)) is not None and p <= self.frame_seconds:
+        while realtime_rows < self.max_batch and (self.period(realtime_rows + 1) or math.inf) <= self.frame_seconds:
             realtime_rows += 1
         return {"frames_per_second": 0.0 if not period else max(batch, 1) / period,
                 "realtime_rows": realtime_rows if period is not None else None}
