@@ -18,6 +18,7 @@ from rvqspec.runtime.codec_worker import Cores
 from rvqspec.runtime.threads import ThreadBudget
 
 from helpers.engines import GREEDY, frames_of, never_ending
+from helpers.standin import tiny_standin
 from helpers.upstream_models import upstream_available
 
 if not upstream_available():
@@ -27,6 +28,11 @@ from helpers.upstream_tts import tiny_qwen3_tts  # noqa: E402
 
 WAIT = 120
 QWEN = dict(speaker="tiny", language="English")
+
+
+@pytest.fixture(scope="module")
+def standin():
+    return tiny_standin(seed=3)
 
 
 @pytest.fixture(scope="module")
@@ -186,3 +192,23 @@ def test_a_request_waits_while_admitting_it_would_slow_the_running_stream(tts64,
         assert status["frames_per_second"] > 0
         running.cancel()
         assert len(waiting.wait(WAIT)) == 3
+
+
+def test_the_standins_vocoded_audio_does_not_depend_on_what_else_decodes(standin):
+    """The stand-in's HiFi-GAN chunks (made in the codec workers, with context frames) for a request streamed alone
+    and beside two others that join it, one cancelled: the same audio to the streaming tolerance (1e-4,
+    tests/test_standin_streaming.py)."""
+    texts = [("hello there, a sentence", "en"), ("¿Qué tal?", "es"), ("Guten Tag", "de")]
+    arguments = [dict(text=text, language=lang, max_new_tokens=12, **GREEDY) for text, lang in texts]
+    with Engine(standin, drafter=None, chunk_frames=2, first_chunk_frames=1) as engine:
+        alone = [engine.submit("speech", **a).audio() for a in arguments[:2]]
+        first = engine.submit("speech", **arguments[0])
+        chunks = iter(first)
+        head = [next(chunks)]
+        second, third = (engine.submit("speech", **a) for a in arguments[1:])
+        next(iter(third))
+        third.cancel()
+        together = [np.concatenate(head + list(chunks)), second.audio()]
+    for mine, theirs in zip(together, alone):
+        assert mine.shape == theirs.shape and theirs.std() > 0
+        np.testing.assert_allclose(mine, theirs, atol=1e-4, rtol=0)
