@@ -24,8 +24,9 @@ from helpers.fake_server import SAMPLES_PER_FRAME, FakeEngine
 from helpers.server import fake_server
 
 from rvqspec.cli.main import main
-from rvqspec.serve.app import MAX_INPUT, MAX_SPEECH_BODY, SPEECH_FIELDS
+from rvqspec.serve.app import MAX_SPEECH_BODY
 from rvqspec.serve.audio import to_int16
+from rvqspec.serve.protocol import MAX_INPUT, SPEECH_FIELDS
 
 KEY = "sk-test-0123456789"
 JSON_TYPE = {"Content-Type": "application/json"}

@@ -1,4 +1,5 @@
-"""The HTTP API on an `rvqspec.runtime.Engine`, in the OpenAI API's shapes (FastAPI).
+"""The HTTP API on an `rvqspec.runtime.Engine`, in the OpenAI API's shapes (FastAPI): the routes, the API key and Host
+checks, and the streamed answers; what a request's fields mean and the error shape are protocol.py's.
 
     POST   /v1/audio/speech         text -> audio, streamed as it is decoded (`stream_format`: audio bytes or SSE)
     GET    /v1/models               the served model
@@ -8,95 +9,55 @@
     GET    /health, /metrics        liveness; Prometheus text
     GET    /                        a page: a text box, the voices, a player
 
-Every refusal is a JSON body in OpenAI's error shape, {"error": {"message", "type", "param", "code"}}, whose message
-names the field and the fix; it always encodes (text the client sent is escaped where UTF-8 cannot hold it), and it
-holds no exception text of the server's own (no reprs, no addresses: those go to the log). Against pages in a
-browser: a body is parsed only when its Content-Type is JSON (a cross-site "simple" request, sent without a preflight,
-never is: 415), and the Host header must name this server (an IP address, localhost or an --allowed-hosts name: a
-DNS-rebinding page's Host is its own domain: 421).
+Every refusal is a JSON body in OpenAI's error shape (protocol.ApiError), the server's own failures included. Against
+pages in a browser: a body is parsed only when its Content-Type is JSON (a cross-site "simple" request, sent without a
+preflight, never is: 415), and the Host header must name this server (an IP address, localhost or an --allowed-hosts
+name: a DNS-rebinding page's Host is its own domain: 421).
 
 The engine's request iterators block, so they are read in worker threads, which only wait for the chunks the
 engine's codec workers make (within its thread budget); the event loop only moves bytes.
 """
 
 import asyncio
-import base64
-import binascii
 import hmac
 import ipaddress
-import json
 import logging
-import math
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from importlib import resources
 
 import anyio
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.runtime import QueueFull
 from rvqspec.serve import BODY_SECONDS
-from rvqspec.serve.audio import FORMATS, flac_bytes, pcm_bytes, sse_delta, sse_event, wav_header
+from rvqspec.serve.audio import flac_bytes, pcm_bytes, sse_delta, sse_event, wav_header
 from rvqspec.serve.metrics import Metrics
-from rvqspec.serve.voices import StoreFull, VoiceStore, check_name, decode_clip, samples
+from rvqspec.serve.protocol import MAX_INPUT, ApiError, Speech, VoiceUpload, json_object, parse_speech, parse_voice
+from rvqspec.serve.voices import StoreFull, VoiceExists, VoiceStore
 
 log = logging.getLogger("uvicorn.error")  # uvicorn's configured logger: one line per event on the server's stderr
 
-MAX_INPUT = 4096  # characters of `input` (OpenAI's limit) and of `instructions`
 MAX_SPEECH_BODY = 64 * 1024  # bytes of a speech request
 MAX_VOICE_BODY = 16 * 1024 * 1024  # bytes of a voice registration (a base64 clip of up to 60 s)
 CLOSE = {"Connection": "close"}
 CLIENT_CLOSED = 499  # nginx's status for a client that left before its answer (logs and /metrics)
 RETRY_AFTER_SECONDS = 1  # what a 429 tells the client to wait
 OPEN_PATHS = {"/health", "/"}  # no API key asked: liveness, and the page (static; it asks for the key itself)
-SPEECH_FIELDS = {"model", "input", "voice", "response_format", "instructions", "speed", "stream_format", "seed",
-                 "temperature", "top_k", "top_p", "language"}
-VOICE_FIELDS = {"name", "audio", "transcript"}
-UNSUPPORTED_FORMATS = {"mp3", "opus", "aac"}
 
 
-class ApiError(Exception):
-    """A refusal: HTTP status and OpenAI's error fields."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error", headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
-        self.headers = headers
-
-    def response(self) -> JSONResponse:
-        error = {"message": encodable(self.message), "type": self.kind, "param": encodable(self.param),
-                 "code": self.code}
-        return JSONResponse({"error": error}, status_code=self.status, headers=self.headers)
-
-
-def encodable(text: str | None) -> str | None:
-    """`text` with what UTF-8 cannot encode (lone surrogates a client sent) backslash-escaped."""
-    return None if text is None else text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-@dataclass
-class Speech:
-    """A checked speech request: the engine's arguments and how to send the audio."""
-
-    args: dict = field(default_factory=dict)  # engine.speech keyword arguments
-    response_format: str = "wav"
-    stream_format: str = "audio"
-    clone: str | None = None  # a registered voice's name
-
-
-# ---------------------------------------------------------------- reading and checking requests
+# ---------------------------------------------------------------- reading a request's body
 
 async def read_json(request: Request, limit: int, seconds: float) -> dict:
-    """The body as a JSON object: refused unless its Content-Type is JSON (415), past `limit` bytes (counted as it
-    arrives, whatever Content-Length says: 413), or when it has not all arrived within `seconds` (408); a client
-    that leaves while sending it gets CLIENT_CLOSED (it is not there to read it: the status is for the logs)."""
+    """The body as a JSON object (`json_object`): refused unless its Content-Type is JSON (415), past `limit` bytes
+    (counted as it arrives, whatever Content-Length says: 413), or when it has not all arrived within `seconds` (408);
+    a client that leaves while sending it gets CLIENT_CLOSED (it is not there to read it: the status is for the
+    logs)."""
     media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
     if media != "application/json":
         raise ApiError(415, f"Content-Type is {media[:80]!r}, not JSON: send the body with 'Content-Type: "
@@ -122,98 +83,7 @@ async def read_json(request: Request, limit: int, seconds: float) -> dict:
                  request.url.path)
         raise ApiError(CLIENT_CLOSED, "the client closed the connection while sending its body",
                        code="client_closed") from None
-    try:
-        body = json.loads(data)
-    except (ValueError, RecursionError):
-        raise ApiError(400, "the body is not valid JSON: send a JSON object (Content-Type: application/json)") \
-            from None
-    if not isinstance(body, dict):
-        raise ApiError(400, f"the body is a JSON {type(body).__name__}, not an object: send {{\"input\": ...}}")
-    return body
-
-
-def optional(body: dict, name: str, kind: type, default=None):
-    """body[name] when present and not null, checked to be of `kind` (int: not a bool; float: any finite number)."""
-    value = body.get(name)
-    if value is None:
-        return default
-    if kind is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    else:
-        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-    if not ok:
-        word = {str: "a string", int: "an integer", float: "a finite number"}[kind]
-        raise ApiError(400, f"{name} must be {word}, got {json.dumps(value)[:80]}: send {word} (or leave it out)",
-                       param=name)
-    if kind is str:
-        check_text(name, value)
-    return value
-
-
-def check_text(name: str, text: str) -> None:
-    """Refuse text UTF-8 cannot encode (a lone surrogate, as JSON's "\\ud800" escape gives): 400 naming the field."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ApiError(400, f"{name} holds an unpaired surrogate (U+{ord(text[e.start]):04X} at character "
-                       f"{e.start}): send valid Unicode text", param=name) from None
-
-
-def check_fields(body: dict, known: set[str]) -> None:
-    unknown = sorted(set(body) - known)
-    if unknown:
-        raise ApiError(400, f"unknown field {unknown[0][:80]!r}: the fields are {', '.join(sorted(known))}",
-                       param=unknown[0][:80])
-
-
-def check_range(name: str, value, ok: bool, allowed: str) -> None:
-    if value is not None and not ok:
-        raise ApiError(400, f"{name} is {value}: use {allowed}", param=name)
-
-
-def parse_speech(body: dict, engine, voices: VoiceStore) -> Speech:
-    check_fields(body, SPEECH_FIELDS)
-    model = optional(body, "model", str)
-    if model is None:
-        raise ApiError(400, f"model is missing: send \"model\": \"{engine.name}\" (GET /v1/models)", param="model")
-    if model != engine.name:
-        raise ApiError(404, f"model {model[:80]!r} is not served here: use {engine.name!r} (GET /v1/models)",
-                       param="model", code="model_not_found")
-    text = optional(body, "input", str, "")
-    if not text.strip():
-        raise ApiError(400, "input is missing or empty: send the text to speak", param="input")
-    for name in ("input", "instructions"):
-        if len(optional(body, name, str, "")) > MAX_INPUT:
-            raise ApiError(400, f"{name} is over {MAX_INPUT} characters: split the text into several requests",
-                           param=name)
-    speech = Speech(response_format=optional(body, "response_format", str, "wav"),
-                    stream_format=optional(body, "stream_format", str, "audio"))
-    if speech.response_format not in FORMATS:
-        extra = " (no mp3/opus/aac encoder here)" if speech.response_format in UNSUPPORTED_FORMATS else ""
-        raise ApiError(400, f"response_format {speech.response_format[:40]!r} is not supported{extra}: use "
-                       f"{', '.join(FORMATS)}", param="response_format")
-    if speech.stream_format not in ("audio", "sse"):
-        raise ApiError(400, f"stream_format {speech.stream_format[:40]!r}: use 'audio' or 'sse'", param="stream_format")
-    speed = optional(body, "speed", float, 1.0)
-    check_range("speed", speed, speed == 1.0, "1.0 (this server does not change the speaking rate)")
-    seed, top_k = optional(body, "seed", int), optional(body, "top_k", int)
-    temperature, top_p = optional(body, "temperature", float), optional(body, "top_p", float)
-    check_range("seed", seed, seed is not None and 0 <= seed < 2 ** 63, "an integer from 0 to 2**63 - 1")
-    check_range("temperature", temperature, temperature is not None and 0 < temperature <= 100, "a number in (0, 100]")
-    check_range("top_k", top_k, top_k is not None and top_k >= 1, "an integer >= 1")
-    check_range("top_p", top_p, top_p is not None and 0 < top_p <= 1, "a number in (0, 1]")
-    voice = optional(body, "voice", str)
-    builtin = engine.voices()
-    if voice is not None and voice not in builtin:
-        if voice not in voices:
-            listed = ", ".join(builtin + voices.names()) or "none"
-            raise ApiError(400, f"voice {voice[:80]!r} is not a voice of this server: use one of {listed} "
-                           "(GET /v1/audio/voices), or register it (POST /v1/audio/voices)", param="voice")
-        speech.clone, voice = voice, None
-    speech.args = dict(text=text, voice=voice, instructions=optional(body, "instructions", str),
-                       language=optional(body, "language", str), seed=seed, temperature=temperature,
-                       top_k=top_k, top_p=top_p)
-    return speech
+    return json_object(data)
 
 
 # ---------------------------------------------------------------- the audio of one request
@@ -288,8 +158,7 @@ async def respond(request: Request, row, speech: Speech, sample_rate: int, metri
     except BaseException:
         stop()
         raise
-    media = "text/event-stream" if speech.stream_format == "sse" else FORMATS[speech.response_format]
-    return StreamingResponse(body(), media_type=media, headers={"X-Sample-Rate": str(sample_rate)})
+    return StreamingResponse(body(), media_type=speech.media_type, headers={"X-Sample-Rate": str(sample_rate)})
 
 
 # ---------------------------------------------------------------- the app
@@ -300,17 +169,22 @@ def create_app(engine, voices: VoiceStore, api_key: str | None = None, threads: 
     threads for reading requests' audio (each decoding or waiting request holds one while it waits for a chunk);
     `allowed_hosts`: host names the Host header may give besides addresses and localhost ("*": any); a body must
     arrive within `body_seconds`."""
-    metrics = Metrics()
-    page = resources.files("rvqspec.serve").joinpath("page/index.html").read_text()
-    created = int(time.time())
-
     @asynccontextmanager
     async def lifespan(app):
         anyio.to_thread.current_default_thread_limiter().total_tokens = threads
         yield
 
     app = FastAPI(title="rvqspec", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    metrics = Metrics()
+    add_error_handlers(app)
+    add_info_routes(app, engine, metrics)
+    add_voice_routes(app, engine, voices, body_seconds)
+    add_speech_route(app, engine, voices, metrics, body_seconds)
+    return Gate(app, metrics, api_key, allowed_hosts)
 
+
+def add_error_handlers(app: FastAPI) -> None:
+    """Every error answered in OpenAI's shape: ours as raised, Starlette's (404, 405) with the fix, any other 500."""
     @app.exception_handler(ApiError)
     async def api_error(request, e: ApiError):
         return e.response()
@@ -326,6 +200,12 @@ def create_app(engine, voices: VoiceStore, api_key: str | None = None, threads: 
         log.error("%s %s failed: %s: %s", request.method, request.url.path, type(e).__name__, e)
         return ApiError(500, "internal error: the server logged it; retry, or report it",
                         kind="server_error").response()
+
+
+def add_info_routes(app: FastAPI, engine, metrics: Metrics) -> None:
+    """/, /health, /metrics and /v1/models."""
+    page = resources.files("rvqspec.serve").joinpath("page/index.html").read_text()
+    created = int(time.time())
 
     @app.get("/", response_class=HTMLResponse)
     async def index():
@@ -344,6 +224,9 @@ def create_app(engine, voices: VoiceStore, api_key: str | None = None, threads: 
         return {"object": "list", "data": [{"id": engine.name, "object": "model", "created": created,
                                             "owned_by": "rvqspec"}]}
 
+
+def add_voice_routes(app: FastAPI, engine, voices: VoiceStore, body_seconds: float) -> None:
+    """GET and POST /v1/audio/voices, DELETE /v1/audio/voices/{name}."""
     @app.get("/v1/audio/voices")
     async def list_voices():
         entries = [(name, "builtin") for name in engine.voices()] + [(name, "cloned") for name in voices.names()]
@@ -354,32 +237,9 @@ def create_app(engine, voices: VoiceStore, api_key: str | None = None, threads: 
         if not engine.can_clone:
             raise ApiError(400, f"the served model ({engine.name}) cannot clone voices: serve a Qwen3-TTS Base "
                            "checkpoint (rvqspec serve --model PATH)", code="cannot_clone")
-        body = await read_json(request, MAX_VOICE_BODY, body_seconds)
-        check_fields(body, VOICE_FIELDS)
-        name, audio = optional(body, "name", str), optional(body, "audio", str)
-        transcript = optional(body, "transcript", str)
-        try:
-            check_name(name)
-        except RvqspecError as e:
-            raise ApiError(400, str(e), param="name") from None
-        if name in engine.voices():
-            raise ApiError(400, f"{name!r} is a built-in voice: pick another name", param="name")
-        if transcript is not None and len(transcript) > MAX_INPUT:
-            raise ApiError(400, f"transcript is over {MAX_INPUT} characters: send the clip's words", param="transcript")
-        if not audio:
-            raise ApiError(400, "audio is missing: send the clip's wav or flac file, base64-encoded", param="audio")
-        try:
-            data = base64.b64decode("".join(audio.split()), validate=True)  # line breaks (base64's output) allowed
-        except binascii.Error:
-            raise ApiError(400, "audio is not base64: send the clip's wav or flac file, base64-encoded", param="audio") \
-                from None
-        try:
-            await anyio.to_thread.run_sync(add_voice, engine, voices, name, data, transcript)
-        except StoreFull as e:
-            raise ApiError(507, str(e), code="voices_quota") from None
-        except RvqspecError as e:
-            raise ApiError(409 if "already exists" in str(e) else 400, str(e), param="audio") from None
-        return {"id": name, "object": "voice", "kind": "cloned"}
+        upload = parse_voice(await read_json(request, MAX_VOICE_BODY, body_seconds), engine.voices())
+        await register(voices, upload, engine)
+        return {"id": upload.name, "object": "voice", "kind": "cloned"}
 
     @app.delete("/v1/audio/voices/{name}")
     async def delete_voice(name: str):
@@ -390,31 +250,43 @@ def create_app(engine, voices: VoiceStore, api_key: str | None = None, threads: 
             raise ApiError(404, f"no registered voice {name[:80]!r}: GET /v1/audio/voices lists them", param="name")
         return {"id": name, "object": "voice", "deleted": True}
 
+
+async def register(voices: VoiceStore, upload: VoiceUpload, engine) -> None:
+    """Store the voice (decoding the clip and making its clone prompt, in a worker thread): 507 past the quota, 409
+    if the name is taken, 400 for a clip the store or the engine refuses."""
+    try:
+        await anyio.to_thread.run_sync(voices.register, upload.name, upload.clip, upload.transcript, engine)
+    except StoreFull as e:
+        raise ApiError(507, str(e), code="voices_quota") from None
+    except VoiceExists as e:
+        raise ApiError(409, str(e), param="audio") from None
+    except RvqspecError as e:
+        raise ApiError(400, str(e), param="audio") from None
+
+
+def add_speech_route(app: FastAPI, engine, voices: VoiceStore, metrics: Metrics, body_seconds: float) -> None:
+    """POST /v1/audio/speech."""
     @app.post("/v1/audio/speech")
     async def speech(request: Request):
         job = parse_speech(await read_json(request, MAX_SPEECH_BODY, body_seconds), engine, voices)
-        try:
-            if job.clone:
-                job.args["clone"] = await anyio.to_thread.run_sync(voices.prompt, job.clone, engine)
-            row = engine.speech(**job.args)
-        except QueueFull as e:
-            raise ApiError(429, f"{e}", code="queue_full", kind="rate_limit_error",
-                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
-        except RvqspecError as e:
-            raise ApiError(400, str(e)) from None
-        except FileNotFoundError:  # deleted since the request was checked
-            raise ApiError(400, f"voice {job.clone!r} was just deleted: register it again", param="voice") from None
+        row = await submit(engine, voices, job)
         return await respond(request, row, job, engine.sample_rate, metrics)
 
-    return Gate(app, metrics, api_key, allowed_hosts)
 
-
-def add_voice(engine, voices: VoiceStore, name: str, data: bytes, transcript: str | None) -> None:
-    """Decode the clip (bounded: `decode_clip`), make its clone prompt (refused here rather than at the first
-    synthesis), store both."""
-    pcm = decode_clip(data, engine.sample_rate)
-    prompt = engine.clone_prompt(samples(pcm), engine.sample_rate, transcript)
-    voices.add(name, pcm, engine.sample_rate, transcript, prompt)
+async def submit(engine, voices: VoiceStore, job: Speech):
+    """The engine's row for `job` (a registered voice's clone prompt fetched first): 429 when the engine's queue is
+    full, 400 for what the engine refuses."""
+    try:
+        if job.clone:
+            job.args["clone"] = await anyio.to_thread.run_sync(voices.prompt, job.clone, engine)
+        return engine.speech(**job.args)
+    except QueueFull as e:
+        raise ApiError(429, f"{e}", code="queue_full", kind="rate_limit_error",
+                       headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
+    except RvqspecError as e:
+        raise ApiError(400, str(e)) from None
+    except FileNotFoundError:  # deleted since the request was checked
+        raise ApiError(400, f"voice {job.clone!r} was just deleted: register it again", param="voice") from None
 
 
 class Gate:

@@ -15,7 +15,6 @@ from collections.abc import Iterable
 import numpy as np
 
 FORMATS = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac"}  # response_format -> media type
-STREAMING_FORMATS = ("wav", "pcm")
 UNKNOWN_SIZE = 0xFFFFFFFF
 
 

@@ -55,7 +55,8 @@ class Metrics:
                         [(f'{{row="{i}"}}', factor) for i, factor in enumerate(status["real_time_factors"])])
         lines += family("rvqspec_largest_chunk_gap_seconds", "gauge",
                         "The longest wait between two audio chunks of a stream: of those streaming now, and ever",
-                        [('{of="now"}', status["largest_chunk_gap"]), ('{of="ever"}', status["largest_chunk_gap_ever"])])
+                        [('{of="now"}', status["largest_chunk_gap"]),
+                         ('{of="ever"}', status["largest_chunk_gap_ever"])])
         tree = str(status["tree"]).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
         lines += family("rvqspec_policy_tree", "gauge", "The decoding policy's choice for the current batch (label)",
                         [(f'{{tree="{tree}"}}', 1)])

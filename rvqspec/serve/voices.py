@@ -41,6 +41,10 @@ class StoreFull(RvqspecError):
     """The voices quota is used up: delete voices, or raise the quota (a server answers 507)."""
 
 
+class VoiceExists(RvqspecError):
+    """A voice of that name is registered already: delete it first (a server answers 409)."""
+
+
 def check_name(name) -> str:
     if not isinstance(name, str) or not NAME.fullmatch(name):
         raise RvqspecError(f"name {str(name)[:80]!r} is not a voice name: use 1-64 letters, digits, '_' or '-'")
@@ -111,6 +115,8 @@ def samples(pcm: np.ndarray) -> np.ndarray:
 
 
 class VoiceStore:
+    """The registered voices, in one folder (as the module says); its methods may be called from several threads."""
+
     def __init__(self, folder: str | Path, max_voices: int = MAX_VOICES, quota: int = VOICES_QUOTA):
         self.folder, self.max_voices, self.quota = Path(folder), max_voices, quota
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -124,8 +130,15 @@ class VoiceStore:
     def __contains__(self, name: str) -> bool:
         return NAME.fullmatch(name) is not None and (self.folder / name / "voice.json").is_file()
 
+    def register(self, name: str, clip: bytes, transcript: str | None, engine) -> None:
+        """Decode an uploaded wav or flac file (bounded: `decode_clip`), make `engine`'s clone prompt of it (refused
+        here rather than at the first synthesis), store both (`add`)."""
+        pcm = decode_clip(clip, engine.sample_rate)
+        prompt = engine.clone_prompt(samples(pcm), engine.sample_rate, transcript)
+        self.add(name, pcm, engine.sample_rate, transcript, prompt)
+
     def add(self, name: str, pcm: np.ndarray, sample_rate: int, transcript: str | None, prompt: object) -> None:
-        """Store a voice (16-bit samples) and its clone prompt; RvqspecError if the name is taken (it is never
+        """Store a voice (16-bit samples) and its clone prompt; VoiceExists if the name is taken (it is never
         overwritten: delete it first), StoreFull past the quota."""
         import soundfile
 
@@ -139,7 +152,7 @@ class VoiceStore:
                 try:
                     os.rename(staging, target)  # atomic; fails if the name exists (a non-empty folder)
                 except OSError:
-                    raise RvqspecError(f"voice {name!r} already exists: DELETE /v1/audio/voices/{name} first") \
+                    raise VoiceExists(f"voice {name!r} already exists: DELETE /v1/audio/voices/{name} first") \
                         from None
                 self.prompts[name] = prompt
         finally:
