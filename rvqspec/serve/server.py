@@ -72,40 +72,46 @@ def header_deadline(seconds: float):
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class HeaderDeadline(H11Protocol):
-        deadline = None
+    return type("HeaderDeadline", (HeaderDeadline, H11Protocol), {"header_seconds": seconds, "h11_idle": h11.IDLE})
 
-        def connection_made(self, transport) -> None:
-            super().connection_made(transport)
-            self.arm()
 
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            self.arm()
+class HeaderDeadline:
+    """The deadline's part of `header_deadline`'s protocol (mixed into uvicorn's H11Protocol there, so that uvicorn
+    and h11 are imported only when a server runs): a timer armed while the connection waits for a request."""
 
-        def handle_events(self) -> None:
-            super().handle_events()
-            if self.conn.their_state is not h11.IDLE:
-                self.disarm()
+    header_seconds: float
+    h11_idle: object  # h11.IDLE: the client's state between requests
+    deadline = None
 
-        def connection_lost(self, exc) -> None:
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self.arm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self.arm()
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.conn.their_state is not self.h11_idle:
             self.disarm()
-            super().connection_lost(exc)
 
-        def arm(self) -> None:
-            self.disarm()
-            if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
-                self.deadline = self.loop.call_later(seconds, self.too_slow)
+    def connection_lost(self, exc) -> None:
+        self.disarm()
+        super().connection_lost(exc)
 
-        def disarm(self) -> None:
-            if self.deadline is not None:
-                self.deadline.cancel()
-                self.deadline = None
+    def arm(self) -> None:
+        self.disarm()
+        if not self.transport.is_closing() and self.conn.their_state is self.h11_idle:
+            self.deadline = self.loop.call_later(self.header_seconds, self.too_slow)
 
-        def too_slow(self) -> None:
+    def disarm(self) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
             self.deadline = None
-            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-                self.logger.info("closed a connection whose request headers took over %g s", seconds)
-                self.transport.close()
 
-    return HeaderDeadline
+    def too_slow(self) -> None:
+        self.deadline = None
+        if self.conn.their_state is self.h11_idle and not self.transport.is_closing():
+            self.logger.info("closed a connection whose request headers took over %g s", self.header_seconds)
+            self.transport.close()
