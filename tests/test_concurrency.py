@@ -24,23 +24,15 @@ from helpers.upstream_models import upstream_available
 if not upstream_available():
     pytest.skip("qwen-tts reference not installed: run `make install`", allow_module_level=True)
 
-from helpers.upstream_tts import tiny_qwen3_tts  # noqa: E402
+from helpers.upstream_tts import tiny_qwen3_tts64  # noqa: E402
 
 WAIT = 120
 QWEN = dict(speaker="tiny", language="English")
 
 
 @pytest.fixture(scope="module")
-def standin():
-    return tiny_standin(seed=3)
-
-
-@pytest.fixture(scope="module")
 def tts64():
-    """The tiny qwen-tts with a float64 codec: streamed and whole decodes agree to 1e-6 (tests/test_streaming.py)."""
-    tts = tiny_qwen3_tts(seed=1)
-    tts.model.speech_tokenizer.model.double()
-    return tts
+    return tiny_qwen3_tts64()
 
 
 # ---------------------------------------------------------------- the thread budget
@@ -194,13 +186,13 @@ def test_a_request_waits_while_admitting_it_would_slow_the_running_stream(tts64,
         assert len(waiting.wait(WAIT)) == 3
 
 
-def test_the_standins_vocoded_audio_does_not_depend_on_what_else_decodes(standin):
+def test_the_standins_vocoded_audio_does_not_depend_on_what_else_decodes():
     """The stand-in's HiFi-GAN chunks (made in the codec workers, with context frames) for a request streamed alone
     and beside two others that join it, one cancelled: the same audio to the streaming tolerance (1e-4,
     tests/test_standin_streaming.py)."""
     texts = [("hello there, a sentence", "en"), ("¿Qué tal?", "es"), ("Guten Tag", "de")]
     arguments = [dict(text=text, language=lang, max_new_tokens=12, **GREEDY) for text, lang in texts]
-    with Engine(standin, drafter=None, chunk_frames=2, first_chunk_frames=1) as engine:
+    with Engine(tiny_standin(seed=3), drafter=None, chunk_frames=2, first_chunk_frames=1) as engine:
         alone = [engine.submit("speech", **a).audio() for a in arguments[:2]]
         first = engine.submit("speech", **arguments[0])
         chunks = iter(first)

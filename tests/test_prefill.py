@@ -19,6 +19,8 @@ from helpers.engines import GREEDY, frames_of, never_ending
 from helpers.standin import tiny_standin
 
 WAIT = 120  # seconds: a bound on any wait
+# realtime=False: these tests need prefills to start while rows decode, whatever admission at real time would decide
+# on a loaded machine (admission: tests/test_concurrency.py)
 LONG = "a sentence long enough to take many pieces, one token a gap"  # the stand-in's prompt: its UTF-8 bytes
 
 
@@ -98,7 +100,7 @@ def test_chunked_prefill_gives_the_greedy_codes_of_whole_prefills_while_rows_lea
         long = prompt_of(engine, LONG * 3, max_new_tokens=12)
         staying, cancelled = (prompt_of(engine, text, max_new_tokens=300) for text in ("stay", "go"))
         alone = [engine.enqueue(prompt, 0).wait(WAIT) for prompt in (short, long, staying, cancelled)]
-    with Engine(standin, drafter=None, prefill_chunk=chunk) as engine:
+    with Engine(standin, drafter=None, realtime=False, prefill_chunk=chunk) as engine:
         pieces = Pieces(engine, monkeypatch)
         requests = [engine.enqueue(prompt, 0) for prompt in (short, staying, cancelled)]
         frames_of(requests[2], 1)  # all three decode (the last two joined one piece a gap)
@@ -128,7 +130,7 @@ def test_a_prompt_failing_mid_prefill_fails_alone(standin, monkeypatch):
     nan[-1] = float("nan")
     far = good.positions.clone()
     far[-1] = 10 ** 6
-    with Engine(standin, drafter=None, prefill_chunk=4) as engine:
+    with Engine(standin, drafter=None, realtime=False, prefill_chunk=4) as engine:
         pieces = Pieces(engine, monkeypatch)
         running = engine.enqueue(other, 0)
         frames_of(running, 1)
@@ -143,7 +145,7 @@ def test_a_prompt_failing_mid_prefill_fails_alone(standin, monkeypatch):
 
 
 def test_close_during_a_prefill_ends_the_half_prefilled_request_with_an_error(standin):
-    engine = Engine(standin, drafter=None, prefill_chunk=1)
+    engine = Engine(standin, drafter=None, realtime=False, prefill_chunk=1)
     running = engine.enqueue(never_ending(prompt_of(engine, "hello there")), 0)
     frames_of(running, 1)
     late = engine.enqueue(prompt_of(engine, LONG), 0)

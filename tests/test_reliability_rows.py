@@ -22,7 +22,7 @@ TEXTS = [("Guten Tag, wie geht's?", "de"), ("hello there, how are you", "en"), (
 
 @pytest.fixture(scope="module")
 def engine():
-    with Engine(tiny_standin(seed=3), drafter=None, max_batch=4) as engine:
+    with Engine(tiny_standin(seed=3), drafter=None, max_batch=4, realtime=False) as engine:  # one batch of 4
         yield engine
 
 

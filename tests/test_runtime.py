@@ -20,10 +20,12 @@ from helpers.upstream_models import upstream_available
 if not upstream_available():
     pytest.skip("qwen-tts reference not installed: run `make install`", allow_module_level=True)
 
-from helpers.upstream_tts import FRAME_SAMPLES, tiny_qwen3_tts, write_wav  # noqa: E402
+from helpers.upstream_tts import FRAME_SAMPLES, tiny_qwen3_tts, tiny_qwen3_tts64, write_wav  # noqa: E402
 
 WAIT = 120  # seconds: a bound on any wait, so that a bug fails a test rather than hanging the suite
 SPECULATIVE = dict(drafter=ReusedHeads(), tree=default_tree(8))
+# realtime=False where a test needs its requests in one batch: admission at real time (tests/test_concurrency.py) may
+# hold a request back on a loaded machine
 QWEN = dict(speaker="tiny", language="English")
 
 
@@ -84,7 +86,7 @@ def test_greedy_codes_do_not_depend_on_the_batch(model, speculative, tts, standi
     request's codes are the very codes it gets alone."""
     kind, arguments = requests_of(model)
     options = SPECULATIVE if speculative else {"drafter": None}
-    with Engine(standin if model == "standin" else tts, **options) as engine:
+    with Engine(standin if model == "standin" else tts, realtime=False, **options) as engine:
         alone = [engine.submit(kind, **a).wait(WAIT) for a in arguments]
         gate = Gate(engine, monkeypatch)
         first = engine.submit(kind, **arguments[0])
@@ -123,7 +125,7 @@ def test_seeded_sampled_codes_do_not_depend_on_the_batch(model, speculative, tts
     options = SPECULATIVE if speculative else {"drafter": None}
     first_seed = {"standin": 10, "qwen-tts": 3}[model]  # the first seeds none of whose requests draw an early EOS
     seeds = range(first_seed, first_seed + len(arguments))
-    with Engine(standin if model == "standin" else tts, **options) as engine:
+    with Engine(standin if model == "standin" else tts, realtime=False, **options) as engine:
         alone = [engine.submit(kind, seed=seed, **a).wait(WAIT) for seed, a in zip(seeds, arguments)]
         gate = Gate(engine, monkeypatch)
         first = engine.submit(kind, seed=seeds[0], **arguments[0])
@@ -282,12 +284,8 @@ def test_an_internal_error_fails_that_steps_requests_not_the_engine(tts, monkeyp
 
 
 @pytest.fixture(scope="module")
-def tts64(tmp_path_factory):
-    """The tiny qwen-tts with its speech tokenizer's decoder in float64 (streamed and whole decodes then agree to
-    1e-6, as in tests/test_streaming.py), and a reference clip for voice cloning."""
-    tts = tiny_qwen3_tts(seed=1)
-    tts.model.speech_tokenizer.model.double()
-    return tts
+def tts64():
+    return tiny_qwen3_tts64()
 
 
 def test_streamed_chunks_concatenate_to_the_whole_audio(tts64):

@@ -136,6 +136,14 @@ def tiny_qwen3_tts(seed: int = 0, model_type: str = "custom_voice"):
     return qwen_tts.Qwen3TTSModel(model, tiny_text_processor(), generate_defaults={})
 
 
+def tiny_qwen3_tts64(seed: int = 1):
+    """The tiny qwen-tts with its speech tokenizer's decoder in float64: streamed and whole decodes then agree to
+    1e-6 (tests/test_streaming.py)."""
+    tts = tiny_qwen3_tts(seed=seed)
+    tts.model.speech_tokenizer.model.double()
+    return tts
+
+
 def text_ids(text: str) -> torch.Tensor:
     """Ids [1, L] of `text` in the chat layout upstream's entry points use."""
     chat = f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n"
