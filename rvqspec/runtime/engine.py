@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rvqspec.engine import device_path
 from rvqspec.engine import policy as policy_choice
 from rvqspec.engine.drafters import Offsets, ReusedHeads
 from rvqspec.engine.errors import RvqspecError
@@ -59,7 +60,9 @@ class Engine:
     between two frame steps (`scheduler.PREFILL_CHUNK`: about one talker step's cost); None prefills each prompt
     whole. Every request draws from its own generator, seeded with its `seed` (its audio is then the same bits
     alone and in any batch); `seed` here seeds the seeds of the requests submitted without one, in submission order
-    (None: fresh entropy for each), so that a seeded engine repeats a run's audio."""
+    (None: fresh entropy for each), so that a seeded engine repeats a run's audio. Making an engine prepares this
+    CPU's kernel choices at the frame loop's thread count (`device_path.prepare`: measured once per CPU, with a
+    one-line message), so that no request waits for them."""
 
     def __init__(self, model="standin", drafter="auto", tree: Tree | str | None = "auto", weights: str | None = None,
                  talker_weights: str | None = None, calibration: str | Path | None = None, max_batch: int = MAX_BATCH,
@@ -79,6 +82,8 @@ class Engine:
         self.seeds = random.SystemRandom() if check_seed(seed) is None else random.Random(seed)
         self.name, self.model, shipped = load_model(model, weights, talker_weights, dtype)
         predictor = self.model.predictor
+        for part in (self.model.talker, predictor):  # before any forward, the policy's latencies' included
+            device_path.prepare(part, self.budget.loop, self.name)
         if drafter == "auto":
             drafter = Offsets.load(shipped / "offsets.safetensors", predictor) if shipped else ReusedHeads(predictor)
             calibration = calibration or (shipped / "trees" if shipped else None)
