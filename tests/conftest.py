@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+from rvqspec.engine import device_path
+
 pytest_plugins = ["helpers.checkpoints"]  # the fixtures `model` and `folder`
 
 
@@ -12,5 +14,7 @@ def one_thread():
     a second OpenMP thread only adds synchronisation (20x slower under load)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    for dtype in device_path.MEASURED_DTYPES:  # the preparation step a model load or an Engine makes
+        device_path.decided(dtype, "the test suite")
     yield
     torch.set_num_threads(threads)

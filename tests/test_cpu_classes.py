@@ -118,7 +118,7 @@ def test_the_kernel_choices_are_measured_once_per_cpu_and_kept(tmp_path, monkeyp
     """decided(): measured on first use and written to the cache folder under a key naming the CPU, its class, torch
     and the thread count; read back, not measured again; a damaged file is measured again and rewritten."""
     monkeypatch.setenv("RVQSPEC_CACHE", str(tmp_path))
-    device_path.decided_for.cache_clear()
+    device_path.prepared.clear()
     measured = []
     real = device_path.measure
     monkeypatch.setattr(device_path, "measure", lambda dtype: measured.append(dtype) or real(dtype))
@@ -127,19 +127,19 @@ def test_the_kernel_choices_are_measured_once_per_cpu_and_kept(tmp_path, monkeyp
     (key,) = stored["entries"]
     assert cpu_class.cpu_class() in key and torch.__version__ in key and f"{torch.get_num_threads()}t" in key
     assert stored["entries"][key] == first and set(first["matmul"]) == {"packed_one", "packed_many", "pad_rows", "attention_rows"}
-    device_path.decided_for.cache_clear()
+    device_path.prepared.clear()
     assert device_path.decided(torch.float32) == first and measured == [torch.float32]  # read, not measured
     (tmp_path / "kernels.json").write_text("{damaged")
-    device_path.decided_for.cache_clear()
+    device_path.prepared.clear()
     device_path.decided(torch.float32)
     assert measured == [torch.float32] * 2 and json.loads((tmp_path / "kernels.json").read_text())["entries"]
-    device_path.decided_for.cache_clear()
+    device_path.prepared.clear()
 
 
 def test_another_thread_count_reads_its_own_choices(monkeypatch):
     """The choices are measured per thread count: after torch.set_num_threads the path asks for that count's."""
-    asked, real = [], device_path.decided
-    monkeypatch.setattr(device_path, "decided", lambda dtype: asked.append(torch.get_num_threads()) or real(dtype))
+    asked, real = [], device_path.known
+    monkeypatch.setattr(device_path, "known", lambda dtype: asked.append(torch.get_num_threads()) or real(dtype))
     before = torch.get_num_threads()
     try:
         with torch.inference_mode():
@@ -165,3 +165,27 @@ def test_the_exactness_tests_pass_under_an_isa_cap():
                          timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert " passed" in run.stdout and "failed" not in run.stdout
+
+
+def test_a_forward_never_measures_the_preparation_step_does(tmp_path, monkeypatch, capsys):
+    """With no choices prepared or cached, a forward takes the plain path without measuring; `prepare` measures
+    once, with a one-line message, and the forwards after it take the measured path."""
+    monkeypatch.setenv("RVQSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(device_path, "prepared", {})
+    measured, canned = [], {"matmul": {"packed_one": False, "packed_many": False, "pad_rows": 2, "attention_rows": 1},
+                            "int8_drafts": False, "figures": {"batch_invariant": {"matmuls": True}}}
+    monkeypatch.setattr(device_path, "measure", lambda dtype: measured.append(dtype) or canned)
+    model = MultiCodeDecoder(PredictorConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=16,
+                                             num_code_groups=4, talker_hidden_size=32, talker_vocab_size=19))
+    device_path.path_of.cache_clear()
+    try:
+        with torch.inference_mode():
+            model(torch.randn(1, 2, 32), torch.arange(2), None, None, None)
+            assert measured == [] and device_path.choose("cpu", torch.float32).matmul is None
+            device_path.prepare(model, name="the tiny model")
+            device_path.prepare(model, name="the tiny model")
+            assert measured == [torch.float32] and device_path.choose("cpu", torch.float32).matmul.pad_rows == 2
+        assert capsys.readouterr().err.count("measuring this CPU's kernels for the tiny model") == 1
+    finally:
+        device_path.path_of.cache_clear()

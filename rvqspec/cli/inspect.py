@@ -45,7 +45,8 @@ def predictor_folder(name: str) -> Path:
 def device_report() -> dict:
     """The CPU class and, per measured dtype, the kernel choices and their figures (measured now if not cached)."""
     with torch.inference_mode():
-        choices = {str(dtype).removeprefix("torch."): device_path.decided(dtype) for dtype in device_path.MEASURED_DTYPES}
+        choices = {str(dtype).removeprefix("torch."): device_path.decided(dtype, "rvqspec inspect --device")
+                   for dtype in device_path.MEASURED_DTYPES}
     return {"cpu": cpu_class.describe(), "cpu_class": cpu_class.cpu_class(), "int8_dot_products": cpu_class.has_int8_dot(),
             "w8a8": "runs (exact integer GEMM)" if w8a8_kernel() else "refused: no int8 dot products, no AVX2 kernel",
             "fused_kernels_cflags": fused.cflags(), "cache_key": device_path.cache_key(), "choices": choices,

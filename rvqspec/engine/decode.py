@@ -185,6 +185,17 @@ def decode_frames(model, talker_hidden: Tensor, c0, sampler: Sampler, generator:
         drafter.check_model(model)
         tree.check_fits(drafter.depth, model.config.vocab_size)
         drafter.to(model.device, model.dtype)  # no-op when it already matches
+    return decode_checked(model, talker_hidden, c0, sampler, generator, drafter, tree, graphs)
+
+
+@torch.inference_mode()
+def decode_checked(model, talker_hidden: Tensor, c0: Tensor, sampler: Sampler, generator: Generators,
+                   drafter, tree: Tree | None, graphs=None) -> BatchResult:
+    """`decode_frames` without its checks, for a caller that made them once rather than per frame step (the
+    Engine's scheduler: its requests, drafter, trees and model are checked when they are made): talker_hidden
+    [B, H] finite and c0 [B] long codes of the talker's vocabulary, both on the model's device; generators of the
+    types `check_decoding` takes; the drafter fitted to the model (`check_model`, `to` its device and dtype) and
+    the tree to the drafter; the model's derived copies current (`refresh`)."""
     calls = eager_calls if graphs is None else graphs.calls
     with calls(model, len(c0), sampler, generator, drafter, tree) as (ctx, steps):
         talker_hidden, c0 = padded(talker_hidden, ctx.batch), padded(c0, ctx.batch)

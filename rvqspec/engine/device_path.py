@@ -22,14 +22,22 @@ also serve training, read `choose(device, dtype)` per call. Nothing else reads a
   computes what the AR step computes.
 
 On the CPU the last three are measured, not assumed (`measure`): a second or two at the 0.6B predictor's matmul
-shapes and the row counts decoding uses, on first use, kept in the user's cache folder per CPU model, class
+shapes and the row counts decoding uses, kept in the user's cache folder (kernels.json) per CPU model, class
 (`cpu_class`: the ISA caps included), torch version and thread count, and redone when any of them changes.
-`rvqspec inspect --device` prints the choices and the figures behind them. The CPU fast path (host walk, int8
+They are measured at an explicit preparation step, never inside a forward: `prepare(model, threads)`, which
+`rvqspec.Engine(...)` (at its frame loop's thread count), `rvqspec.accelerate(...)`, `MultiCodeDecoder.from_pretrained`
+and `rvqspec inspect --device` call, with a one-line message when something is measured. A forward reads what was
+prepared in this process or is in the cache file (`known`); for a dtype and thread count with neither it takes the
+plain matmuls (`matmul` None: F.linear, no row padding) and exact draft heads, the path float16 and accelerators
+take: the same distribution, but on a CPU whose kernels give a row other bits alone than in a larger call
+(`pad_rows`), a verify call and an AR step may then differ in a last bit. Call `prepare` after changing the
+thread count or dtype to get the measured path. `rvqspec inspect --device` prints the choices and the figures. The CPU fast path (host walk, int8
 drafts, fused kernels) switches off as one with `RVQSPEC_FUSED=0` or `fused.enabled(False)`; training and
 torch.compile take the plain path.
 """
 
 import functools
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, fields, replace
@@ -105,7 +113,7 @@ def choose(device: torch.device | str, dtype: torch.dtype) -> DevicePath:
 def path_of(cpu: bool, static: bool, dtype: torch.dtype, inference: bool, fast: bool, built: bool,
             mkldnn: bool, threads: int) -> DevicePath:
     measured = cpu and inference and mkldnn and dtype in MEASURED_DTYPES
-    choices = decided(dtype) if measured else None
+    choices = known(dtype) if measured else None  # never measured here: a forward asks (module docstring)
     return DevicePath(static_shapes=static, host_walk=fast and not static,
                       int8_drafts=fast and choices is not None and choices["int8_drafts"], fused_kernels=built,
                       matmul=MatmulChoice(**choices["matmul"]) if choices else None, grouped_heads=cpu)
@@ -134,31 +142,75 @@ def cache_key() -> str:
 
 
 _lock = threading.Lock()
+prepared: dict[str, dict] = {}  # the choices this process measured or read, by `choices_key`
 
 
-def decided(dtype: torch.dtype) -> dict:
-    """The measured choices for `dtype` on this CPU: from the cache file, else measured now and written there."""
-    key = f"{cache_key()} | {str(dtype).removeprefix('torch.')}"
-    with _lock:
-        return decided_for(key, dtype)
+def choices_key(dtype: torch.dtype) -> str:
+    return f"{cache_key()} | {str(dtype).removeprefix('torch.')}"
 
 
-@functools.cache
-def decided_for(key: str, dtype: torch.dtype) -> dict:
-    path = cache_dir() / "kernels.json"
+def kernels_file():
+    return cache_dir() / "kernels.json"
+
+
+def stored_entries() -> dict:
+    """The cache file's entries (none if it is missing, damaged or of another format)."""
+    path = kernels_file()
     try:
         stored = read_json(path, "delete it") if path.is_file() else {}
     except RvqspecError:  # a damaged cache: measured again and rewritten
         stored = {}
-    entries = stored.get("entries", {}) if isinstance(stored, dict) and stored.get("format") == KERNELS_FORMAT else {}
-    if valid_choices(entries.get(key)):
-        return entries[key]
-    choices = measure(dtype)
+    return stored.get("entries", {}) if isinstance(stored, dict) and stored.get("format") == KERNELS_FORMAT else {}
+
+
+def known(dtype: torch.dtype) -> dict | None:
+    """The choices for `dtype` at this thread count if they were measured (in this process or by an earlier one, in
+    the cache file); None if not. Never measures: what a forward reads (`path_of`)."""
+    key = choices_key(dtype)
+    with _lock:
+        if key not in prepared and valid_choices(entry := stored_entries().get(key)):
+            prepared[key] = entry
+        return prepared.get(key)
+
+
+def decided(dtype: torch.dtype, name: str | None = None) -> dict:
+    """The measured choices for `dtype` at this thread count: `known`, else measured now (with a one-line message on
+    stderr naming what for, `name`, if given) and written to the cache file. A preparation step (`prepare`), never
+    called by a forward."""
+    found = known(dtype)
+    if found is not None:
+        return found
+    key = choices_key(dtype)
+    with _lock:
+        if key not in prepared:
+            if name is not None:
+                print(f"rvqspec: measuring this CPU's kernels for {name} ({str(dtype).removeprefix('torch.')}, "
+                      f"{torch.get_num_threads()} thread(s); once: kept in {kernels_file()})", file=sys.stderr,
+                      flush=True)
+            prepared[key] = measure(dtype)
+            try:
+                save_json(kernels_file(), {"format": KERNELS_FORMAT, "entries": stored_entries() | {key: prepared[key]}})
+            except OSError:  # a read-only cache: measured again by the next process
+                pass
+    path_of.cache_clear()  # paths answered before without these choices
+    return prepared[key]
+
+
+def prepare(model: torch.nn.Module, threads: int | None = None, name: str = "this model") -> None:
+    """The explicit preparation step: the kernel choices `model`'s forwards read in its dtype at `threads` intra-op
+    threads (None: the current count), measured now where neither this process nor the cache file has them, with a
+    one-line message naming `name`. A no-op for what is not measured (accelerators, other dtypes)."""
+    weight = next((p for p in model.parameters() if p.is_floating_point()), None)  # int8 layers keep float parts
+    if weight is None or weight.device.type != "cpu" or weight.dtype not in MEASURED_DTYPES \
+            or not torch.backends.mkldnn.enabled:
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
     try:
-        save_json(path, {"format": KERNELS_FORMAT, "entries": entries | {key: choices}})
-    except OSError:  # a read-only cache: measured again next time
-        pass
-    return choices
+        with torch.inference_mode():
+            decided(weight.dtype, name)
+    finally:
+        torch.set_num_threads(before)
 
 
 def valid_choices(entry) -> bool:

@@ -367,7 +367,8 @@ class MultiCodeDecoder(nn.Module):
                         device: str | torch.device = "cpu", weights: str | None = None) -> "MultiCodeDecoder":
         """Load the depth decoder of a checkpoint folder: Qwen3-TTS (official, or the stand-in) or Sesame CSM (as
         saved by transformers), told apart by config.json; only the decoder's tensors are read. `weights`: a
-        scheme of `rvqspec.quantize` ("w8a16", "w8a8") to quantize it to once loaded."""
+        scheme of `rvqspec.quantize` ("w8a16", "w8a8") to quantize it to once loaded. Loading prepares this CPU's
+        kernel choices for its dtype at the current thread count (`device_path.prepare`)."""
         if weights is not None:
             check_scheme(weights)
             return quantize(cls.from_pretrained(folder, dtype, device), weights)
@@ -379,7 +380,9 @@ class MultiCodeDecoder(nn.Module):
         config = load_config(folder)
         wanted = {name: shape for _, parts in official_layout(config).values() for name, shape in parts}
         tensors = read_tensors(folder, wanted, resolve_dtype(dtype), all_of=predictor_prefix(config))
-        return cls.from_official(config, tensors, torch.device(device))
+        model = cls.from_official(config, tensors, torch.device(device))
+        device_path.prepare(model, name=folder.name)  # the kernel choices its forwards read (at this thread count)
+        return model
 
     @classmethod
     def from_official(cls, config: PredictorConfig, tensors: dict[str, Tensor], device: torch.device

@@ -152,6 +152,7 @@ class Acceleration:
         self.graphs = GraphCache() if options.graphs else None  # CUDA graphs of this handle's calls (CUDA only)
         self.warned: set[str] = set()
         self.decoder, self.watch = self.quantized(decoder), Watch(self.watched())  # what it was copied from
+        device_path.prepare(self.decoder, name=type(owner).__name__)  # the kernels its forwards read
         self.policy: Policy | None = None
         if drafter is not None:
             drafter.check_model(self.decoder)
@@ -224,6 +225,8 @@ class Acceleration:
         weight = self.followed_weight()
         moved = (self.decoder.device, self.decoder.dtype) != (weight.device, weight.dtype)
         self.decoder = self.quantized(self.build_decoder())
+        if moved:
+            device_path.prepare(self.decoder, name=type(self.owner).__name__)
         if moved and self.policy is not None:
             self.latency = None  # a tuned table is for the device and dtype it was measured on
             self.policy = self.make_policy()

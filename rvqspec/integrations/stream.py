@@ -21,7 +21,7 @@ stream holds the turn:
   naming where the idle stream was opened and the fix (close() it). The idle stream itself is left as it is:
   reading it again continues it.
 `Turns.close()` (at `undo()`) refuses while a stream holds the turn, and streams opened after it are refused.
-Batching streams of one model into shared frame steps is the lasting answer (a future `rvqspec.Engine`).
+Streams of one model batched into shared frame steps: `rvqspec.Engine` (runtime/), which runs the loop itself.
 """
 
 import os
@@ -160,7 +160,7 @@ class Turns:
                     raise RvqspecError(
                         f"another stream of this model, opened at {holder.opened_at}, is open in this thread: it "
                         "cannot go on while this one waits for it. Read it to the end or close() it first (streams "
-                        "of one model take turns; a future rvqspec.Engine will batch them)")
+                        "of one model take turns; rvqspec.Engine batches them)")
                 if holder.idle_seconds() > IDLE_SECONDS:
                     raise RvqspecError(
                         f"another stream of this model, opened at {holder.opened_at}, holds the model and has not "

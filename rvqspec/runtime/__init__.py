@@ -1,6 +1,8 @@
 """The whole frame loop of a TTS model, serving many requests at once: `Engine` (engine.py) over the scheduler's
-continuous batching (scheduler.py), requests and their audio (request.py), and one adapter per model family
-(qwen_tts.py, standin.py). Above `engine/` and `integrations/`, which it uses; nothing below imports it."""
+continuous batching (scheduler.py), requests and their audio (request.py), the codec workers that turn frames into
+audio (codec_worker.py), admission at real time (capacity.py), the thread budget (threads.py), and one adapter per
+model family (qwen_tts.py, csm.py, standin.py) under the contract in adapter.py. Above `engine/`, `integrations/`
+and `standin/`, which it uses; nothing below imports it."""
 
 from rvqspec.runtime.engine import Engine
 from rvqspec.runtime.request import QueueFull, Request

@@ -23,17 +23,18 @@ approximation beyond); `whole` decodes each utterance at once, as `generate(outp
 import contextlib
 import copy
 import threading
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.quantize import quantize, quantize_linears
 from rvqspec.engine.sampling import Sampler, TalkerRules
 from rvqspec.integrations.base import UNSUPPORTED_SETTINGS
 from rvqspec.integrations.csm import depth_decoder_from_transformers, talker_from_csm
 from rvqspec.integrations.csm_stream import MimiRow
+from rvqspec.runtime.adapter import Captured, TalkerAdapter, capture, patched, this_thread
 from rvqspec.runtime.request import AudioStream, Prompt
 
 KIND = "csm"
@@ -42,28 +43,17 @@ REFUSED = ("streamer", "logits_processor", "stopping_criteria", "assistant_model
 IGNORED = ("output_audio", "return_dict_in_generate")  # the engine's results have their own form
 
 
-class Captured(Exception):
-    """Raised at upstream's first backbone forward: the inputs it was about to run."""
-
-    def __init__(self, inputs: dict):
-        super().__init__("prompt captured")
-        self.inputs = inputs
-
-
-class CsmModel:
-    """The backbone, depth decoder and Mimi of a CSM model as the scheduler uses them (the interface:
-    `runtime/standin.py`)."""
+class CsmModel(TalkerAdapter):
+    """The backbone, depth decoder and Mimi of a CSM model as the scheduler uses them (the contract:
+    `runtime/adapter.py`)."""
 
     kind = KIND
     can_clone = False
 
     def __init__(self, model, weights: str | None = None, talker_weights: str | None = None):
         self.upstream = model
-        self.talker = talker_from_csm(model)
-        if talker_weights:  # the talker's own layers (q/k/v and gate/up are copies; the rest stay upstream's)
-            quantize_linears(self.talker, talker_weights)
-        predictor = depth_decoder_from_transformers(model)
-        self.predictor = quantize(predictor, weights) if weights else predictor
+        # talker_weights swaps the talker's own layers (q/k/v and gate/up are copies; the rest stay upstream's)
+        super().__init__(talker_from_csm(model), depth_decoder_from_transformers(model), weights, talker_weights)
         codec = model.codec_model.config
         self.sample_rate = int(codec.sampling_rate)
         self.frame_seconds = 1.0 / float(codec.frame_rate)
@@ -72,9 +62,6 @@ class CsmModel:
 
     def voices(self) -> list[str]:
         return []
-
-    def c0_logits(self, hidden: Tensor) -> Tensor:
-        return self.talker.codec_head(hidden)
 
     def frame_inputs(self, frames: Tensor) -> Tensor:
         """The backbone's next input [B, H] for frames [B, G]: upstream's own embedding of the frame (the sum of its
@@ -116,56 +103,46 @@ class CsmModel:
         return [self.prompt(inputs, row, rules, sampler, frames) for row in range(len(inputs["inputs_embeds"]))]
 
     def capture(self, arguments: dict) -> dict:
-        with self.capture_lock, self.stopping_backbone() as seen:
-            try:
-                self.upstream.generate(**arguments)
-            except Captured as e:
-                return {**seen, "inputs": e.inputs}
-            except (TypeError, ValueError) as e:
-                raise RvqspecError(f"CSM's generate does not take these arguments: {e}") from None
-        raise RvqspecError("CSM generated without its backbone forward: this transformers version is not supported "
-                           "(4.57.3 is)")
+        captured = capture(self.capture_lock, self.stopping_backbone(), lambda: self.upstream.generate(**arguments),
+                           (TypeError, ValueError), "CSM's generate")
+        if captured is None:
+            raise RvqspecError("CSM generated without its backbone forward: this transformers version is not "
+                               "supported (4.57.3 is)")
+        return captured
 
     @contextlib.contextmanager
-    def stopping_backbone(self):
+    def stopping_backbone(self) -> Iterator[dict]:
         """While held (by this thread): upstream's generate records its generation config, logits processors and
-        stopping criteria, and raises Captured at its first forward. Instance attributes, removed after; other
-        threads' calls pass through. The depth decoder's generation_config is swapped for a copy during the call
-        (generate updates it in place with depth_decoder_* arguments) and put back after."""
-        model, owner, seen = self.upstream, threading.get_ident(), {}
-        originals = {name: getattr(model, name) for name in
-                     ("_prepare_generation_config", "_get_logits_processor", "_get_stopping_criteria",
-                      "prepare_inputs_for_generation")}
+        stopping criteria, and raises Captured at its first forward (`adapter.capture`); other threads' calls pass
+        through. The depth decoder's generation_config is swapped for a copy during the call (generate updates it in
+        place with depth_decoder_* arguments) and put back after."""
+        model, seen = self.upstream, {}
         depth = model.depth_decoder
         kept = depth.generation_config
 
-        def recording(name: str, key: str):
+        def recording(name: str, key: str) -> Callable:
+            original = getattr(model, name)
+
             def wrapper(*args, **kwargs):
-                result = originals[name](*args, **kwargs)
-                if threading.get_ident() == owner:
-                    seen[key] = result
-                    if key == "generation":
-                        seen["depth"] = copy.deepcopy(depth.generation_config)
+                seen[key] = result = original(*args, **kwargs)
+                if key == "generation":
+                    seen["depth"] = copy.deepcopy(depth.generation_config)
                 return result
-            return wrapper
+            return this_thread(wrapper, original)
 
         def stopping(*args, **kwargs):
-            inputs = originals["prepare_inputs_for_generation"](*args, **kwargs)
-            if threading.get_ident() != owner:
-                return inputs
-            raise Captured(inputs)
+            raise Captured({"inputs": prepare(*args, **kwargs)})
 
-        model._prepare_generation_config = recording("_prepare_generation_config", "generation")
-        model._get_logits_processor = recording("_get_logits_processor", "processors")
-        model._get_stopping_criteria = recording("_get_stopping_criteria", "criteria")
-        model.prepare_inputs_for_generation = stopping
+        prepare = model.prepare_inputs_for_generation
         depth.generation_config = copy.deepcopy(kept)
         try:
-            yield seen
+            with patched({(model, "_prepare_generation_config"): recording("_prepare_generation_config", "generation"),
+                          (model, "_get_logits_processor"): recording("_get_logits_processor", "processors"),
+                          (model, "_get_stopping_criteria"): recording("_get_stopping_criteria", "criteria"),
+                          (model, "prepare_inputs_for_generation"): this_thread(stopping, prepare)}):
+                yield seen
         finally:
             depth.generation_config = kept
-            for name in originals:
-                delattr(model, name)
 
     def settings(self, captured: dict) -> tuple[TalkerRules, Sampler, int]:
         """(the backbone's c0 rules, the depth decoder's sampler, the frame limit) of the captured call."""

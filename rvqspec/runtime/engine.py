@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rvqspec.engine import device_path
 from rvqspec.engine import policy as policy_choice
 from rvqspec.engine.drafters import Offsets, ReusedHeads
 from rvqspec.engine.errors import RvqspecError
@@ -32,6 +33,7 @@ from rvqspec.engine.policy import Policy, measure_first_use
 from rvqspec.engine.tree import Tree
 from rvqspec.integrations.base import check_arguments
 from rvqspec.integrations.stream import CHUNK_FRAMES, check_chunks
+from rvqspec.runtime.adapter import ModelAdapter
 from rvqspec.runtime.capacity import Capacity
 from rvqspec.runtime.codec_worker import CodecWorker, Cores
 from rvqspec.runtime.request import Request
@@ -58,7 +60,9 @@ class Engine:
     between two frame steps (`scheduler.PREFILL_CHUNK`: about one talker step's cost); None prefills each prompt
     whole. Every request draws from its own generator, seeded with its `seed` (its audio is then the same bits
     alone and in any batch); `seed` here seeds the seeds of the requests submitted without one, in submission order
-    (None: fresh entropy for each), so that a seeded engine repeats a run's audio."""
+    (None: fresh entropy for each), so that a seeded engine repeats a run's audio. Making an engine prepares this
+    CPU's kernel choices at the frame loop's thread count (`device_path.prepare`: measured once per CPU, with a
+    one-line message), so that no request waits for them."""
 
     def __init__(self, model="standin", drafter="auto", tree: Tree | str | None = "auto", weights: str | None = None,
                  talker_weights: str | None = None, calibration: str | Path | None = None, max_batch: int = MAX_BATCH,
@@ -78,6 +82,8 @@ class Engine:
         self.seeds = random.SystemRandom() if check_seed(seed) is None else random.Random(seed)
         self.name, self.model, shipped = load_model(model, weights, talker_weights, dtype)
         predictor = self.model.predictor
+        for part in (self.model.talker, predictor):  # before any forward, the policy's latencies' included
+            device_path.prepare(part, self.budget.loop, self.name)
         if drafter == "auto":
             drafter = Offsets.load(shipped / "offsets.safetensors", predictor) if shipped else ReusedHeads(predictor)
             calibration = calibration or (shipped / "trees" if shipped else None)
@@ -201,7 +207,7 @@ class Engine:
         """Upstream's arguments by name (positional ones bound to its signature)."""
         if not args:
             return kwargs
-        upstream = getattr(getattr(self.model, "tts", None), f"generate_{kind}", None)
+        upstream = self.model.entry_point(kind)
         if upstream is None:
             raise RvqspecError(f"pass the arguments of {kind!r} by name")
         try:
@@ -265,22 +271,21 @@ def measured_policy(predictor, calibration) -> Policy:
     return policy
 
 
-def load_model(model, weights: str | None, talker_weights: str | None, dtype) -> tuple[str, object, Path | None]:
+def load_model(model, weights: str | None, talker_weights: str | None,
+               dtype) -> tuple[str, ModelAdapter, Path | None]:
     """(name, adapter, the shipped stand-in's assets folder or None) for Engine's `model`."""
     from rvqspec.runtime.qwen_tts import QwenTTSModel
 
     if isinstance(model, str) and model == "standin":
-        from rvqspec.standin.settings import ASSETS
+        from rvqspec.runtime.standin import ASSETS, StandinModel
 
-        return "standin", standin_model(ASSETS / "model", ASSETS / "codec.safetensors", weights, talker_weights), ASSETS
+        return "standin", StandinModel.shipped(weights, talker_weights), ASSETS
     if isinstance(model, (str, Path)):
         folder = Path(model)
         if "stand_in" in model_config(folder)["talker_config"]:
-            from rvqspec.standin.settings import ASSETS
+            from rvqspec.runtime.standin import StandinModel
 
-            codec = folder.parent / "codec.safetensors"
-            return folder.name, standin_model(folder, codec if codec.is_file() else ASSETS / "codec.safetensors",
-                                              weights, talker_weights), None
+            return folder.name, StandinModel.from_folder(folder, weights, talker_weights), None
         from rvqspec.engine.device_path import fastest_float
         from rvqspec.engine.model import resolve_dtype
         from rvqspec.integrations.qwen_tts import load_tts
@@ -297,9 +302,8 @@ def load_model(model, weights: str | None, talker_weights: str | None, dtype) ->
         return type(model).__name__, CsmModel(model, weights, talker_weights), None
     if hasattr(model, "talker") and hasattr(model, "predictor"):
         from rvqspec.runtime.standin import StandinModel
-        from rvqspec.standin.codec import MelRVQCodec
 
-        return "standin", StandinModel(model, MelRVQCodec.load(), weights, talker_weights), None
+        return "standin", StandinModel.from_tts(model, weights, talker_weights), None
     raise RvqspecError(f"rvqspec.Engine takes 'standin', a checkpoint folder or a qwen_tts.Qwen3TTSModel, not "
                        f"{type(model).__name__}: for other models use rvqspec.accelerate(model)")
 
@@ -316,11 +320,3 @@ def model_config(folder: Path) -> dict:
         raise RvqspecError(f"{path} is not a model config (a JSON object with an object talker_config): restore the "
                            "checkpoint's config.json")
     return config
-
-
-def standin_model(folder: Path, codec: Path, weights: str | None, talker_weights: str | None):
-    from rvqspec.runtime.standin import StandinModel
-    from rvqspec.standin.codec import MelRVQCodec
-    from rvqspec.standin.talker import load_standin
-
-    return StandinModel(load_standin(folder), MelRVQCodec.load(codec), weights, talker_weights)

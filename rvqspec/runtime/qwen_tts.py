@@ -12,31 +12,24 @@ embeddings plus the trailing text (or the pad embedding once the text is used up
 
 import contextlib
 import threading
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.quantize import quantize, quantize_linears
 from rvqspec.engine.sampling import Sampler, TalkerRules
 from rvqspec.integrations.qwen_tts import predictor_from_upstream, talker_from_upstream, upstream_refusals
 from rvqspec.integrations.qwen_tts_audio import StreamingCodec
+from rvqspec.runtime.adapter import Captured, TalkerAdapter, capture, patched, this_thread
 from rvqspec.runtime.request import AudioStream, Prompt
 
 ENTRY_POINTS = {"custom_voice": "custom_voice", "voice_design": "voice_design", "base": "voice_clone"}  # type: kind
 
 
-class Captured(Exception):
-    """Raised in place of upstream's talker.generate: the prompt it was about to decode."""
-
-    def __init__(self, arguments: dict):
-        super().__init__("prompt captured")
-        self.arguments = arguments
-
-
-class QwenTTSModel:
-    """The talker, predictor and codec of `tts` as the scheduler uses them (the interface: `runtime/standin.py`)."""
+class QwenTTSModel(TalkerAdapter):
+    """The talker, predictor and codec of `tts` as the scheduler uses them (the contract: `runtime/adapter.py`)."""
 
     def __init__(self, tts, weights: str | None = None, talker_weights: str | None = None):
         self.tts, self.upstream = tts, tts.model.talker
@@ -44,11 +37,8 @@ class QwenTTSModel:
         if self.kind is None:
             raise RvqspecError(f"unknown qwen-tts model type {tts.model.tts_model_type!r}: rvqspec.Engine decodes "
                                f"{', '.join(ENTRY_POINTS)} models")
-        self.talker = talker_from_upstream(self.upstream)
-        if talker_weights:
-            quantize_linears(self.talker, talker_weights)
-        predictor = predictor_from_upstream(self.upstream)
-        self.predictor = quantize(predictor, weights) if weights else predictor
+        super().__init__(talker_from_upstream(self.upstream), predictor_from_upstream(self.upstream), weights,
+                         talker_weights)
         self.sample_rate = int(tts.model.speech_tokenizer.get_output_sample_rate())
         self.frame_seconds = int(tts.model.speech_tokenizer.model.decoder.total_upsample) / self.sample_rate
         self.capture_lock = threading.Lock()
@@ -59,9 +49,6 @@ class QwenTTSModel:
 
     def voices(self) -> list[str]:
         return list(self.tts.get_supported_speakers() or []) if self.kind == "custom_voice" else []
-
-    def c0_logits(self, hidden: Tensor) -> Tensor:
-        return self.talker.codec_head(hidden)
 
     def frame_inputs(self, frames: Tensor) -> Tensor:
         """The talker's next input [B, H] for frames [B, 16], summed as upstream's forward does (its own tables)."""
@@ -100,42 +87,35 @@ class QwenTTSModel:
         return [self.prompt(captured, row) for row in range(len(captured["inputs_embeds"]))]
 
     def capture(self, kind: str, arguments: dict) -> dict:
-        with self.capture_lock, self.stopping_talker() as seen, upstream_refusals():
-            try:
-                getattr(self.tts, f"generate_{kind}")(**arguments)
-            except Captured as e:
-                return {**seen, **e.arguments}
-            except TypeError as e:
-                raise RvqspecError(f"generate_{kind} does not take these arguments: {e}") from None
-        raise RvqspecError("qwen-tts generated without its talker: this qwen-tts version is not supported (0.1.1 is)")
+        with upstream_refusals():
+            captured = capture(self.capture_lock, self.stopping_talker(),
+                               lambda: getattr(self.tts, f"generate_{kind}")(**arguments), (TypeError,),
+                               f"generate_{kind}")
+        if captured is None:
+            raise RvqspecError("qwen-tts generated without its talker: this qwen-tts version is not supported (0.1.1 "
+                               "is)")
+        return captured
 
     @contextlib.contextmanager
-    def stopping_talker(self):
+    def stopping_talker(self) -> Iterator[dict]:
         """While held (by this thread): upstream's model.generate records its arguments, its talker.generate raises
-        Captured. Instance attributes, put back as they were after; other threads' calls pass through."""
-        model, talker, owner, seen = self.tts.model, self.upstream, threading.get_ident(), {}
+        Captured (`adapter.capture`); other threads' calls pass through."""
+        model, talker, seen = self.tts.model, self.upstream, {}
         model_generate, talker_generate = model.generate, talker.generate
-        before = [vars(model).get("generate"), vars(talker).get("generate")]  # another hook's wrappers, if any
 
         def recording(*args, **kwargs):
-            if threading.get_ident() == owner:
-                seen.update(kwargs)
+            seen.update(kwargs)
             return model_generate(*args, **kwargs)
 
         def stopping(*args, **kwargs):
-            if threading.get_ident() != owner:
-                return talker_generate(*args, **kwargs)
             raise Captured(kwargs)
 
-        model.generate, talker.generate = recording, stopping
-        try:
+        with patched({(model, "generate"): this_thread(recording, model_generate),
+                      (talker, "generate"): this_thread(stopping, talker_generate)}):
             yield seen
-        finally:
-            for owner_module, saved in zip((model, talker), before):
-                if saved is None:
-                    del owner_module.generate  # the class's method again
-                else:
-                    owner_module.generate = saved
+
+    def entry_point(self, kind: str) -> Callable | None:
+        return getattr(self.tts, f"generate_{kind}", None)
 
     def prompt(self, captured: dict, row: int) -> Prompt:
         real = captured["attention_mask"][row].bool()

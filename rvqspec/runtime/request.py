@@ -29,7 +29,7 @@ class QueueFull(RvqspecError):
 
 @dataclass
 class Prompt:
-    """What one request decodes from, as the model's adapter builds it (the adapters' interface: runtime/standin.py)."""
+    """What one request decodes from, as the model's adapter builds it (the adapters' contract: runtime/adapter.py)."""
 
     embeds: Tensor  # [L, H] the talker's prefill (upstream's prompt embeddings)
     positions: Tensor  # [L] their RoPE ids

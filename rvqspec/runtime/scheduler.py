@@ -5,7 +5,10 @@ One frame step, for the B rows of the batch (each a request, row b of the talker
     (`TalkerRules`: upstream's repetition penalty, EOS and suppressed tokens, then its sampler);
  2. rows that drew EOS (or their last allowed token) leave at once, and so do cancelled ones;
  3. c1..c{G-1}: `decode_frames` for the rest, one batch per predictor sampler, AR or the policy's tree for that
-    batch size (the engine's speculation: exact, so each row's codes keep their distribution);
+    batch size (the engine's speculation: exact, so each row's codes keep their distribution); without its per-call
+    checks (`decode_checked`): the drafter and trees are checked once (`Engine`, `check_set_up`), a request's sampler
+    and generator are made by its adapter and the Engine, the predictor's derived copies are refreshed as a request
+    joins, and a row whose state is not finite fails at its logits (step 1);
  4. each frame goes to its request (whose caller turns it into audio) and becomes the row's next talker input
     (the model's frame embedding, plus Qwen3-TTS's trailing text);
  5. one talker step for all rows gives each its next hidden state;
@@ -40,7 +43,7 @@ from torch import Tensor
 
 from rvqspec.engine import policy as policy_choice
 from rvqspec.engine import talker as talker_blocks
-from rvqspec.engine.decode import decode_frames
+from rvqspec.engine.decode import decode_checked
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.policy import Policy
 from rvqspec.engine.sampling import Sampler
@@ -81,13 +84,14 @@ class Prefill:
 
 
 class Scheduler:
-    """Runs `model` (a model adapter: the interface in runtime/standin.py) over every submitted request, in a thread
+    """Runs `model` (a model adapter: the contract in runtime/adapter.py) over every submitted request, in a thread
     of its own with `threads` intra-op threads, each step holding that many of `cores`; `codec` turns the frames
     into audio, `capacity` decides admission."""
 
     def __init__(self, model, drafter, tree: Tree | None, policy: Policy | None, max_batch: int, max_queue: int,
                  cores: Cores, threads: int, codec: CodecWorker, capacity: Capacity,
                  prefill_chunk: int | None = PREFILL_CHUNK):
+        check_set_up(model.predictor, drafter, tree, policy)
         self.model, self.drafter, self.tree, self.policy = model, drafter, tree, policy
         self.max_batch, self.max_queue = max_batch, max_queue
         self.cores, self.threads, self.codec, self.capacity = cores, threads, codec, capacity
@@ -178,6 +182,7 @@ class Scheduler:
                     if not self.waiting or not self.capacity.admits(len(self.rows)):
                         return
                     self.prefilling = Prefill(self.waiting.popleft())
+                self.model.predictor.refresh()  # its derived copies, once per request (`decode_checked`)
             decoding = bool(self.rows)
             self.prefill_piece(self.prefill_chunk if decoding else None)
             if decoding:
@@ -270,7 +275,7 @@ class Scheduler:
         return prompt.text[frame] if frame < len(prompt.text) else prompt.pad
 
     def predict(self, hidden: Tensor, c0: Tensor, rows: list[Row]) -> tuple[Tensor, dict[int, Exception]]:
-        """c1..c{G-1} [B, G-1]: one `decode_frames` per predictor sampler among the rows; and {row index: error} of
+        """c1..c{G-1} [B, G-1]: one `decode_checked` per predictor sampler among the rows; and {row index: error} of
         the rows that fail (a group that raises is decoded again row by row, to fail only the rows that raise)."""
         groups: dict[Sampler, list[int]] = {}
         for b, row in enumerate(rows):
@@ -298,8 +303,8 @@ class Scheduler:
         tree = self.tree_for(len(members))
         generators = [rows[b].request.generator for b in members]
         index = torch.tensor(members, device=c0.device)
-        result = decode_frames(self.model.predictor, hidden[index], c0[index], sampler, generators,
-                               self.drafter if tree is not None else None, tree)
+        result = decode_checked(self.model.predictor, hidden[index], c0[index], sampler, generators,
+                                self.drafter if tree is not None else None, tree)
         self.stats.add(result, tree.size if tree is not None else 0)
         codes[index] = result.codes.to(c0.device)
 
@@ -335,6 +340,18 @@ class Scheduler:
     def fail_all(self, error: Exception) -> None:
         while self.rows:
             self.fail(len(self.rows) - 1, error)
+
+
+def check_set_up(predictor, drafter, tree: Tree | None, policy: Policy | None) -> None:
+    """What `decode_frames` checks per call of the engine's drafter and trees, checked once (the Engine has checked
+    that the drafter fits the predictor): the drafter sits on the predictor's device and dtype, and every tree a
+    step may take (the fixed one, the policy's) fits the drafter and the vocabulary."""
+    if drafter is None:
+        return
+    drafter.to(predictor.device, predictor.dtype)
+    for candidate in [tree] + (list(policy.trees.values()) if policy is not None else []):
+        if candidate is not None:
+            candidate.check_fits(drafter.depth, predictor.config.vocab_size)
 
 
 class NonFinite(RvqspecError):

@@ -3,26 +3,26 @@
 16 code embeddings at the text-aligned RoPE id round((t + 1) * bytes per frame); c0 among the codes, EOS from the
 second frame on.
 
-What every model adapter gives the scheduler (this one, `runtime/qwen_tts.py`): `talker` and `predictor` (engine
-modules), `c0_logits(hidden)`, `frame_inputs(frames)`, `prompts(kind, arguments)` -> [Prompt], `new_stream(prompt)`
--> AudioStream, `sample_rate`; and for `Engine.speech`: `voices()`, `can_clone`, `speech(...)`, `clone_prompt(...)`.
+The contract it keeps: `runtime/adapter.py`. The rest of runtime/ reaches the stand-in only through this module (its
+loaders: `StandinModel.shipped`, `from_folder`, `from_tts`).
 """
 
-import copy
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.quantize import quantize, quantize_linears
 from rvqspec.engine.sampling import Sampler, TalkerRules
+from rvqspec.runtime.adapter import TalkerAdapter
 from rvqspec.runtime.request import AudioStream, Prompt
 from rvqspec.standin.audio import SAMPLE_RATE
 from rvqspec.standin.codec import MelRVQCodec
 from rvqspec.standin.streaming import CONTEXT_FRAMES, ChunkedVocoder
 from rvqspec.standin.synthesis import max_frames_for
-from rvqspec.standin.talker import StandinTTS
+from rvqspec.standin.settings import ASSETS
+from rvqspec.standin.talker import StandinTTS, load_standin
 
 KIND = "speech"  # the stand-in's one entry point: text and language
 # Sampler field: (the talker's setting, the predictor's), under qwen-tts's names
@@ -30,7 +30,7 @@ SAMPLING = {"do_sample": ("do_sample", "subtalker_dosample"), "temperature": ("t
             "top_k": ("top_k", "subtalker_top_k"), "top_p": ("top_p", "subtalker_top_p")}
 
 
-class StandinModel:
+class StandinModel(TalkerAdapter):
     """The stand-in `tts` and its `codec` as the scheduler uses them."""
 
     kind = KIND
@@ -39,22 +39,36 @@ class StandinModel:
 
     def __init__(self, tts: StandinTTS, codec: MelRVQCodec, weights: str | None = None,
                  talker_weights: str | None = None):
-        self.tts, self.codec, self.talker = tts, codec, tts.talker
-        if talker_weights:  # on a copy: the caller's model keeps its float layers
-            self.talker = copy.deepcopy(tts.talker)
-            quantize_linears(self.talker, talker_weights)
-        self.predictor = quantize(tts.predictor, weights) if weights else tts.predictor
+        self.tts, self.codec = tts, codec
+        # talker_weights on a copy of the talker: the caller's model keeps its float layers
+        super().__init__(tts.talker, tts.predictor, weights, talker_weights, shared_talker=True)
         c = tts.config
         allowed = torch.zeros(c.vocab_size, dtype=torch.bool)
         allowed[:c.num_codes] = allowed[c.codec_eos_token_id] = True
         self.allowed = allowed.to(self.talker.norm.weight.device)
         self.frame_seconds = codec.cfg.samples_per_frame / SAMPLE_RATE
 
+    @classmethod
+    def shipped(cls, weights: str | None = None, talker_weights: str | None = None) -> "StandinModel":
+        """The shipped stand-in (its assets folder: `ASSETS`)."""
+        return cls.from_folder(ASSETS / "model", weights, talker_weights)
+
+    @classmethod
+    def from_folder(cls, folder: Path, weights: str | None = None,
+                    talker_weights: str | None = None) -> "StandinModel":
+        """A stand-in model folder, with the codec beside it (codec.safetensors in its parent) or the shipped one."""
+        codec = folder.parent / "codec.safetensors"
+        return cls(load_standin(folder), MelRVQCodec.load(codec if codec.is_file() else ASSETS / "codec.safetensors"),
+                   weights, talker_weights)
+
+    @classmethod
+    def from_tts(cls, tts: StandinTTS, weights: str | None = None,
+                 talker_weights: str | None = None) -> "StandinModel":
+        """A loaded stand-in model, with the shipped codec."""
+        return cls(tts, MelRVQCodec.load(), weights, talker_weights)
+
     def voices(self) -> list[str]:
         return list(self.tts.config.languages)
-
-    def c0_logits(self, hidden: Tensor) -> Tensor:
-        return self.talker.codec_head(hidden)
 
     def frame_inputs(self, frames: Tensor) -> Tensor:
         return self.tts.frame_embed(frames)
@@ -102,6 +116,14 @@ class StandinModel:
 
     def new_stream(self, prompt: Prompt) -> AudioStream:
         return VocoderStream(self.codec)
+
+    def whole(self, codes: list[Tensor], prompts: list[Prompt]) -> tuple[list[np.ndarray], int]:
+        """Each utterance's audio at once: what its stream gives (the vocoder with its context each side)."""
+        wavs = []
+        for frames, prompt in zip(codes, prompts):
+            stream = self.new_stream(prompt)
+            wavs.append(np.concatenate([stream.add(list(frames)), stream.finish()]))
+        return wavs, self.sample_rate
 
 
 class VocoderStream(AudioStream):

@@ -1,0 +1,138 @@
+"""The model-adapter contract: what the scheduler, `Engine` and the codec workers use of a model (`ModelAdapter`),
+and the parts every adapter shares (`TalkerAdapter`: the engine's talker and predictor, int8 where asked, and c0
+from the talker's head; `capture`: upstream's own prompt, taken where its decoding would start).
+
+An adapter per model family: `runtime/qwen_tts.py` (qwen-tts 12 Hz), `runtime/csm.py` (Sesame CSM),
+`runtime/standin.py` (the shipped stand-in). tests/test_adapter.py checks each against the Protocol.
+"""
+
+import contextlib
+import copy
+import threading
+from collections.abc import Callable, Iterator
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+from torch import Tensor, nn
+
+from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.model import MultiCodeDecoder
+from rvqspec.engine.quantize import quantize, quantize_linears
+from rvqspec.runtime.request import AudioStream, Prompt
+
+
+@runtime_checkable
+class ModelAdapter(Protocol):
+    """A TTS model as the engine runs it. Scheduler: `talker`, `predictor`, `c0_logits`, `frame_inputs`,
+    `frame_seconds`; codec workers: `new_stream`; `Engine`: the rest."""
+
+    kind: str  # the one request kind it decodes ("custom_voice", "csm", "speech", ...)
+    sample_rate: int
+    frame_seconds: float  # audio seconds per frame
+    talker: nn.Module  # on the engine's blocks, as `engine/talker.py` runs them (`Talker`, the stand-in's own)
+    predictor: MultiCodeDecoder
+
+    @property
+    def can_clone(self) -> bool:
+        """Whether `clone_prompt` makes voice-clone prompts."""
+
+    def c0_logits(self, hidden: Tensor) -> Tensor:
+        """The talker's c0 logits [B, V] for its last hidden states [B, H]."""
+
+    def frame_inputs(self, frames: Tensor) -> Tensor:
+        """The talker's next inputs [B, H] for decoded frames [B, G] (the trailing text is added by the scheduler)."""
+
+    def prompts(self, kind: str, arguments: dict) -> list[Prompt]:
+        """One Prompt per text of a request of `kind` with upstream's `arguments`."""
+
+    def new_stream(self, prompt: Prompt) -> AudioStream:
+        """A request's frames turned into audio as they come (run by the codec workers)."""
+
+    def whole(self, codes: list[Tensor], prompts: list[Prompt]) -> tuple[list[np.ndarray], int]:
+        """Upstream's generate result (wavs, sample rate) for each prompt's decoded codes."""
+
+    def voices(self) -> list[str]:
+        """The built-in voices ([] where there are none)."""
+
+    def speech(self, text: str, voice: str | None, instructions: str | None, language: str | None,
+               clone) -> tuple[str, dict]:
+        """(kind, arguments) of `Engine.speech`'s request."""
+
+    def clone_prompt(self, audio: np.ndarray, sample_rate: int, transcript: str | None):
+        """A voice-clone prompt for a reference clip, or a clear error."""
+
+    def entry_point(self, kind: str) -> Callable | None:
+        """Upstream's generate function for `kind`, whose signature binds positional arguments (None: by name only)."""
+
+
+class TalkerAdapter:
+    """What the adapters share: the talker and predictor they run, with the int8 schemes asked for
+    (`talker_weights` on a copy of the talker where the caller's model still uses it, `weights` on the predictor:
+    `quantize` copies), and c0 from the talker's head. `entry_point`: none unless the adapter wraps upstream's."""
+
+    def __init__(self, talker: nn.Module, predictor: MultiCodeDecoder, weights: str | None, talker_weights: str | None,
+                 shared_talker: bool = False):
+        if talker_weights:
+            talker = copy.deepcopy(talker) if shared_talker else talker
+            quantize_linears(talker, talker_weights)
+        self.talker = talker
+        self.predictor = quantize(predictor, weights) if weights else predictor
+
+    def c0_logits(self, hidden: Tensor) -> Tensor:
+        return self.talker.codec_head(hidden)
+
+    def entry_point(self, kind: str) -> Callable | None:
+        return None
+
+
+class Captured(Exception):
+    """Raised in place of upstream's decoding: what it was about to decode from."""
+
+    def __init__(self, arguments: dict):
+        super().__init__("prompt captured")
+        self.arguments = arguments
+
+
+def this_thread(mine: Callable, theirs: Callable) -> Callable:
+    """A wrapper that calls `mine` in the thread that made it and `theirs` (upstream's own) in any other."""
+    owner = threading.get_ident()
+
+    def wrapper(*args, **kwargs):
+        return (mine if threading.get_ident() == owner else theirs)(*args, **kwargs)
+    return wrapper
+
+
+@contextlib.contextmanager
+def patched(patches: dict[tuple[object, str], Callable]) -> Iterator[None]:
+    """Instance attributes (object, name) set to the given functions while held; put back as they were after (the
+    class's method again, or another hook's instance wrapper)."""
+    before = {(owner, name): vars(owner).get(name) for owner, name in patches}
+    for (owner, name), function in patches.items():
+        setattr(owner, name, function)
+    try:
+        yield
+    finally:
+        for (owner, name), saved in before.items():
+            if saved is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, saved)
+
+
+def capture(lock: threading.Lock, hooks: contextlib.AbstractContextManager, generate: Callable[[], object],
+            refused: tuple[type[Exception], ...], what: str) -> dict | None:
+    """The prompt capture shared by the adapters: upstream's `generate` runs while `hooks` (which patch it: `patched`,
+    `this_thread`) record its settings into the dict they yield and raise Captured where its decoding would start.
+    Returns the settings with Captured's arguments, or None if upstream never got there; `refused` (upstream's way
+    of refusing the arguments) becomes one line naming `what` was called. One capture at a time per model (`lock`):
+    the hooks are the model's instance attributes."""
+    with lock, hooks as seen:
+        try:
+            generate()
+        except Captured as e:
+            return {**seen, **e.arguments}
+        except refused as e:
+            raise RvqspecError(f"{what} does not take these arguments: {e}") from None
+    return None
+
+
