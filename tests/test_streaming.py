@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rvqspec import ReusedHeads, RvqspecError, default_tree
+from rvqspec.engine.frame_loop import check_chunks
 from rvqspec.integrations.qwen_tts_audio import StreamingCodec, offline_decode
-from rvqspec.integrations.stream import Stopped, check_chunks, stream
+from rvqspec.integrations.stream import Stopped, stream
 
 from helpers.upstream_models import upstream_available
 

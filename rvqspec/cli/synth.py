@@ -21,12 +21,12 @@ from rvqspec.cli import flags
 from rvqspec.cli.tune import is_standin_folder
 from rvqspec.engine.checkpoint import atomic_write
 from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.frame_loop import CHUNK_FRAMES
 from rvqspec.engine.model import resolve_dtype
 from rvqspec.engine.quantize import SCHEMES
 from rvqspec.integrations import csm
 from rvqspec.integrations.hub import default_device, default_dtype, resolve_model
 from rvqspec.integrations.qwen_tts import accelerate, generate_speech, load_tts, speech_request, upstream_refusals
-from rvqspec.integrations.stream import CHUNK_FRAMES
 from rvqspec.integrations.tuned import IDENTITY
 from rvqspec.tuning import csm_corpus, qwen_tts_corpus
 from rvqspec.tuning.recordings import audio_with_transcripts, is_csm_checkpoint

@@ -1,5 +1,5 @@
-"""The engine: the predictor, sampling, trees, drafters, the batched AR and speculative rounds, and the policy that
-picks one per batch size. It imports only itself.
+"""The engine: the predictor, sampling, trees, drafters, the batched AR and speculative rounds, the policy that
+picks one per batch size, and the toolkit of the frame loops above it (`frame_loop.py`). It imports only itself.
 
 Vocabulary (every module, docstring and message uses these words in these senses; docs/design.md explains why):
 

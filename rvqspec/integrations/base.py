@@ -2,12 +2,13 @@
 `rvqspec.decode_frames` over a MultiCodeDecoder that holds a copy of its weights, with counters and `undo()`.
 
 A subclass says where the depth decoder is (`target`), how to copy it (`build_decoder`) and how its per-frame
-generate call looks (`generate`); this class decides AR or which tree per batch size and keeps the counts.
+generate call looks (`generate`); this class decides AR or which tree per batch size and keeps the counts, with
+the frame-loop toolkit the Engine's loop uses too (`engine/frame_loop.py`: the policy's set-up, `Stats`).
 """
 
 import functools
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -17,9 +18,10 @@ from rvqspec.engine import policy as policy_choice
 from rvqspec.engine.changes import Watch, parameters_of
 from rvqspec.engine.decode import BatchResult, decode_frames
 from rvqspec.engine.errors import RvqspecError
+# Stats and check_arguments moved to engine/frame_loop.py; still importable from here for a release.
+from rvqspec.engine.frame_loop import Stats, check_arguments, decoding_policy
 from rvqspec.engine.graphs import GraphCache
 from rvqspec.engine.model import MultiCodeDecoder
-from rvqspec.engine.policy import Policy
 from rvqspec.engine.quantize import check_scheme, quantize, quantize_linears, restore_linears
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import Tree
@@ -34,72 +36,6 @@ UNSUPPORTED_SETTINGS = {"repetition_penalty": 1.0, "min_p": None, "typical_p": 1
                         "begin_suppress_tokens": None, "sequence_bias": None, "num_beams": 1, "guidance_scale": None,
                         "forced_bos_token_id": None, "forced_eos_token_id": None, "encoder_repetition_penalty": 1.0,
                         "exponential_decay_length_penalty": None, "watermarking_config": None}
-
-
-@dataclass
-class RowStats:
-    """One row of the batches (the i-th text of the generate call): frames and the calls it took part in."""
-
-    frames: int = 0
-    calls: int = 0
-
-
-@dataclass
-class Stats:
-    """Counters over the frames rvqspec decoded (cumulative until `reset`). A step here (`steps`) is a frame step:
-    one frame of every row of the batch at once, in `calls` predictor calls for the whole batch."""
-
-    steps: int = 0  # frame steps
-    frames: int = 0  # rows x frame steps
-    calls: int = 0  # predictor calls for whole batches, prefills included
-    codes: int = 0
-    row_calls: int = 0  # calls summed over rows: what each row alone would have made
-    rows: list[RowStats] = field(default_factory=list)
-    tree_sizes: dict[int, int] = field(default_factory=dict)  # frame steps per tree size N (0: AR)
-    upstream_steps: int = 0  # frame steps left to upstream (settings rvqspec does not implement)
-
-    def add(self, result: BatchResult, tree_size: int) -> None:
-        self.steps += 1
-        self.frames += len(result.rows)
-        self.calls += result.calls
-        self.codes += result.codes.numel()
-        self.row_calls += sum(row.calls for row in result.rows)
-        self.rows += [RowStats() for _ in range(len(result.rows) - len(self.rows))]
-        for stats, row in zip(self.rows, result.rows):
-            stats.frames += 1
-            stats.calls += row.calls
-        self.tree_sizes[tree_size] = self.tree_sizes.get(tree_size, 0) + 1
-
-    def reset(self) -> None:
-        self.__init__()
-
-    @property
-    def tokens_per_step(self) -> float:
-        """Tokens per step, as `engine.decode.tokens_per_step` defines it, over every row decoded: codes per predictor
-        call seen from one row (a batch of B rows emits B times as many per call)."""
-        return self.codes / self.row_calls if self.row_calls else 0.0
-
-    @property
-    def calls_per_frame(self) -> float:
-        """Predictor calls per frame step (15 for Qwen3-TTS's AR, 31 for CSM's, whatever the batch)."""
-        return self.calls / self.steps if self.steps else 0.0
-
-    def __str__(self) -> str:
-        sizes = ", ".join(f"{'AR' if n == 0 else f'N={n}'} x{count}" for n, count in sorted(self.tree_sizes.items()))
-        rows = f" in batches of up to {len(self.rows)}" if len(self.rows) > 1 else ""
-        upstream = f"; {self.upstream_steps} steps left to upstream" if self.upstream_steps else ""
-        return (f"{self.frames} frames{rows}, {self.calls_per_frame:.2f} calls/frame, "
-                f"{self.tokens_per_step:.2f} tokens/step ({sizes}){upstream}")
-
-
-def check_arguments(drafter, tree) -> None:
-    if not (tree is None or tree == "auto" or isinstance(tree, Tree)):
-        raise RvqspecError(f"tree must be an rvqspec.Tree, 'auto' (the decoding policy) or None, got {tree!r}")
-    if drafter is None and isinstance(tree, Tree):
-        raise RvqspecError("a tree was given without a drafter: pass drafter=rvqspec.ReusedHeads() or "
-                           "rvqspec.Offsets.load(path) to decode speculatively, or drop the tree for plain AR")
-    if drafter is not None and tree is None:
-        raise RvqspecError("a drafter was given with tree=None: pass tree='auto' (the decoding policy) or a Tree")
 
 
 def float_entries(original: torch.nn.Module, swapped: torch.nn.Module, state: dict, prefix: str, metadata) -> None:
@@ -153,13 +89,7 @@ class Acceleration:
         self.warned: set[str] = set()
         self.decoder, self.watch = self.quantized(decoder), Watch(self.watched())  # what it was copied from
         device_path.prepare(self.decoder, name=type(owner).__name__)  # the kernels its forwards read
-        self.policy: Policy | None = None
-        if drafter is not None:
-            drafter.check_model(self.decoder)
-            if isinstance(tree, Tree):
-                tree.check_fits(drafter.depth)
-            else:
-                self.policy = self.make_policy()
+        self.policy = decoding_policy(self.decoder, drafter, tree, calibration, self.latency)
         # Last: nothing can fail after the model's own layers are swapped.
         talker, kept = self.talker_parts()
         self.talker_swaps = quantize_linears(talker, options.talker_weights, kept) if options.talker_weights else []
@@ -195,12 +125,6 @@ class Acceleration:
     def generate(self, *args, **kwargs):
         raise NotImplementedError
 
-    def make_policy(self) -> Policy:
-        policy = Policy.for_model(self.decoder, self.calibration, self.latency)
-        for tree in policy.trees.values():
-            tree.check_fits(self.drafter.depth)
-        return policy
-
     def undo(self) -> None:
         """Give the depth decoder its own `generate` back (and the talker its float layers). Refused while a stream
         of this handle is generating; streams opened later are refused."""
@@ -229,7 +153,7 @@ class Acceleration:
             device_path.prepare(self.decoder, name=type(self.owner).__name__)
         if moved and self.policy is not None:
             self.latency = None  # a tuned table is for the device and dtype it was measured on
-            self.policy = self.make_policy()
+            self.policy = decoding_policy(self.decoder, self.drafter, self.tree, self.calibration)
 
     def tree_for(self, batch: int) -> Tree | None:
         """The fixed tree, or the policy's choice for this batch size (None: plain AR)."""

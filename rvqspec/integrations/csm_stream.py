@@ -19,7 +19,8 @@ import torch
 from torch import Tensor
 
 from rvqspec.engine.errors import RvqspecError
-from rvqspec.integrations.stream import Channel, ChunkClock, Turns, check_chunks, stream
+from rvqspec.engine.frame_loop import ChunkClock, check_chunks
+from rvqspec.integrations.stream import Channel, Turns, stream
 
 LEFT_CONTEXT_FRAMES = 25  # as qwen-tts's chunked_decode (its 12 Hz codec is Mimi-like)
 

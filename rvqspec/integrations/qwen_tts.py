@@ -30,12 +30,12 @@ from torch import Tensor
 from rvqspec.engine.checkpoint import official_layout, official_state_dict
 from rvqspec.engine.config import config_from_upstream
 from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.frame_loop import CHUNK_FRAMES
 from rvqspec.engine.model import MultiCodeDecoder
 from rvqspec.engine.talker import Talker, TalkerConfig
 from rvqspec.engine.tree import Tree
 from rvqspec.integrations.base import AccelerateOptions, Acceleration
 from rvqspec.integrations.qwen_tts_stream import stream_speech
-from rvqspec.integrations.stream import CHUNK_FRAMES
 
 # Only qwen_tts's 25 Hz tokenizer imports these, when the package is imported: torchaudio has no build that
 # loads beside torch 2.13, and sox wraps a system binary. The 12 Hz models never call them.

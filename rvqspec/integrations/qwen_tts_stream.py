@@ -28,8 +28,9 @@ import torch
 from torch import Tensor
 
 from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.frame_loop import ChunkClock, check_chunks
 from rvqspec.integrations.qwen_tts_audio import StreamingCodec
-from rvqspec.integrations.stream import Channel, ChunkClock, Turns, check_chunks, stream
+from rvqspec.integrations.stream import Channel, Turns, stream
 
 ENTRY_POINTS = {"custom_voice": "custom_voice", "voice_design": "voice_design", "base": "voice_clone"}  # model type: name
 

@@ -7,7 +7,8 @@ The consumer controls the worker: leaving the loop (break, an exception, `close(
 makes the worker's next `channel.check()` (once a frame) or `send` raise `Stopped`, which unwinds generation
 within one frame, and the worker is joined before the loop returns. An exception in the worker is raised in
 the consumer. A consumer that does not read leaves the worker waiting in `send` once `max_pending` items are
-queued, so memory stays bounded. Every wait polls (POLL_SECONDS): Ctrl-C always reaches the consumer.
+queued, so memory stays bounded. Every wait polls (POLL_SECONDS, engine/frame_loop.py): Ctrl-C always reaches the
+consumer.
 
 Streams of one model take turns (`Turns`, one per accelerated model or stand-in): upstream keeps per-call state
 on the model, so one generate call runs at a time. A stream takes the turn in its consumer's thread when its loop
@@ -32,13 +33,16 @@ import traceback
 from collections.abc import Callable, Iterator
 
 from rvqspec.engine.errors import RvqspecError
+# The chunk sizes, ChunkClock and POLL_SECONDS moved to engine/frame_loop.py (the Engine's loop uses them too);
+# still importable from here for a release.
+from rvqspec.engine.frame_loop import (CHUNK_FRAMES, FIRST_CHUNK_FRAMES, MAX_CHUNK_FRAMES, POLL_SECONDS, ChunkClock,
+                                       check_chunks)
 
-POLL_SECONDS = 0.05  # how often a wait checks whether it should end (the consumer left, Ctrl-C, the turn is free)
+__all__ = ["CHUNK_FRAMES", "FIRST_CHUNK_FRAMES", "MAX_CHUNK_FRAMES", "POLL_SECONDS", "Channel", "ChunkClock",
+           "Finished", "IDLE_SECONDS", "Stopped", "Turns", "check_chunks", "stream"]
+
 IDLE_SECONDS = 30.0  # a stream whose consumer holds a chunk this long blocks no other stream (module docstring):
 # longer than a player takes to play the largest chunk (MAX_CHUNK_FRAMES, 24 s)
-CHUNK_FRAMES = 12  # about a second of audio at Qwen3-TTS's 12.5 frames a second
-FIRST_CHUNK_FRAMES = 3  # the first chunk smaller: audio starts sooner
-MAX_CHUNK_FRAMES = 300  # a bigger chunk is not a stream (upstream's own decode works in 300-frame chunks)
 
 
 class Stopped(Exception):
@@ -50,33 +54,6 @@ class Finished:
 
     def __init__(self, error: BaseException | None):
         self.error = error
-
-
-def check_chunks(chunk_frames, first_chunk_frames) -> tuple[int, int]:
-    """(first, every later) chunk size in frames, validated; the first defaults to FIRST_CHUNK_FRAMES."""
-    def checked(name: str, value) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CHUNK_FRAMES:
-            raise RvqspecError(f"{name} must be a whole number of frames from 1 to {MAX_CHUNK_FRAMES}, got "
-                               f"{value!r}: for the whole utterance at once, call generate_* instead of stream_*")
-        return value
-
-    every = checked("chunk_frames", chunk_frames)
-    first = min(FIRST_CHUNK_FRAMES, every) if first_chunk_frames is None else first_chunk_frames
-    return checked("first_chunk_frames", first), every
-
-
-class ChunkClock:
-    """Counts a stream's frames: `tick()` (once a frame) is True when a chunk is due, at `first`, `first + every`, ..."""
-
-    def __init__(self, first: int, every: int):
-        self.frames, self.due, self.every = 0, first, every
-
-    def tick(self) -> bool:
-        self.frames += 1
-        if self.frames < self.due:
-            return False
-        self.due += self.every
-        return True
 
 
 class Channel:

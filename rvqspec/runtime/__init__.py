@@ -1,8 +1,10 @@
 """The whole frame loop of a TTS model, serving many requests at once: `Engine` (engine.py) over the scheduler's
 continuous batching (scheduler.py), requests and their audio (request.py), the codec workers that turn frames into
 audio (codec_worker.py), admission at real time (capacity.py), the thread budget (threads.py), and one adapter per
-model family (qwen_tts.py, csm.py, standin.py) under the contract in adapter.py. Above `engine/`, `integrations/`
-and `standin/`, which it uses; nothing below imports it."""
+model family (qwen_tts.py, csm.py, standin.py) under the contract in adapter.py. Its loop shares the frame-loop
+toolkit of `accelerate()`'s (`engine/frame_loop.py`: the policy's set-up, Stats, chunk clocks, polling, argument
+checks). Above `engine/`, `integrations/` (only to load and wrap upstream's models) and `standin/`, which it uses;
+nothing below imports it."""
 
 from rvqspec.runtime.engine import Engine
 from rvqspec.runtime.request import QueueFull, Request

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from rvqspec.engine.errors import RvqspecError
-from rvqspec.integrations.stream import ChunkClock
+from rvqspec.engine.frame_loop import ChunkClock
 
 
 class Cores:

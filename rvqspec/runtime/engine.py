@@ -18,7 +18,6 @@ import inspect
 import random
 import weakref
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -29,10 +28,8 @@ from rvqspec.engine import policy as policy_choice
 from rvqspec.engine.drafters import Offsets, ReusedHeads
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.files import read_json
-from rvqspec.engine.policy import Policy, measure_first_use
+from rvqspec.engine.frame_loop import CHUNK_FRAMES, check_arguments, check_chunks, decoding_policy
 from rvqspec.engine.tree import Tree
-from rvqspec.integrations.base import check_arguments
-from rvqspec.integrations.stream import CHUNK_FRAMES, check_chunks
 from rvqspec.runtime.adapter import ModelAdapter
 from rvqspec.runtime.capacity import Capacity
 from rvqspec.runtime.codec_worker import CodecWorker, Cores
@@ -90,14 +87,8 @@ class Engine:
         if drafter is None and tree == "auto":
             tree = None
         check_arguments(drafter, tree)
-        policy = None
-        if drafter is not None:
-            drafter.check_model(predictor)
-            if isinstance(tree, Tree):
-                tree.check_fits(drafter.depth)
-            else:
-                with intra_op_threads(self.budget.loop):  # the latencies of the frame loop's thread count
-                    policy = measured_policy(predictor, calibration)
+        with intra_op_threads(self.budget.loop):  # the latencies of the frame loop's thread count
+            policy = decoding_policy(predictor, drafter, tree, calibration, measure=True)
         self.policy, self.drafter = policy, drafter
         cores = Cores(self.budget.cores)
         self.codec = CodecWorker(self.model, cores, self.budget.codec)
@@ -261,14 +252,6 @@ def check_seed(seed: int | None) -> int | None:
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63):
         raise RvqspecError(f"seed must be an integer from 0 to 2**63 - 1 (a torch generator's seed), got {seed!r}")
     return seed
-
-
-def measured_policy(predictor, calibration) -> Policy:
-    """The decoding policy with this CPU's latencies: its table, or one measured now (once: kept in the device file)."""
-    policy = Policy.for_model(predictor, calibration)
-    if policy.latency is None:
-        policy = replace(policy, latency=measure_first_use(predictor, policy.trees), choices={})
-    return policy
 
 
 def load_model(model, weights: str | None, talker_weights: str | None,

@@ -17,8 +17,8 @@ import torch
 from torch import Tensor
 
 from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.frame_loop import POLL_SECONDS
 from rvqspec.engine.sampling import Sampler, TalkerRules
-from rvqspec.integrations.stream import POLL_SECONDS
 
 END = object()  # the last item of a request's audio queue
 

@@ -45,10 +45,10 @@ from rvqspec.engine import policy as policy_choice
 from rvqspec.engine import talker as talker_blocks
 from rvqspec.engine.decode import decode_checked
 from rvqspec.engine.errors import RvqspecError
+from rvqspec.engine.frame_loop import Stats
 from rvqspec.engine.policy import Policy
 from rvqspec.engine.sampling import Sampler
 from rvqspec.engine.tree import Tree
-from rvqspec.integrations.base import Stats
 from rvqspec.runtime.capacity import Capacity
 from rvqspec.runtime.codec_worker import CodecWorker, Cores
 from rvqspec.runtime.request import QueueFull, Request
