@@ -113,3 +113,12 @@ def test_the_direction_rule_names_a_planted_violation():
 
 def test_only_the_package_init_stays_at_the_top():
     assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py"]
+
+
+def test_the_frame_loop_toolkit_keeps_its_old_names_for_a_release():
+    from rvqspec.engine import frame_loop
+    from rvqspec.integrations import base, stream
+
+    for old, names in ((base, ["Stats", "check_arguments"]),
+                       (stream, ["POLL_SECONDS", "CHUNK_FRAMES", "MAX_CHUNK_FRAMES", "ChunkClock", "check_chunks"])):
+        assert all(getattr(old, name) is getattr(frame_loop, name) for name in names)
