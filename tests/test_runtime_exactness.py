@@ -163,8 +163,8 @@ def test_sampled_c0_follow_upstreams_rules_in_a_batch_and_a_wrong_rule_is_seen(t
         probs = c0_pair_probs(tts, prompt, talker_settings(engine.model.capture("custom_voice", settings)))
         vocab = int(len(probs) ** 0.5)
         right = sample(engine, engine.submit("custom_voice", seed=0, **settings), SAMPLES)
-        ignored = replace(right_prompt := engine.submit("custom_voice", seed=0, **settings).prompt,
-                          rules=replace(right_prompt.rules, repetition_penalty=1.0))
+        right_prompt = engine.model.prompts("custom_voice", settings)[0]  # a prompt, not a request: the queue stays
+        ignored = replace(right_prompt, rules=replace(right_prompt.rules, repetition_penalty=1.0))  # at SAMPLES
         wrong = sample(engine, engine.enqueue(ignored, 0), SAMPLES)
 
     def statistic(codes: torch.Tensor) -> float:

@@ -71,16 +71,16 @@ def run_serve(args) -> int:
         raise RvqspecError(f"--{given[0].replace('_', '-')} is a flag of Ray serving: add --ray")
     flags.require_extra("rvqspec serve", "serve", "fastapi", "uvicorn", "soundfile", "scipy")
     from rvqspec.runtime import Engine
-    from rvqspec.serve.server import bind, exit_on_sigterm, serve
+    from rvqspec.serve.server import bind, exiting_on_sigterm, serve
     from rvqspec.serve.voices import VoiceStore
 
-    exit_on_sigterm()
-    key = key_of(args)
-    sock = bind(args.host, args.port)  # a taken port fails now, before the model loads
-    engine = Engine(args.model, max_batch=args.max_batch, max_queue=args.max_queue, weights=args.weights,
-                    talker_weights=args.talker_weights, cores=args.cores, threads=args.threads)
-    voices = VoiceStore(args.voices_dir or Path.home() / ".cache" / "rvqspec" / "voices" / engine.name,
-                        args.max_voices, args.voices_quota * 2 ** 20)
+    with exiting_on_sigterm():
+        key = key_of(args)
+        sock = bind(args.host, args.port)  # a taken port fails now, before the model loads
+        engine = Engine(args.model, max_batch=args.max_batch, max_queue=args.max_queue, weights=args.weights,
+                        talker_weights=args.talker_weights, cores=args.cores, threads=args.threads)
+        voices = VoiceStore(args.voices_dir or Path.home() / ".cache" / "rvqspec" / "voices" / engine.name,
+                            args.max_voices, args.voices_quota * 2 ** 20)
     serve(engine, sock, voices, key, args.grace, threads=args.max_batch + args.max_queue + 16,
           allowed_hosts=args.allowed_hosts, header_seconds=args.header_timeout, body_seconds=args.body_timeout)
     return 0

@@ -94,19 +94,19 @@ async def next_chunk(chunks):
     return await anyio.to_thread.run_sync(next, chunks, None, abandon_on_cancel=True)
 
 
-async def audio_bytes(row, response_format: str, sample_rate: int, metrics: Metrics) -> AsyncIterator[bytes]:
+async def audio_bytes(synthesis, response_format: str, sample_rate: int, metrics: Metrics) -> AsyncIterator[bytes]:
     """The response body: the format's bytes as chunks are decoded (the wav header leaves with the first)."""
-    chunks, start = iter(row), time.perf_counter()
+    chunks, start = iter(synthesis), time.perf_counter()
     if response_format == "flac":
         data = await anyio.to_thread.run_sync(flac_bytes, chunks, sample_rate, abandon_on_cancel=True)
-        if row.first_audio_seconds is not None:
-            metrics.observe_first_audio(row.first_audio_seconds)
+        if synthesis.first_audio_seconds is not None:
+            metrics.observe_first_audio(synthesis.first_audio_seconds)
         yield data
         return
     header = wav_header(sample_rate) if response_format == "wav" else b""
     while (chunk := await next_chunk(chunks)) is not None:
         if header is not None:
-            metrics.observe_first_audio(row.first_audio_seconds or time.perf_counter() - start)
+            metrics.observe_first_audio(synthesis.first_audio_seconds or time.perf_counter() - start)
         yield (header or b"") + pcm_bytes(chunk)
         header = None
     if header:  # no audio at all: still a valid (empty) wav
@@ -119,24 +119,25 @@ async def sse(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     yield sse_event({"type": "speech.audio.done"})
 
 
-async def cancel_on_disconnect(request: Request, row) -> None:
-    """Cancel the row once the client is gone (waiting for its first chunk or reading the stream)."""
+async def cancel_on_disconnect(request: Request, synthesis) -> None:
+    """Cancel the synthesis once the client is gone (waiting for its first chunk or reading the stream)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-    row.cancel()
+    synthesis.cancel()
 
 
-async def respond(request: Request, row, speech: Speech, sample_rate: int, metrics: Metrics) -> StreamingResponse:
-    """Stream the row's audio. Its first piece is awaited before the response starts, so that a request that fails
-    before any audio gets a JSON error, and the first bytes leave with the first chunk."""
-    watcher = asyncio.create_task(cancel_on_disconnect(request, row))
-    pieces = audio_bytes(row, speech.response_format, sample_rate, metrics)
+async def respond(request: Request, synthesis, speech: Speech, sample_rate: int,
+                  metrics: Metrics) -> StreamingResponse:
+    """Stream the synthesis's audio (the engine's request). Its first piece is awaited before the response starts, so
+    that a request that fails before any audio gets a JSON error, and the first bytes leave with the first chunk."""
+    watcher = asyncio.create_task(cancel_on_disconnect(request, synthesis))
+    pieces = audio_bytes(synthesis, speech.response_format, sample_rate, metrics)
     if speech.stream_format == "sse":
         pieces = sse(pieces)
 
     def stop() -> None:
         watcher.cancel()
-        row.cancel()  # a no-op once it is done; frees the row when the client left or the server stops
+        synthesis.cancel()  # a no-op once it is done; frees its row when the client left or the server stops
 
     async def body() -> AsyncIterator[bytes]:
         try:
@@ -149,7 +150,7 @@ async def respond(request: Request, row, speech: Speech, sample_rate: int, metri
 
     try:
         first = await anext(pieces, b"")
-    except Exception as e:  # the row failed before any audio: its error, logged in one line
+    except Exception as e:  # the synthesis failed before any audio: its error, logged in one line
         stop()
         log.error("speech request failed: %s: %s", type(e).__name__, e)
         why = f" ({e})" if isinstance(e, RvqspecError) else ""  # the engine's own words; never another's repr
@@ -269,13 +270,13 @@ def add_speech_route(app: FastAPI, engine, voices: VoiceStore, metrics: Metrics,
     @app.post("/v1/audio/speech")
     async def speech(request: Request):
         job = parse_speech(await read_json(request, MAX_SPEECH_BODY, body_seconds), engine, voices)
-        row = await submit(engine, voices, job)
-        return await respond(request, row, job, engine.sample_rate, metrics)
+        synthesis = await submit(engine, voices, job)
+        return await respond(request, synthesis, job, engine.sample_rate, metrics)
 
 
 async def submit(engine, voices: VoiceStore, job: Speech):
-    """The engine's row for `job` (a registered voice's clone prompt fetched first): 429 when the engine's queue is
-    full, 400 for what the engine refuses."""
+    """The engine's request (a synthesis) for `job`, a registered voice's clone prompt fetched first: 429 when the
+    engine's queue is full, 400 for what the engine refuses."""
     try:
         if job.clone:
             job.args["clone"] = await anyio.to_thread.run_sync(voices.prompt, job.clone, engine)

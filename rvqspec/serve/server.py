@@ -1,7 +1,7 @@
 """Running the app with uvicorn: on a socket bound before the model loads (a taken port fails at once), until SIGTERM
 or Ctrl-C.
 
-SIGTERM is handled from the start (`exit_on_sigterm`: before the server runs, it exits 0 at once, nothing being in
+SIGTERM is handled from the start (`exiting_on_sigterm`: before the server runs, it exits 0 at once, nothing being in
 flight); once the server runs, uvicorn stops accepting, lets in-flight responses finish for `grace` seconds, then
 cancels them (their rows leave the batch); the engine is closed and the process exits 0. A request's headers must
 arrive within `header_seconds` (uvicorn has no such deadline: a client trickling bytes held its connection forever),
@@ -11,6 +11,9 @@ its body within `body_seconds` (the app's `read_json`).
 import signal
 import socket
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.serve import BODY_SECONDS, HEADER_SECONDS
@@ -37,9 +40,24 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def exit_on_sigterm() -> None:
-    """Until the server runs (flags checked, the model loading), SIGTERM exits at once with status 0."""
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+@contextmanager
+def exiting_on_sigterm() -> Iterator[None]:
+    """Until the server runs (flags checked, the model loading), SIGTERM exits at once with status 0. The handler's
+    SystemExit may land inside native code (safetensors reading the model), which turns it into an error of its own:
+    once SIGTERM came, whatever error leaves the block is that exit. The handler stays until `serve` replaces it."""
+    received = threading.Event()
+
+    def stop(signum, frame) -> None:
+        received.set()
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    except Exception:
+        if received.is_set():
+            sys.exit(0)
+        raise
 
 
 def serve(engine, sock: socket.socket, voices: VoiceStore, api_key: str | None = None, grace: float = 30.0,
