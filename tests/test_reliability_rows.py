@@ -57,6 +57,26 @@ def test_a_row_whose_state_turns_non_finite_fails_alone(engine):
     assert engine.status()["active"] == 0
 
 
+def test_a_row_whose_state_is_finite_but_out_of_range_fails_alone(engine, monkeypatch):
+    """A talker state past the predictor's range (|x| >= MAX_HIDDEN: its float32 norms would overflow), which
+    decode_frames refuses, fails its own row at that frame step; the other row decodes its lone codes."""
+    good = prompts(engine)[:2]
+    alone = [engine.enqueue(prompt, 0).wait(WAIT) for prompt in good]
+    scheduler, step = engine.scheduler, engine.scheduler.frame_step
+
+    def huge_state_at_frame_3():
+        for row in scheduler.rows:
+            if row.request.prompt is good[1] and row.frames == 3:
+                row.hidden = torch.full_like(row.hidden, 1e16)
+        step()
+
+    monkeypatch.setattr(scheduler, "frame_step", huge_state_at_frame_3)
+    requests = together(engine, good)
+    with pytest.raises(RvqspecError, match="out of range"):
+        requests[1].wait(WAIT)
+    assert len(requests[1].decoded) == 3 and torch.equal(requests[0].wait(WAIT), alone[0])
+
+
 def test_a_row_whose_predictor_batch_raises_fails_alone(engine, monkeypatch):
     good = prompts(engine)[:4]
     alone = [engine.enqueue(prompt, 0).wait(WAIT) for prompt in good]

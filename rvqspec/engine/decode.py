@@ -182,10 +182,15 @@ def decode_frames(model, talker_hidden: Tensor, c0, sampler: Sampler, generator:
     check_decoding(generator, drafter, tree, len(c0))
     model.refresh()
     if drafter is not None:
-        drafter.check_model(model)
-        tree.check_fits(drafter.depth, model.config.vocab_size)
-        drafter.to(model.device, model.dtype)  # no-op when it already matches
+        fit_speculation(model, drafter, tree)
     return decode_checked(model, talker_hidden, c0, sampler, generator, drafter, tree, graphs)
+
+
+def fit_speculation(model, drafter, tree: Tree) -> None:
+    """`drafter` fits `model` and sits on its device and dtype; `tree` fits the drafter and the vocabulary."""
+    drafter.check_model(model)
+    tree.check_fits(drafter.depth, model.config.vocab_size)
+    drafter.to(model.device, model.dtype)  # no-op when it already matches
 
 
 @torch.inference_mode()
@@ -195,7 +200,7 @@ def decode_checked(model, talker_hidden: Tensor, c0: Tensor, sampler: Sampler, g
     Engine's scheduler: its requests, drafter, trees and model are checked when they are made): talker_hidden
     [B, H] finite and c0 [B] long codes of the talker's vocabulary, both on the model's device; generators of the
     types `check_decoding` takes; the drafter fitted to the model (`check_model`, `to` its device and dtype) and
-    the tree to the drafter; the model's derived copies current (`refresh`)."""
+    the tree to the drafter (`fit_speculation`); the model's derived copies current (`refresh`)."""
     calls = eager_calls if graphs is None else graphs.calls
     with calls(model, len(c0), sampler, generator, drafter, tree) as (ctx, steps):
         talker_hidden, c0 = padded(talker_hidden, ctx.batch), padded(c0, ctx.batch)

@@ -8,8 +8,8 @@ One frame step, for the B rows of the batch (each a request, row b of the talker
     batch size (the engine's speculation: exact, so each row's codes keep their distribution); without its per-call
     checks (`decode_checked`): the drafter and trees are checked once (`Engine`, `check_set_up`), a request's sampler
     and generator are made by its adapter and the Engine, the predictor's derived copies are refreshed as a request
-    joins, and a row whose state is not finite fails at its logits (step 1);
- 4. each frame goes to its request (whose caller turns it into audio) and becomes the row's next talker input
+    joins, and a row whose state is not finite or out of range (`check_batch`'s bound) fails in step 1;
+ 4. each frame goes to its request (the codec workers turn it into audio) and becomes the row's next talker input
     (the model's frame embedding, plus Qwen3-TTS's trailing text);
  5. one talker step for all rows gives each its next hidden state;
  6. before the next step, a piece of a waiting request's prompt is prefilled (below).
@@ -43,7 +43,7 @@ from torch import Tensor
 
 from rvqspec.engine import policy as policy_choice
 from rvqspec.engine import talker as talker_blocks
-from rvqspec.engine.decode import decode_checked
+from rvqspec.engine.decode import MAX_HIDDEN, decode_checked, fit_speculation
 from rvqspec.engine.errors import RvqspecError
 from rvqspec.engine.frame_loop import Stats
 from rvqspec.engine.policy import Policy
@@ -229,11 +229,17 @@ class Scheduler:
         self.capacity.record(batch, time.perf_counter() - start)
 
     def frame_step(self) -> None:
-        logits = self.model.c0_logits(torch.stack([row.hidden for row in self.rows]))
+        states = torch.stack([row.hidden for row in self.rows])
+        logits = self.model.c0_logits(states)
+        in_range = (states.abs() < MAX_HIDDEN).all(1).tolist()  # what decode_frames' check_batch refuses, one read
         for index in reversed(range(len(self.rows))):  # 1, 2: draws, then finished, cancelled and failed rows leave
             row = self.rows[index]  # the rows after `index` may move, never those before it: logits[index] is its own
             prompt = row.request.prompt
             try:
+                if not in_range[index]:
+                    raise NonFinite(f"the talker state at frame {row.frames} is not finite or out of range (NaN, inf "
+                                    f"or |x| >= {MAX_HIDDEN:.0e}): the request's input is out of range; this request "
+                                    "ends, the others go on")
                 check_finite(logits[index], f"the talker's logits at frame {row.frames}")
                 earlier = torch.tensor(row.c0, dtype=torch.long, device=logits.device)
                 row.c0.append(prompt.rules.draw(logits[index], earlier, row.request.generator))
@@ -343,15 +349,13 @@ class Scheduler:
 
 
 def check_set_up(predictor, drafter, tree: Tree | None, policy: Policy | None) -> None:
-    """What `decode_frames` checks per call of the engine's drafter and trees, checked once (the Engine has checked
-    that the drafter fits the predictor): the drafter sits on the predictor's device and dtype, and every tree a
-    step may take (the fixed one, the policy's) fits the drafter and the vocabulary."""
+    """What `decode_frames` checks per call of the engine's drafter and trees (`fit_speculation`), checked once for
+    every tree a step may take (the fixed one, the policy's)."""
     if drafter is None:
         return
-    drafter.to(predictor.device, predictor.dtype)
     for candidate in [tree] + (list(policy.trees.values()) if policy is not None else []):
         if candidate is not None:
-            candidate.check_fits(drafter.depth, predictor.config.vocab_size)
+            fit_speculation(predictor, drafter, candidate)
 
 
 class NonFinite(RvqspecError):
