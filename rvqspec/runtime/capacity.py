@@ -29,35 +29,47 @@ class Capacity:
         with self.lock:
             self.recent.setdefault(batch, collections.deque(maxlen=RECENT)).append(seconds)
 
+    def medians(self) -> dict[int, float]:
+        """Batch size -> the median of its recent frame steps, in seconds: one snapshot per decision."""
+        with self.lock:
+            return {size: statistics.median(steps) for size, steps in self.recent.items()}
+
     def period(self, batch: int) -> float | None:
         """Seconds per frame step of `batch` rows: measured, else predicted (module docstring); None before any."""
-        with self.lock:
-            periods = {size: statistics.median(steps) for size, steps in self.recent.items()}
-        if batch in periods or not periods:
-            return periods.get(batch)
-        if len(periods) == 1:
-            (size, seconds), = periods.items()
-            return seconds * batch / size
-        sizes = list(periods)
-        mean_size, mean_period = sum(sizes) / len(sizes), sum(periods.values()) / len(sizes)
-        slope = sum((s - mean_size) * (periods[s] - mean_period) for s in sizes) \
-            / sum((s - mean_size) ** 2 for s in sizes)
-        return max(mean_period + max(slope, 0.0) * (batch - mean_size), min(periods.values()))
+        return predicted(self.medians(), batch)
 
     def admits(self, batch: int) -> bool:
         """Whether a request may join a batch of `batch` rows now."""
         if not self.realtime or batch == 0:
             return True
-        now, then = self.period(batch), self.period(batch + 1)
+        periods = self.medians()
+        now, then = predicted(periods, batch), predicted(periods, batch + 1)
         if now is None or now > self.frame_seconds:
             return True
         return then <= self.frame_seconds
 
     def report(self, batch: int) -> dict:
         """What `Engine.status()` shows: frames/s the current batch sustains, and the most rows at real time."""
-        period = self.period(max(batch, 1))
+        periods = self.medians()
+        period = predicted(periods, max(batch, 1))
         realtime_rows = 0
-        while realtime_rows < self.max_batch and (self.period(realtime_rows + 1) or math.inf) <= self.frame_seconds:
+        while realtime_rows < self.max_batch and \
+                (predicted(periods, realtime_rows + 1) or math.inf) <= self.frame_seconds:
             realtime_rows += 1
         return {"frames_per_second": 0.0 if not period else max(batch, 1) / period,
                 "realtime_rows": realtime_rows if period is not None else None}
+
+
+def predicted(periods: dict[int, float], batch: int) -> float | None:
+    """`batch` rows' period from the measured `periods`: its own, a line through them, or in proportion to the one
+    size measured (module docstring); None before any."""
+    if batch in periods or not periods:
+        return periods.get(batch)
+    if len(periods) == 1:
+        (size, seconds), = periods.items()
+        return seconds * batch / size
+    sizes = list(periods)
+    mean_size, mean_period = sum(sizes) / len(sizes), sum(periods.values()) / len(sizes)
+    slope = sum((s - mean_size) * (periods[s] - mean_period) for s in sizes) \
+        / sum((s - mean_size) ** 2 for s in sizes)
+    return max(mean_period + max(slope, 0.0) * (batch - mean_size), min(periods.values()))

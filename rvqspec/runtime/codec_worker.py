@@ -127,20 +127,20 @@ class CodecWorker:
                 finally:
                     with self.condition:
                         feed.busy = False
-                        if feed.ended:
-                            self.feeds.remove(feed)
                         self.condition.notify_all()
 
     def next_feed(self) -> Feed | None:
+        """A feed with work, marked busy (None once closing and none has work); ended feeds are dropped here."""
         with self.condition:
             while True:
                 for feed in self.feeds:
                     if feed.request.cancelled.is_set() and not feed.busy:
                         feed.ended = True
+                self.feeds = [feed for feed in self.feeds if not (feed.ended and not feed.busy)]
+                for feed in self.feeds:
                     if feed.has_work():
                         feed.busy = True
                         return feed
-                self.feeds = [feed for feed in self.feeds if not (feed.ended and not feed.busy)]
                 if self.closing:
                     return None
                 self.condition.wait()
