@@ -169,7 +169,8 @@ def known(dtype: torch.dtype) -> dict | None:
     key = choices_key(dtype)
     with _lock:
         if key not in prepared and valid_choices(entry := stored_entries().get(key)):
-            prepared[key] = entry
+            prepared[key] = entry  # another process measured them since a path was answered without them
+            path_of.cache_clear()
         return prepared.get(key)
 
 
