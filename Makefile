@@ -18,7 +18,7 @@ $(VENV)/.demo: pyproject.toml Makefile
 	# The CPU fast path's kernels build now (~20 s, cached by torch; from this checkout, which imports with the base
 	# dependencies) while pip installs the rest, rather than in the first decode; where they cannot be built this
 	# warns and decoding takes the plain path.
-	$(PY) -c "from rvqspec.engine import fused; fused.kernels()" & kernels=$$!; \
+	$(PY) -c "from rvqspec.core import fused; fused.kernels()" & kernels=$$!; \
 		$(PY) -m pip install -q -e '.[fast,demo,serve]' $(TORCH) && wait $$kernels
 	touch $@
 

@@ -25,9 +25,9 @@ import rvqspec  # noqa: E402
 from rvqspec.bench.floor import copy_bandwidth  # noqa: E402
 from rvqspec.bench.timing import finish_machine, machine, machine_text  # noqa: E402
 from rvqspec.cli.inspect import parameter_counts  # noqa: E402
-from rvqspec.engine.checkpoint import save_json, save_text  # noqa: E402
-from rvqspec.engine.context import new_context  # noqa: E402
-from rvqspec.engine.decode import autoregressive_step, prefill  # noqa: E402
+from rvqspec.core.checkpoint import save_json, save_text  # noqa: E402
+from rvqspec.core.context import new_context  # noqa: E402
+from rvqspec.core.decode import autoregressive_step, prefill  # noqa: E402
 from rvqspec.integrations.qwen_tts import predictor_from_upstream  # noqa: E402
 
 from helpers.upstream_models import upstream_generate, upstream_model_like  # noqa: E402

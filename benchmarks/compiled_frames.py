@@ -20,12 +20,12 @@ import torch._inductor.config as inductor_config
 from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor
 from rvqspec.bench.one_stream import ARCHS
 from rvqspec.bench.timing import finish_machine, machine, machine_text
-from rvqspec.engine.checkpoint import save_json, save_text
-from rvqspec.engine.decode import decode_frame, tokens_per_step
-from rvqspec.engine.drafters import ReusedHeads
-from rvqspec.engine.latency import clocks, elapsed_ms
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import default_tree
+from rvqspec.core.checkpoint import save_json, save_text
+from rvqspec.core.decode import decode_frame, tokens_per_step
+from rvqspec.core.drafters import ReusedHeads
+from rvqspec.core.latency import clocks, elapsed_ms
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.tree import default_tree
 
 WAYS = ("eager AR", "eager spec", "compiled AR", "compiled spec")
 

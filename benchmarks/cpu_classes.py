@@ -1,8 +1,8 @@
 """Every CPU class this machine can stand in for, measured in one run: natively and under each reachable ISA cap
-(`rvqspec.engine.cpu_class`), `rvqspec bench --batch` (the policy's latency tables, for bfloat16 and, where the class
+(`rvqspec.core.cpu_class`), `rvqspec bench --batch` (the policy's latency tables, for bfloat16 and, where the class
 runs it, w8a8) and then `rvqspec bench --weights bfloat16,w8a16,w8a8` (AR, speculative and the policy's frames per
 scheme, the policy reading the tables just measured as built-in ones). Writes one folder per class under
-benchmarks/results/cpu-classes/, the built-in tables (rvqspec/engine/latency_default.json, merged) and
+benchmarks/results/cpu-classes/, the built-in tables (rvqspec/core/latency_default.json, merged) and
 benchmarks/results/cpu-classes.md with the class x scheme table.
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/cpu_classes.py [--quick] [--threads 1,2]
@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 
 from rvqspec.bench.batched import latency_entries
-from rvqspec.engine import cpu_class
-from rvqspec.engine.checkpoint import save_json, save_text
-from rvqspec.engine.policy import DEFAULT_TABLES
+from rvqspec.core import cpu_class
+from rvqspec.core.checkpoint import save_json, save_text
+from rvqspec.core.policy import DEFAULT_TABLES
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -42,7 +42,7 @@ def rvqspec(args: list[str], caps: dict) -> None:
 
 def class_of(caps: dict) -> str:
     env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")} | caps
-    return subprocess.run([sys.executable, "-c", "from rvqspec.engine import cpu_class; print(cpu_class.cpu_class())"],
+    return subprocess.run([sys.executable, "-c", "from rvqspec.core import cpu_class; print(cpu_class.cpu_class())"],
                           env=env, capture_output=True, text=True, check=True, cwd=ROOT).stdout.strip()
 
 

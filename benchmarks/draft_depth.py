@@ -10,8 +10,8 @@ depth=K) for each K, N nodes either way. Whole frames are decoded AR and specula
 frames), realized = median AR frame / median speculative frame. Caveat: a controlled draft is as likely right at
 depth 5 as at depth 1 (it repeats the previous code); real drafts get worse with depth, so deeper K gains less
 on real weights than here. A second table therefore predicts each K with drafts that decay: the prior profile
-a[d][r] = p0 * 0.45**r * 0.9**d (`rvqspec.engine.tree.prior_acceptance`), p0 set so that the 0.6B makes the paper's
-tokens/step at K = 3, expected calls from `rvqspec.engine.policy.calls_distribution`, and each K's measured cost per
+a[d][r] = p0 * 0.45**r * 0.9**d (`rvqspec.core.tree.prior_acceptance`), p0 set so that the 0.6B makes the paper's
+tokens/step at K = 3, expected calls from `rvqspec.core.policy.calls_distribution`, and each K's measured cost per
 call (speculative frame ms / calls per frame). Writes benchmarks/results/csm/draft-depth.{json,md}.
 """
 
@@ -24,11 +24,11 @@ from rvqspec.bench.controlled import (PAPER_ACCEPTANCE, calibrate_strength, cont
                                       round_acceptance)
 from rvqspec.bench.one_stream import ARCHS, frame_speedup
 from rvqspec.bench.timing import finish_machine, machine, machine_text
-from rvqspec.engine.checkpoint import save_json, save_text
-from rvqspec.engine.drafters import ReusedHeads
-from rvqspec.engine.policy import calls_distribution, expected_calls, uniform_acceptance
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import default_tree, prior_acceptance
+from rvqspec.core.checkpoint import save_json, save_text
+from rvqspec.core.drafters import ReusedHeads
+from rvqspec.core.policy import calls_distribution, expected_calls, uniform_acceptance
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.tree import default_tree, prior_acceptance
 
 DEPTH_DECAY = 0.9  # the prior's: a draft one depth further is right 0.9 times as often
 

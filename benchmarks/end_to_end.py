@@ -42,12 +42,12 @@ from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, contr
 from rvqspec.bench.floor import copy_bandwidth  # noqa: E402
 from rvqspec.bench.timing import finish_machine, machine, machine_text, write_reports  # noqa: E402
 import rvqspec.runtime.scheduler as scheduler_module  # noqa: E402
-from rvqspec.engine import cpu_class  # noqa: E402
-from rvqspec.engine import talker as talker_blocks  # noqa: E402
-from rvqspec.engine.checkpoint import TALKER_C0_TABLE, official_state_dict  # noqa: E402
-from rvqspec.engine.errors import RvqspecError  # noqa: E402
-from rvqspec.engine.quantize import QuantizedLinear, check_scheme  # noqa: E402
-from rvqspec.engine.config import QWEN3_TTS_0_6B  # noqa: E402
+from rvqspec.core import cpu_class  # noqa: E402
+from rvqspec.core import talker as talker_blocks  # noqa: E402
+from rvqspec.core.checkpoint import TALKER_C0_TABLE, official_state_dict  # noqa: E402
+from rvqspec.core.errors import RvqspecError  # noqa: E402
+from rvqspec.core.quantize import QuantizedLinear, check_scheme  # noqa: E402
+from rvqspec.core.config import QWEN3_TTS_0_6B  # noqa: E402
 from rvqspec.integrations.qwen_tts import accelerate, import_qwen_tts  # noqa: E402
 from rvqspec.integrations.qwen_tts_audio import StreamingCodec  # noqa: E402
 

@@ -2,9 +2,9 @@
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/fused_path.py [--frames 16] [--sizes 32] [--dtypes bfloat16,float32]
 
-"Before" is `rvqspec.engine.fused.enabled(False)`: the plain layer ops, exact draft heads and the walk over every
-reachable depth (the engine as it was); "after" is the default: fused kernels (rvqspec/engine/fused.py), int8 draft
-heads (engine/draft_heads.py), the early-stopping CPU walk (engine/walk.py). On the real 0.6B architecture (random
+"Before" is `rvqspec.core.fused.enabled(False)`: the plain layer ops, exact draft heads and the walk over every
+reachable depth (the engine as it was); "after" is the default: fused kernels (rvqspec/core/fused.py), int8 draft
+heads (core/draft_heads.py), the early-stopping CPU walk (core/walk.py). On the real 0.6B architecture (random
 layers, heads peaked so that N=32 accepts the paper's 2.47 tokens/step, N=16 2.25; `rvqspec.bench.controlled`), the
 deployed sampler, ReusedHeads drafts. Per frame the four decodes (AR / speculative x before / after) run back
 to back in a rotating order; medians over frames. Writes fused-path.{json,md}.
@@ -19,13 +19,13 @@ import torch
 from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor
 from rvqspec.bench.one_stream import ARCHS
 from rvqspec.bench.timing import finish_machine, machine, machine_text
-from rvqspec.engine import fused
-from rvqspec.engine.checkpoint import save_json, save_text
-from rvqspec.engine.decode import decode_frame, tokens_per_step
-from rvqspec.engine.drafters import ReusedHeads
-from rvqspec.engine.latency import clocks, elapsed_ms
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import default_tree
+from rvqspec.core import fused
+from rvqspec.core.checkpoint import save_json, save_text
+from rvqspec.core.decode import decode_frame, tokens_per_step
+from rvqspec.core.drafters import ReusedHeads
+from rvqspec.core.latency import clocks, elapsed_ms
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.tree import default_tree
 
 MODES = [("ar", False), ("ar", True), ("spec", False), ("spec", True)]  # (kind, fast path on)
 

@@ -1,4 +1,4 @@
-"""CUDA graphs on the GPU (issue 25): our AR and speculative frames eager and graph-captured (rvqspec.engine.graphs),
+"""CUDA graphs on the GPU (issue 25): our AR and speculative frames eager and graph-captured (rvqspec.core.graphs),
 against faster-qwen3-tts's CUDA-graph code predictor frame, same GPU, same random 0.6B weights, bf16; batch 1, then
 every batch bucket (1..64); and torch.compile(mode="reduce-overhead") of our AR frame beside the hand capture.
 
@@ -25,13 +25,13 @@ sys.path.insert(0, str(ROOT))
 
 from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor  # noqa: E402
 from rvqspec.bench.timing import finish_machine, machine, write_reports  # noqa: E402
-from rvqspec.engine.config import QWEN3_TTS_0_6B  # noqa: E402
-from rvqspec.engine.context import new_context  # noqa: E402
-from rvqspec.engine.decode import autoregressive_codes, decode_frame, decode_frames  # noqa: E402
-from rvqspec.engine.graphs import BUCKETS, GraphCache  # noqa: E402
-from rvqspec.engine.drafters import ReusedHeads  # noqa: E402
-from rvqspec.engine.sampling import Sampler  # noqa: E402
-from rvqspec.engine.tree import default_tree  # noqa: E402
+from rvqspec.core.config import QWEN3_TTS_0_6B  # noqa: E402
+from rvqspec.core.context import new_context  # noqa: E402
+from rvqspec.core.decode import autoregressive_codes, decode_frame, decode_frames  # noqa: E402
+from rvqspec.core.graphs import BUCKETS, GraphCache  # noqa: E402
+from rvqspec.core.drafters import ReusedHeads  # noqa: E402
+from rvqspec.core.sampling import Sampler  # noqa: E402
+from rvqspec.core.tree import default_tree  # noqa: E402
 from rvqspec.integrations.qwen_tts import upstream_code_predictor  # noqa: E402
 
 

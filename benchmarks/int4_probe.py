@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from rvqspec.bench.timing import finish_machine, machine, machine_text, write_reports
-from rvqspec.engine.packing import Linear
-from rvqspec.engine.quantize import Int8Matmul
+from rvqspec.core.packing import Linear
+from rvqspec.core.quantize import Int8Matmul
 
 RESULTS = Path(__file__).resolve().parent / "results"
 OUT_FEATURES, IN_FEATURES = 3072, 1024

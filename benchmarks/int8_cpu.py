@@ -43,14 +43,14 @@ from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, contr
 from rvqspec.bench.floor import one_row_steps  # noqa: E402
 from rvqspec.bench.timing import finish_machine, machine, machine_text, write_reports  # noqa: E402
 from rvqspec.cli.demo import live_int8_policy  # noqa: E402
-from rvqspec.engine import cpu_class  # noqa: E402
-from rvqspec.engine.config import QWEN3_TTS_0_6B  # noqa: E402
-from rvqspec.engine.decode import decode_frames  # noqa: E402
-from rvqspec.engine.device_path import fastest_float, median_ms  # noqa: E402
-from rvqspec.engine.drafters import ReusedHeads  # noqa: E402
-from rvqspec.engine.quantize import Int8Matmul, quantize, quantize_rows  # noqa: E402
-from rvqspec.engine.sampling import Sampler  # noqa: E402
-from rvqspec.engine.tree import default_tree  # noqa: E402
+from rvqspec.core import cpu_class  # noqa: E402
+from rvqspec.core.config import QWEN3_TTS_0_6B  # noqa: E402
+from rvqspec.core.decode import decode_frames  # noqa: E402
+from rvqspec.core.device_path import fastest_float, median_ms  # noqa: E402
+from rvqspec.core.drafters import ReusedHeads  # noqa: E402
+from rvqspec.core.quantize import Int8Matmul, quantize, quantize_rows  # noqa: E402
+from rvqspec.core.sampling import Sampler  # noqa: E402
+from rvqspec.core.tree import default_tree  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 CAPS = {"native": {}, "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}}

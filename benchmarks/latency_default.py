@@ -1,5 +1,5 @@
 """Write the decoding policy's built-in latency tables (rvqspec/latency_default.json) from `rvqspec bench --batch`
-reports: the tables a machine that has not run the bench falls back on (with a larger margin, see rvqspec.engine.policy).
+reports: the tables a machine that has not run the bench falls back on (with a larger margin, see rvqspec.core.policy).
 The reports' settings replace those already there (CPU keys name their class, so each class's tables stay).
 
     python benchmarks/latency_default.py benchmarks/results/bench-batch.json benchmarks/results/gpu/bench-batch.json
@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 from rvqspec.bench.batched import latency_entries
-from rvqspec.engine.checkpoint import save_json
-from rvqspec.engine.policy import DEFAULT_TABLES
+from rvqspec.core.checkpoint import save_json
+from rvqspec.core.policy import DEFAULT_TABLES
 
 
 def main() -> None:

@@ -21,9 +21,9 @@ from pathlib import Path
 
 from rvqspec.cli import flags
 from rvqspec.cli.main import Parser, UsageError, one_line
-from rvqspec.engine.checkpoint import relative_path, save_text
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.policy import report_size
+from rvqspec.core.checkpoint import relative_path, save_text
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.policy import report_size
 
 RESULTS_DIR = Path("benchmarks/results")
 OUT = Path("docs/RESULTS.md")

@@ -1,4 +1,4 @@
-"""Why `rvqspec.engine.packing.linear` prepacks large weights for oneDNN: F.linear vs the packed path, per row count.
+"""Why `rvqspec.core.packing.linear` prepacks large weights for oneDNN: F.linear vs the packed path, per row count.
 
     python benchmarks/packed_linear.py [--threads 1] [--rounds 30]
 
@@ -13,7 +13,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from rvqspec.engine.packing import PACK_ROWS_HINT
+from rvqspec.core.packing import PACK_ROWS_HINT
 
 ROWS = (1, 5, 17, 33, 65)
 

@@ -28,8 +28,8 @@ from end_to_end import REQUEST, RESULTS, pin, real_size_tts  # noqa: E402
 
 import rvqspec  # noqa: E402
 from rvqspec.bench.timing import finish_machine, machine, machine_text, write_reports  # noqa: E402
-from rvqspec.engine import talker as talker_blocks  # noqa: E402
-from rvqspec.engine.device_path import median_ms  # noqa: E402
+from rvqspec.core import talker as talker_blocks  # noqa: E402
+from rvqspec.core.device_path import median_ms  # noqa: E402
 from rvqspec.runtime.scheduler import PREFILL_CHUNK  # noqa: E402
 
 CHUNK_FRAMES, FIRST_CHUNK_FRAMES = 12, 3

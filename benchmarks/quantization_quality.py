@@ -28,11 +28,11 @@ import torch
 from rvqspec import Sampler, Tree, decode_frame, quantize
 from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor
 from rvqspec.bench.timing import finish_machine, machine, machine_text
-from rvqspec.engine.checkpoint import save_json, save_text
-from rvqspec.engine.config import ARCHITECTURES
-from rvqspec.engine.decode import tokens_per_step
-from rvqspec.engine.drafters import Offsets
-from rvqspec.engine.tree import default_tree
+from rvqspec.core.checkpoint import save_json, save_text
+from rvqspec.core.config import ARCHITECTURES
+from rvqspec.core.decode import tokens_per_step
+from rvqspec.core.drafters import Offsets
+from rvqspec.core.tree import default_tree
 from rvqspec.standin.settings import MODEL_DIR, OFFSETS_FILE, TREES_DIR
 from rvqspec.standin.synthesis import synthesize_codes
 from rvqspec.standin.talker import load_standin

@@ -26,16 +26,16 @@ from torch.profiler import ProfilerActivity, profile
 from rvqspec.bench.controlled import PAPER_ACCEPTANCE, controlled_predictor
 from rvqspec.bench.one_stream import ARCHS
 from rvqspec.bench.timing import finish_machine, machine, machine_text
-from rvqspec.engine import device_path
-from rvqspec.engine.checkpoint import save_json, save_text
-from rvqspec.engine.context import new_context
-from rvqspec.engine.decode import autoregressive_step, speculative_round
-from rvqspec.engine.drafters import ReusedHeads
-from rvqspec.engine.latency import TIMED_K, clocks, elapsed_ms
-from rvqspec.engine.quantize import SCHEMES, quantize
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import default_tree
-from rvqspec.engine.walk import walk
+from rvqspec.core import device_path
+from rvqspec.core.checkpoint import save_json, save_text
+from rvqspec.core.context import new_context
+from rvqspec.core.decode import autoregressive_step, speculative_round
+from rvqspec.core.drafters import ReusedHeads
+from rvqspec.core.latency import TIMED_K, clocks, elapsed_ms
+from rvqspec.core.quantize import SCHEMES, quantize
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.tree import default_tree
+from rvqspec.core.walk import walk
 
 OP_KINDS = {"matmul": ("linear", "mm", "addmm", "bmm", "matmul"),
             "attention": ("scaled_dot_product", "flash_attention")}

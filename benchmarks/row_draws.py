@@ -32,9 +32,9 @@ STRENGTH = 6.0  # the heads' peak margin: some drafts win, as a trained predicto
 
 def draws(reps: int) -> dict:
     """Median ms of a frame's draws, before and after, per batch size (module docstring)."""
-    from rvqspec.engine.config import QWEN3_TTS_0_6B
-    from rvqspec.engine.device_path import median_ms
-    from rvqspec.engine.sampling import Sampler, fill_noise
+    from rvqspec.core.config import QWEN3_TTS_0_6B
+    from rvqspec.core.device_path import median_ms
+    from rvqspec.core.sampling import Sampler, fill_noise
 
     sampler, codes, vocab = Sampler(), QWEN3_TTS_0_6B.num_residual_codes, QWEN3_TTS_0_6B.vocab_size
     rows = {}
@@ -59,12 +59,12 @@ def frames(reps: int) -> dict:
     """Median ms of whole frames per (mode, batch), with this process's rvqspec (the worker of one round)."""
     from rvqspec.bench.batched import batch_inputs
     from rvqspec.bench.controlled import controlled_predictor
-    from rvqspec.engine import sampling
-    from rvqspec.engine.config import QWEN3_TTS_0_6B
-    from rvqspec.engine.decode import decode_frames
-    from rvqspec.engine.device_path import fastest_float, median_ms
-    from rvqspec.engine.drafters import ReusedHeads
-    from rvqspec.engine.tree import default_tree
+    from rvqspec.core import sampling
+    from rvqspec.core.config import QWEN3_TTS_0_6B
+    from rvqspec.core.decode import decode_frames
+    from rvqspec.core.device_path import fastest_float, median_ms
+    from rvqspec.core.drafters import ReusedHeads
+    from rvqspec.core.tree import default_tree
 
     predictor = controlled_predictor(QWEN3_TTS_0_6B, STRENGTH, dtype=fastest_float())
     model, sampler, per_row = predictor.model, sampling.Sampler(), hasattr(sampling, "fill_noise")
@@ -128,7 +128,7 @@ def main() -> None:
         return
     sys.path.insert(0, str(ROOT))
     from rvqspec.bench.timing import finish_machine, machine, write_reports
-    from rvqspec.engine.device_path import fastest_float
+    from rvqspec.core.device_path import fastest_float
 
     info = machine()
     report = {"machine": info, "base": args.base, "rounds": args.rounds, "dtype": str(fastest_float()),

@@ -42,7 +42,7 @@ MAX_SECONDS = 1800  # the whole run stops by itself: each level's time, plus its
 
 def cpu_name() -> str:
     """The CPU's model name, its class (rvqspec's) and whether it has AMX (whose tiles change what is fast)."""
-    from rvqspec.engine import cpu_class
+    from rvqspec.core import cpu_class
 
     return f"{cpu_class.describe()} ({'with' if 'amx_tile' in cpu_class.cpu_flags() else 'no'} AMX)"
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from rvqspec.engine.checkpoint import save_json, save_text
-from rvqspec.engine.model import MultiCodeDecoder
+from rvqspec.core.checkpoint import save_json, save_text
+from rvqspec.core.model import MultiCodeDecoder
 from rvqspec.standin.codec import CodecConfig
 from rvqspec.standin.talker import load_standin
 from rvqspec.standin.training import train_predictor

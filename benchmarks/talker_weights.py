@@ -33,7 +33,7 @@ from quantization_quality import DEPLOYED, SENTENCES, distances
 
 import rvqspec
 from rvqspec.bench.timing import finish_machine, machine, machine_text, write_reports
-from rvqspec.engine.quantize import quantize_linears, restore_linears
+from rvqspec.core.quantize import quantize_linears, restore_linears
 from rvqspec.integrations.qwen_tts import accelerate
 from rvqspec.standin.settings import MODEL_DIR
 from rvqspec.standin.synthesis import synthesize_codes

@@ -37,9 +37,9 @@ def child(frames: int) -> dict:
     from rvqspec import ReusedHeads, Sampler, decode_frames, default_tree, quantize
     from rvqspec.bench.batched import batch_inputs
     from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor
-    from rvqspec.engine.config import QWEN3_TTS_0_6B
-    from rvqspec.engine.packing import Linear
-    from rvqspec.engine.quantize import Int8Matmul
+    from rvqspec.core.config import QWEN3_TTS_0_6B
+    from rvqspec.core.packing import Linear
+    from rvqspec.core.quantize import Int8Matmul
 
     torch.set_num_threads(1)
     predictor, sampler, tree = controlled_predictor(QWEN3_TTS_0_6B, dtype="bfloat16"), Sampler(), default_tree(32)

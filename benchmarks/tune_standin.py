@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from rvqspec.bench.timing import finish_machine, machine, machine_text, write_reports
-from rvqspec.engine.drafters import Offsets, PositionOffsets, ReusedHeads
-from rvqspec.engine.tree import Tree
+from rvqspec.core.drafters import Offsets, PositionOffsets, ReusedHeads
+from rvqspec.core.tree import Tree
 from rvqspec.standin.evaluate import tokens_per_step
 from rvqspec.standin.settings import ASSETS, OFFSETS_FILE
 from rvqspec.standin.speech import load_sentences, split_of

@@ -2,7 +2,7 @@
 an accelerated qwen-tts model's check of the upstream weights it copied, once per frame step
 (`Acceleration.current_decoder`), and the predictor's check of its own, once per decode call
 (`MultiCodeDecoder.refresh`, after a speculative frame made its packed and int8 draft copies). Both are
-`rvqspec.engine.changes.Watch`; before it, each probed every tensor with an index. Measured on an AMD EPYC Zen 4 (no
+`rvqspec.core.changes.Watch`; before it, each probed every tensor with an index. Measured on an AMD EPYC Zen 4 (no
 AMX), 2 cores shared with other jobs: 2.3-2.6 ms together before, 0.15-0.25 ms with it (in a busier moment, runs
 taking turns: 8.2-8.9 ms before, 0.15-0.31 ms with it).
 
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the upstream model builder shared with the parity tests
 
 from rvqspec import ReusedHeads, Sampler, accelerate, decode_frames, default_tree  # noqa: E402
-from rvqspec.engine.config import QWEN3_TTS_0_6B  # noqa: E402
+from rvqspec.core.config import QWEN3_TTS_0_6B  # noqa: E402
 
 from helpers.upstream_models import upstream_model_like  # noqa: E402
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rvqspec.engine import device_path
+from rvqspec.core import device_path
 
 pytest_plugins = ["helpers.checkpoints"]  # the fixtures `model` and `folder`
 

@@ -8,9 +8,9 @@ import torch
 
 from rvqspec.bench import one_stream, report as bench_report
 from rvqspec.cli.main import main
-from rvqspec.engine import cpu_class, device_file
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.tree import default_tree
+from rvqspec.core import cpu_class, device_file
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.tree import default_tree
 
 from helpers.tiny import tiny_config, tiny_csm_config, tiny_model
 
@@ -126,7 +126,7 @@ def test_a_checkpoint_is_benchmarked_as_the_stand_in(tmp_path, capsys):
 @pytest.mark.parametrize("arch", ["0.6b", "csm-1b"])
 def test_batch_bench_json_reports_and_device_latency(tmp_path, capsys, monkeypatch, arch):
     from rvqspec.bench import batched, controlled
-    from rvqspec.engine.policy import find_latency_table
+    from rvqspec.core.policy import find_latency_table
 
     monkeypatch.setattr(batched, "ARCHITECTURES", TINY_ARCHS)
     monkeypatch.setattr(controlled, "QWEN3_TTS_0_6B", TINY_ARCHS["0.6b"])  # CSM's acceptance reference

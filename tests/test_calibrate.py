@@ -4,12 +4,12 @@ import pytest
 import torch
 
 from rvqspec.cli.main import main
-from rvqspec.engine.decode import decode_frame
-from rvqspec.engine.drafters import ReusedHeads
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.model import MultiCodeDecoder
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import Tree
+from rvqspec.core.decode import decode_frame
+from rvqspec.core.drafters import ReusedHeads
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.model import MultiCodeDecoder
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.tree import Tree
 from rvqspec.tuning.calibrate import measure_acceptance, predicted_calls, sample_codes
 from rvqspec.tuning.train import TrainSettings, train
 
@@ -140,7 +140,7 @@ def test_a_quantized_model_calibrates_with_its_own_heads(trained, tmp_path):
 def test_an_interrupted_calibration_leaves_the_earlier_one_whole_and_a_mixed_folder_is_refused(trained, tmp_path,
                                                                                                 monkeypatch):
     """An interrupted calibrate used to leave new trees beside the old report, and Policy accepted the mix."""
-    from rvqspec.engine.policy import Policy
+    from rvqspec.core.policy import Policy
     from rvqspec.tuning import calibrate as calibration
 
     model_dir, corpus_dir, offsets = trained

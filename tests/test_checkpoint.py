@@ -1,4 +1,4 @@
-"""Bad checkpoints (`engine/checkpoint.py`, `engine/config.py`, `MultiCodeDecoder.from_pretrained`): every case raises
+"""Bad checkpoints (`core/checkpoint.py`, `core/config.py`, `MultiCodeDecoder.from_pretrained`): every case raises
 RvqspecError naming the problem and the fix; written files are atomic and follow the umask."""
 
 import json
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rvqspec import MultiCodeDecoder, RvqspecError
-from rvqspec.engine.checkpoint import official_state_dict, save_json, save_tensors
+from rvqspec.core.checkpoint import official_state_dict, save_json, save_tensors
 
 from helpers.checkpoints import load
 
@@ -139,7 +139,7 @@ def test_unknown_dtype(folder, dtype):
 
 def test_config_describing_a_smaller_model_than_the_weights_is_refused(tmp_path):
     """config.json with fewer layers or code groups than the weights would load a cut-down predictor silently."""
-    from rvqspec.engine.model import MultiCodeDecoder
+    from rvqspec.core.model import MultiCodeDecoder
 
     from helpers.tiny import tiny_model
 
@@ -159,7 +159,7 @@ def test_written_files_follow_the_umask_and_errors_name_the_target(tmp_path):
     import errno
     import os
 
-    from rvqspec.engine.checkpoint import atomic_write
+    from rvqspec.core.checkpoint import atomic_write
 
     previous = os.umask(0o027)
     try:

@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from rvqspec.bench.controlled import calibrate_strength, controlled_predictor, tokens_per_step
-from rvqspec.engine.decode import decode_frame
-from rvqspec.engine.drafters import ReusedHeads
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import default_tree
+from rvqspec.core.decode import decode_frame
+from rvqspec.core.drafters import ReusedHeads
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.tree import default_tree
 
 from helpers.tiny import tiny_config
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from rvqspec.engine.errors import RvqspecError
+from rvqspec.core.errors import RvqspecError
 from rvqspec.tuning.corpus import Corpus, CorpusWriter, split_of
 
 GROUPS, HIDDEN = 16, 6

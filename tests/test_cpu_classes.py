@@ -1,4 +1,4 @@
-"""CPU classes (`engine/cpu_class.py`) and the measured kernel choices (`engine/device_path.py`): the class follows the
+"""CPU classes (`core/cpu_class.py`) and the measured kernel choices (`core/device_path.py`): the class follows the
 ISA caps, what a class cannot run exactly is refused, the matmuls give a row the same bits in an AR step and in a
 verify call, and the exactness tests pass under a cap too (`test_the_exactness_tests_pass_under_an_isa_cap`).
 
@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from rvqspec import MultiCodeDecoder, RvqspecError, quantize
-from rvqspec.engine import cpu_class, device_path, fused, packing
-from rvqspec.engine.config import PredictorConfig
-from rvqspec.engine.quantize import ZERO_POINT, Int8Matmul, int8_kernels, quantize_tokens, w8a8_kernel
+from rvqspec.core import cpu_class, device_path, fused, packing
+from rvqspec.core.config import PredictorConfig
+from rvqspec.core.quantize import ZERO_POINT, Int8Matmul, int8_kernels, quantize_tokens, w8a8_kernel
 
 ROOT = Path(__file__).resolve().parents[1]
 AVX2_CAP = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}  # a Zen 3 / older Intel client
@@ -29,7 +29,7 @@ CAPPED = "RVQSPEC_TEST_CAPPED"  # set in the capped run, which must not start it
 def class_under(caps: dict) -> str:
     """The class a process gets under `caps` alone (the caps of this process, if any, left out)."""
     env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")} | caps
-    code = "from rvqspec.engine import cpu_class; print(cpu_class.cpu_class())"
+    code = "from rvqspec.core import cpu_class; print(cpu_class.cpu_class())"
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
                           cwd=ROOT).stdout.strip()
 

@@ -11,9 +11,9 @@ from test_distribution import g_test
 
 import rvqspec
 from rvqspec import MultiCodeDecoder, ReusedHeads, RvqspecError, Sampler, Tree, default_tree
-from rvqspec.engine.checkpoint import CSM_TIED_TABLES
-from rvqspec.engine.config import load_config
-from rvqspec.engine.quantize import QuantizedLinear
+from rvqspec.core.checkpoint import CSM_TIED_TABLES
+from rvqspec.core.config import load_config
+from rvqspec.core.quantize import QuantizedLinear
 from rvqspec.integrations.base import HANDLE
 
 from helpers.csm_models import LLAMA3, prompts, tiny_csm

@@ -12,7 +12,7 @@ import torch
 from test_distribution import DEPLOYED, FULL, SAMPLES, exact_joint, g_test, setup
 from test_speculative import DRAFTERS, FRAMES_PER_TREE, GREEDY, greedy_reference, model
 
-from rvqspec.engine.decode import decode_frames
+from rvqspec.core.decode import decode_frames
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 CUDA = torch.device("cuda")
@@ -57,9 +57,9 @@ def test_batched_sampling_on_cuda_matches_enumeration():
 
 @pytest.mark.parametrize("name", ["reused", "offsets"])
 def test_graph_captured_greedy_codes_are_eager_and_cpu_ar_codes(name):
-    """CUDA graphs (rvqspec.engine.graphs): captured AR and speculative frames, batches padded to their bucket,
+    """CUDA graphs (rvqspec.core.graphs): captured AR and speculative frames, batches padded to their bucket,
     give the eager codes and the CPU's AR codes."""
-    from rvqspec.engine.graphs import GraphCache
+    from rvqspec.core.graphs import GraphCache
 
     make, trees = DRAFTERS[name]
     groups, per_tree = next(iter(FRAMES_PER_TREE.items()))
@@ -79,7 +79,7 @@ def test_graph_captured_greedy_codes_are_eager_and_cpu_ar_codes(name):
 
 def test_graph_captured_sampling_matches_enumeration():
     """Three frames in a bucket of four, sampled through CUDA graphs with a seeded CUDA generator."""
-    from rvqspec.engine.graphs import GraphCache
+    from rvqspec.core.graphs import GraphCache
 
     cpu_model, talker_hidden, c0 = setup(3)
     gpu = copy.deepcopy(cpu_model).to(CUDA)

@@ -33,7 +33,7 @@ def test_sampler_of_the_wrong_type(model):
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), 1e30])
 def test_a_broken_talker_state_is_refused_by_row_and_spoils_nothing(value):
-    from rvqspec.engine.decode import decode_frames
+    from rvqspec.core.decode import decode_frames
 
     from helpers.tiny import random_frames, tiny_model
 

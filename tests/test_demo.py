@@ -8,8 +8,8 @@ import torch
 
 from rvqspec.cli import demo
 from rvqspec.cli.main import main
-from rvqspec.engine.drafters import Offsets
-from rvqspec.engine.tree import PRIOR_ACCEPTANCE, default_tree
+from rvqspec.core.drafters import Offsets
+from rvqspec.core.tree import PRIOR_ACCEPTANCE, default_tree
 from rvqspec.standin import codec
 from rvqspec.standin.talker import save_standin
 

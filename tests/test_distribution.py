@@ -12,10 +12,10 @@ import pytest
 import scipy.stats
 import torch
 
-from rvqspec.engine.decode import decode_frame, decode_frames
-from rvqspec.engine.drafters import Drafter, ReusedHeads
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import Tree
+from rvqspec.core.decode import decode_frame, decode_frames
+from rvqspec.core.drafters import Drafter, ReusedHeads
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.tree import Tree
 
 from helpers.tiny import random_frames, random_offsets, tiny_model
 
@@ -228,7 +228,7 @@ def test_the_g_test_rejects_biased_rules(sampler, biased, rows, monkeypatch):
     walk, which draws for every row at each depth as these samplers expect (the CPU's walk draws for the rows
     still walking)."""
     if rows:
-        from rvqspec.engine import device_path
+        from rvqspec.core import device_path
 
         monkeypatch.setattr(device_path, "static_shapes", lambda device: True)
     torch.manual_seed(0)  # SharedUniformSampler's uniforms

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from rvqspec.engine.decode import decode_frame
-from rvqspec.engine.drafters import Drafter, MedusaHeads, Offsets, PositionOffsets, ReusedHeads, make_drafter
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import Tree
+from rvqspec.core.decode import decode_frame
+from rvqspec.core.drafters import Drafter, MedusaHeads, Offsets, PositionOffsets, ReusedHeads, make_drafter
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.tree import Tree
 
 from helpers.tiny import random_frames, random_medusa, random_offsets, randomize, tiny_model
 
@@ -134,7 +134,7 @@ def test_make_drafter_and_depth_errors(model):
 
 
 def test_draft_depth_beyond_the_frame_is_refused(tmp_path, capsys):
-    from rvqspec.engine.drafters import make_drafter
+    from rvqspec.core.drafters import make_drafter
 
     from helpers.tiny import tiny_model
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from rvqspec.cli.main import main
-from rvqspec.engine.drafters import MedusaHeads, Offsets, ReusedHeads, model_fingerprint
-from rvqspec.engine.tree import default_tree
+from rvqspec.core.drafters import MedusaHeads, Offsets, ReusedHeads, model_fingerprint
+from rvqspec.core.tree import default_tree
 from rvqspec.standin import evaluate as rvqspec_eval
 from rvqspec.standin.evaluate import evaluate, holm, load_drafters, merge_rare, report_markdown, two_sample_test
 from rvqspec.standin.quality import error_rates, transcripts

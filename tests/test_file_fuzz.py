@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from rvqspec import MultiCodeDecoder, RvqspecError, Tree, default_tree
-from rvqspec.engine.drafters import Drafter
-from rvqspec.engine.policy import Policy, find_latency_table, setting_key
+from rvqspec.core.drafters import Drafter
+from rvqspec.core.policy import Policy, find_latency_table, setting_key
 
 from helpers.tiny import random_offsets, tiny_model
 

@@ -14,13 +14,13 @@ import warnings
 import pytest
 import torch
 
-from rvqspec.engine import device_path, fused
-from rvqspec.engine.decode import decode_frame, decode_frames
-from rvqspec.engine.drafters import Offsets, ReusedHeads
-from rvqspec.engine.model import RMSNorm, rotate_half
-from rvqspec.engine.quantize import Int8Matmul
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import default_tree
+from rvqspec.core import device_path, fused
+from rvqspec.core.decode import decode_frame, decode_frames
+from rvqspec.core.drafters import Offsets, ReusedHeads
+from rvqspec.core.model import RMSNorm, rotate_half
+from rvqspec.core.quantize import Int8Matmul
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.tree import default_tree
 
 from helpers.tiny import random_frames, random_offsets, tiny_model
 
@@ -198,7 +198,7 @@ def test_speculative_decoding_runs_at_every_width(dtype):
     import subprocess
     import sys
 
-    code = ("import torch; from rvqspec import *; from rvqspec.engine.config import PredictorConfig\n"
+    code = ("import torch; from rvqspec import *; from rvqspec.core.config import PredictorConfig\n"
             "for hidden in range(8, 129, 8):\n"
             "    c = PredictorConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=1,\n"
             "        num_attention_heads=2, num_key_value_heads=1, head_dim=4, vocab_size=35, num_code_groups=16,\n"
@@ -216,7 +216,7 @@ def test_a_speculative_frame_at_the_real_size_in_bfloat16():
     """Real sizes reach code that tiny models do not (a head tensor of 2^25 elements, packed weights, int8 drafts
     at width 1024): the probe of `MultiCodeDecoder.refresh` once indexed past the end of one."""
     from rvqspec.bench.controlled import controlled_predictor
-    from rvqspec.engine.config import QWEN3_TTS_0_6B
+    from rvqspec.core.config import QWEN3_TTS_0_6B
 
     predictor = controlled_predictor(QWEN3_TTS_0_6B, 6.0, dtype="bfloat16")
     h, c0 = predictor.frames(1, seed=1)[0]

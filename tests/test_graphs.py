@@ -1,4 +1,4 @@
-"""The graph runner (rvqspec.engine.graphs) on the CPU, the capture replaced by a direct call on the same static
+"""The graph runner (rvqspec.core.graphs) on the CPU, the capture replaced by a direct call on the same static
 buffers: batch buckets and padding, one capture per (call, bucket, N, ...) kept per GraphCache, greedy codes
 equal to eager decoding, and the sampled distribution exact (enumerated G-test), padded batches included.
 The capture itself (torch.cuda.CUDAGraph) runs in tests/test_cuda.py on a GPU."""
@@ -9,11 +9,11 @@ import pytest
 import torch
 from test_distribution import DEPLOYED, FULL, SAMPLES, exact_joint, g_test, sample_counts, setup
 
-from rvqspec.engine.decode import decode_frames, padded
-from rvqspec.engine.drafters import ReusedHeads
-from rvqspec.engine.graphs import BUCKETS, GraphCache, bucket_for, direct_call
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import Tree, default_tree
+from rvqspec.core.decode import decode_frames, padded
+from rvqspec.core.drafters import ReusedHeads
+from rvqspec.core.graphs import BUCKETS, GraphCache, bucket_for, direct_call
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.tree import Tree, default_tree
 
 from helpers.tiny import random_frames, random_offsets, tiny_model
 

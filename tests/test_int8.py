@@ -1,4 +1,4 @@
-"""rvqspec's int8 kernels (`engine/int8.cpp`): w8a8's GEMM for CPUs without int8 dot products gives exact integer
+"""rvqspec's int8 kernels (`core/int8.cpp`): w8a8's GEMM for CPUs without int8 dot products gives exact integer
 sums (against int64), a row the same bits alone and in any call, oneDNN's bits where both run, and so one w8a8 model
 the same codes on every x86 class (`test_one_w8a8_model_decodes_alike_natively_and_under_the_avx2_caps`); w8a16's
 float32 kernel is the w8a16 model's product to float32 rounding, a row the same bits alone and in any call.
@@ -16,8 +16,8 @@ import torch
 from test_cpu_classes import AVX2_CAP, CAPPED
 
 from rvqspec.bench.floor import SCHEMES, one_row_steps
-from rvqspec.engine import cpu_class
-from rvqspec.engine.quantize import ZERO_POINT, Int8Matmul, int8_kernels, pack_int8, quantize_rows, quantize_tokens
+from rvqspec.core import cpu_class
+from rvqspec.core.quantize import ZERO_POINT, Int8Matmul, int8_kernels, pack_int8, quantize_rows, quantize_tokens
 
 from helpers import int8_codes
 

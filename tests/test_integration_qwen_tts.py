@@ -10,7 +10,7 @@ from scipy.stats import chi2_contingency
 
 from rvqspec import MultiCodeDecoder, Offsets, ReusedHeads, RvqspecError, default_tree
 from rvqspec.cli.main import main
-from rvqspec.engine.quantize import QuantizedLinear
+from rvqspec.core.quantize import QuantizedLinear
 from rvqspec.integrations import deaccelerate
 from rvqspec.integrations.base import HANDLE
 from rvqspec.integrations.hub import resolve_model
@@ -131,8 +131,8 @@ def test_a_batch_of_texts_through_each_entry_point_is_upstream_and_one_call_per_
 def test_the_policy_decides_per_batch_size(tts, tmp_path, monkeypatch):
     """tree='auto' (the default with a drafter): the policy's choice for each batch size decodes it, from the
     latency table of this model's setting in the device file; the codes stay upstream's."""
-    from rvqspec.engine.device_file import update_device_file
-    from rvqspec.engine.policy import setting_key
+    from rvqspec.core.device_file import update_device_file
+    from rvqspec.core.policy import setting_key
 
     monkeypatch.setenv("RVQSPEC_CACHE", str(tmp_path))
     key = setting_key(predictor_from_upstream(tts.model.talker))

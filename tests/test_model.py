@@ -5,10 +5,10 @@ import torch
 
 from rvqspec import QWEN3_TTS_0_6B, QWEN3_TTS_1_7B, MultiCodeDecoder, PredictorConfig, Sampler, decode_frame
 from rvqspec.cli.inspect import parameter_counts
-from rvqspec.engine.checkpoint import TALKER_C0_TABLE, official_layout, official_state_dict
-from rvqspec.engine.config import config_from_upstream, load_config, upstream_config_dict
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.model import resolve_dtype
+from rvqspec.core.checkpoint import TALKER_C0_TABLE, official_layout, official_state_dict
+from rvqspec.core.config import config_from_upstream, load_config, upstream_config_dict
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.model import resolve_dtype
 
 CONFIG = PredictorConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=8, vocab_size=16, num_code_groups=6, talker_hidden_size=32,
@@ -176,7 +176,7 @@ def test_changed_weights_reach_the_packed_and_int8_copies(write):
     import copy
 
     from rvqspec import ReusedHeads, decode_frames, default_tree
-    from rvqspec.engine.device_path import packable
+    from rvqspec.core.device_path import packable
 
     if not packable(torch.bfloat16):
         pytest.skip("no oneDNN bfloat16 on this CPU: nothing is packed")
@@ -221,12 +221,12 @@ def test_probes_stay_inside_weights_of_any_size():
 
 
 def test_a_watch_follows_each_kind_of_write_and_nothing_else():
-    """One mechanism for "the weights changed" (engine/changes.py): a new tensor, an in-place write (version counter)
+    """One mechanism for "the weights changed" (core/changes.py): a new tensor, an in-place write (version counter)
     and a write through `.data` (values) each call the update once; an unchanged set calls nothing; an update that
     raises is tried again; a copy starts empty."""
     import copy
 
-    from rvqspec.engine.changes import Watch
+    from rvqspec.core.changes import Watch
 
     weights = [torch.nn.Parameter(torch.randn(4, 8)), torch.nn.Parameter(torch.randn(3))]
     watch, updates = Watch(weights), []

@@ -9,7 +9,7 @@ import torch
 from scipy import stats
 
 import rvqspec
-from rvqspec.engine import checkpoint
+from rvqspec.core import checkpoint
 
 from helpers.upstream_models import require_upstream, save_upstream, tiny_upstream_model, upstream_generate
 

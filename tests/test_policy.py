@@ -6,15 +6,15 @@ import json
 import pytest
 import torch
 
-from rvqspec.engine import cpu_class, policy as policy_module
-from rvqspec.engine.decode import decode_frames
-from rvqspec.engine.device_file import update_device_file
-from rvqspec.engine.drafters import ReusedHeads
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.policy import (LatencyTable, Policy, calls_distribution, expected_calls, find_latency_table,
+from rvqspec.core import cpu_class, policy as policy_module
+from rvqspec.core.decode import decode_frames
+from rvqspec.core.device_file import update_device_file
+from rvqspec.core.drafters import ReusedHeads
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.policy import (LatencyTable, Policy, calls_distribution, expected_calls, find_latency_table,
                                    measured_distribution, setting_key, uniform_acceptance)
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import PRIOR_ACCEPTANCE, Tree, default_tree
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.tree import PRIOR_ACCEPTANCE, Tree, default_tree
 from rvqspec.tuning.calibrate import predicted_calls
 
 from helpers.tiny import random_frames, tiny_model
@@ -140,7 +140,7 @@ def test_find_latency_table_prefers_this_device_then_nearest_threads(tmp_path, m
 
 
 def test_built_in_tables_parse():
-    from rvqspec.engine.policy import DEFAULT_TABLES
+    from rvqspec.core.policy import DEFAULT_TABLES
 
     for key, entry in json.loads(DEFAULT_TABLES.read_text()).items():
         latency = LatencyTable.from_json(entry, key, 0.15)
@@ -154,7 +154,7 @@ def test_the_built_in_tables_cover_the_real_predictor_per_cpu_class(tmp_path, mo
     predictor, quantized too (until then, tree="auto" decoded a w8a8 model AR)."""
     from types import SimpleNamespace
 
-    from rvqspec.engine.config import QWEN3_TTS_0_6B
+    from rvqspec.core.config import QWEN3_TTS_0_6B
 
     monkeypatch.setenv("RVQSPEC_CACHE", str(tmp_path))  # no device file
     monkeypatch.setattr(cpu_class, "cpu_class", lambda: cls)

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from rvqspec import RvqspecError
-from rvqspec.engine import talker as talker_blocks
-from rvqspec.engine.talker import Talker, TalkerConfig
+from rvqspec.core import talker as talker_blocks
+from rvqspec.core.talker import Talker, TalkerConfig
 from rvqspec.runtime import Engine
 
 from helpers.engines import GREEDY, frames_of, never_ending

@@ -6,11 +6,11 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from rvqspec.engine import decode
-from rvqspec.engine.decode import decode_frame, decode_frames
-from rvqspec.engine.drafters import ReusedHeads
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import Tree
+from rvqspec.core import decode
+from rvqspec.core.decode import decode_frame, decode_frames
+from rvqspec.core.drafters import ReusedHeads
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.tree import Tree
 
 from helpers.tiny import random_frames, random_medusa, random_offsets, tiny_model
 

@@ -1,4 +1,4 @@
-"""Quantized weights (`engine/quantize.py`): every row of a call gets the bits it gets alone, so speculation is exact
+"""Quantized weights (`core/quantize.py`): every row of a call gets the bits it gets alone, so speculation is exact
 relative to the quantized model: greedy codes equal its AR codes (batched, every scheme, drafter and tree), sampled
 codes follow its own AR distribution (G-test against the enumeration), and what needs float weights is refused."""
 
@@ -9,8 +9,8 @@ import torch
 from test_distribution import DEPLOYED, FULL, g_test
 
 from rvqspec import MultiCodeDecoder, RvqspecError, Sampler, Tree, decode_frame, decode_frames, default_tree, quantize
-from rvqspec.engine.drafters import ReusedHeads, make_drafter
-from rvqspec.engine.quantize import (SCHEMES, ZERO_POINT, Int8Matmul, QuantizedLinear, quantize_linears,
+from rvqspec.core.drafters import ReusedHeads, make_drafter
+from rvqspec.core.quantize import (SCHEMES, ZERO_POINT, Int8Matmul, QuantizedLinear, quantize_linears,
                                      quantize_tokens, restore_linears, w8a8_kernel)
 
 from helpers.tiny import random_frames, random_medusa, random_offsets, tiny_model
@@ -139,7 +139,7 @@ def test_from_pretrained_quantizes_what_it_loads(tmp_path):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64], ids=str)
 def test_the_fused_token_quantization_gives_the_plain_ops_bits(dtype):
-    from rvqspec.engine import fused
+    from rvqspec.core import fused
 
     x, acc = torch.randn(37, 64).to(dtype) * 3, torch.randn(37, 48)
     x[5] = 0  # an all-zero token: the scale's floor

@@ -15,7 +15,7 @@ from test_file_fuzz import JUNK, damage_json, refused_or_read
 
 from rvqspec import RvqspecError
 from rvqspec.cli.main import main
-from rvqspec.engine.policy import setting_key
+from rvqspec.core.policy import setting_key
 from rvqspec.integrations.tuned import load_tuned
 from rvqspec.tuning.tune import STAGES, TuneSettings, tune
 
@@ -192,7 +192,7 @@ def test_tune_on_a_full_disk_says_so_in_one_line(standin, tmp_path, monkeypatch,
     """ENOSPC from each kind of writer `tune` uses: text (json), safetensors, the training checkpoint."""
     from safetensors import SafetensorError
 
-    from rvqspec.engine import checkpoint
+    from rvqspec.core import checkpoint
     from rvqspec.tuning import train
 
     def full(tmp):

@@ -1,4 +1,4 @@
-"""Issue 36, cases 16-18: the CUDA-graph path (rvqspec.engine.graphs) on the CPU, the capture replaced by a direct call.
+"""Issue 36, cases 16-18: the CUDA-graph path (rvqspec.core.graphs) on the CPU, the capture replaced by a direct call.
 16: the cache is bounded (least recently used out), keyed by value (a fresh seeded generator per call, or an equal tree
 object, captures nothing new) and keeps no model alive. 17: padding rows draw nothing from the request's generator,
 so seeded codes through graphs at batch 3 (padded to 4) are eager's. 18: a CPU model with the real capture is
@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from rvqspec import RvqspecError
-from rvqspec.engine import device_path
-from rvqspec.engine.decode import decode_frames
-from rvqspec.engine.drafters import ReusedHeads
-from rvqspec.engine.graphs import GraphCache, direct_call
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import Tree, default_tree
+from rvqspec.core import device_path
+from rvqspec.core.decode import decode_frames
+from rvqspec.core.drafters import ReusedHeads
+from rvqspec.core.graphs import GraphCache, direct_call
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.tree import Tree, default_tree
 
 from helpers.tiny import random_frames, random_offsets, tiny_model
 
@@ -130,7 +130,7 @@ def test_graphs_on_a_cpu_model_say_how_to_decode_instead():
 
 
 def test_the_old_name_graph_decoder_still_works_with_a_deprecation_warning():
-    from rvqspec.engine import graphs
+    from rvqspec.core import graphs
 
     with pytest.warns(DeprecationWarning, match="GraphCache"):
         assert graphs.GraphDecoder is GraphCache

@@ -13,8 +13,8 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 
 import rvqspec
 from rvqspec import RvqspecError, Sampler, Tree, decode_frames, quantize
-from rvqspec.engine.drafters import ReusedHeads
-from rvqspec.engine.quantize import SCHEMES, Int8Matmul, QuantizedLinear, quantize_linears, quantize_rows, w8a8_kernel
+from rvqspec.core.drafters import ReusedHeads
+from rvqspec.core.quantize import SCHEMES, Int8Matmul, QuantizedLinear, quantize_linears, quantize_rows, w8a8_kernel
 
 from helpers.csm_models import tiny_csm
 from helpers.tiny import random_frames, tiny_model

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import rvqspec
-from rvqspec.engine.quantize import QuantizedLinear
+from rvqspec.core.quantize import QuantizedLinear
 
 from helpers.csm_models import tiny_csm
 from helpers.upstream_models import upstream_available

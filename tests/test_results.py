@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from rvqspec.engine.checkpoint import save_json
-from rvqspec.engine.drafters import Offsets, ReusedHeads
+from rvqspec.core.checkpoint import save_json
+from rvqspec.core.drafters import Offsets, ReusedHeads
 from rvqspec.standin.evaluate import distribution_check, table2_row, table3
 from rvqspec.standin.synthesis import Run
 

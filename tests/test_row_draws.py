@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from rvqspec import RvqspecError
-from rvqspec.engine import device_path
-from rvqspec.engine.decode import decode_frames
-from rvqspec.engine.drafters import ReusedHeads
-from rvqspec.engine.graphs import GraphCache, direct_call
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import default_tree
+from rvqspec.core import device_path
+from rvqspec.core.decode import decode_frames
+from rvqspec.core.drafters import ReusedHeads
+from rvqspec.core.graphs import GraphCache, direct_call
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.tree import default_tree
 
 from helpers.tiny import random_frames, random_offsets, tiny_model
 

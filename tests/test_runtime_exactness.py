@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rvqspec import ReusedHeads, Sampler, default_tree
-from rvqspec.engine import talker as talker_blocks
+from rvqspec.core import talker as talker_blocks
 from rvqspec.integrations.qwen_tts import import_qwen_tts, talker_from_upstream
 from rvqspec.runtime import Engine
 from rvqspec.standin.synthesis import max_frames_for, synthesize_codes

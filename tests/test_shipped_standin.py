@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-from rvqspec.engine.drafters import Offsets
-from rvqspec.engine.model import MultiCodeDecoder
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import Tree
+from rvqspec.core.drafters import Offsets
+from rvqspec.core.model import MultiCodeDecoder
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.tree import Tree
 from rvqspec.standin.codec import MelRVQCodec, griffin_lim
 from rvqspec.standin.settings import ASSET_LIMIT_BYTES, ASSETS, BUDGETS, MODEL_DIR, OFFSETS_FILE, TREES_DIR
 from rvqspec.standin.synthesis import synthesize_codes

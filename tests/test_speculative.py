@@ -5,12 +5,12 @@ import functools
 import pytest
 import torch
 
-from rvqspec.engine import decode, device_path
-from rvqspec.engine.decode import decode_frame, decode_frames
-from rvqspec.engine.drafters import Drafter, ReusedHeads
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import Tree, default_tree, grow_tree
+from rvqspec.core import decode, device_path
+from rvqspec.core.decode import decode_frame, decode_frames
+from rvqspec.core.drafters import Drafter, ReusedHeads
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.tree import Tree, default_tree, grow_tree
 
 from helpers.tiny import random_frames, random_medusa, random_offsets, tiny_model
 

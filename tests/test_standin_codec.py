@@ -86,7 +86,7 @@ def test_save_load_round_trip(small_codec, tmp_path):
 
 
 def test_missing_codec_file_names_the_fix(tmp_path):
-    from rvqspec.engine.errors import RvqspecError
+    from rvqspec.core.errors import RvqspecError
 
     with pytest.raises(RvqspecError, match="rvqspec standin build --from codec --to codec"):
         C.MelRVQCodec.load(tmp_path / "nope.safetensors")

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from rvqspec.cli.main import main
-from rvqspec.engine.decode import decode_frame
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.sampling import Sampler
+from rvqspec.core.decode import decode_frame
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.sampling import Sampler
 from rvqspec.standin import quality, synthesis
 from rvqspec.standin.build import build
 from rvqspec.standin.diagnose import complete_levels, diagnose

@@ -8,12 +8,12 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from rvqspec.engine.decode import decode_frame
-from rvqspec.engine.drafters import Offsets, ReusedHeads
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.model import MultiCodeDecoder
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import default_tree
+from rvqspec.core.decode import decode_frame
+from rvqspec.core.drafters import Offsets, ReusedHeads
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.model import MultiCodeDecoder
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.tree import default_tree
 from rvqspec.standin.build import build
 from rvqspec.standin.settings import Settings
 from rvqspec.standin.synthesis import synthesize_codes

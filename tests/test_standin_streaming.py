@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from rvqspec.engine.drafters import ReusedHeads
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.tree import default_tree
+from rvqspec.core.drafters import ReusedHeads
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.tree import default_tree
 from rvqspec.standin.codec import hifigan
 from rvqspec.standin.streaming import CONTEXT_FRAMES, ChunkedVocoder, SpeechStream
 from rvqspec.standin.synthesis import synthesize_codes

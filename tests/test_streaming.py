@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rvqspec import ReusedHeads, RvqspecError, default_tree
-from rvqspec.engine.frame_loop import check_chunks
+from rvqspec.core.frame_loop import check_chunks
 from rvqspec.integrations.qwen_tts_audio import StreamingCodec, offline_decode
 from rvqspec.integrations.stream import Stopped, stream
 

@@ -3,9 +3,9 @@ import torch
 from safetensors.torch import load_file
 
 from rvqspec.cli.main import main
-from rvqspec.engine.drafters import Drafter, MedusaHeads, Offsets, ReusedHeads
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.model import MultiCodeDecoder
+from rvqspec.core.drafters import Drafter, MedusaHeads, Offsets, ReusedHeads
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.model import MultiCodeDecoder
 from rvqspec.tuning.corpus import Corpus, CorpusWriter
 from rvqspec.tuning.train import DraftLoss, TrainSettings, evaluate, train
 
@@ -154,7 +154,7 @@ def test_a_nan_in_the_corpus_is_one_line_for_train_and_calibrate(tmp_path, capsy
 def test_the_acceptance_objective_uses_the_verifiers_own_distribution(data):
     """p in -log sum q p is what AR decoding draws from for each codebook: the model's teacher-forced logits under
     the deployed sampler (a shifted position, for instance, fails this)."""
-    from rvqspec.engine.sampling import Sampler
+    from rvqspec.core.sampling import Sampler
 
     model_dir, corpus_dir = data
     model = MultiCodeDecoder.from_pretrained(model_dir)

@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.tree import Tree, default_tree, grow_tree
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.tree import Tree, default_tree, grow_tree
 
 
 @pytest.mark.parametrize("paths, problem", [

@@ -9,7 +9,7 @@ Per setting (dtype x threads), in one process:
    round, rows spread over neighbouring k as ragged progress spreads them), interleaved rounds, medians;
 2. acceptance: the heads' peak strength bisected per N = 16, 32, 64 until tokens/step matches the paper's
    (2.25, 2.47, 2.60), once per dtype (another frame length: until the per-round acceptance matches the 0.6B's);
-3. the policy (`rvqspec.engine.policy`) from that table and the calls each calibration frame took at that
+3. the policy (`rvqspec.core.policy`) from that table and the calls each calibration frame took at that
    acceptance (as a calibration report gives them) chooses N per B;
 4. frames: per B, the same `repeats` batches of frames decoded by (a), (b), (c) in turn, medians of the batch
    times; frames/s = B / median. Where the policy chose AR, (b) is (a): the same code, so its time is reused.
@@ -25,15 +25,15 @@ import torch
 from rvqspec.bench.controlled import (PAPER_ACCEPTANCE, ControlledPredictor, calibrate_to_paper, controlled_predictor,
                                       log_calibration, paper_round_acceptance)
 from rvqspec.bench.timing import finish_machine, machine
-from rvqspec.engine.config import ARCHITECTURES
-from rvqspec.engine.decode import decode_frames, tokens_per_step
-from rvqspec.engine.device_file import update_device_file
-from rvqspec.engine.drafters import ReusedHeads
-from rvqspec.engine.latency import call_latency, clocks, elapsed_ms, latency_row
-from rvqspec.engine.policy import SIZES, LatencyTable, Policy, measured_distribution, setting_key
-from rvqspec.engine.quantize import quantize
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import default_tree
+from rvqspec.core.config import ARCHITECTURES
+from rvqspec.core.decode import decode_frames, tokens_per_step
+from rvqspec.core.device_file import update_device_file
+from rvqspec.core.drafters import ReusedHeads
+from rvqspec.core.latency import call_latency, clocks, elapsed_ms, latency_row
+from rvqspec.core.policy import SIZES, LatencyTable, Policy, measured_distribution, setting_key
+from rvqspec.core.quantize import quantize
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.tree import default_tree
 
 
 @dataclass(frozen=True)

@@ -26,13 +26,13 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor
 
-from rvqspec.engine.config import QWEN3_TTS_0_6B, PredictorConfig
-from rvqspec.engine.decode import FrameResult, decode_frame, tokens_per_step as decoded_tokens_per_step
-from rvqspec.engine.drafters import ReusedHeads
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.model import MultiCodeDecoder, resolve_dtype
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import Tree
+from rvqspec.core.config import QWEN3_TTS_0_6B, PredictorConfig
+from rvqspec.core.decode import FrameResult, decode_frame, tokens_per_step as decoded_tokens_per_step
+from rvqspec.core.drafters import ReusedHeads
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.model import MultiCodeDecoder, resolve_dtype
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.tree import Tree
 
 PAPER_ACCEPTANCE = {16: 2.25, 32: 2.47, 64: 2.60}  # tokens/step at tree size N, paper section 3.4
 EMBED_SCALE = 30.0  # code embeddings' RMS; the random layers add O(1) per block to the residual stream

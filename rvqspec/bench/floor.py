@@ -14,11 +14,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-from rvqspec.engine import cpu_class
-from rvqspec.engine.config import ARCHITECTURES
-from rvqspec.engine.device_path import median_ms, packable
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.quantize import Int8Matmul, check_scheme, int8_kernels, w8a8_kernel
+from rvqspec.core import cpu_class
+from rvqspec.core.config import ARCHITECTURES
+from rvqspec.core.device_path import median_ms, packable
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.quantize import Int8Matmul, check_scheme, int8_kernels, w8a8_kernel
 
 SCHEMES = ("float32", "bfloat16", "w8a16", "w8a8")
 ROWS = (1, 4, 8)

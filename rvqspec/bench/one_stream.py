@@ -29,15 +29,15 @@ import torch
 from rvqspec.bench.controlled import (PAPER_ACCEPTANCE, Calibrated, ControlledPredictor, calibrate_to_paper,
                                       controlled_predictor, log_calibration, paper_round_acceptance, round_acceptance)
 from rvqspec.bench.timing import finish_machine, machine
-from rvqspec.engine.config import ARCHITECTURES as ARCHS
-from rvqspec.engine.decode import decode_frame, tokens_per_step
-from rvqspec.engine.drafters import ReusedHeads
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.latency import TIMED_K, call_latency, clocks, elapsed_ms, medians
-from rvqspec.engine.model import MultiCodeDecoder
-from rvqspec.engine.policy import report_size
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import Tree, default_tree
+from rvqspec.core.config import ARCHITECTURES as ARCHS
+from rvqspec.core.decode import decode_frame, tokens_per_step
+from rvqspec.core.drafters import ReusedHeads
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.latency import TIMED_K, call_latency, clocks, elapsed_ms, medians
+from rvqspec.core.model import MultiCodeDecoder
+from rvqspec.core.policy import report_size
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.tree import Tree, default_tree
 from rvqspec.tuning.calibrate import load_drafter
 
 REFERENCE_ARCH = "0.6b"  # the paper's model: other frame lengths run at the acceptance it has at the paper's figures

@@ -4,7 +4,7 @@ per batch size): Markdown and plots from the measured JSON, nothing measured her
 from pathlib import Path
 
 from rvqspec.bench.timing import machine_text
-from rvqspec.engine.checkpoint import atomic_write
+from rvqspec.core.checkpoint import atomic_write
 
 
 def setting_name(s: dict) -> str:

@@ -1,6 +1,6 @@
 """What the benchmarks share: the machine's facts (its CPU class included) and the report files (JSON, Markdown,
 plot). Clocks, medians and the per-call latency of the AR step and of speculative rounds are in
-`rvqspec.engine.latency`, where the decoding policy measures its tables too."""
+`rvqspec.core.latency`, where the decoding policy measures its tables too."""
 
 import os
 import platform
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from rvqspec.engine import cpu_class
-from rvqspec.engine.checkpoint import save_json, save_text
+from rvqspec.core import cpu_class
+from rvqspec.core.checkpoint import save_json, save_text
 
 def machine() -> dict:
     return {"cpu": cpu_name(), "cpu_class": cpu_class.cpu_class(), "cores": os.cpu_count(), "torch": torch.__version__,

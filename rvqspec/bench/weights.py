@@ -20,17 +20,17 @@ import torch
 
 from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor
 from rvqspec.bench.timing import finish_machine, machine, machine_text
-from rvqspec.engine import cpu_class
-from rvqspec.engine.config import ARCHITECTURES
-from rvqspec.engine.decode import decode_frame, tokens_per_step
-from rvqspec.engine.drafters import ReusedHeads
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.latency import clocks, elapsed_ms
-from rvqspec.engine.model import DTYPES, resolve_dtype
-from rvqspec.engine.policy import Policy
-from rvqspec.engine.quantize import SCHEMES, quantize
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import default_tree
+from rvqspec.core import cpu_class
+from rvqspec.core.config import ARCHITECTURES
+from rvqspec.core.decode import decode_frame, tokens_per_step
+from rvqspec.core.drafters import ReusedHeads
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.latency import clocks, elapsed_ms
+from rvqspec.core.model import DTYPES, resolve_dtype
+from rvqspec.core.policy import Policy
+from rvqspec.core.quantize import SCHEMES, quantize
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.tree import default_tree
 
 BASELINE = "bfloat16"  # what every ratio is against: the float model users run on a CPU
 PROBE_LIMIT = 5.0  # a scheme whose probed AR frame takes this many bfloat16 AR frames is not timed

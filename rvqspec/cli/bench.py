@@ -10,10 +10,10 @@ from rvqspec.bench.one_stream import REFERENCE_ARCH, Plan, load_calibration, loa
 from rvqspec.bench.report import batch_markdown, batch_plot, markdown, plot
 from rvqspec.bench.timing import write_reports
 from rvqspec.cli import flags
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.model import resolve_dtype
-from rvqspec.engine.policy import SIZES
-from rvqspec.engine.quantize import SCHEMES
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.model import resolve_dtype
+from rvqspec.core.policy import SIZES
+from rvqspec.core.quantize import SCHEMES
 
 
 def parse_list(text: str, kind, allowed=None, what: str = "value") -> list:

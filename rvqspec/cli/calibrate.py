@@ -5,12 +5,12 @@ import json
 import torch
 
 from rvqspec.cli import flags
-from rvqspec.engine.drafters import DEFAULT_DEPTH
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.quantize import SCHEMES
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.policy import report_size
-from rvqspec.engine.tree import MAX_NODES
+from rvqspec.core.drafters import DEFAULT_DEPTH
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.quantize import SCHEMES
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.policy import report_size
+from rvqspec.core.tree import MAX_NODES
 from rvqspec.tuning.calibrate import CalibrationSettings, calibrate
 
 

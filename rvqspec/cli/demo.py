@@ -2,7 +2,7 @@
 
 Both runs use the same model, sampler (temperature 0.9, top-k 50) and seed; they differ only in the
 predictor's inner loop (`decode_frame` without / with the shipped offsets and a calibrated tree). The
-decoding policy (`rvqspec.engine.policy`) says which of the two it would deploy on this machine, and why, from
+decoding policy (`rvqspec.core.policy`) says which of the two it would deploy on this machine, and why, from
 call latencies measured live and the stand-in's calibrated acceptance. The report gives the stand-in's
 own figures (calls per frame, tokens/step, inner-loop wall-time ratio, real-time factor, the predictor's
 confidence), then a short comparison measured live on the real 0.6B architecture at the paper's
@@ -22,17 +22,17 @@ from pathlib import Path
 import torch
 
 from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor
-from rvqspec.engine.latency import call_latency, latency_row
+from rvqspec.core.latency import call_latency, latency_row
 from rvqspec.cli import flags
-from rvqspec.engine.config import QWEN3_TTS_0_6B
-from rvqspec.engine.decode import decode_frame
-from rvqspec.engine.device_path import fastest_float
-from rvqspec.engine.drafters import Offsets, ReusedHeads
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.policy import LatencyTable, Policy, measured_distribution
-from rvqspec.engine.quantize import quantize
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import Tree, default_tree
+from rvqspec.core.config import QWEN3_TTS_0_6B
+from rvqspec.core.decode import decode_frame
+from rvqspec.core.device_path import fastest_float
+from rvqspec.core.drafters import Offsets, ReusedHeads
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.policy import LatencyTable, Policy, measured_distribution
+from rvqspec.core.quantize import quantize
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.tree import Tree, default_tree
 
 DEFAULT_TEXT = {"en": "The quick brown fox jumps over the lazy dog.",
                 "de": "Der schnelle braune Fuchs springt über den faulen Hund.",
@@ -282,11 +282,11 @@ def run_engine_demo(frames: int = 12, nodes: int = 16, seed: int = 0) -> dict:
     Random heads draft poorly, so this shows the engine working (same calls, same sampler), not a
     realistic speed-up; the report says so.
     """
-    from rvqspec.engine.config import PredictorConfig
-    from rvqspec.engine.decode import decode_frame, tokens_per_step
-    from rvqspec.engine.drafters import ReusedHeads
-    from rvqspec.engine.model import MultiCodeDecoder
-    from rvqspec.engine.tree import default_tree
+    from rvqspec.core.config import PredictorConfig
+    from rvqspec.core.decode import decode_frame, tokens_per_step
+    from rvqspec.core.drafters import ReusedHeads
+    from rvqspec.core.model import MultiCodeDecoder
+    from rvqspec.core.tree import default_tree
 
     config = PredictorConfig(hidden_size=256, intermediate_size=768, num_hidden_layers=5, num_attention_heads=8,
                              num_key_value_heads=4, head_dim=32, vocab_size=256, talker_hidden_size=256,

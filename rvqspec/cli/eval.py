@@ -7,9 +7,9 @@ from pathlib import Path
 import torch
 
 from rvqspec.cli import flags
-from rvqspec.engine.checkpoint import relative_path, save_json, save_text
-from rvqspec.engine.drafters import KINDS
-from rvqspec.engine.errors import RvqspecError
+from rvqspec.core.checkpoint import relative_path, save_json, save_text
+from rvqspec.core.drafters import KINDS
+from rvqspec.core.errors import RvqspecError
 from rvqspec.standin.evaluate import (DEFAULT_NODES, DRAFTERS, MANIFEST, MEDUSA_DIR, MEDUSA_STEPS, evaluate,
                                       load_drafters, load_tree, medusa_training, report_markdown, table2_markdown,
                                       table3_markdown)

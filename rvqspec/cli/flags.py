@@ -10,8 +10,8 @@ import math
 import os
 from pathlib import Path
 
-from rvqspec.engine.drafters import KINDS
-from rvqspec.engine.errors import RvqspecError
+from rvqspec.core.drafters import KINDS
+from rvqspec.core.errors import RvqspecError
 
 
 def drafter_spec(allowed: tuple[str, ...]):
@@ -67,7 +67,7 @@ def bounded_int(low: int, high: int | None = None):
 positive_int = bounded_int(1)
 non_negative_int = bounded_int(0)
 seed = bounded_int(0, 2 ** 63 - 1)  # torch generators take a signed 64-bit seed
-chunk_frames = bounded_int(1, 300)  # rvqspec.engine.frame_loop.MAX_CHUNK_FRAMES
+chunk_frames = bounded_int(1, 300)  # rvqspec.core.frame_loop.MAX_CHUNK_FRAMES
 
 
 def positive_float(text: str) -> float:

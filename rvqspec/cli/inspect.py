@@ -1,6 +1,6 @@
 """`rvqspec inspect --model MODEL_DIR`: the depth decoder a checkpoint folder holds (Qwen3-TTS's code predictor or
 CSM's depth decoder), its config and parameter counts. `rvqspec inspect --device`: this CPU's class and the kernel
-choices the engine measured for it (`engine/device_path.py`), with the figures behind them.
+choices the engine measured for it (`core/device_path.py`), with the figures behind them.
 
 Loading the predictor checks the whole folder (config, every tensor the predictor needs and its shape),
 so this is also the quick way to validate a checkpoint before a long job.
@@ -13,10 +13,10 @@ import torch
 
 from rvqspec.bench.floor import one_row_steps
 from rvqspec.cli import flags
-from rvqspec.engine import cpu_class, device_path, fused
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.model import MultiCodeDecoder
-from rvqspec.engine.quantize import w8a8_kernel
+from rvqspec.core import cpu_class, device_path, fused
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.model import MultiCodeDecoder
+from rvqspec.core.quantize import w8a8_kernel
 from rvqspec.integrations.hub import REPO_ID, resolve_model
 
 

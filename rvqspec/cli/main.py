@@ -9,7 +9,7 @@ import importlib
 import os
 import sys
 
-from rvqspec.engine.errors import RvqspecError
+from rvqspec.core.errors import RvqspecError
 
 # Modules that register subcommands, in the order `rvqspec --help` lists them.
 COMMAND_MODULES = ["demo", "train", "calibrate", "tune", "synth", "serve", "standin", "eval", "bench", "inspect"]

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from rvqspec.cli import flags
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.quantize import SCHEMES
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.quantize import SCHEMES
 from rvqspec.serve import BODY_SECONDS, HEADER_SECONDS
 from rvqspec.serve.voices import MAX_VOICES, VOICES_QUOTA
 

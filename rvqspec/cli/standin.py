@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 from rvqspec.cli import flags
-from rvqspec.engine.checkpoint import save_json
+from rvqspec.core.checkpoint import save_json
 from rvqspec.standin.build import STAGES, build, stage_corpus, stage_quality
 from rvqspec.standin.settings import Settings
 

@@ -19,11 +19,11 @@ import torch
 
 from rvqspec.cli import flags
 from rvqspec.cli.tune import is_standin_folder
-from rvqspec.engine.checkpoint import atomic_write
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.frame_loop import CHUNK_FRAMES
-from rvqspec.engine.model import resolve_dtype
-from rvqspec.engine.quantize import SCHEMES
+from rvqspec.core.checkpoint import atomic_write
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.frame_loop import CHUNK_FRAMES
+from rvqspec.core.model import resolve_dtype
+from rvqspec.core.quantize import SCHEMES
 from rvqspec.integrations import csm
 from rvqspec.integrations.hub import default_device, default_dtype, resolve_model
 from rvqspec.integrations.qwen_tts import accelerate, generate_speech, load_tts, speech_request, upstream_refusals
@@ -61,8 +61,8 @@ def write_wav(path: str | Path, wav, sample_rate: int) -> None:
 def load_drafting(args):
     """(drafter, tree) from the flags, checked before any model is loaded; (None, None) for plain AR (or --tuned,
     whose folder brings its own)."""
-    from rvqspec.engine.drafters import Drafter, ReusedHeads
-    from rvqspec.engine.tree import Tree
+    from rvqspec.core.drafters import Drafter, ReusedHeads
+    from rvqspec.core.tree import Tree
 
     if args.tuned:
         if args.no_spec or args.drafter != "reused" or args.tree:

@@ -3,7 +3,7 @@
 import os
 
 from rvqspec.cli import flags
-from rvqspec.engine.drafters import DEFAULT_DEPTH
+from rvqspec.core.drafters import DEFAULT_DEPTH
 from rvqspec.tuning.train import OBJECTIVES, TrainSettings, train
 
 

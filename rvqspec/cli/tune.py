@@ -12,8 +12,8 @@ import torch
 from safetensors import SafetensorError
 
 from rvqspec.cli import flags
-from rvqspec.engine.checkpoint import save_json
-from rvqspec.engine.model import MultiCodeDecoder
+from rvqspec.core.checkpoint import save_json
+from rvqspec.core.model import MultiCodeDecoder
 from rvqspec.integrations.hub import default_device, default_dtype, resolve_model
 from rvqspec.tuning.recordings import is_csm_checkpoint
 from rvqspec.tuning.train import OBJECTIVES
@@ -28,10 +28,10 @@ def latency_bench(predictor: MultiCodeDecoder):
 
     def bench(out: Path) -> dict:
         from rvqspec.bench.timing import cpu_name
-        from rvqspec.engine.latency import call_latency, latency_row
-        from rvqspec.engine.policy import report_size, setting_key
-        from rvqspec.engine.sampling import Sampler
-        from rvqspec.engine.tree import Tree
+        from rvqspec.core.latency import call_latency, latency_row
+        from rvqspec.core.policy import report_size, setting_key
+        from rvqspec.core.sampling import Sampler
+        from rvqspec.core.tree import Tree
         from rvqspec.integrations.tuned import LATENCY, TREES, tuned_drafter
 
         report = json.loads((out / TREES / "report.json").read_text())

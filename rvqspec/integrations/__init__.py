@@ -3,8 +3,8 @@ CSM model and hooks its depth decoder (each submodule imports its package only w
 
 import torch
 
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.tree import Tree
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.tree import Tree
 from rvqspec.integrations import csm, qwen_tts
 from rvqspec.integrations.base import HANDLE, AccelerateOptions, Acceleration
 
@@ -23,7 +23,7 @@ def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator:
     `weights="w8a8"` (or "w8a16"): decode with int8 weights instead (`rvqspec.quantize`, CPU): a different model, opt-in;
     its codes have its own distribution, and speculation is exact relative to it. `tuned`: a folder `rvqspec tune`
     wrote for this model (drafter, trees, latency table), in place of drafter= and calibration=. On CUDA the
-    calls replay from CUDA graphs (`rvqspec.engine.graphs`); `graphs=False` runs them eagerly.
+    calls replay from CUDA graphs (`rvqspec.core.graphs`); `graphs=False` runs them eagerly.
     `talker_weights="w8a8"` (opt-in, lossy, CPU): the talker's (CSM: the backbone's) linear layers become int8 ones
     too, until `handle.undo()`.
     """

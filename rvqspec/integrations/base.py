@@ -3,7 +3,7 @@
 
 A subclass says where the depth decoder is (`target`), how to copy it (`build_decoder`) and how its per-frame
 generate call looks (`generate`); this class decides AR or which tree per batch size and keeps the counts, with
-the frame-loop toolkit the Engine's loop uses too (`engine/frame_loop.py`: the policy's set-up, `Stats`).
+the frame-loop toolkit the Engine's loop uses too (`core/frame_loop.py`: the policy's set-up, `Stats`).
 """
 
 import functools
@@ -13,18 +13,18 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rvqspec.engine import device_path
-from rvqspec.engine import policy as policy_choice
-from rvqspec.engine.changes import Watch, parameters_of
-from rvqspec.engine.decode import BatchResult, decode_frames
-from rvqspec.engine.errors import RvqspecError
-# Stats and check_arguments moved to engine/frame_loop.py; still importable from here for a release.
-from rvqspec.engine.frame_loop import Stats, check_arguments, decoding_policy
-from rvqspec.engine.graphs import GraphCache
-from rvqspec.engine.model import MultiCodeDecoder
-from rvqspec.engine.quantize import check_scheme, quantize, quantize_linears, restore_linears
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import Tree
+from rvqspec.core import device_path
+from rvqspec.core import policy as policy_choice
+from rvqspec.core.changes import Watch, parameters_of
+from rvqspec.core.decode import BatchResult, decode_frames
+from rvqspec.core.errors import RvqspecError
+# Stats and check_arguments moved to core/frame_loop.py; still importable from here for a release.
+from rvqspec.core.frame_loop import Stats, check_arguments, decoding_policy
+from rvqspec.core.graphs import GraphCache
+from rvqspec.core.model import MultiCodeDecoder
+from rvqspec.core.quantize import check_scheme, quantize, quantize_linears, restore_linears
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.tree import Tree
 from rvqspec.integrations.stream import Turns
 from rvqspec.integrations.tuned import load_tuned
 

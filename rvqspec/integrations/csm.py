@@ -22,13 +22,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from rvqspec.engine.checkpoint import CSM_DEPTH, CSM_TIED_TABLES, official_layout, official_state_dict
-from rvqspec.engine.config import config_from_csm, csm_config_dict
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.frame_loop import CHUNK_FRAMES
-from rvqspec.engine.model import MultiCodeDecoder
-from rvqspec.engine.talker import Talker, TalkerConfig
-from rvqspec.engine.tree import Tree
+from rvqspec.core.checkpoint import CSM_DEPTH, CSM_TIED_TABLES, official_layout, official_state_dict
+from rvqspec.core.config import config_from_csm, csm_config_dict
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.frame_loop import CHUNK_FRAMES
+from rvqspec.core.model import MultiCodeDecoder
+from rvqspec.core.talker import Talker, TalkerConfig
+from rvqspec.core.tree import Tree
 from rvqspec.integrations.base import AccelerateOptions, Acceleration
 from rvqspec.integrations.csm_stream import stream_audio
 

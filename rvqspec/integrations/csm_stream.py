@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.frame_loop import ChunkClock, check_chunks
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.frame_loop import ChunkClock, check_chunks
 from rvqspec.integrations.stream import Channel, Turns, stream
 
 LEFT_CONTEXT_FRAMES = 25  # as qwen-tts's chunked_decode (its 12 Hz codec is Mimi-like)

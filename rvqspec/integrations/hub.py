@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.model import resolve_dtype
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.model import resolve_dtype
 
 REPO_ID = re.compile(r"[\w.-]+/[\w.-]+")
 

@@ -27,13 +27,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from rvqspec.engine.checkpoint import official_layout, official_state_dict
-from rvqspec.engine.config import config_from_upstream
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.frame_loop import CHUNK_FRAMES
-from rvqspec.engine.model import MultiCodeDecoder
-from rvqspec.engine.talker import Talker, TalkerConfig
-from rvqspec.engine.tree import Tree
+from rvqspec.core.checkpoint import official_layout, official_state_dict
+from rvqspec.core.config import config_from_upstream
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.frame_loop import CHUNK_FRAMES
+from rvqspec.core.model import MultiCodeDecoder
+from rvqspec.core.talker import Talker, TalkerConfig
+from rvqspec.core.tree import Tree
 from rvqspec.integrations.base import AccelerateOptions, Acceleration
 from rvqspec.integrations.qwen_tts_stream import stream_speech
 
@@ -189,16 +189,16 @@ def accelerate(model, drafter=None, tree: Tree | str | None = "auto", generator:
     `model`: a `qwen_tts.Qwen3TTSModel`, its `.model`, or its `.model.talker`. Each batched frame step of the
     talker is one `decode_frames` call for all its rows. No drafter: plain AR (15 calls per frame step); with a
     drafter (`rvqspec.Offsets.load(path)`, `rvqspec.ReusedHeads()`, ...): `tree="auto"` lets the decoding
-    policy (`rvqspec.engine.policy`) pick AR or a tree per batch size, from the call latencies `rvqspec bench --batch`
+    policy (`rvqspec.core.policy`) pick AR or a tree per batch size, from the call latencies `rvqspec bench --batch`
     measured on this device and the acceptance of `calibration` (an `rvqspec calibrate` folder; default: the
     prior of `default_tree`); a `Tree` decodes every step speculatively with it. Sampling settings come from
     each generate call; draws use `generator`, or torch's global RNG like upstream. Call it after moving or
     fine-tuning the model: it copies the predictor's weights (a later device or dtype change is followed, an
     in-place edit is not). `tuned`: a folder `rvqspec tune` wrote for this model (its drafter, trees and latency
     table, in place of drafter= and calibration=). On CUDA the predictor's calls replay from CUDA graphs
-    (`rvqspec.engine.graphs`, captured per batch bucket on first use); `graphs=False` runs them eagerly.
+    (`rvqspec.core.graphs`, captured per batch bucket on first use); `graphs=False` runs them eagerly.
     `talker_weights="w8a8"` (or "w8a16"), opt-in and lossy: the talker's own linear layers (not the predictor's,
-    which `weights=` sets) become int8 ones (`rvqspec.engine.quantize.quantize_linears`, CPU) until `undo()`.
+    which `weights=` sets) become int8 ones (`rvqspec.core.quantize.quantize_linears`, CPU) until `undo()`.
     """
     return accelerate_with(model, AccelerateOptions(drafter, tree, generator, calibration, weights, tuned, graphs,
                                                     talker_weights))
@@ -250,7 +250,7 @@ def upstream_refusals():
 def upstream_code_predictor(model: MultiCodeDecoder) -> torch.nn.Module:
     """Upstream's own code predictor (`Qwen3TTSTalkerCodePredictorModelForConditionalGeneration`) holding a copy
     of `model`'s weights, on its device and dtype: the reference that benchmarks time ours against."""
-    from rvqspec.engine.config import upstream_config_dict
+    from rvqspec.core.config import upstream_config_dict
 
     import_qwen_tts()
     from qwen_tts.core.models.configuration_qwen3_tts import Qwen3TTSTalkerConfig

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.frame_loop import ChunkClock, check_chunks
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.frame_loop import ChunkClock, check_chunks
 from rvqspec.integrations.qwen_tts_audio import StreamingCodec
 from rvqspec.integrations.stream import Channel, Turns, stream
 

@@ -7,7 +7,7 @@ The consumer controls the worker: leaving the loop (break, an exception, `close(
 makes the worker's next `channel.check()` (once a frame) or `send` raise `Stopped`, which unwinds generation
 within one frame, and the worker is joined before the loop returns. An exception in the worker is raised in
 the consumer. A consumer that does not read leaves the worker waiting in `send` once `max_pending` items are
-queued, so memory stays bounded. Every wait polls (POLL_SECONDS, engine/frame_loop.py): Ctrl-C always reaches the
+queued, so memory stays bounded. Every wait polls (POLL_SECONDS, core/frame_loop.py): Ctrl-C always reaches the
 consumer.
 
 Streams of one model take turns (`Turns`, one per accelerated model or stand-in): upstream keeps per-call state
@@ -32,10 +32,10 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 
-from rvqspec.engine.errors import RvqspecError
-# The chunk sizes, ChunkClock and POLL_SECONDS moved to engine/frame_loop.py (the Engine's loop uses them too);
+from rvqspec.core.errors import RvqspecError
+# The chunk sizes, ChunkClock and POLL_SECONDS moved to core/frame_loop.py (the Engine's loop uses them too);
 # still importable from here for a release.
-from rvqspec.engine.frame_loop import (CHUNK_FRAMES, FIRST_CHUNK_FRAMES, MAX_CHUNK_FRAMES, POLL_SECONDS, ChunkClock,
+from rvqspec.core.frame_loop import (CHUNK_FRAMES, FIRST_CHUNK_FRAMES, MAX_CHUNK_FRAMES, POLL_SECONDS, ChunkClock,
                                        check_chunks)
 
 __all__ = ["CHUNK_FRAMES", "FIRST_CHUNK_FRAMES", "MAX_CHUNK_FRAMES", "POLL_SECONDS", "Channel", "ChunkClock",

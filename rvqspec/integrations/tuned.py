@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.files import read_json
-from rvqspec.engine.model import MultiCodeDecoder
-from rvqspec.engine.policy import MEASURED_MARGIN, LatencyTable, check_latency_tables, setting_key
-from rvqspec.engine.tree import Tree
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.files import read_json
+from rvqspec.core.model import MultiCodeDecoder
+from rvqspec.core.policy import MEASURED_MARGIN, LatencyTable, check_latency_tables, setting_key
+from rvqspec.core.tree import Tree
 
 IDENTITY, DRAFTER, TREES, LATENCY = "tune.json", Path("train") / "offsets.safetensors", "trees", "latency.json"
 
@@ -99,7 +99,7 @@ def check_identity(folder: Path, model: MultiCodeDecoder, kind: str) -> None:
 
 def tuned_drafter(folder: Path, model: MultiCodeDecoder):
     """The drafter a tuned folder uses: its trained file, or the reused heads where those measured better."""
-    from rvqspec.engine.drafters import Drafter, ReusedHeads
+    from rvqspec.core.drafters import Drafter, ReusedHeads
 
     name = read_identity(folder).get("drafter", str(DRAFTER))  # checked there: "reused" or train/NAME.safetensors
     if name == "reused":

@@ -2,8 +2,8 @@
 continuous batching (scheduler.py), requests and their audio (request.py), the codec workers that turn frames into
 audio (codec_worker.py), admission at real time (capacity.py), the thread budget (threads.py), and one adapter per
 model family (qwen_tts.py, csm.py, standin.py) under the contract in adapter.py. Its loop shares the frame-loop
-toolkit of `accelerate()`'s (`engine/frame_loop.py`: the policy's set-up, Stats, chunk clocks, polling, argument
-checks). Above `engine/`, `integrations/` (only to load and wrap upstream's models) and `standin/`, which it uses;
+toolkit of `accelerate()`'s (`core/frame_loop.py`: the policy's set-up, Stats, chunk clocks, polling, argument
+checks). Above `core/`, `integrations/` (only to load and wrap upstream's models) and `standin/`, which it uses;
 nothing below imports it."""
 
 from rvqspec.runtime.engine import Engine

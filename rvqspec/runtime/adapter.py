@@ -15,9 +15,9 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 from torch import Tensor, nn
 
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.model import MultiCodeDecoder
-from rvqspec.engine.quantize import quantize, quantize_linears
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.model import MultiCodeDecoder
+from rvqspec.core.quantize import quantize, quantize_linears
 from rvqspec.runtime.request import AudioStream, Prompt
 
 
@@ -29,7 +29,7 @@ class ModelAdapter(Protocol):
     kind: str  # the one request kind it decodes ("custom_voice", "csm", "speech", ...)
     sample_rate: int
     frame_seconds: float  # audio seconds per frame
-    talker: nn.Module  # on the engine's blocks, as `engine/talker.py` runs them (`Talker`, the stand-in's own)
+    talker: nn.Module  # on the engine's blocks, as `core/talker.py` runs them (`Talker`, the stand-in's own)
     predictor: MultiCodeDecoder
 
     @property

@@ -21,8 +21,8 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.frame_loop import ChunkClock
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.frame_loop import ChunkClock
 
 
 class Cores:

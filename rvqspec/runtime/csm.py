@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.sampling import Sampler, TalkerRules
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.sampling import Sampler, TalkerRules
 from rvqspec.integrations.base import UNSUPPORTED_SETTINGS
 from rvqspec.integrations.csm import depth_decoder_from_transformers, talker_from_csm
 from rvqspec.integrations.csm_stream import MimiRow

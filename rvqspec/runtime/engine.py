@@ -9,7 +9,7 @@
 
 Where `rvqspec.accelerate(tts)` swaps the predictor inside upstream's own loop (one request at a time, upstream's
 talker), the engine runs the loop itself (`runtime/scheduler.py`): the talker on the engine's blocks
-(`engine/talker.py`), the predictor through `decode_frames` with the policy's tree per batch size, and every live
+(`core/talker.py`), the predictor through `decode_frames` with the policy's tree per batch size, and every live
 request in one batch that new ones join at frame boundaries. Prompts and settings stay upstream's
 (`runtime/qwen_tts.py`), so the codes keep upstream's distribution (greedy: the same codes).
 """
@@ -23,13 +23,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rvqspec.engine import device_path
-from rvqspec.engine import policy as policy_choice
-from rvqspec.engine.drafters import Offsets, ReusedHeads
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.files import read_json
-from rvqspec.engine.frame_loop import CHUNK_FRAMES, check_arguments, check_chunks, decoding_policy
-from rvqspec.engine.tree import Tree
+from rvqspec.core import device_path
+from rvqspec.core import policy as policy_choice
+from rvqspec.core.drafters import Offsets, ReusedHeads
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.files import read_json
+from rvqspec.core.frame_loop import CHUNK_FRAMES, check_arguments, check_chunks, decoding_policy
+from rvqspec.core.tree import Tree
 from rvqspec.runtime.adapter import ModelAdapter
 from rvqspec.runtime.capacity import Capacity
 from rvqspec.runtime.codec_worker import CodecWorker, Cores
@@ -269,8 +269,8 @@ def load_model(model, weights: str | None, talker_weights: str | None,
             from rvqspec.runtime.standin import StandinModel
 
             return folder.name, StandinModel.from_folder(folder, weights, talker_weights), None
-        from rvqspec.engine.device_path import fastest_float
-        from rvqspec.engine.model import resolve_dtype
+        from rvqspec.core.device_path import fastest_float
+        from rvqspec.core.model import resolve_dtype
         from rvqspec.integrations.qwen_tts import load_tts
 
         dtype = fastest_float() if dtype == "auto" else resolve_dtype(dtype)

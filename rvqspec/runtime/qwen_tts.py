@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.sampling import Sampler, TalkerRules
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.sampling import Sampler, TalkerRules
 from rvqspec.integrations.qwen_tts import predictor_from_upstream, talker_from_upstream, upstream_refusals
 from rvqspec.integrations.qwen_tts_audio import StreamingCodec
 from rvqspec.runtime.adapter import Captured, TalkerAdapter, capture, patched, this_thread

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.frame_loop import POLL_SECONDS
-from rvqspec.engine.sampling import Sampler, TalkerRules
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.frame_loop import POLL_SECONDS
+from rvqspec.core.sampling import Sampler, TalkerRules
 
 END = object()  # the last item of a request's audio queue
 

@@ -17,14 +17,14 @@ Between steps, waiting requests are prefilled, one by one, and join at the next 
 while the measured capacity keeps the running streams at real time: `runtime/capacity.py`). While rows decode, a gap
 between two steps runs one piece of at most `prefill_chunk` prompt tokens (chunked prefill), so that an arrival delays
 a running stream's next frame by one piece, not by its whole prompt; with no row decoding, prompts are prefilled
-whole. A prompt is prefilled into a staging row of its own (`engine/talker.py`) and copied into the batch's cache
+whole. A prompt is prefilled into a staging row of its own (`core/talker.py`) and copied into the batch's cache
 when it is done, so that it never takes part in a step half-prefilled. `PREFILL_CHUNK`: why its size. Each step and
 each piece holds the thread budget's cores for the frame loop (`runtime/threads.py`), and the codec workers are woken
 to turn the new frames into audio.
 A row's codes do not depend on the batch: every draw of a row, its c0 and its predictor's (AR or speculative),
-comes from its request's own generator, which moves on by the same amount per frame in any batch (`engine/context.py`,
+comes from its request's own generator, which moves on by the same amount per frame in any batch (`core/context.py`,
 Draws), so a seeded request's codes are the same bits alone and in any batch, joining mid-utterance or not (given the
-same logits bits: greedy or sampled, `engine/talker.py`), as per-request seeds are in vLLM.
+same logits bits: greedy or sampled, `core/talker.py`), as per-request seeds are in vLLM.
 
 A row fails alone: one whose talker state or logits turn non-finite (inf or nan: a clip or prompt out of range), or
 whose draw or predictor batch raises, leaves with its own error while the others go on with the same bits. Its cache
@@ -41,14 +41,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from rvqspec.engine import policy as policy_choice
-from rvqspec.engine import talker as talker_blocks
-from rvqspec.engine.decode import MAX_HIDDEN, decode_checked, fit_speculation
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.frame_loop import Stats
-from rvqspec.engine.policy import Policy
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import Tree
+from rvqspec.core import policy as policy_choice
+from rvqspec.core import talker as talker_blocks
+from rvqspec.core.decode import MAX_HIDDEN, decode_checked, fit_speculation
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.frame_loop import Stats
+from rvqspec.core.policy import Policy
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.tree import Tree
 from rvqspec.runtime.capacity import Capacity
 from rvqspec.runtime.codec_worker import CodecWorker, Cores
 from rvqspec.runtime.request import QueueFull, Request

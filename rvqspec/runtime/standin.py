@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.sampling import Sampler, TalkerRules
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.sampling import Sampler, TalkerRules
 from rvqspec.runtime.adapter import TalkerAdapter
 from rvqspec.runtime.request import AudioStream, Prompt
 from rvqspec.standin.audio import SAMPLE_RATE

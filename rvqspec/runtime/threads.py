@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rvqspec.engine.errors import RvqspecError
+from rvqspec.core.errors import RvqspecError
 
 
 def usable_cores() -> int:

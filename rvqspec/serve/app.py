@@ -33,7 +33,7 @@ from fastapi.responses import HTMLResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from rvqspec.engine.errors import RvqspecError
+from rvqspec.core.errors import RvqspecError
 from rvqspec.runtime import QueueFull
 from rvqspec.serve import BODY_SECONDS
 from rvqspec.serve.audio import flac_bytes, pcm_bytes, sse_delta, sse_event, wav_header

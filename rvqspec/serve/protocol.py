@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from fastapi.responses import JSONResponse
 
-from rvqspec.engine.errors import RvqspecError
+from rvqspec.core.errors import RvqspecError
 from rvqspec.serve.audio import FORMATS
 from rvqspec.serve.voices import VoiceStore, check_name
 

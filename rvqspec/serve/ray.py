@@ -27,7 +27,7 @@ import torch
 from ray import serve
 from ray.serve.metrics import Gauge
 
-from rvqspec.engine.errors import RvqspecError
+from rvqspec.core.errors import RvqspecError
 from rvqspec.runtime import Engine
 from rvqspec.serve import BODY_SECONDS
 from rvqspec.serve.app import RETRY_AFTER_SECONDS, create_app

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from rvqspec.engine.errors import RvqspecError
+from rvqspec.core.errors import RvqspecError
 from rvqspec.serve import BODY_SECONDS, HEADER_SECONDS
 from rvqspec.serve.app import create_app
 from rvqspec.serve.voices import VoiceStore

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rvqspec.engine.errors import RvqspecError
+from rvqspec.core.errors import RvqspecError
 from rvqspec.serve.audio import to_int16
 
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")

@@ -13,7 +13,7 @@ def _soundfile():
     try:
         import soundfile
     except ImportError as e:
-        from rvqspec.engine.errors import RvqspecError
+        from rvqspec.core.errors import RvqspecError
 
         raise RvqspecError("soundfile not found: pip install soundfile") from e
     return soundfile

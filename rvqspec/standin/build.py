@@ -28,9 +28,9 @@ from dataclasses import asdict, replace
 
 import torch
 
-from rvqspec.engine.checkpoint import save_json, save_tensors
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.sampling import Sampler
+from rvqspec.core.checkpoint import save_json, save_tensors
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.sampling import Sampler
 from rvqspec.standin.settings import ASSET_LIMIT_BYTES, BUDGETS, SHIPPED_DTYPE, SPLITS, Settings, load_utterances
 from rvqspec.standin.talker import load_standin, new_standin, predictor_config_for, save_standin
 

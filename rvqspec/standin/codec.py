@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rvqspec.engine.errors import RvqspecError
+from rvqspec.core.errors import RvqspecError
 from rvqspec.standin.audio import SAMPLE_RATE, read_wav
 
 ASSET = Path(__file__).parent / "assets" / "codec.safetensors"

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.model import MultiCodeDecoder
-from rvqspec.engine.sampling import Sampler
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.model import MultiCodeDecoder
+from rvqspec.core.sampling import Sampler
 
 if TYPE_CHECKING:
     from rvqspec.standin.settings import Settings

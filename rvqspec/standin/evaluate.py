@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rvqspec.engine.errors import RvqspecError
+from rvqspec.core.errors import RvqspecError
 from rvqspec.standin.quality import error_rates, transcripts
 from rvqspec.standin.settings import OFFSETS_FILE, Settings
 from rvqspec.standin.synthesis import Run, first_per_lang, synthesize_all
@@ -59,7 +59,7 @@ def medusa_command(model: Path, out: Path = MEDUSA_DIR) -> str:
 
 def load_tree(spec: str, trees_dir: Path):
     """A tree file, or a budget N naming trees_dir/tree-N{N}.json."""
-    from rvqspec.engine.tree import Tree
+    from rvqspec.core.tree import Tree
 
     path = trees_dir / f"tree-N{spec}.json" if spec.isdigit() else Path(spec)
     if not path.is_file():
@@ -75,7 +75,7 @@ def load_drafters(specs: list[str], model, model_dir: Path, corpus: Path | None,
     and the file each came from. A spec is a kind (offsets: the shipped file; medusa: `medusa`, trained on the
     code corpus `corpus` when missing or made for an earlier build of the model, unless `corpus` is None) or a
     trained drafter file, which stands for its kind."""
-    from rvqspec.engine.drafters import Drafter, MedusaHeads, Offsets, ReusedHeads, model_fingerprint
+    from rvqspec.core.drafters import Drafter, MedusaHeads, Offsets, ReusedHeads, model_fingerprint
 
     drafters, missing, files = {}, {}, {}
     for spec in specs:
@@ -101,7 +101,7 @@ def load_drafters(specs: list[str], model, model_dir: Path, corpus: Path | None,
 def train_medusa_heads(model, model_dir: Path, corpus: Path, out_file: Path):
     """Medusa heads for the stand-in (not shipped: 6M parameters), trained like the offsets but for only
     MEDUSA_STEPS batches (a full epoch takes ~9 minutes of CPU here); saved to `out_file`."""
-    from rvqspec.engine.drafters import MedusaHeads
+    from rvqspec.core.drafters import MedusaHeads
     from rvqspec.tuning.train import TrainSettings, train
 
     work = out_file.parent
@@ -296,7 +296,7 @@ def table2_row(name: str, drafter, runs: dict[int, list[Run]], backbone: int) ->
 
 def table3(runs: dict, sentences: list[dict], seeds: list[int], spec_mode: str | None, wers: dict,
            scored: list[dict]) -> dict:
-    from rvqspec.engine.config import FRAME_RATE
+    from rvqspec.core.config import FRAME_RATE
 
     rows = []
     for lang in dict.fromkeys(s["lang"] for s in sentences):

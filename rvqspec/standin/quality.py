@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rvqspec.engine.errors import RvqspecError
+from rvqspec.core.errors import RvqspecError
 from rvqspec.standin.audio import read_wav
 from rvqspec.standin.codec import ASSET, MelRVQCodec, stacked_log_mel, vocode
 from rvqspec.standin.synthesis import Run

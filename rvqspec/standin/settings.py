@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.policy import SIZES
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.policy import SIZES
 from rvqspec.standin.talker import TalkerConfig
 
 ASSETS = Path(__file__).parent / "assets"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rvqspec.engine.errors import RvqspecError
+from rvqspec.core.errors import RvqspecError
 from rvqspec.standin.audio import resample, trim_silence, write_wav
 
 FORTUNES = Path("/usr/share/games/fortunes")

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rvqspec.engine.frame_loop import ChunkClock, check_chunks
-from rvqspec.engine.sampling import Sampler
+from rvqspec.core.frame_loop import ChunkClock, check_chunks
+from rvqspec.core.sampling import Sampler
 from rvqspec.integrations.stream import Channel, Turns, stream
 from rvqspec.standin.codec import MelRVQCodec, vocode
 from rvqspec.standin.synthesis import Synthesis, synthesize_codes

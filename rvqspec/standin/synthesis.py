@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from rvqspec.engine.decode import decode_frame
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import Tree
+from rvqspec.core.decode import decode_frame
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.tree import Tree
 from rvqspec.standin.speech import read_manifest
 from rvqspec.standin.talker import StandinTTS
 

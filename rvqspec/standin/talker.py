@@ -31,10 +31,10 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from rvqspec.engine.checkpoint import PREDICTOR, official_layout, official_state_dict, read_tensors, save_predictor
-from rvqspec.engine.config import PredictorConfig
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.model import Block, KVCache, MultiCodeDecoder, RMSNorm, RotaryEmbedding, init_weights, resolve_dtype
+from rvqspec.core.checkpoint import PREDICTOR, official_layout, official_state_dict, read_tensors, save_predictor
+from rvqspec.core.config import PredictorConfig
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.model import Block, KVCache, MultiCodeDecoder, RMSNorm, RotaryEmbedding, init_weights, resolve_dtype
 
 TALKER = "talker."
 

@@ -30,9 +30,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.model import MultiCodeDecoder
-from rvqspec.engine.sampling import Sampler
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.model import MultiCodeDecoder
+from rvqspec.core.sampling import Sampler
 from rvqspec.standin.talker import StandinTTS
 from rvqspec.tuning.corpus import Corpus
 

@@ -22,13 +22,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from rvqspec.engine.checkpoint import save_json, save_text
-from rvqspec.engine.decode import decode_frame, tokens_per_step
-from rvqspec.engine.drafters import DEFAULT_DEPTH, Drafter, ReusedHeads, check_depth
-from rvqspec.engine.model import MultiCodeDecoder
-from rvqspec.engine.policy import calls_distribution, report_size
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import Tree, grow_tree
+from rvqspec.core.checkpoint import save_json, save_text
+from rvqspec.core.decode import decode_frame, tokens_per_step
+from rvqspec.core.drafters import DEFAULT_DEPTH, Drafter, ReusedHeads, check_depth
+from rvqspec.core.model import MultiCodeDecoder
+from rvqspec.core.policy import calls_distribution, report_size
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.tree import Tree, grow_tree
 from rvqspec.tuning.corpus import Corpus, check_codes
 
 

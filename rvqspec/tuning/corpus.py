@@ -45,9 +45,9 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor
 
-from rvqspec.engine.checkpoint import save_json, save_tensors
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.files import read_json
+from rvqspec.core.checkpoint import save_json, save_tensors
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.files import read_json
 
 FORMAT = "rvqspec-corpus/1"
 SHARD_NAME = re.compile(r"shard-(?:[0-9a-f]{8}-)?\d{5}\.safetensors")  # older corpora: shard-00000.safetensors

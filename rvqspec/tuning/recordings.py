@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from rvqspec.engine.errors import RvqspecError
+from rvqspec.core.errors import RvqspecError
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")
 

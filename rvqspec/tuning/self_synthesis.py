@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from rvqspec.engine.errors import RvqspecError
+from rvqspec.core.errors import RvqspecError
 from rvqspec.integrations.qwen_tts import accelerate, speech_request
 from rvqspec.tuning.sentences import LANGUAGE_NAMES, VOICE_DESCRIPTIONS, rounds
 

@@ -5,7 +5,7 @@ dozen varied sentences per language, spoken with different draws, are enough (do
 import itertools
 from collections.abc import Iterator
 
-from rvqspec.engine.errors import RvqspecError
+from rvqspec.core.errors import RvqspecError
 
 SENTENCES = {
     "en": ["The quick brown fox jumps over the lazy dog.", "Please call me back when you get this message.",

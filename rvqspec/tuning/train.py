@@ -28,11 +28,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from rvqspec.engine.checkpoint import atomic_write, save_json
-from rvqspec.engine.drafters import DEFAULT_DEPTH, Drafter, ReusedHeads, make_drafter, model_fingerprint
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.model import MultiCodeDecoder, resolve_dtype
-from rvqspec.engine.sampling import Sampler
+from rvqspec.core.checkpoint import atomic_write, save_json
+from rvqspec.core.drafters import DEFAULT_DEPTH, Drafter, ReusedHeads, make_drafter, model_fingerprint
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.model import MultiCodeDecoder, resolve_dtype
+from rvqspec.core.sampling import Sampler
 from rvqspec.tuning.corpus import Corpus, check_codes
 
 CHECKPOINT_FORMAT = "rvqspec-train/1"

@@ -20,12 +20,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rvqspec.engine.checkpoint import save_json, save_text
-from rvqspec.engine.config import FRAME_RATE
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.files import read_json
-from rvqspec.engine.model import MultiCodeDecoder
-from rvqspec.engine.policy import SIZES
+from rvqspec.core.checkpoint import save_json, save_text
+from rvqspec.core.config import FRAME_RATE
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.files import read_json
+from rvqspec.core.model import MultiCodeDecoder
+from rvqspec.core.policy import SIZES
 from rvqspec.integrations.tuned import IDENTITY, IDENTITY_FIELDS, LATENCY, TREES, identity_of, read_identity
 from rvqspec.tuning.calibrate import CalibrationSettings, calibrate
 from rvqspec.tuning.corpus import Corpus, CorpusWriter, split_of
@@ -241,7 +241,7 @@ def predicted_speedups(subject: Subject, out: Path, latency: dict | None) -> dic
     """Per batch size of the latency table: the policy's choice and its predicted speed-up over AR."""
     if latency is None:
         return {}
-    from rvqspec.engine.policy import MEASURED_MARGIN, LatencyTable, Policy
+    from rvqspec.core.policy import MEASURED_MARGIN, LatencyTable, Policy
 
     table = LatencyTable.from_json(latency, "rvqspec tune", MEASURED_MARGIN)
     policy = Policy.for_model(subject.predictor, out / TREES, table)

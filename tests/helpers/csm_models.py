@@ -6,7 +6,7 @@ distributions are peaked and depend on the prefix; the Mimi codec is built as sm
 
 import torch
 
-from rvqspec.engine.checkpoint import CSM_DEPTH
+from rvqspec.core.checkpoint import CSM_DEPTH
 
 LLAMA3 = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 4}

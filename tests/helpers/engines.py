@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import torch
 
-from rvqspec.engine.sampling import Sampler
+from rvqspec.core.sampling import Sampler
 from rvqspec.integrations.qwen_tts import predictor_from_upstream
 from rvqspec.tuning.qwen_tts_corpus import teacher_forced_hidden
 

@@ -19,7 +19,7 @@ import zlib
 
 import numpy as np
 
-from rvqspec.engine.errors import RvqspecError
+from rvqspec.core.errors import RvqspecError
 from rvqspec.runtime import QueueFull
 
 FRAME_SECONDS = 0.01

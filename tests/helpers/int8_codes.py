@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from rvqspec import Engine, Sampler, decode_frames, default_tree, quantize  # noqa: E402
-from rvqspec.engine.drafters import ReusedHeads  # noqa: E402
+from rvqspec.core.drafters import ReusedHeads  # noqa: E402
 
 from helpers.tiny import random_frames, tiny_model  # noqa: E402
 from helpers.upstream_tts import tiny_qwen3_tts  # noqa: E402

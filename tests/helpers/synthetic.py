@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from rvqspec.engine.config import PredictorConfig
-from rvqspec.engine.model import MultiCodeDecoder
-from rvqspec.engine.sampling import Sampler
+from rvqspec.core.config import PredictorConfig
+from rvqspec.core.model import MultiCodeDecoder
+from rvqspec.core.sampling import Sampler
 from rvqspec.tuning.calibrate import sample_codes
 from rvqspec.tuning.corpus import CorpusWriter
 

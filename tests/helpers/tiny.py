@@ -7,9 +7,9 @@ uniform, which makes drafts, ties and acceptance uninformative.
 
 import torch
 
-from rvqspec.engine.config import PredictorConfig
-from rvqspec.engine.drafters import Drafter, MedusaHeads, Offsets
-from rvqspec.engine.model import MultiCodeDecoder
+from rvqspec.core.config import PredictorConfig
+from rvqspec.core.drafters import Drafter, MedusaHeads, Offsets
+from rvqspec.core.model import MultiCodeDecoder
 
 
 def tiny_config(groups: int = 16, vocab: int = 16, hidden: int = 32, layers: int = 2,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rvqspec.engine.context import RoundContext, codebooks_ahead
+from rvqspec.core.context import RoundContext, codebooks_ahead
 
 
 @dataclass

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.files import read_json
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.files import read_json
 
 FORMAT = "rvqspec-tree/1"
 DEFAULT_DEPTH = 3  # K, the codes drafted ahead of the last one (the paper's)
@@ -96,7 +96,7 @@ class Tree:
         return cls.from_paths(obj["paths"], obj.get("meta"))
 
     def save(self, path: str | Path) -> None:
-        from rvqspec.engine.checkpoint import save_json
+        from rvqspec.core.checkpoint import save_json
 
         save_json(path, {"format": FORMAT, "paths": [list(p) for p in self.paths], "meta": self.meta})
 

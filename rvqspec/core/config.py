@@ -7,8 +7,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.files import read_json
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.files import read_json
 
 FRAME_RATE = 12.5  # code frames a second (80 ms): Qwen3-TTS, CSM (Mimi) and the stand-in alike
 LAYOUTS = ("qwen3_tts", "csm")

@@ -1,4 +1,4 @@
-// Fused elementwise kernels of the decoder layer for CPU inference (built by rvqspec/engine/fused.py).
+// Fused elementwise kernels of the decoder layer for CPU inference (built by rvqspec/core/fused.py).
 //
 // Each kernel replaces several small ATen ops (norms with their casts, RoPE's chunk/cat, SiLU x up, the
 // residual add and the K/V cache writes) by one pass over the rows. The arithmetic runs in float32 (double

@@ -11,10 +11,10 @@ generate) and the Engine's (runtime/scheduler.py, `Scheduler.predict`, its own l
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rvqspec.engine.decode import BatchResult
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.policy import LatencyTable, Policy, measure_first_use
-from rvqspec.engine.tree import Tree
+from rvqspec.core.decode import BatchResult
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.policy import LatencyTable, Policy, measure_first_use
+from rvqspec.core.tree import Tree
 
 POLL_SECONDS = 0.05  # how often a wait checks whether it should end (the consumer left, Ctrl-C, the turn is free)
 CHUNK_FRAMES = 12  # about a second of audio at Qwen3-TTS's 12.5 frames a second

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from rvqspec.engine.checkpoint import layers_layout
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.model import Block, KVCache, RMSNorm, RotaryEmbedding, init_weights, run_layers
-from rvqspec.engine.packing import Linear
+from rvqspec.core.checkpoint import layers_layout
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.model import Block, KVCache, RMSNorm, RotaryEmbedding, init_weights, run_layers
+from rvqspec.core.packing import Linear
 
 SLOT_MULTIPLE = 64  # slots a call attends over, rounded up to this (module docstring)
 GROW_SLOTS = 512  # the cache grows by at least this many slots, and doubles its rows, when it runs out

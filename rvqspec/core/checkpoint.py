@@ -15,8 +15,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save, save_file
 
-from rvqspec.engine.config import PredictorConfig, upstream_config_dict
-from rvqspec.engine.errors import RvqspecError
+from rvqspec.core.config import PredictorConfig, upstream_config_dict
+from rvqspec.core.errors import RvqspecError
 
 PREDICTOR = "talker.code_predictor."
 TALKER_C0_TABLE = "talker.model.codec_embedding.weight"

@@ -16,12 +16,12 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from torch import Tensor, nn
 
-from rvqspec.engine import device_path, draft_heads
-from rvqspec.engine.checkpoint import save_tensors
-from rvqspec.engine.context import RoundContext, codebooks_ahead
-from rvqspec.engine.device_path import DevicePath
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.tree import DEFAULT_DEPTH
+from rvqspec.core import device_path, draft_heads
+from rvqspec.core.checkpoint import save_tensors
+from rvqspec.core.context import RoundContext, codebooks_ahead
+from rvqspec.core.device_path import DevicePath
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.tree import DEFAULT_DEPTH
 
 
 def model_identity(model) -> dict:

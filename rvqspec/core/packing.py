@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rvqspec.engine import device_path
-from rvqspec.engine.changes import Derived
+from rvqspec.core import device_path
+from rvqspec.core.changes import Derived
 
 PACK_MIN_ELEMENTS = 1 << 20
 PACK_ROWS_HINT = 32  # oneDNN chooses the packed layout for this many rows

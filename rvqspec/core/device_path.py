@@ -45,12 +45,12 @@ from dataclasses import asdict, dataclass, fields, replace
 import torch
 import torch.nn.functional as F
 
-from rvqspec.engine import cpu_class, fused
-from rvqspec.engine.checkpoint import save_json
-from rvqspec.engine.device_file import cache_dir
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.files import read_json
-from rvqspec.engine.quantize import DRAFT_SCHEME, Int8Matmul
+from rvqspec.core import cpu_class, fused
+from rvqspec.core.checkpoint import save_json
+from rvqspec.core.device_file import cache_dir
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.files import read_json
+from rvqspec.core.quantize import DRAFT_SCHEME, Int8Matmul
 
 KERNELS_FORMAT = "rvqspec-kernels/2"  # 2: the int8 draft heads timed through Int8Matmul (rvqspec's float32 kernel)
 SHAPES = ((1024, 3072), (3072, 1024))  # (in, out): the 0.6B predictor's MLP, the widest K and N of a layer

@@ -10,9 +10,9 @@ the map from the official keys onto it:
 - the 15 heads are one [15, V, H] tensor (`heads`).
 CSM already has both: one table of num_codebooks x vocab rows, and heads [G-1, H, V] (stored transposed here).
 What decoding derives from the heads (packed and int8 draft copies), or a quantized model's int8 heads, is in
-`head_set` (`engine/heads.py`). A quantized model (`engine/quantize.py`, not upstream's: a different model, opt-in)
+`head_set` (`core/heads.py`). A quantized model (`core/quantize.py`, not upstream's: a different model, opt-in)
 holds its layer matmuls and heads as int8 (`weights`: its scheme; `heads` is None), and refuses what needs float heads
-(training, saving a checkpoint); its state_dict holds the int8 weights (the form: engine/quantize.py), and pickles.
+(training, saving a checkpoint); its state_dict holds the int8 weights (the form: core/quantize.py), and pickles.
 
 Table t (0..G-1, G = 16 for Qwen3-TTS, 32 for CSM) embeds code c_t: table 0 is the talker's c0 table, table t>=1
 upstream's `codec_embedding[t-1]`. The token at position p carries c_{p-1} (table p-1) and predicts codebook p
@@ -26,15 +26,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rvqspec.engine import device_path, fused
-from rvqspec.engine.changes import Watch, parameters_of
-from rvqspec.engine.checkpoint import combine, official_layout, predictor_prefix, read_tensors, save_predictor
-from rvqspec.engine.config import PredictorConfig, load_config
-from rvqspec.engine.device_path import DevicePath
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.heads import Heads
-from rvqspec.engine.packing import Linear, attention
-from rvqspec.engine.quantize import FLOAT, QuantizedHeads, check_scheme, check_state, load_heads, quantize, save_heads
+from rvqspec.core import device_path, fused
+from rvqspec.core.changes import Watch, parameters_of
+from rvqspec.core.checkpoint import combine, official_layout, predictor_prefix, read_tensors, save_predictor
+from rvqspec.core.config import PredictorConfig, load_config
+from rvqspec.core.device_path import DevicePath
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.heads import Heads
+from rvqspec.core.packing import Linear, attention
+from rvqspec.core.quantize import FLOAT, QuantizedHeads, check_scheme, check_state, load_heads, quantize, save_heads
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64}
@@ -256,7 +256,7 @@ class MultiCodeDecoder(nn.Module):
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.heads = nn.Parameter(torch.empty(c.num_residual_codes, c.vocab_size, c.hidden_size))
         self.head_set = Heads(c.num_residual_codes)
-        self.weights = FLOAT  # or a scheme of `quantize` (engine/quantize.py)
+        self.weights = FLOAT  # or a scheme of `quantize` (core/quantize.py)
         self.watch = Watch()  # the weights `refresh` saw last
         # Derived, non-checkpoint buffers. Positions in a frame stay below num_code_groups; tree nodes past
         # the frame end are masked but still need a table row, hence the slack.

@@ -6,14 +6,14 @@ emitted (the walk draws from the exact heads), only how often it is accepted; so
 int8 copies of the heads (half the bytes) through `torch.ops.aten._weight_int8pack_mm`, faster there than the exact
 head. Its float32 kernel is slower than the exact head (both measured in docs/cpu-fast-path.md), so float32,
 float64 (tests) and accelerators keep the exact heads (`DevicePath.int8_drafts`). The copies are kept with the
-model's heads (`engine/heads.py`), made on first use and again when the heads change.
+model's heads (`core/heads.py`), made on first use and again when the heads change.
 """
 
 from torch import Tensor
 
-from rvqspec.engine.device_path import DevicePath
-from rvqspec.engine.model import by_codebook
-from rvqspec.engine.quantize import W8A16_MULTIPLE
+from rvqspec.core.device_path import DevicePath
+from rvqspec.core.model import by_codebook
+from rvqspec.core.quantize import W8A16_MULTIPLE
 
 
 def supported(model) -> bool:

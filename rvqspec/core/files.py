@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from rvqspec.engine.errors import RvqspecError
+from rvqspec.core.errors import RvqspecError
 
 
 def read_json(path: str | Path, fix: str):

@@ -12,8 +12,8 @@ import json
 import os
 from pathlib import Path
 
-from rvqspec.engine.checkpoint import save_json
-from rvqspec.engine.errors import RvqspecError
+from rvqspec.core.checkpoint import save_json
+from rvqspec.core.errors import RvqspecError
 
 DEVICE_FORMAT = "rvqspec-device/1"
 

@@ -26,13 +26,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from rvqspec.engine import cpu_class
-from rvqspec.engine.device_file import device_file_path, read_device_file, update_device_file
-from rvqspec.engine.drafters import ReusedHeads
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.latency import call_latency, latency_row
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import PRIOR_ACCEPTANCE, Tree, default_tree
+from rvqspec.core import cpu_class
+from rvqspec.core.device_file import device_file_path, read_device_file, update_device_file
+from rvqspec.core.drafters import ReusedHeads
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.latency import call_latency, latency_row
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.tree import PRIOR_ACCEPTANCE, Tree, default_tree
 
 SIZES = (4, 8, 16, 32, 64)
 MEASURED_MARGIN = 0.05  # speculation must be predicted 5% faster than AR on a table measured here

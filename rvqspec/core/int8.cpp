@@ -1,4 +1,4 @@
-// The integer side of int8 weights (engine/quantize.py): w8a8's per-token activations, and the GEMMs of CPUs without
+// The integer side of int8 weights (core/quantize.py): w8a8's per-token activations, and the GEMMs of CPUs without
 // int8 dot-product instructions (AVX2, AVX-512 without VNNI), where oneDNN sums byte products in saturating 16-bit
 // lanes (not exact) and torch's weight-only kernel is slower than float32 (issue 45's table).
 //

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from rvqspec.engine import device_path
-from rvqspec.engine.device_path import DevicePath
-from rvqspec.engine.model import KVCache, MultiCodeDecoder
-from rvqspec.engine.sampling import Generators, Sampler, fill_noise, row_generators
-from rvqspec.engine.tree import Tree
+from rvqspec.core import device_path
+from rvqspec.core.device_path import DevicePath
+from rvqspec.core.model import KVCache, MultiCodeDecoder
+from rvqspec.core.sampling import Generators, Sampler, fill_noise, row_generators
+from rvqspec.core.tree import Tree
 
 PLANS = 64  # trees' plans kept (a plan is a few small tensors)
 

@@ -43,8 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rvqspec.engine import cpu_class, fused
-from rvqspec.engine.errors import RvqspecError
+from rvqspec.core import cpu_class, fused
+from rvqspec.core.errors import RvqspecError
 
 SCHEMES = ("w8a16", "w8a8")
 FLOAT = "float"  # MultiCodeDecoder.weights of a model that is not quantized

@@ -2,17 +2,17 @@
 
 A float model's heads are its `heads` parameter [G-1, V, H] (the state_dict's `heads`, what training and saving read);
 what decoding derives from it lives here: each head's oneDNN packed copy (`packing.PackedWeight`) and the int8 copies
-that rank drafts (`engine/draft_heads.py` says why), both made on first use and again when the heads change
-(`changes.Derived`). A quantized model (`engine/quantize.py`) has no float heads: here are its int8 heads, the only
+that rank drafts (`core/draft_heads.py` says why), both made on first use and again when the heads change
+(`changes.Derived`). A quantized model (`core/quantize.py`) has no float heads: here are its int8 heads, the only
 ones it has. The weight is passed in rather than held, so that whatever replaces the model's parameter (`.to()`,
 `load_state_dict(assign=True)`) is what the next call multiplies.
 """
 
 from torch import Tensor
 
-from rvqspec.engine.changes import Derived
-from rvqspec.engine.packing import PackedWeight, linear
-from rvqspec.engine.quantize import DRAFT_SCHEME, QuantizedHeads
+from rvqspec.core.changes import Derived
+from rvqspec.core.packing import PackedWeight, linear
+from rvqspec.core.quantize import DRAFT_SCHEME, QuantizedHeads
 
 
 def draft_copies(heads: Tensor) -> QuantizedHeads:

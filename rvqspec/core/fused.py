@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rvqspec.engine import cpu_class
+from rvqspec.core import cpu_class
 
 SOURCES = [Path(__file__).with_name(name) for name in ("fused.cpp", "int8.cpp")]  # + kernels.h, which both include
 HEADER = Path(__file__).with_name("kernels.h")

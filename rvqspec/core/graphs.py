@@ -39,13 +39,13 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from rvqspec.engine import device_path
-from rvqspec.engine.context import RoundContext, frame_noise, frame_slots, new_context
-from rvqspec.engine.decode import (RoundResult, Steps, autoregressive_codes, eager_calls, first_code, read_round,
+from rvqspec.core import device_path
+from rvqspec.core.context import RoundContext, frame_noise, frame_slots, new_context
+from rvqspec.core.decode import (RoundResult, Steps, autoregressive_codes, eager_calls, first_code, read_round,
                                    round_on_device)
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.sampling import Generators, Sampler
-from rvqspec.engine.tree import Tree
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.sampling import Generators, Sampler
+from rvqspec.core.tree import Tree
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 CAPACITY = 32  # cache entries (each an AR frame, or a speculative frame's start and round) per GraphCache
@@ -226,6 +226,6 @@ def replayed_round(entry: Entry, key: Key, ctx: RoundContext) -> Callable:
 def __getattr__(name: str):
     """`GraphDecoder`, the old name of `GraphCache`, with a DeprecationWarning."""
     if name == "GraphDecoder":
-        warnings.warn("rvqspec.engine.graphs.GraphDecoder is now GraphCache", DeprecationWarning, stacklevel=2)
+        warnings.warn("rvqspec.core.graphs.GraphDecoder is now GraphCache", DeprecationWarning, stacklevel=2)
         return GraphCache
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

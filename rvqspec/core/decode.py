@@ -42,12 +42,12 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from rvqspec.engine.context import RoundContext, frame_slots, new_context
-from rvqspec.engine.drafters import Drafter
-from rvqspec.engine.errors import RvqspecError
-from rvqspec.engine.sampling import Generators, Sampler
-from rvqspec.engine.tree import Tree
-from rvqspec.engine.walk import walk
+from rvqspec.core.context import RoundContext, frame_slots, new_context
+from rvqspec.core.drafters import Drafter
+from rvqspec.core.errors import RvqspecError
+from rvqspec.core.sampling import Generators, Sampler
+from rvqspec.core.tree import Tree
+from rvqspec.core.walk import walk
 
 # Talker states are normed (|x| of order 1-100); past this the predictor's float32 norms overflow (x^2 summed over
 # the hidden size), and the draws would fail on NaN probabilities.
@@ -175,7 +175,7 @@ def decode_frames(model, talker_hidden: Tensor, c0, sampler: Sampler, generator:
     Each row draws from its own distribution, exactly as it would alone (identical codes when greedy).
     `generator`: one torch.Generator for every row (each row's noise in turn), a list of one per row (row b's
     codes then depend on generator b alone: the same bits in any batch), or None (torch's global RNG).
-    `graphs`: where the calls run, a `rvqspec.engine.graphs.GraphCache` (captured calls, replayed; the same
+    `graphs`: where the calls run, a `rvqspec.core.graphs.GraphCache` (captured calls, replayed; the same
     decoding); default: eagerly (`eager_calls`).
     """
     talker_hidden, c0 = check_batch(model, talker_hidden, c0, sampler)
@@ -211,7 +211,7 @@ def decode_checked(model, talker_hidden: Tensor, c0: Tensor, sampler: Sampler, g
 
 class Steps(NamedTuple):
     """The calls a decode makes, each a function of the decode's `RoundContext` and its own inputs: eager by default
-    (`eager_calls`); `rvqspec.engine.graphs` gives the same functions replayed from captured calls."""
+    (`eager_calls`); `rvqspec.core.graphs` gives the same functions replayed from captured calls."""
 
     frame: Callable[[RoundContext, Tensor, Tensor], Tensor]  # an AR frame: codes [B, G-1]
     start: Callable[[RoundContext, Tensor, Tensor], tuple[Tensor, Tensor]]  # a speculative frame's h_1 and c1
@@ -248,7 +248,7 @@ def ar_batch(codes: Tensor) -> BatchResult:
 
 def autoregressive_codes(ctx: RoundContext, talker_hidden: Tensor, c0: Tensor) -> Tensor:
     """The AR frame's 15 calls into `ctx.cache` (G slots per row): codes [B, G-1]. No host values (a CUDA graph can
-    capture it, `rvqspec.engine.graphs`)."""
+    capture it, `rvqspec.core.graphs`)."""
     model, groups = ctx.model, ctx.model.config.num_code_groups
     hidden = prefill(model, ctx.cache, talker_hidden, c0)
     codes = [ctx.sample(model.head_logits(hidden, 1), 1)]

@@ -7,11 +7,11 @@ import time
 
 import torch
 
-from rvqspec.engine.context import frame_slots, new_context
-from rvqspec.engine.decode import autoregressive_step, speculative_round
-from rvqspec.engine.model import MultiCodeDecoder
-from rvqspec.engine.sampling import Sampler
-from rvqspec.engine.tree import Tree
+from rvqspec.core.context import frame_slots, new_context
+from rvqspec.core.decode import autoregressive_step, speculative_round
+from rvqspec.core.model import MultiCodeDecoder
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.tree import Tree
 
 TIMED_K = 7  # rounds are timed mid-frame, where every depth of a depth-3 tree is still in the frame
 

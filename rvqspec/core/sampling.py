@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rvqspec.engine.errors import RvqspecError
+from rvqspec.core.errors import RvqspecError
 
 MIN_TEMPERATURE = 1e-6  # logits of order 1e4 divided by less overflow float32 towards 1e38
 
