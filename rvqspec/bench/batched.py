@@ -28,6 +28,7 @@ from rvqspec.bench.timing import finish_machine, machine
 from rvqspec.core.config import ARCHITECTURES
 from rvqspec.core.decode import decode_frames, tokens_per_step
 from rvqspec.core.device_file import update_device_file
+from rvqspec.core.device_path import intra_op_threads
 from rvqspec.core.drafters import ReusedHeads
 from rvqspec.core.latency import call_latency, clocks, elapsed_ms, latency_row
 from rvqspec.core.policy import SIZES, LatencyTable, Policy, measured_distribution, setting_key
@@ -193,24 +194,20 @@ def run_batch_bench(plan: BatchPlan, log=print) -> dict:
     report = {"machine": machine(), "plan": plan.__dict__, "architecture": ARCHITECTURE_NAMES[plan.arch],
               "codes_per_frame": config.num_residual_codes,
               "sampler": {"temperature": sampler.temperature, "top_k": sampler.top_k}, "settings": []}
-    threads_before = torch.get_num_threads()
-    try:
-        for dtype in plan.dtypes:
-            predictor = controlled_predictor(config, dtype=dtype, device=plan.device)
-            try:
-                upstream = upstream_decoder(predictor.model)
-            except Exception as e:  # the reference is an optional extra: report without it
-                log(f"upstream qwen-tts unavailable ({e}): timing ours only")
-                upstream = None
-            strengths: dict = {}
-            for threads in plan.threads:
-                torch.set_num_threads(threads)
+    for dtype in plan.dtypes:
+        predictor = controlled_predictor(config, dtype=dtype, device=plan.device)
+        try:
+            upstream = upstream_decoder(predictor.model)
+        except Exception as e:  # the reference is an optional extra: report without it
+            log(f"upstream qwen-tts unavailable ({e}): timing ours only")
+            upstream = None
+        strengths: dict = {}
+        for threads in plan.threads:
+            with intra_op_threads(threads):
                 log(f"{plan.arch} {dtype} {threads} thread(s) on {plan.device}:")
                 report["settings"].append(measure_setting(predictor, upstream, plan, strengths, sampler, dtype,
                                                           threads, log))
-            del predictor, upstream
-    finally:
-        torch.set_num_threads(threads_before)
+        del predictor, upstream
     finish_machine(report["machine"])
     first = report["settings"][0]
     report["batch_policy_speedup"] = {str(r["batch"]): r["policy_over_ar"] for r in first["frames"]}

@@ -31,6 +31,7 @@ from rvqspec.bench.controlled import (PAPER_ACCEPTANCE, Calibrated, ControlledPr
 from rvqspec.bench.timing import finish_machine, machine
 from rvqspec.core.config import ARCHITECTURES as ARCHS
 from rvqspec.core.decode import decode_frame, tokens_per_step
+from rvqspec.core.device_path import intra_op_threads
 from rvqspec.core.drafters import ReusedHeads
 from rvqspec.core.errors import RvqspecError
 from rvqspec.core.latency import TIMED_K, call_latency, clocks, elapsed_ms, medians
@@ -220,25 +221,23 @@ def run_bench(plan: Plan, trees: dict[int, Tree], calibration: dict | None, mode
               drafter_spec: str, corpus: str | None, log=print, device: str = "cpu") -> dict:
     tokens, source = tokens_per_step_source(calibration)
     run = Run(plan, trees, tokens, Sampler(), log)
-    threads_before = torch.get_num_threads()
     report = {"machine": machine(), "sampler": {"temperature": run.sampler.temperature, "top_k": run.sampler.top_k},
               "tokens_per_step_source": source, "tokens_per_step_by_size": tokens, "timed_k": TIMED_K,
               "plan": plan.__dict__, "settings": []}
     targets = [(arch, ARCHS[arch]) for arch in plan.archs] + ([("stand-in", model_path)] if model_path else [])
     references: dict = {}  # (dtype, N) -> the 0.6B predictor's per-round acceptance at the paper's tokens/step
-    try:
-        for name, what in targets:
-            for dtype in plan.dtypes:
-                strengths: dict = {}  # per dtype, whose numerics change the draws: N -> Calibrated
-                if name == "stand-in":
-                    predictor, model = None, MultiCodeDecoder.from_pretrained(what, dtype, device)
-                    drafter = load_drafter(drafter_spec, model, max(t.max_depth for t in trees.values()))
-                else:
-                    predictor = controlled_predictor(what, dtype=dtype, device=device)
-                    model, drafter = predictor.model, ReusedHeads(predictor.model)
-                target = reference_acceptance(plan, dtype, device, run.sampler, trees, references, report["settings"])
-                for threads in plan.threads:
-                    torch.set_num_threads(threads)
+    for name, what in targets:
+        for dtype in plan.dtypes:
+            strengths: dict = {}  # per dtype, whose numerics change the draws: N -> Calibrated
+            if name == "stand-in":
+                predictor, model = None, MultiCodeDecoder.from_pretrained(what, dtype, device)
+                drafter = load_drafter(drafter_spec, model, max(t.max_depth for t in trees.values()))
+            else:
+                predictor = controlled_predictor(what, dtype=dtype, device=device)
+                model, drafter = predictor.model, ReusedHeads(predictor.model)
+            target = reference_acceptance(plan, dtype, device, run.sampler, trees, references, report["settings"])
+            for threads in plan.threads:
+                with intra_op_threads(threads):
                     log(f"{name} {dtype} {threads} thread(s), load {os.getloadavg()[0]:.1f}:")
                     setting = measure_setting(run, name, model, drafter, dtype, threads)
                     if predictor is not None and name in plan.controlled_archs:
@@ -247,9 +246,7 @@ def run_bench(plan: Plan, trees: dict[int, Tree], calibration: dict | None, mode
                         frames = stand_in_frames(model, corpus or (calibration or {}).get("corpus"), plan.frames)
                         setting["stand_in"] = stand_in_run(run, model, drafter, setting, *frames)
                     report["settings"].append(setting)
-                del model, predictor
-    finally:
-        torch.set_num_threads(threads_before)
+            del model, predictor
     finish_machine(report["machine"])
     summarize(report, tokens)
     return report

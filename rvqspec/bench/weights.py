@@ -23,6 +23,7 @@ from rvqspec.bench.timing import finish_machine, machine, machine_text
 from rvqspec.core import cpu_class
 from rvqspec.core.config import ARCHITECTURES
 from rvqspec.core.decode import decode_frame, tokens_per_step
+from rvqspec.core.device_path import intra_op_threads
 from rvqspec.core.drafters import ReusedHeads
 from rvqspec.core.errors import RvqspecError
 from rvqspec.core.latency import clocks, elapsed_ms
@@ -164,13 +165,12 @@ def ratios(timed: dict, schemes: list[str], sizes: tuple[int, ...], chosen: dict
 
 
 def run_weights_bench(plan: WeightsPlan, log=print) -> dict:
-    sampler, threads_before = Sampler(), torch.get_num_threads()
+    sampler = Sampler()
     report = {"machine": machine(), "plan": plan.__dict__, "by_threads": {}}
-    try:
-        torch.set_num_threads(plan.threads[0])
+    with intra_op_threads(plan.threads[0]):
         models, report["calibration"], frames, report["skipped"] = models_per_scheme(plan, sampler, log)
-        for threads in plan.threads:
-            torch.set_num_threads(threads)
+    for threads in plan.threads:
+        with intra_op_threads(threads):
             chosen = policy_sizes(models)
             timed = time_frames(models, frames, plan.tree_sizes, chosen, sampler)
             report["by_threads"][str(threads)] = ratios(timed, list(models), plan.tree_sizes, chosen)
@@ -178,8 +178,6 @@ def run_weights_bench(plan: WeightsPlan, log=print) -> dict:
                 log(f"{threads} thread(s) {scheme}: AR {r['ar_frame_ms']:.1f} ms, speculative {r['spec_frame_ms']:.1f} ms "
                     f"at N={r['spec_tree_size']} ({r['tokens_per_step']:.2f} tokens/step): {r['spec_over_bf16_ar']:.2f}x "
                     f"over bfloat16 AR; the policy's {policy_text(r)}: {r['policy_over_bf16_ar']:.2f}x")
-    finally:
-        torch.set_num_threads(threads_before)
     report["weights"] = report["by_threads"][str(plan.threads[0])]
     if len(plan.threads) > 1:
         one, more = report["by_threads"][str(plan.threads[0])], report["by_threads"][str(plan.threads[-1])]

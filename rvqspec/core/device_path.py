@@ -40,6 +40,8 @@ import functools
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
 
 import torch
@@ -205,11 +207,18 @@ def prepare(model: torch.nn.Module, threads: int | None = None, name: str = "thi
     if weight is None or weight.device.type != "cpu" or weight.dtype not in MEASURED_DTYPES \
             or not torch.backends.mkldnn.enabled:
         return
+    with intra_op_threads(threads or torch.get_num_threads()), torch.inference_mode():
+        decided(weight.dtype, name)
+
+
+@contextmanager
+def intra_op_threads(count: int) -> Iterator[None]:
+    """Run the block with `count` intra-op threads in this thread (torch keeps the count per thread; the measured
+    choices are per count), then restore the count it had."""
     before = torch.get_num_threads()
-    torch.set_num_threads(threads or before)
+    torch.set_num_threads(count)
     try:
-        with torch.inference_mode():
-            decided(weight.dtype, name)
+        yield
     finally:
         torch.set_num_threads(before)
 

@@ -35,7 +35,7 @@ from rvqspec.runtime.capacity import Capacity
 from rvqspec.runtime.codec_worker import CodecWorker, Cores
 from rvqspec.runtime.request import Request
 from rvqspec.runtime.scheduler import PREFILL_CHUNK, Scheduler
-from rvqspec.runtime.threads import ThreadBudget, intra_op_threads
+from rvqspec.runtime.threads import ThreadBudget
 
 MAX_BATCH, MAX_QUEUE = 8, 32
 
@@ -87,7 +87,7 @@ class Engine:
         if drafter is None and tree == "auto":
             tree = None
         check_arguments(drafter, tree)
-        with intra_op_threads(self.budget.loop):  # the latencies of the frame loop's thread count
+        with device_path.intra_op_threads(self.budget.loop):  # the latencies of the frame loop's thread count
             policy = decoding_policy(predictor, drafter, tree, calibration, measure=True)
         self.policy, self.drafter = policy, drafter
         cores = Cores(self.budget.cores)

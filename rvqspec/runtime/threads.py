@@ -9,11 +9,7 @@ few cores spin against each other, which is how three concurrent requests used t
 """
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-
-import torch
 
 from rvqspec.core.errors import RvqspecError
 
@@ -46,14 +42,3 @@ class ThreadBudget:
         cores = cores or usable_cores()
         loop = threads or max(1, cores - 1)
         return cls(cores=max(cores, loop), loop=loop, codec=codec_threads or cores)
-
-
-@contextmanager
-def intra_op_threads(count: int) -> Iterator[None]:
-    """Run the block with `count` intra-op threads in this thread, then restore the count it had."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
