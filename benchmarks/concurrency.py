@@ -67,7 +67,8 @@ MODES = ("serial", "together", "serial-staggered", "staggered")  # each concurre
 
 
 def stream(engine, arguments: dict, start: float, out: dict) -> None:
-    """Stream one request's audio; record its first-audio time, largest chunk gap and samples."""
+    """Stream one request's audio; record its first-audio time (from `start`), largest chunk gap, audio seconds and
+    when its last chunk came."""
     arguments = dict(arguments)
     request = engine.submit(arguments.pop("kind"), **arguments)
     last, gap, samples = None, 0.0, 0
@@ -77,21 +78,34 @@ def stream(engine, arguments: dict, start: float, out: dict) -> None:
         if last is None:
             out["first"] = now - start
         last, samples = now, samples + len(chunk)
-    out.update(gap=gap, audio=samples / engine.sample_rate)
+    out.update(gap=gap, audio=samples / engine.sample_rate, end=last)
 
 
-def together(engine, requests: list[dict], stagger: float) -> dict:
-    outs = [{} for _ in requests]
+def streamed_together(engine, requests: list[dict], stagger: float) -> tuple[list[dict], float]:
+    """Request i submitted at i * stagger seconds, each streamed by a thread of its own (a server's): each one's
+    record (`stream`) and the seconds from the first submit to the last chunk. A request's error is raised here."""
+    outs, errors, threads = [{} for _ in requests], [], []
+
+    def consume(arguments: dict, submitted: float, out: dict) -> None:
+        try:
+            stream(engine, arguments, submitted, out)
+        except BaseException as e:  # noqa: BLE001 - raised in the caller's thread below
+            errors.append(e)
+
     start = time.perf_counter()
-    threads = []
     for i, arguments in enumerate(requests):
-        if i and stagger:
-            time.sleep(stagger)
-        threads.append(threading.Thread(target=stream, args=(engine, arguments, time.perf_counter(), outs[i])))
+        time.sleep(max(0.0, start + i * stagger - time.perf_counter()))
+        threads.append(threading.Thread(target=consume, args=(arguments, time.perf_counter(), outs[i]), daemon=True))
         threads[-1].start()
     for thread in threads:
         thread.join()
-    return summary(outs, time.perf_counter() - start)
+    if errors:
+        raise errors[0]
+    return outs, max(out["end"] for out in outs) - start
+
+
+def together(engine, requests: list[dict], stagger: float) -> dict:
+    return summary(*streamed_together(engine, requests, stagger))
 
 
 def serial(engine, requests: list[dict], stagger: float) -> dict:

@@ -28,7 +28,6 @@ import argparse
 import os
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -51,6 +50,7 @@ from rvqspec.core.config import QWEN3_TTS_0_6B  # noqa: E402
 from rvqspec.integrations.qwen_tts import accelerate, import_qwen_tts  # noqa: E402
 from rvqspec.integrations.qwen_tts_audio import StreamingCodec  # noqa: E402
 
+from concurrency import streamed_together  # noqa: E402 - a server's streams, as benchmarks/concurrency.py runs them
 from helpers.upstream_models import upstream_config_dict  # noqa: E402
 from helpers.upstream_tts import CODEBOOK, make_audible, tiny_text_processor, tiny_tts_config_dict  # noqa: E402
 
@@ -317,7 +317,7 @@ def talker_step(tts, talkers: dict, steps: int, log) -> dict:
     layer_bytes = {name: weight_bytes(t.layers) for name, (t, _) in talkers.items()}
     rate = copy_bandwidth()
     floor_ms = 1e3 * layer_bytes[base] / rate
-    log(f"talker step: " + ", ".join(f"{name} {value:.1f} ms" for name, value in ms.items())
+    log("talker step: " + ", ".join(f"{name} {value:.1f} ms" for name, value in ms.items())
         + f"; floor {floor_ms:.1f} ms ({layer_bytes[base] / 1e6:.0f} MB at {rate / 1e9:.1f} GB/s)")
     return {"steps": steps - warm, "context": length, "ms": ms, "layer_bytes": layer_bytes[base],
             "layer_parameters": sum(p.numel() for p in talker.layers.parameters()),
@@ -342,37 +342,11 @@ def serve(engine, requests: int, stagger: float) -> dict:
     """`requests` requests submitted together (stagger 0) or one every `stagger` seconds, each iterated by a thread
     of its own (a server's): aggregate audio seconds per second (all the audio over the time from the first submit
     to the last chunk), and each request's time to first audio (from its own submit)."""
-    results, errors = [None] * requests, []
-    start = time.perf_counter()
-
-    def consume(index: int, submitted: float, request) -> None:
-        try:
-            first, samples = None, 0
-            for audio in request:
-                first = time.perf_counter() - submitted if first is None else first
-                samples += len(audio)
-            results[index] = (first, samples, time.perf_counter())
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-
-    threads = []
-    for index in range(requests):
-        due = start + index * stagger
-        time.sleep(max(0.0, due - time.perf_counter()))
-        submitted = time.perf_counter()
-        request = engine.submit("custom_voice", seed=index, **REQUEST)
-        thread = threading.Thread(target=consume, args=(index, submitted, request), daemon=True)
-        thread.start()
-        threads.append(thread)
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
-    end = max(r[2] for r in results)
-    audio = sum(r[1] for r in results) / engine.sample_rate
-    firsts = [r[0] for r in results]
-    return {"seconds": end - start, "audio_seconds": audio, "audio_per_second": audio / (end - start),
-            "first_audio": firsts}
+    arguments = [dict(REQUEST, kind="custom_voice", seed=index) for index in range(requests)]
+    outs, seconds = streamed_together(engine, arguments, stagger)
+    audio = sum(out["audio"] for out in outs)
+    return {"seconds": seconds, "audio_seconds": audio, "audio_per_second": audio / seconds,
+            "first_audio": [out["first"] for out in outs]}
 
 
 def percentile(values: list[float], q: float) -> float:
