@@ -24,7 +24,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"| dtype | rows | F.linear ms | packed ms | packed speed-up |\n|---|---|---|---|---|")
+    print("| dtype | rows | F.linear ms | packed ms | packed speed-up |\n|---|---|---|---|---|")
     with torch.inference_mode():
         for dtype in (torch.float32, torch.bfloat16):
             weight = (torch.randn(6144, 1024) * 0.02).to(dtype)

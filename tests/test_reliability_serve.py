@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
