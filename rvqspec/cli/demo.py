@@ -65,8 +65,8 @@ def live_policy(model, drafter, policy: Policy, rounds: int = 5) -> Policy:
 
 
 INT8_SCHEME = "w8a8"  # the faster of the two for AR and speculation alike (benchmarks/results/bench-weights.md)
-# The int8 row's candidate trees: where a verify call is compute bound (AVX2: benchmarks/results/int8-cpu.md) only
-# small trees can pay, so the policy chooses among these or AR from latencies measured now.
+# The int8 comparison's candidate trees: where a verify call is compute bound (AVX2: benchmarks/results/int8-cpu.md)
+# only small trees can pay, so the policy chooses among these or AR from latencies measured now.
 INT8_SIZES = (4, 8, 16, 32)
 
 
@@ -116,8 +116,8 @@ def live_int8_policy(quantized, frames: list, sampler: Sampler) -> Policy:
 
 
 def int8_model(model, frame, sampler: Sampler) -> tuple[object | None, str | None]:
-    """(`model` with int8 weights, None), or (None, why the live int8 row is not timed on this CPU: w8a8 refused, or
-    its probed AR frame too slow)."""
+    """(`model` with int8 weights, None), or (None, why the live int8 comparison is not timed on this CPU: w8a8
+    refused, or its probed AR frame too slow)."""
     from rvqspec.bench.weights import probe
 
     try:
