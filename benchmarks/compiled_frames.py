@@ -1,4 +1,4 @@
-"""Does torch.compile help the engine on this CPU? Whole frames, AR vs speculative, eager vs compiled.
+"""Does torch.compile help the core on this CPU? Whole frames, AR vs speculative, eager vs compiled.
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/compiled_frames.py [--arch 0.6b] [--dtype bfloat16] [--size 32]
 

@@ -1,9 +1,9 @@
-"""The CPU fast path against the engine without it, in one run: AR and speculative frames, before and after.
+"""The CPU fast path against the core without it, in one run: AR and speculative frames, before and after.
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/fused_path.py [--frames 16] [--sizes 32] [--dtypes bfloat16,float32]
 
 "Before" is `rvqspec.core.fused.enabled(False)`: the plain layer ops, exact draft heads and the walk over every
-reachable depth (the engine as it was); "after" is the default: fused kernels (rvqspec/core/fused.py), int8 draft
+reachable depth (the core as it was); "after" is the default: fused kernels (rvqspec/core/fused.py), int8 draft
 heads (core/draft_heads.py), the early-stopping CPU walk (core/walk.py). On the real 0.6B architecture (random
 layers, heads peaked so that N=32 accepts the paper's 2.47 tokens/step, N=16 2.25; `rvqspec.bench.controlled`), the
 deployed sampler, ReusedHeads drafts. Per frame the four decodes (AR / speculative x before / after) run back
@@ -70,7 +70,7 @@ def markdown(report: dict) -> str:
         lines.append(f"| {row['dtype']} {row['threads']}t | {row['tree_size']} | {ar0:.1f} | {ar1:.1f} | {ar1 / ar0:.3f} "
                      f"| {t0:.2f} | {t1:.2f} | {call0:.1f} | {call1:.1f} | {call0 / (ar0 / codes):.2f} "
                      f"| {call1 / (ar1 / codes):.2f} | {ar0 / sp0:.2f}x | {ar1 / sp1:.2f}x |")
-    lines += ["", "realized = AR frame / speculative frame, each against the AR of its own engine (after: our fastest "
+    lines += ["", "realized = AR frame / speculative frame, each against the AR of its own side (after: our fastest "
               "AR, which gets the same fused kernels). Before and after draw different random codes, so their "
               "tokens/step differ by chance (same frames, same peak strength); spec ms/call = spec frame x tokens/step "
               "/ 15 and its ratio to the AR step (AR frame / 15) compare the two without that noise."]

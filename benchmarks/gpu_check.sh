@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check: one prepared run on a lent GPU machine (never in CI; CI has no GPU).
-#   1. the engine's tests on that machine: tests/test_cuda.py (batched greedy identity and the exact sampled
-#      distribution on CUDA) and the CPU engine tests under that machine's own torch;
+#   1. the core's tests on that machine: tests/test_cuda.py (batched greedy identity and the exact sampled
+#      distribution on CUDA) and the core's CPU tests under that machine's own torch;
 #   2. `rvqspec bench --batch` on the GPU (latency table per (B, N), frames/s of our batched AR and the policy);
 #   3. `rvqspec bench` on the GPU (per-call latency, acceptance-controlled speed-up of the 0.6B architecture);
 #   4. `rvqspec bench --quick --archs 0.6b,csm-1b` on the GPU: CSM-1B's depth decoder beside the 0.6B (csm/);

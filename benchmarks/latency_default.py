@@ -1,4 +1,4 @@
-"""Write the decoding policy's built-in latency tables (rvqspec/latency_default.json) from `rvqspec bench --batch`
+"""Write the decoding policy's built-in latency tables (rvqspec/core/latency_default.json) from `rvqspec bench --batch`
 reports: the tables a machine that has not run the bench falls back on (with a larger margin, see rvqspec.core.policy).
 The reports' settings replace those already there (CPU keys name their class, so each class's tables stay).
 

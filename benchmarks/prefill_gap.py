@@ -2,8 +2,8 @@
 two frames and between two audio chunks while other requests arrive, with prompts prefilled whole (`prefill_chunk=None`)
 and in pieces (`PREFILL_CHUNK`); and what a prefill costs per token and per piece beside one talker step.
 
-The engine is upstream's 0.6B-size qwen-tts with random weights (benchmarks/end_to_end.py's `real_size_tts`), AR
-predictor, streamed in chunks of 12 frames (the first 3). One stream runs alone for `--warm` frames, then
+The Engine serves upstream's 0.6B-size qwen-tts with random weights (benchmarks/end_to_end.py's `real_size_tts`),
+an AR predictor, streamed in chunks of 12 frames (the first 3). One stream runs alone for `--warm` frames, then
 `--arrivals` requests arrive one every `--stagger` seconds, each with a prompt of `--prompt` tokens (a voice clone's
 reference-sized prompt: the 0.6B custom_voice prompt's embeddings repeated; timing does not depend on their values) and
 a few frames of their own. Gaps are the running stream's: between the ends of two of its frame steps, and between two

@@ -3,7 +3,7 @@
     OMP_WAIT_POLICY=PASSIVE python benchmarks/round_profile.py [--arch 0.6b] [--dtype bfloat16] [--size 32]
 
 The real architecture (random weights: timing does not depend on them), the deployed sampler, ReusedHeads
-drafts, a default tree of N nodes, timed mid-frame (k = TIMED_K as in `rvqspec bench`). The engine's own
+drafts, a default tree of N nodes, timed mid-frame (k = TIMED_K as in `rvqspec bench`). The core's own
 functions are timed piece by piece, interleaved, medians of repeats:
 - AR step = forward at q=1 + one head + one sampled code (`autoregressive_step` does exactly these);
 - round   = drafts (K rank-only heads + top-m: `Drafter.candidates`) + forward at q=N+1 + tree walk (one head
@@ -47,7 +47,7 @@ def op_kind(name: str) -> str:
 
 
 def pieces(model, cache, drafter, tree, sampler, generator) -> dict:
-    """Closures, one per timed piece, over the same state the engine uses at k = TIMED_K (a batch of one)."""
+    """Closures, one per timed piece, over the same state the core uses at k = TIMED_K (a batch of one)."""
     ctx = new_context(model, cache, sampler, generator, drafter, tree, 1)
     c, plan, k = model.config, ctx.plan, TIMED_K
     slots = torch.arange(cache.slots)  # one cache for all pieces: AR masks cover the tree's slots too
@@ -62,7 +62,7 @@ def pieces(model, cache, drafter, tree, sampler, generator) -> dict:
     hidden = model(x, plan.positions[k_row], plan.masks[k_row], cache, plan.scratch)
     node = torch.zeros(1, dtype=torch.long)
 
-    def the_walk():  # the engine's, as `speculative_round` calls it
+    def the_walk():  # the core's, as `speculative_round` calls it
         path = walk(ctx, k_row, ks, tokens, hidden)
         return [path.node, path.found]
 

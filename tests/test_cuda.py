@@ -1,4 +1,4 @@
-"""The engine on a CUDA device: skipped without one. `benchmarks/gpu_check.sh` runs it on a lent GPU machine.
+"""The core on a CUDA device: skipped without one. `benchmarks/gpu_check.sh` runs it on a lent GPU machine.
 
 The same checks as on the CPU, through the accelerator's own paths (heads gathered per row, device-side walk,
 generators on the device): greedy codes equal to the CPU's AR codes in batches, and sampled codes distributed

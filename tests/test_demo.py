@@ -98,9 +98,9 @@ def test_demo_rejects_an_unknown_language(assets, tmp_path, capsys):
     assert "language" in capsys.readouterr().err
 
 
-def test_engine_demo_when_no_stand_in_is_shipped():
-    from rvqspec.cli.demo import run_engine_demo
+def test_core_demo_when_no_stand_in_is_shipped():
+    from rvqspec.cli.demo import run_core_demo
 
-    report = run_engine_demo(frames=2, nodes=4)
+    report = run_core_demo(frames=2, nodes=4)
     assert report["stand_in_shipped"] is False and report["ar_calls_per_frame"] == 15
     assert 1 <= report["calls_per_frame"] <= 15 and report["tokens_per_step"] == 30 / (2 * report["calls_per_frame"])

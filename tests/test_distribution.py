@@ -122,7 +122,7 @@ def test_bfloat16_speculative_sampling_matches_enumeration():
 @pytest.mark.parametrize("per_row", [False, True], ids=["one-generator", "a-generator-per-row"])
 def test_batched_speculative_sampling_matches_enumeration(per_row):
     """Four different frames decoded together: each row follows its own AR distribution, drawing from one generator
-    for the batch or from its own (the engine's rows: tests/test_row_draws.py)."""
+    for the batch or from its own (a generator per row: tests/test_row_draws.py)."""
     model = setup()[0]
     counts, accepted = sample_counts(DEPLOYED, SAMPLES, seed=6, drafter=random_offsets(model, 3, seed=5), tree=FULL,
                                      rows=4, per_row=per_row)
@@ -181,7 +181,7 @@ class RoundSampler(Sampler):
     def sample_noise(self, logits, noise):
         if self.drafts is None:
             return super().sample_noise(logits, noise)
-        depth = self.depth  # the round's draws ignore the engine's noise: torch's global RNG
+        depth = self.depth  # the round's draws ignore the core's noise: torch's global RNG
         object.__setattr__(self, "depth", depth + 1)
         return torch.tensor([self.draw(p, drafts[depth] if depth < len(drafts) else None, None)
                              for p, drafts in zip(self.probs(logits), self.drafts)])
@@ -223,7 +223,7 @@ class SharedUniformSampler(RoundSampler):
     (SharedUniformSampler, True),
 ], ids=["accept-p", "accept-min(1,2p)", "shared-uniform"])
 def test_the_g_test_rejects_biased_rules(sampler, biased, rows, monkeypatch):
-    """The biased rules run inside the real engine (its tree, walk and cache); only the draws change. In a
+    """The biased rules run inside the core's real round (its tree, walk and cache); only the draws change. In a
     batch, every row must be accepted (unbiased) or rejected (biased) on its own. Batches take the device-side
     walk, which draws for every row at each depth as these samplers expect (the CPU's walk draws for the rows
     still walking)."""

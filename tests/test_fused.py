@@ -1,4 +1,4 @@
-"""The CPU fast path (rvqspec/fused.py, draft_heads.py): which path runs where, and that it computes what the
+"""The CPU fast path (rvqspec/core/fused.py, draft_heads.py): which path runs where, and that it computes what the
 plain path does.
 
 Tolerances against the plain path, per dtype (the kernels compute in float32, double for float64, and keep the

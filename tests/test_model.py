@@ -171,7 +171,7 @@ def test_per_row_heads_grouped_and_gathered_agree():
 
 @pytest.mark.parametrize("write", ["data_copy", "load_state_dict", "lora_merge"])
 def test_changed_weights_reach_the_packed_and_int8_copies(write):
-    """The packed bfloat16 weights keyed on the version counter, which `.data.copy_()` does not bump: the engine
+    """The packed bfloat16 weights keyed on the version counter, which `.data.copy_()` does not bump: the core
     decoded with the old weights. Widths large enough to pack (>= 2^20 elements), bfloat16 (int8 drafts too)."""
     import copy
 

@@ -239,7 +239,7 @@ def test_talker_rules_are_hugging_faces_processors_bit_for_bit(tts, settings):
         assert torch.equal(ours, theirs), case
 
 
-# ---------------------------------------------------------------- the talker on the engine's blocks
+# ---------------------------------------------------------------- the talker on the core's blocks
 
 
 @functools.cache
@@ -253,7 +253,7 @@ def upstream_talker(layers: int, dtype: torch.dtype):
 
 
 def test_talker_prefill_and_steps_are_upstreams_forward_in_float64():
-    """A prompt prefilled and frames stepped one by one on the engine's blocks give upstream's talker forward
+    """A prompt prefilled and frames stepped one by one on the core's blocks give upstream's talker forward
     (its M-RoPE position ids from get_rope_index, one causal pass) at every position, in float64 to 1e-12 on the
     plain layers: the talker's layers, KV cache and 1-D RoPE (which equals M-RoPE for upstream's text-only ids)
     are upstream's. Under inference mode (the fused kernels, as the engine runs) to float32's rounding, 1e-6."""

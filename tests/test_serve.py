@@ -1,5 +1,5 @@
 """`rvqspec serve`'s HTTP behaviour, against a real server process on loopback serving a test double of the engine
-(tests/helpers/fake_server.py: rows that last as long as a test needs): the response formats, refusals in OpenAI's
+(tests/helpers/fake_server.py: requests that decode as long as a test needs): the response formats, refusals in OpenAI's
 error shape (and a hypothesis fuzz of the JSON body), 429 on a full queue, a disconnect freeing its row, a failing
 row, the API key, the voice registry, /metrics, SIGTERM, and the page in a headless chromium. The real engine's audio
 through the server: tests/test_serve_engine.py."""

@@ -1,8 +1,8 @@
 """`rvqspec serve --ray` (rvqspec/serve/ray.py) on a local Ray instance of 2 CPUs: the command joining it (--address)
 and serving the stand-in, whose audio through the official `openai` client is the Engine's for the seed, then
-draining on SIGTERM mid-stream; and two replicas of the engine's test double (tests/helpers/fake_server.py: rows as
-long as a test needs): requests spread over both, a voice registered through one replica spoken by the other and
-deleted everywhere, a killed replica's stream cut at once and the replica replaced, 429 from a full cluster,
+draining on SIGTERM mid-stream; and two replicas of the engine's test double (tests/helpers/fake_server.py: requests
+that decode as long as a test needs): requests spread over both, a voice registered through one replica spoken by the
+other and deleted everywhere, a killed replica's stream cut at once and the replica replaced, 429 from a full cluster,
 autoscaling from 1 to 2 replicas and back; the engine's status copied into Ray's gauges. Refusals before Ray starts,
 one line each (the install hint of `--ray` and the Ray flags without it run where ray is not installed). All in one
 xdist group, one Ray instance at a time (`make test` runs `--dist loadgroup`)."""

@@ -1,5 +1,5 @@
 """The stand-in shipped in rvqspec/standin/assets: it loads like an official checkpoint, its files fit each
-other, and the engine is lossless on it (greedy speculative codes == AR codes on the real trained model)."""
+other, and the core's speculation is lossless on it (greedy speculative codes == AR codes on the real trained model)."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""The speculative engine against plain AR: identical greedy codes, top-k/top-p respected, round bookkeeping."""
+"""The speculative round against plain AR: identical greedy codes, top-k/top-p respected, round bookkeeping."""
 
 import functools
 
@@ -60,7 +60,7 @@ def model(groups: int):
 
 @torch.no_grad()
 def greedy_codes(m, talker_hidden: torch.Tensor, c0: torch.Tensor) -> torch.Tensor:
-    """Greedy AR codes [B, G-1] of a batch of frames by plain causal calls, without the engine's cache."""
+    """Greedy AR codes [B, G-1] of a batch of frames by plain causal calls, without the core's cache."""
     codes = torch.zeros(len(c0), m.config.num_code_groups, dtype=torch.long)
     codes[:, 0] = c0
     for i in range(1, m.config.num_code_groups):  # position i only sees c0..c_{i-1}: later codes are ignored

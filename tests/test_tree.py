@@ -58,7 +58,7 @@ def test_chain_and_one_node_tree():
     chain = Tree.chain(3)
     assert chain.paths == [(0,), (0, 0), (0, 0, 0)]
     assert chain.parent.tolist() == [0, 0, 1, 2] and chain.top_m == 1
-    one = Tree.from_paths([(2,)])  # the smallest tree (an empty one is refused: tests/test_errors.py)
+    one = Tree.from_paths([(2,)])  # the smallest tree (an empty one is refused: below)
     assert (one.size, one.max_depth, one.depth_slices, one.top_m) == (1, 1, [(0, 1), (1, 2)], 3)
 
 

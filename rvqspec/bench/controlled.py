@@ -12,7 +12,7 @@ drafts are accepted. So the random-weight predictor gets inputs and heads that m
 
 The drafts of `ReusedHeads` read the same directions, so their rank-0 candidate at every depth is the code
 before the root: accepted while the frame keeps repeating it. Acceptance grows with `strength`;
-`calibrate_strength` bisects it to a target tokens/step under the deployed sampler with the real engine, or
+`calibrate_strength` bisects it to a target tokens/step under the deployed sampler with the core's real rounds, or
 to a target per-round acceptance (drafts accepted per round with room for the whole tree): the measure that
 carries the paper's acceptance over to a depth decoder with longer frames (CSM's 31 codes), whose tokens/step
 at the same acceptance is higher because its frame end cuts fewer rounds short.

@@ -3,7 +3,7 @@ allows (paper Figure 4), acceptance-controlled end-to-end runs, and the tree siz
 
 Per setting (architecture x dtype x threads), in one process:
 1. latency: rounds of [one AR step (q=1), one speculative round per N (q=N+1)], interleaved, medians.
-   A step is everything the engine does per call: the AR step embeds, calls the model, applies the head and
+   A step is everything the core does per call: the AR step embeds, calls the model, applies the head and
    samples; the speculative round also drafts, walks the tree and moves the cache (host work included).
    overhead(N) = t(N) / t(AR) - 1, predicted speedup(N) = tokens/step(N) / (1 + overhead(N)).
 2. acceptance-controlled frames (`rvqspec.bench.controlled`): at N = 16, 32, 64 the heads' peak strength is

@@ -32,7 +32,7 @@ def latency_lines(report: dict) -> list[str]:
     lines = [f"`{report.get('command', 'rvqspec bench')}` (OMP_WAIT_POLICY={m['omp_wait_policy']}), {m['cores']} "
              f"cores, {machine_text(m)}: absolute times vary; the ratios come from interleaved measurements in one run.",
              "", f"Per-call latency, median of {report['plan']['latency_rounds']} interleaved rounds (wall clock). A step "
-             "is all the engine does per call (AR: embed, model, head, sample; speculative: drafts, model over "
+             "is all the decoding core does per call (AR: embed, model, head, sample; speculative: drafts, model over "
              f"q=N+1, tree walk, cache move). Timed at k={report['timed_k']}.", "",
              "| setting | AR step ms | " + " | ".join(f"N={n} ms (overhead)" for n in sizes) + " |",
              "|---|---|" + "---|" * len(sizes)]

@@ -65,8 +65,8 @@ def live_policy(model, drafter, policy: Policy, rounds: int = 5) -> Policy:
 
 
 INT8_SCHEME = "w8a8"  # the faster of the two for AR and speculation alike (benchmarks/results/bench-weights.md)
-# The int8 row's candidate trees: where a verify call is compute bound (AVX2: benchmarks/results/int8-cpu.md) only
-# small trees can pay, so the policy chooses among these or AR from latencies measured now.
+# The int8 comparison's candidate trees: where a verify call is compute bound (AVX2: benchmarks/results/int8-cpu.md)
+# only small trees can pay, so the policy chooses among these or AR from latencies measured now.
 INT8_SIZES = (4, 8, 16, 32)
 
 
@@ -116,8 +116,8 @@ def live_int8_policy(quantized, frames: list, sampler: Sampler) -> Policy:
 
 
 def int8_model(model, frame, sampler: Sampler) -> tuple[object | None, str | None]:
-    """(`model` with int8 weights, None), or (None, why the live int8 row is not timed on this CPU: w8a8 refused, or
-    its probed AR frame too slow)."""
+    """(`model` with int8 weights, None), or (None, why the live int8 comparison is not timed on this CPU: w8a8
+    refused, or its probed AR frame too slow)."""
     from rvqspec.bench.weights import probe
 
     try:
@@ -276,10 +276,10 @@ def print_real(real: dict) -> None:
     print_int8(real)
 
 
-def run_engine_demo(frames: int = 12, nodes: int = 16, seed: int = 0) -> dict:
+def run_core_demo(frames: int = 12, nodes: int = 16, seed: int = 0) -> dict:
     """Fallback while no stand-in is shipped: AR vs speculative frames on a random-weight predictor.
 
-    Random heads draft poorly, so this shows the engine working (same calls, same sampler), not a
+    Random heads draft poorly, so this shows the decoding core working (same calls, same sampler), not a
     realistic speed-up; the report says so.
     """
     from rvqspec.core.config import PredictorConfig
@@ -311,9 +311,9 @@ def run_engine_demo(frames: int = 12, nodes: int = 16, seed: int = 0) -> dict:
             "speedup": seconds["ar"] / seconds["speculative"]}
 
 
-def print_engine_report(r: dict) -> None:
+def print_core_report(r: dict) -> None:
     print("rvqspec demo: the stand-in TTS model is not shipped in this checkout (build it with "
-          "`rvqspec standin build`, about 1.5 hours on 2 CPU cores); showing the engine alone instead.")
+          "`rvqspec standin build`, about 1.5 hours on 2 CPU cores); showing the decoding core alone instead.")
     print(f"  {r['model']}: {r['frames']} frames, AR and speculative (reused heads, tree of {r['tree_nodes']} nodes)")
     print(f"    calls per frame          AR {r['ar_calls_per_frame']:.2f}   speculative {r['calls_per_frame']:.2f}")
     print(f"    tokens per step          speculative {r['tokens_per_step']:.2f}")
@@ -325,8 +325,8 @@ def print_engine_report(r: dict) -> None:
 def run(args) -> int:
     torch.set_num_threads(args.threads)
     if args.assets is None and not (default_assets() / "model" / "model.safetensors").is_file():
-        report = run_engine_demo(seed=args.seed) | {"real_0_6b": real_architecture_comparison()}
-        print(json.dumps(report)) if args.json else print_engine_report(report)
+        report = run_core_demo(seed=args.seed) | {"real_0_6b": real_architecture_comparison()}
+        print(json.dumps(report)) if args.json else print_core_report(report)
         return 0
     flags.require_extra("rvqspec demo", "demo", "soundfile")  # its wav files: checked before both syntheses
     report = run_demo(args.text, args.lang, args.out, Path(args.assets) if args.assets else None, args.seed)

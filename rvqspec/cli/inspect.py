@@ -1,6 +1,6 @@
 """`rvqspec inspect --model MODEL_DIR`: the depth decoder a checkpoint folder holds (Qwen3-TTS's code predictor or
 CSM's depth decoder), its config and parameter counts. `rvqspec inspect --device`: this CPU's class and the kernel
-choices the engine measured for it (`core/device_path.py`), with the figures behind them.
+choices the core measured for it (`core/device_path.py`), with the figures behind them.
 
 Loading the predictor checks the whole folder (config, every tensor the predictor needs and its shape),
 so this is also the quick way to validate a checkpoint before a long job.

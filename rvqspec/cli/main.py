@@ -1,7 +1,7 @@
 """`rvqspec` command line: speculative decoding of RVQ depth decoders (Qwen3-TTS, Sesame CSM).
 
 The entry point: each command is a module of this package with `add_cli(subparsers)` (its flags and a `run(args)`
-that calls into the engine, tuning, bench or standin packages)."""
+that calls into the core, integrations, tuning, standin, bench, runtime or serve packages)."""
 
 import argparse
 import errno

@@ -1,4 +1,4 @@
-"""Weights that change after use, and what was derived from them: one mechanism for the engine and the integrations.
+"""Weights that change after use, and what was derived from them: one mechanism for the core and the integrations.
 
 A weight changes in one of three ways, and each shows in its own place:
 - a new tensor (`load_state_dict(assign=True)`, `.to()`, `p.data = t`): its address, shape or dtype;

@@ -1,4 +1,4 @@
-"""Which implementation each part of a call takes on its device and dtype: decided here, once, for the whole engine.
+"""Which implementation each part of a call takes on its device and dtype: decided here, once, for the whole core.
 
 A decode call resolves its path once (`context.new_context`: `choose`, or `captured` of it inside a CUDA graph) and
 its round, the drafters, the walk and the heads read that `ctx.path`; the model's forward and its matmuls, which

@@ -74,9 +74,9 @@ class Drafter(nn.Module):
         depths past it are garbage (pruned). `path`: a round's (default: `device_path.choose` for this call)."""
         depth, path = depth or self.depth, path or device_path.choose(hidden.device, hidden.dtype)
         reach = depth if path.static_shapes else min(depth, model.config.num_residual_codes - min(positions))
-        rows = [self.head(model, hidden, positions, j, path, rank_only) for j in range(1, reach + 1)]
-        rows += [hidden.new_zeros(len(positions), model.config.vocab_size)] * (depth - len(rows))
-        return torch.stack(rows, dim=1)
+        per_depth = [self.head(model, hidden, positions, j, path, rank_only) for j in range(1, reach + 1)]
+        per_depth += [hidden.new_zeros(len(positions), model.config.vocab_size)] * (depth - len(per_depth))
+        return torch.stack(per_depth, dim=1)
 
     def candidates(self, ctx: RoundContext, hidden: Tensor, positions: list[int] | Tensor) -> Tensor:
         """A round's top-m draft codes [B, K, m] per depth (K, m: the tree's depth and top_m): all a round needs, so
@@ -150,8 +150,8 @@ def drafter_metadata(path: Path, meta: dict, tensors: dict, kind) -> tuple[int, 
     if set(tensors) != set(wanted):
         bad(f"it holds tensors {sorted(tensors)}, a {kind.kind} drafter holds {list(wanted)}")
     first = tensors[wanted[0]]
-    rows = first.shape[0] if kind is Offsets else first.shape[1] if first.dim() >= 3 else -1  # [(positions,) depth, ..]
-    if rows != int(depth) or first.shape[-1] != identity["hidden_size"]:
+    depths = first.shape[0] if kind is Offsets else first.shape[1] if first.dim() >= 3 else -1  # [(positions,) depth]
+    if depths != int(depth) or first.shape[-1] != identity["hidden_size"]:
         bad(f"its {wanted[0]} tensor {tuple(first.shape)} does not fit depth {depth} and hidden size "
             f"{identity['hidden_size']}")
     return int(depth), identity

@@ -93,7 +93,7 @@ class Stats:
 
     @property
     def tokens_per_step(self) -> float:
-        """Tokens per step, as `engine.decode.tokens_per_step` defines it, over every row decoded: codes per predictor
+        """Tokens per step, as `core.decode.tokens_per_step` defines it, over every row decoded: codes per predictor
         call seen from one row (a batch of B rows emits B times as many per call)."""
         return self.codes / self.row_calls if self.row_calls else 0.0
 

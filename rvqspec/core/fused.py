@@ -14,7 +14,7 @@ kernels there). The kernels are built on first use with torch.utils.cpp_extensio
 they cannot be built, decoding takes the plain path after one warning. `RVQSPEC_FUSED=0` (the default of every thread)
 or `enabled(False)` (for a block, in its own thread or task only) turns the whole CPU fast path off (these
 kernels, the int8 draft heads of `draft_heads` and the early-stopping walk `walk.walk_on_host`; where each applies:
-`device_path`), e.g. to time the previous engine side by side (benchmarks/fused_path.py).
+`device_path`), e.g. to time the plain path side by side (benchmarks/fused_path.py).
 """
 
 import contextvars

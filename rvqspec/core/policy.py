@@ -81,7 +81,7 @@ def check_frame_calls(calls, groups: int, source, size: int) -> None:
 
 def report_size(row: dict) -> int:
     """The tree size N of a row of a calibration report's trees: `size`, or `budget` in reports written before the
-    engine's vocabulary settled on "tree size N" (their folders still load)."""
+    core's vocabulary settled on "tree size N" (their folders still load)."""
     return int(row["size"] if "size" in row else row["budget"])
 
 

@@ -1,4 +1,4 @@
-"""The talker on the engine's blocks: the transformer that emits each frame's c0 (Qwen3-TTS's talker, Sesame CSM's
+"""The talker on the core's blocks: the transformer that emits each frame's c0 (Qwen3-TTS's talker, Sesame CSM's
 backbone, the stand-in's), decoding many requests at once, each one row of a shared static cache.
 
 Rows: row b of a step is row b of the cache buffer, and its tokens sit at slots 0..lengths[b]-1 (a token's slot is

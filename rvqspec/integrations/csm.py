@@ -49,7 +49,7 @@ def depth_decoder_from_transformers(model) -> MultiCodeDecoder:
 
 def talker_from_csm(model) -> Talker:
     """The backbone (Llama layers, llama3-scaled RoPE) and its c0 head (`lm_head`) of a CsmForConditionalGeneration
-    on the engine's blocks (`engine.talker.Talker`, qk_norm=False), on its device and dtype. Norms, output projections
+    on the core's blocks (`core.talker.Talker`, qk_norm=False), on its device and dtype. Norms, output projections
     and the head share upstream's tensors; q/k/v and gate/up are concatenated (copies: one matmul each)."""
     c = model.config
     if getattr(c, "attention_bias", False) or getattr(c, "mlp_bias", False) or c.hidden_act != "silu":
@@ -57,7 +57,7 @@ def talker_from_csm(model) -> Talker:
                            "rvqspec.accelerate(model) instead of rvqspec.Engine for it")
     scaling = c.rope_scaling if (c.rope_scaling or {}).get("rope_type", "default") != "default" else None
     if scaling is not None and scaling.get("rope_type", scaling.get("type")) != "llama3":
-        raise RvqspecError(f"the engine's talker implements plain and llama3 RoPE, not {scaling!r}: use "
+        raise RvqspecError(f"rvqspec.Engine's talker implements plain and llama3 RoPE, not {scaling!r}: use "
                            "rvqspec.accelerate(model) for this CSM model")
     config = TalkerConfig(c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
                           c.num_key_value_heads, getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,

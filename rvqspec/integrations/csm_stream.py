@@ -25,8 +25,9 @@ from rvqspec.integrations.stream import Channel, Turns, stream
 LEFT_CONTEXT_FRAMES = 25  # as qwen-tts's chunked_decode (its 12 Hz codec is Mimi-like)
 
 
-class MimiRow:
-    """One row's codes so far; `audio()` decodes the frames not yet returned, with left context."""
+class MimiAudio:
+    """One sequence's audio through Mimi, chunk by chunk (a row of upstream's batch in `produce`, a request in the
+    Engine's codec workers): its codes so far; `audio()` decodes the frames not yet returned, with left context."""
 
     def __init__(self, codec):
         self.codec, self.codes, self.done, self.finished = codec, [], 0, False
@@ -80,7 +81,7 @@ def stream_audio(model, turns: Turns, generate_kwargs: dict, chunk_frames: int,
 
 def produce(model, generate_kwargs: dict, chunks: tuple[int, int], channel: Channel) -> None:
     eos, sample_rate = model.config.codebook_eos_token_id, int(model.codec_model.config.sampling_rate)
-    rows: list[MimiRow] = []
+    rows: list[MimiAudio] = []
     clock = ChunkClock(*chunks)
 
     def send() -> None:
@@ -89,7 +90,7 @@ def produce(model, generate_kwargs: dict, chunks: tuple[int, int], channel: Chan
 
     def on_frame(codes: Tensor) -> None:
         channel.check()
-        rows.extend(MimiRow(model.codec_model) for _ in range(len(codes) - len(rows)))
+        rows.extend(MimiAudio(model.codec_model) for _ in range(len(codes) - len(rows)))
         for row, frame in zip(rows, codes):
             row.add(frame, eos)
         if clock.tick():

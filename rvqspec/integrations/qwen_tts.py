@@ -85,7 +85,7 @@ def predictor_from_upstream(talker) -> MultiCodeDecoder:
 
 
 def talker_from_upstream(talker) -> Talker:
-    """The talker's transformer and c0 head on the engine's blocks (`engine.talker.Talker`), on its device and dtype.
+    """The talker's transformer and c0 head on the core's blocks (`core.talker.Talker`), on its device and dtype.
     Norms, output projections and the head share upstream's tensors; q/k/v and gate/up are concatenated (copies:
     one matmul each, as in the predictor)."""
     c = talker.config

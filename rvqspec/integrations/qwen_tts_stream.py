@@ -35,9 +35,9 @@ from rvqspec.integrations.stream import Channel, Turns, stream
 ENTRY_POINTS = {"custom_voice": "custom_voice", "voice_design": "voice_design", "base": "voice_clone"}  # model type: name
 
 
-class Row:
-    """One text of the call: its incremental codec (`StreamingCodec`), the frames not yet turned into audio, and
-    whether its EOS came."""
+class TextAudio:
+    """One text of the call's audio, chunk by chunk (a row of upstream's batch): its incremental codec
+    (`StreamingCodec`), the frames not yet turned into audio, and whether its EOS came."""
 
     def __init__(self, decoder: StreamingCodec, prefix: Tensor | None):
         self.decoder, self.pending, self.finished = decoder, [], False
@@ -139,7 +139,7 @@ def produce(tts, generate: Callable, bound: inspect.BoundArguments, prefixes: li
     sample_rate = int(tts.model.speech_tokenizer.get_output_sample_rate())
     eos = tts.model.config.talker_config.codec_eos_token_id
     with FrameTap(tts) as tap:
-        rows, clock = [Row(StreamingCodec(decoder), prefix) for prefix in prefixes], ChunkClock(*chunks)
+        rows, clock = [TextAudio(StreamingCodec(decoder), prefix) for prefix in prefixes], ChunkClock(*chunks)
 
         def send() -> None:
             audio = [row.audio() for row in rows]

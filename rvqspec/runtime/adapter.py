@@ -29,7 +29,7 @@ class ModelAdapter(Protocol):
     kind: str  # the one request kind it decodes ("custom_voice", "csm", "speech", ...)
     sample_rate: int
     frame_seconds: float  # audio seconds per frame
-    talker: nn.Module  # on the engine's blocks, as `core/talker.py` runs them (`Talker`, the stand-in's own)
+    talker: nn.Module  # on the core's blocks, as `core/talker.py` runs them (`Talker`, the stand-in's own)
     predictor: MultiCodeDecoder
 
     @property

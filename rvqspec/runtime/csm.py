@@ -16,7 +16,7 @@ the depth decoder's settings, the next input the sum of the frame's G codebook e
 `codebook_eos_token_id` (that frame is returned, as upstream's sequences hold it) or after max_new_tokens frames.
 
 Audio: transformers' Mimi keeps no convolution state between decode calls, so a request's stream decodes each chunk
-with left context (`integrations.csm_stream.MimiRow`: exact while the utterance fits in that context, an
+with left context (`integrations.csm_stream.MimiAudio`: exact while the utterance fits in that context, an
 approximation beyond); `whole` decodes each utterance at once, as `generate(output_audio=True)` does.
 """
 
@@ -33,7 +33,7 @@ from rvqspec.core.errors import RvqspecError
 from rvqspec.core.sampling import Sampler, TalkerRules
 from rvqspec.integrations.base import UNSUPPORTED_SETTINGS
 from rvqspec.integrations.csm import depth_decoder_from_transformers, talker_from_csm
-from rvqspec.integrations.csm_stream import MimiRow
+from rvqspec.integrations.csm_stream import MimiAudio
 from rvqspec.runtime.adapter import Captured, TalkerAdapter, capture, patched, this_thread
 from rvqspec.runtime.request import AudioStream, Prompt
 
@@ -218,7 +218,7 @@ class CsmModel(TalkerAdapter):
     # ---------------------------------------------------------------- audio
 
     def new_stream(self, prompt: Prompt) -> AudioStream:
-        return MimiStream(MimiRow(self.upstream.codec_model), self.eos)
+        return MimiStream(MimiAudio(self.upstream.codec_model), self.eos)
 
     def whole(self, codes: list[Tensor], prompts: list[Prompt]) -> tuple[list[np.ndarray], int]:
         """`generate(output_audio=True)`'s audio for these codes (as float32 arrays) and the sample rate: each
@@ -237,12 +237,12 @@ class CsmModel(TalkerAdapter):
 
 
 class MimiStream(AudioStream):
-    """A request's frames through Mimi as they come (`MimiRow`: left context; its audio ends at the all-EOS frame)."""
+    """A request's frames through Mimi as they come (`MimiAudio`: left context; its audio ends at the all-EOS frame)."""
 
-    def __init__(self, row: MimiRow, eos: int):
-        self.row, self.eos = row, eos
+    def __init__(self, mimi: MimiAudio, eos: int):
+        self.mimi, self.eos = mimi, eos
 
     def add(self, frames: list[Tensor]) -> np.ndarray:
         for frame in frames:
-            self.row.add(frame, self.eos)
-        return self.row.audio()
+            self.mimi.add(frame, self.eos)
+        return self.mimi.audio()

@@ -8,7 +8,7 @@
     engine.close()
 
 Where `rvqspec.accelerate(tts)` swaps the predictor inside upstream's own loop (one request at a time, upstream's
-talker), the engine runs the loop itself (`runtime/scheduler.py`): the talker on the engine's blocks
+talker), the engine runs the loop itself (`runtime/scheduler.py`): the talker on the core's blocks
 (`core/talker.py`), the predictor through `decode_frames` with the policy's tree per batch size, and every live
 request in one batch that new ones join at frame boundaries. Prompts and settings stay upstream's
 (`runtime/qwen_tts.py`), so the codes keep upstream's distribution (greedy: the same codes).

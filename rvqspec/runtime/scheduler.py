@@ -5,7 +5,7 @@ One frame step, for the B rows of the batch (each a request, row b of the talker
     (`TalkerRules`: upstream's repetition penalty, EOS and suppressed tokens, then its sampler);
  2. rows that drew EOS (or their last allowed token) leave at once, and so do cancelled ones;
  3. c1..c{G-1}: `decode_frames` for the rest, one batch per predictor sampler, AR or the policy's tree for that
-    batch size (the engine's speculation: exact, so each row's codes keep their distribution); without its per-call
+    batch size (the core's speculation: exact, so each row's codes keep their distribution); without its per-call
     checks (`decode_checked`): the drafter and trees are checked once (`Engine`, `check_set_up`), a request's sampler
     and generator are made by its adapter and the Engine, the predictor's derived copies are refreshed as a request
     joins, and a row whose state is not finite or out of range (`check_batch`'s bound) fails in step 1;

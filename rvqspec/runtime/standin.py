@@ -1,5 +1,5 @@
 """The stand-in Qwen3-TTS in the engine's frame loop, step for step what `standin.synthesis.synthesize_codes` does
-(its talker already runs on the engine's blocks): prefill [lang, UTF-8 bytes, bos]; frame t's input is the sum of its
+(its talker already runs on the core's blocks): prefill [lang, UTF-8 bytes, bos]; frame t's input is the sum of its
 16 code embeddings at the text-aligned RoPE id round((t + 1) * bytes per frame); c0 among the codes, EOS from the
 second frame on.
 

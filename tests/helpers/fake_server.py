@@ -4,9 +4,9 @@
                                         [--api-key KEY] [--can-clone] [--max-voices N] [--voices-quota MIB]
                                         [--allowed-hosts A,B] [--header-timeout S] [--body-timeout S]
 
-for the HTTP behaviour tests (429, disconnects, SIGTERM, auth, the JSON fuzz), which need rows that last as long as
-a test wants: a request of n characters decodes n frames, FRAME_SECONDS each, in one scheduler thread that steps every
-active row once a frame (at most max_batch rows; the rest wait in the queue). Its audio is random, seeded by the
+for the HTTP behaviour tests (429, disconnects, SIGTERM, auth, the JSON fuzz), which need requests that decode as long
+as a test wants: a request of n characters decodes n frames, FRAME_SECONDS each, in one scheduler thread that steps
+every active row once a frame (at most max_batch rows; the rest wait in the queue). Its audio is random, seeded by the
 request's seed and voice. The text "explode" fails its row before any audio.
 """
 

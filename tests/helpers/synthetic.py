@@ -5,7 +5,7 @@ Each code depends on the talker state and on the codes before it through the pre
 follow a slow random walk per utterance and c0 is a fixed function of the state. Also runnable, to set
 up an end-to-end run of the CLI:
 
-    python tests/synthetic.py --out runs/synthetic [--hidden 64 --vocab 64 --utterances 400]
+    python tests/helpers/synthetic.py --out runs/synthetic [--hidden 64 --vocab 64 --utterances 400]
     # -> runs/synthetic/model (checkpoint folder), runs/synthetic/corpus (code corpus)
 """
 
