@@ -1,7 +1,7 @@
 """Deprecated alias: the decoding core moved from `rvqspec.engine` to `rvqspec.core` (one meaning per word: the
 "engine" is `rvqspec.Engine`, the serving loop; docs/design.md, section 6). `rvqspec.engine` and every
 `rvqspec.engine.<module>` still import, as the same module objects as `rvqspec.core.<module>`, with a
-DeprecationWarning, for one release."""
+DeprecationWarning, for one release (a model pickled before the rename loads too: its classes resolve here)."""
 
 import importlib
 import importlib.abc

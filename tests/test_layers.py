@@ -126,7 +126,10 @@ def test_the_old_engine_package_imports_as_core_with_a_deprecation_warning():
             "from rvqspec.engine import policy\n"
             "import rvqspec.engine.tree, rvqspec.core.decode, rvqspec.core.policy, rvqspec.core.tree\n"
             "assert decode_frames is rvqspec.core.decode.decode_frames and policy is rvqspec.core.policy\n"
-            "assert rvqspec.engine.tree is rvqspec.core.tree\n")
+            "assert rvqspec.engine.tree is rvqspec.core.tree\n"
+            "import pickle, rvqspec.core.quantize\n"  # a model pickled before the rename names rvqspec.engine.*
+            "assert pickle.loads(b'crvqspec.engine.quantize\\nQuantizedLinear\\n.') is "
+            "rvqspec.core.quantize.QuantizedLinear\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("DeprecationWarning: rvqspec.engine is now rvqspec.core") == 1, done.stderr
