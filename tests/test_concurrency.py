@@ -168,6 +168,30 @@ def test_capacity_predicts_unmeasured_batch_sizes_and_protects_real_time():
     assert capacity.period(1) == pytest.approx(0.03)
 
 
+def test_capacity_scales_one_measured_size_as_the_policy_predicts_and_stops_at_a_wrong_prior():
+    """One stream at 50 ms of an 80 ms frame: in proportion a second would make 100 ms and wait for the first to
+    end; the policy's measured scaling (a 2-row step 1.25x a 1-row one) predicts 62.5 ms, so it joins. If the
+    2-row batch then measures slower than real time, no third joins (the CPU runs one stream at real time)."""
+    proportional, scaled = Capacity(0.08, 8), Capacity(0.08, 8, scaling=lambda batch: 1 + 0.25 * (batch - 1))
+    for capacity in (proportional, scaled):
+        for _ in range(3):
+            capacity.record(1, 0.05)
+    assert proportional.period(2) == pytest.approx(0.10) and not proportional.admits(1)
+    assert scaled.period(2) == pytest.approx(0.0625) and scaled.admits(1)
+    assert scaled.report(1)["realtime_rows"] == 3  # 3 rows: 0.075 s predicted, 4: 0.0875 s
+    for _ in range(3):
+        scaled.record(2, 0.09)
+    assert not scaled.admits(2)  # measured: 2 rows already miss real time; a line through the sizes says 3 would too
+
+
+def test_the_engine_scales_capacity_by_its_decoding_policy(tts64):
+    """The Engine hands the capacity its policy's predicted frame times per batch size (no policy, AR: none)."""
+    with Engine(tts64, drafter=None) as ar, Engine(tts64) as speculative:
+        assert ar.capacity.scaling is None
+        policy = speculative.policy
+        assert speculative.capacity.scaling(4) == pytest.approx(policy.frame_ms(4, policy.choose(4)))
+
+
 def test_a_request_waits_while_admitting_it_would_slow_the_running_stream(tts64, monkeypatch):
     """Under a capacity of one row, a second request waits in the queue while the first decodes, and starts once
     it leaves; status() reports the rows' real-time factors and the capacity."""

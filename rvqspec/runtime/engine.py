@@ -31,7 +31,7 @@ from rvqspec.core.files import read_json
 from rvqspec.core.frame_loop import CHUNK_FRAMES, check_arguments, check_chunks, decoding_policy
 from rvqspec.core.tree import Tree
 from rvqspec.runtime.adapter import ModelAdapter
-from rvqspec.runtime.capacity import Capacity
+from rvqspec.runtime.capacity import Capacity, frame_scaling
 from rvqspec.runtime.codec_worker import CodecWorker, Cores
 from rvqspec.runtime.request import Request
 from rvqspec.runtime.scheduler import PREFILL_CHUNK, Scheduler
@@ -92,7 +92,7 @@ class Engine:
         self.policy, self.drafter = policy, drafter
         cores = Cores(self.budget.cores)
         self.codec = CodecWorker(self.model, cores, self.budget.codec)
-        self.capacity = Capacity(self.model.frame_seconds, max_batch, realtime)
+        self.capacity = Capacity(self.model.frame_seconds, max_batch, realtime, frame_scaling(policy))
         self.scheduler = Scheduler(self.model, drafter, tree if isinstance(tree, Tree) else None, policy,
                                    max_batch, max_queue, cores, self.budget.loop,
                                    self.codec, self.capacity, prefill_chunk)
