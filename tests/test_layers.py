@@ -142,3 +142,29 @@ def test_the_frame_loop_toolkit_keeps_its_old_names_for_a_release():
     for old, names in ((base, ["Stats", "check_arguments"]),
                        (stream, ["POLL_SECONDS", "CHUNK_FRAMES", "MAX_CHUNK_FRAMES", "ChunkClock", "check_chunks"])):
         assert all(getattr(old, name) is getattr(frame_loop, name) for name in names)
+
+
+# The serving layers read as short steps (issue 43): no function of theirs over this many lines, from its `def` to its
+# last line.
+MAX_FUNCTION_LINES = 40
+SHORT_FUNCTION_PACKAGES = ("runtime", "serve")
+
+
+def long_functions(source: str, limit: int) -> list[str]:
+    """'name: N lines' for each function of `source` (nested ones too, on their own) longer than `limit` lines."""
+    return [f"{node.name}: {node.end_lineno - node.lineno + 1} lines" for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= limit]
+
+
+def test_no_function_of_runtime_or_serve_is_over_40_lines():
+    paths = [path for package in SHORT_FUNCTION_PACKAGES for path in sorted((PACKAGE / package).rglob("*.py"))]
+    assert len(paths) > 15
+    found = [f"{module_name(path)}.{name}" for path in paths
+             for name in long_functions(path.read_text(), MAX_FUNCTION_LINES)]
+    assert found == []
+
+
+def test_the_length_rule_names_a_planted_long_function():
+    source = "def short():\n    pass\n\n\n@decorated\nasync def long(x):\n" + "    x += 1\n" * 40
+    assert long_functions(source, 40) == ["long: 41 lines"]
+    assert long_functions(source, 41) == []

@@ -74,6 +74,25 @@ class Row:
     def frames(self) -> int:
         return len(self.request.decoded)
 
+    def draw(self, logits: Tensor, in_range: bool) -> None:
+        """Step 1 for this row: its next c0 from `logits` [V], by its request's rules and generator; a state out of
+        range (`in_range` False) or logits that are not finite raise instead (the row fails)."""
+        if not in_range:
+            raise NonFinite(f"the talker state at frame {self.frames} is not finite or out of range (NaN, inf or "
+                            f"|x| >= {MAX_HIDDEN:.0e}): the request's input is out of range; this request ends, the "
+                            "others go on")
+        check_finite(logits, f"the talker's logits at frame {self.frames}")
+        earlier = torch.tensor(self.c0, dtype=torch.long, device=logits.device)
+        self.c0.append(self.request.prompt.rules.draw(logits, earlier, self.request.generator))
+
+    @property
+    def ended(self) -> bool:
+        """Step 2 for this row: it leaves after its last c0 (EOS, or the last one allowed), once cancelled, or after
+        a frame that ends its request (`Prompt.ends_after`)."""
+        request, prompt = self.request, self.request.prompt
+        return (self.c0[-1] == prompt.rules.eos or len(self.c0) >= prompt.max_new_tokens
+                or request.cancelled.is_set() or prompt.ends_after(request.decoded))
+
 
 @dataclass
 class Prefill:
@@ -229,50 +248,58 @@ class Scheduler:
         self.capacity.record(batch, time.perf_counter() - start)
 
     def frame_step(self) -> None:
+        """One frame for every row: the module docstring's steps 1 to 5."""
+        self.draw_c0()
+        if not self.rows:
+            return
+        rows, frames = self.decode_rest()
+        if not rows:
+            return
+        inputs, positions = self.send_frames(rows, frames)
+        hidden = talker_blocks.step(self.model.talker, self.cache, inputs, positions)  # step 5
+        for row, state in zip(rows, hidden):
+            row.hidden = state
+
+    def draw_c0(self) -> None:
+        """Steps 1 and 2: each row draws its c0; then finished, cancelled and failed rows leave."""
         states = torch.stack([row.hidden for row in self.rows])
         logits = self.model.c0_logits(states)
         in_range = (states.abs() < MAX_HIDDEN).all(1).tolist()  # what decode_frames' check_batch refuses, one read
-        for index in reversed(range(len(self.rows))):  # 1, 2: draws, then finished, cancelled and failed rows leave
+        for index in reversed(range(len(self.rows))):
             row = self.rows[index]  # the rows after `index` may move, never those before it: logits[index] is its own
-            prompt = row.request.prompt
             try:
-                if not in_range[index]:
-                    raise NonFinite(f"the talker state at frame {row.frames} is not finite or out of range (NaN, inf "
-                                    f"or |x| >= {MAX_HIDDEN:.0e}): the request's input is out of range; this request "
-                                    "ends, the others go on")
-                check_finite(logits[index], f"the talker's logits at frame {row.frames}")
-                earlier = torch.tensor(row.c0, dtype=torch.long, device=logits.device)
-                row.c0.append(prompt.rules.draw(logits[index], earlier, row.request.generator))
+                row.draw(logits[index], in_range[index])
             except Exception as e:
                 self.fail(index, e)
                 continue
-            if row.c0[-1] == prompt.rules.eos or len(row.c0) >= prompt.max_new_tokens \
-                    or row.request.cancelled.is_set() or prompt.ends_after(row.request.decoded):
+            if row.ended:
                 self.leave(index)
-        if not self.rows:
-            return
+
+    def decode_rest(self) -> tuple[list[Row], Tensor]:
+        """Step 3: the rows still decoding and their frames [B, G] (c0, then the predictor's c1..c{G-1}); rows whose
+        predictor batch raised have left, their frames dropped."""
         rows = self.rows
-        c0 = torch.tensor([row.c0[-1] for row in rows], device=logits.device)
-        codes, failures = self.predict(torch.stack([row.hidden for row in rows]), c0, rows)
+        hidden = torch.stack([row.hidden for row in rows])
+        c0 = torch.tensor([row.c0[-1] for row in rows], device=hidden.device)  # the c0 logits' device
+        codes, failures = self.predict(hidden, c0, rows)
         frames = torch.cat([c0[:, None], codes], dim=1)
-        if failures:
-            position = {id(row): b for b, row in enumerate(rows)}
-            for index in sorted(failures, reverse=True):
-                self.fail(index, failures[index])
-            rows = self.rows
-            if not rows:
-                return
-            frames = frames[[position[id(row)] for row in rows]]
+        if not failures:
+            return rows, frames
+        position = {id(row): b for b, row in enumerate(rows)}
+        for index in sorted(failures, reverse=True):
+            self.fail(index, failures[index])
+        return self.rows, frames[[position[id(row)] for row in self.rows]]
+
+    def send_frames(self, rows: list[Row], frames: Tensor) -> tuple[Tensor, Tensor]:
+        """Step 4: each row's frame goes to its request; the rows' next talker inputs [B, H] (the frame's embedding,
+        plus the trailing text) and their RoPE ids [B]."""
         inputs, positions = self.model.frame_inputs(frames), []
         for b, row in enumerate(rows):
             prompt, t = row.request.prompt, row.frames
             inputs[b] += self.text_input(prompt, t)
             positions.append(prompt.frame_positions[t])
             row.request.put(frames[b].cpu())
-        hidden = talker_blocks.step(self.model.talker, self.cache, inputs,
-                                    torch.tensor(positions, device=inputs.device))
-        for row, state in zip(rows, hidden):
-            row.hidden = state
+        return inputs, torch.tensor(positions, device=inputs.device)
 
     @staticmethod
     def text_input(prompt, frame: int) -> Tensor | float:
