@@ -28,4 +28,4 @@ class _CoreAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass  # already run, as rvqspec.core.<name>
 
 
-sys.meta_path.insert(0, _CoreAlias())
+sys.meta_path.append(_CoreAlias())  # last: asked only about names no other finder knows
