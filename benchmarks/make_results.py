@@ -357,14 +357,18 @@ CONCURRENCY_REPORTS = [  # (heading, report, the command that writes it)
     ("A codec on a batch of chunks, or on each in turn", "codec-batch.md", "python benchmarks/codec_batch.py"),
     ("Chunked prefill: a running stream's gaps while requests arrive", "prefill-gap.md",
      "python benchmarks/prefill_gap.py"),
-    ("A generator per row: the draws' cost", "row-draws.md", "python benchmarks/row_draws.py")]
+    ("A generator per row: the draws' cost", "row-draws.md", "python benchmarks/row_draws.py"),
+    ("Admission's prior against measured frame steps", "capacity-prior.md", "python benchmarks/capacity_prior.py"),
+    ("A frame step before and after issue 43's changes", "frame-step.md",
+     "python benchmarks/frame_step.py --rounds 10 --frames 60")]
 
 
 def concurrency_section(bench_dir: Path) -> list[str]:
     """Issue 40's reports (the thread budget, codec workers, chunked prefill, per-row seeds), without their titles."""
     lines = ["## Concurrency", "",
              "The thread budget (rvqspec/runtime/threads.py) and the codec workers (runtime/codec_worker.py) against "
-             "decoding one request at a time; whether a codec gains from batching; chunked prefill; per-row draws."]
+             "decoding one request at a time; whether a codec gains from batching; chunked prefill; per-row draws; "
+             "admission's prior; a frame step's cost across the house's changes."]
     for heading, name, command in CONCURRENCY_REPORTS:
         text = read_text(bench_dir / name)
         lines += ["", f"### {heading}", "", without_title(text) if text else not_measured(command)]
