@@ -43,8 +43,11 @@ _enabled = contextvars.ContextVar("rvqspec_fused", default=os.environ.get("RVQSP
 
 
 def build_name() -> str:
-    """One build per source, torch, CPU flags and class: it is compiled with -march=native, less what a cap forbids."""
+    """One build per source, torch, CPU flags and class: it is compiled with -march=native, less what a cap forbids.
+    And per folder of the sources: torch's build folder holds the sources' paths, so two checkouts (or environments)
+    that shared a build would rebuild it each time the other one loaded it."""
     key = b"".join(path.read_bytes() for path in (*SOURCES, HEADER)) + torch.__version__.encode() \
+        + str(HEADER.resolve().parent).encode() \
         + " ".join(sorted(cpu_class.cpu_flags())).encode() \
         + " ".join(cflags()).encode()
     return "rvqspec_fused_" + hashlib.sha256(key).hexdigest()[:12]
