@@ -20,8 +20,9 @@ from torch import Tensor
 # Upstream's Qwen3TTSTokenizerV2Decoder.chunked_decode defaults, as Qwen3TTSTokenizerV2Model.decode calls it.
 UPSTREAM_CHUNK_FRAMES = 300
 UPSTREAM_LEFT_CONTEXT = 25
-# The most frames (rows x chunk frames) one batched forward takes: at the 0.6B sizes on one thread (amx), 8 rows of 12
-# frames ran no faster than one by one, and 2 forwards of 4 rows 1.25x faster (benchmarks/results/codec-batch-streaming.md)
+# The most frames (rows x chunk frames) one batched forward takes: at the 0.6B sizes on one thread (amx), 8 rows of
+# 12 frames in one forward ran no faster than one by one, in 2 forwards of 4 rows faster
+# (benchmarks/results/codec-batch-streaming.md)
 MOST_FRAMES_TOGETHER = 48
 
 
@@ -178,8 +179,8 @@ class StreamingCodec(IncrementalDecoder):
     def transformer(self, hidden: Tensor) -> Tensor:
         positions = torch.arange(self.position, self.position + hidden.shape[1], device=hidden.device)
         self.position += hidden.shape[1]
-        return self.decoder.pre_transformer(inputs_embeds=hidden, past_key_values=self.attention_cache(), use_cache=True,
-                                            cache_position=positions).last_hidden_state
+        return self.decoder.pre_transformer(inputs_embeds=hidden, past_key_values=self.attention_cache(),
+                                            use_cache=True, cache_position=positions).last_hidden_state
 
 
 class RowsDecoder(IncrementalDecoder):
@@ -220,7 +221,8 @@ class RowsCache:
     def __init__(self, caches: list, cached: list[int]):
         self.caches, self.cached = caches, cached
 
-    def update(self, keys: Tensor, values: Tensor, layer: int, cache_kwargs: dict | None = None) -> tuple[Tensor, Tensor]:
+    def update(self, keys: Tensor, values: Tensor, layer: int,
+               cache_kwargs: dict | None = None) -> tuple[Tensor, Tensor]:
         rows = [cache.update(k[None], v[None], layer, cache_kwargs) for cache, k, v in zip(self.caches, keys, values)]
         lengths = [row_keys.shape[-2] - keys.shape[-2] for row_keys, _ in rows]
         if lengths != self.cached:
