@@ -355,6 +355,10 @@ CONCURRENCY_REPORTS = [  # (heading, report, the command that writes it)
     ("Many requests against one at a time: qwen-tts at the 0.6B sizes", "concurrency-0.6b.md",
      f"{CONCURRENCY} --models 0.6b --cores 1 --requests 1,4 --name concurrency-0.6b"),
     ("A codec on a batch of chunks, or on each in turn", "codec-batch.md", "python benchmarks/codec_batch.py"),
+    ("The streaming 12 Hz codecs of several requests in one call (float32)", "codec-batch-streaming.md",
+     "python benchmarks/codec_batch.py --streaming"),
+    ("The streaming 12 Hz codecs of several requests in one call (bfloat16)", "codec-batch-streaming-bfloat16.md",
+     "python benchmarks/codec_batch.py --streaming --dtype bfloat16"),
     ("Chunked prefill: a running stream's gaps while requests arrive", "prefill-gap.md",
      "python benchmarks/prefill_gap.py"),
     ("A generator per row: the draws' cost", "row-draws.md", "python benchmarks/row_draws.py")]

@@ -20,9 +20,9 @@ from torch import Tensor
 # Upstream's Qwen3TTSTokenizerV2Decoder.chunked_decode defaults, as Qwen3TTSTokenizerV2Model.decode calls it.
 UPSTREAM_CHUNK_FRAMES = 300
 UPSTREAM_LEFT_CONTEXT = 25
-# The most frames (rows x chunk frames) one batched forward takes: at the 0.6B sizes on one thread (amx), 8 rows of
-# 12 frames in one forward ran no faster than one by one, in 2 forwards of 4 rows faster
-# (benchmarks/results/codec-batch-streaming.md)
+# The most frames (rows x chunk frames) one batched forward takes: at the 0.6B sizes on one thread (amx, float32), 8
+# rows of 12 frames in one forward ran 0.90-0.96x as fast as one by one, in 2 forwards of 4 rows 1.24x (the split is
+# what benchmarks/results/codec-batch-streaming.md times)
 MOST_FRAMES_TOGETHER = 48
 
 
