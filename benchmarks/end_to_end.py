@@ -60,11 +60,24 @@ TREE_SIZE = 32
 TARGETS = {"speculative_over_ar": 1.4, "first_audio_over_upstream_whole": 1 / 8, "streamed_over_whole": 1.05}
 
 
-def real_size_tts(dtype: torch.dtype, seed: int = 0):
-    """Upstream's Qwen3TTSModel at the 0.6B sizes (random weights), with a real-size 12 Hz speech decoder."""
+def real_size_speech_tokenizer(dtype: torch.dtype):
+    """Upstream's 12 Hz speech tokenizer with the released decoder's sizes (random weights; a tiny encoder)."""
     qwen_tts = import_qwen_tts()
     from qwen_tts.core import Qwen3TTSTokenizerV2Config, Qwen3TTSTokenizerV2Model
 
+    encoder = dict(hidden_size=32, num_filters=4, num_residual_layers=1, codebook_size=2048, codebook_dim=16,
+                   num_quantizers=16, num_semantic_quantizers=1, num_hidden_layers=1, num_attention_heads=2,
+                   num_key_value_heads=2, head_dim=16, intermediate_size=64, frame_rate=12.5, upsample_groups=32,
+                   vector_quantization_hidden_dimension=16)  # never run: only the decoder decodes
+    codec = Qwen3TTSTokenizerV2Model(Qwen3TTSTokenizerV2Config(encoder_config=encoder, decoder_config={"codebook_dim": 512}))  # the released tokenizer's
+    tokenizer = qwen_tts.Qwen3TTSTokenizer()
+    tokenizer.model, tokenizer.config, tokenizer.device = codec.to(dtype).eval(), codec.config, torch.device("cpu")
+    return tokenizer
+
+
+def real_size_tts(dtype: torch.dtype, seed: int = 0):
+    """Upstream's Qwen3TTSModel at the 0.6B sizes (random weights), with a real-size 12 Hz speech decoder."""
+    qwen_tts = import_qwen_tts()
     config = tiny_tts_config_dict()
     real = upstream_config_dict(talker_hidden=1024, predictor_hidden=1024, vocab=2048, groups=16,
                                 predictor_layers=5, predictor_heads=16, predictor_kv_heads=8, predictor_head_dim=128,
@@ -81,14 +94,7 @@ def real_size_tts(dtype: torch.dtype, seed: int = 0):
     torch.manual_seed(seed)
     model = qwen_tts.core.models.Qwen3TTSForConditionalGeneration(qwen_tts.core.models.Qwen3TTSConfig(**config))
     model = model.to(dtype).eval().requires_grad_(False)
-    encoder = dict(hidden_size=32, num_filters=4, num_residual_layers=1, codebook_size=2048, codebook_dim=16,
-                   num_quantizers=16, num_semantic_quantizers=1, num_hidden_layers=1, num_attention_heads=2,
-                   num_key_value_heads=2, head_dim=16, intermediate_size=64, frame_rate=12.5, upsample_groups=32,
-                   vector_quantization_hidden_dimension=16)  # never run: only the decoder decodes
-    codec = Qwen3TTSTokenizerV2Model(Qwen3TTSTokenizerV2Config(encoder_config=encoder, decoder_config={"codebook_dim": 512}))  # the released tokenizer's
-    tokenizer = qwen_tts.Qwen3TTSTokenizer()
-    tokenizer.model, tokenizer.config, tokenizer.device = codec.to(dtype).eval(), codec.config, torch.device("cpu")
-    model.load_speech_tokenizer(tokenizer)
+    model.load_speech_tokenizer(real_size_speech_tokenizer(dtype))
     model.config.talker_config.codec_eos_token_id = model.config.talker_config.vocab_size  # never drawn: FRAMES frames
     return qwen_tts.Qwen3TTSModel(model, tiny_text_processor(), generate_defaults={})
 

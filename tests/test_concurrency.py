@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from rvqspec import RvqspecError
+from rvqspec.integrations.qwen_tts_audio import RowsDecoder
 from rvqspec.runtime import Engine
 from rvqspec.runtime.capacity import Capacity
 from rvqspec.runtime.codec_worker import Cores
@@ -88,20 +89,13 @@ def test_no_more_threads_do_torch_work_than_the_engines_cores(tts64, monkeypatch
 
     monkeypatch.setattr(Cores, "held", counted)
     with Engine(tts64, drafter=None, cores=2, chunk_frames=2, first_chunk_frames=1) as engine:
-        new_stream = engine.model.new_stream
+        add_together = engine.model.add_together
 
-        def recording(prompt):
-            stream = new_stream(prompt)
-            add = stream.add
+        def recording(streams, frames):
+            makers.add(threading.current_thread().name)
+            return add_together(streams, frames)
 
-            def add_recorded(frames):
-                makers.add(threading.current_thread().name)
-                return add(frames)
-
-            stream.add = add_recorded
-            return stream
-
-        monkeypatch.setattr(engine.model, "new_stream", recording)
+        monkeypatch.setattr(engine.model, "add_together", recording)
         audio = [None] * 8
         arguments = [dict(text=f"line {i} here", max_new_tokens=6 + i, **QWEN, **GREEDY) for i in range(8)]
 
@@ -122,29 +116,35 @@ def test_no_more_threads_do_torch_work_than_the_engines_cores(tts64, monkeypatch
 
 # ---------------------------------------------------------------- audio off the callers' threads
 
-def test_a_requests_audio_does_not_depend_on_what_else_decodes(tts64):
+def test_a_requests_audio_does_not_depend_on_what_else_decodes(tts64, monkeypatch):
     """Greedy requests' audio alone, then with the first already streaming when the others join, one of them
     cancelled mid-stream: each finished request's audio equals its lone audio (float rounding of the codec aside);
-    the cancelled one's chunks are a prefix of its lone audio."""
+    the cancelled one's chunks are a prefix of its lone audio. One codec worker, slowed (20 ms a call), so that
+    requests have chunks due at once: beside others, their chunks were decoded together (counted), alone never."""
     arguments = [dict(text=text, max_new_tokens=n, **QWEN, **GREEDY)
                  for text, n in (("hello there", 14), ("a second line", 9), ("yes", 4), ("one more", 12))]
-    with Engine(tts64, drafter=None, chunk_frames=2, first_chunk_frames=1) as engine:
+    batched_rows, run = [], RowsDecoder.run
+    monkeypatch.setattr(RowsDecoder, "run", lambda self, codes: batched_rows.append(len(codes)) or run(self, codes))
+    with Engine(tts64, drafter=None, chunk_frames=2, first_chunk_frames=1, codec_threads=1) as engine:
+        add_together = engine.model.add_together
+        monkeypatch.setattr(engine.model, "add_together", lambda *a: time.sleep(0.02) or add_together(*a))
         alone = [engine.submit("custom_voice", **a).audio() for a in arguments]
-        first = engine.submit("custom_voice", **arguments[0])
-        chunks = iter(first)
-        head = [next(chunks)]
+        assert not batched_rows
+        streams = [iter(engine.submit("custom_voice", **arguments[0]))]
+        heads = [[next(streams[0])]]
         others = [engine.submit("custom_voice", **a) for a in arguments[1:]]
-        cancelled = iter(others[-1])
-        cut = [next(cancelled)]
+        streams += [iter(request) for request in others]
+        heads += [[next(stream)] for stream in streams[1:]]  # each streaming (its codec attached) beside the others
         others[-1].cancel()
-        cut += list(cancelled)
-        together = [np.concatenate(head + list(chunks))] + [r.audio() for r in others[:-1]]
+        cut = heads.pop() + list(streams.pop())
+        together = [np.concatenate(head + list(stream)) for head, stream in zip(heads, streams)]
     for mine, theirs in zip(together, alone):
         assert mine.shape == theirs.shape
         np.testing.assert_allclose(mine, theirs, atol=1e-6, rtol=0)
     cut = np.concatenate(cut)
     assert 0 < len(cut) <= len(alone[-1])
     np.testing.assert_allclose(cut, alone[-1][:len(cut)], atol=1e-6, rtol=0)
+    assert batched_rows  # chunks decoded together
 
 
 # ---------------------------------------------------------------- admission

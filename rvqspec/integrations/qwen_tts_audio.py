@@ -12,64 +12,43 @@ Upstream's own whole-utterance decode (`chunked_decode`) restarts every 300 fram
 context; `StreamingCodec` restarts at the same frames with the same context, so it reproduces that too.
 """
 
+from collections import defaultdict
+
 import torch
 from torch import Tensor
 
 # Upstream's Qwen3TTSTokenizerV2Decoder.chunked_decode defaults, as Qwen3TTSTokenizerV2Model.decode calls it.
 UPSTREAM_CHUNK_FRAMES = 300
 UPSTREAM_LEFT_CONTEXT = 25
+# The most frames (rows x chunk frames) one batched forward takes: at the 0.6B sizes on one thread (amx, float32), 8
+# rows of 12 frames in one forward ran 0.90-0.96x as fast as one by one, in 2 forwards of 4 rows 1.24x (the split is
+# what benchmarks/results/codec-batch-streaming.md times)
+MOST_FRAMES_TOGETHER = 48
 
 
-class StreamingCodec:
-    """`decode(codes)` turns the next frames of one utterance ([frames, 16] codes) into their audio.
+class IncrementalDecoder:
+    """Upstream's decoder forward over the next frames of B rows ([B, 16, n] codes -> [B, n * 1920] audio), each
+    convolution fed its last inputs: `past_inputs` / `keep_inputs` hold them, `transformer` carries the attention
+    cache. `StreamingCodec` is one row; `RowsDecoder` several codecs' rows in one forward."""
 
-    `decoder` (upstream's name for it): the codec, upstream's `Qwen3TTSTokenizerV2Decoder`
-    (`speech_tokenizer.model.decoder`), shared, unchanged.
-    One object per utterance: it holds the convolution inputs and the attention cache of what it decoded."""
+    decoder: torch.nn.Module
 
-    def __init__(self, decoder: torch.nn.Module):
-        self.decoder = decoder
-        self.samples_per_frame = int(decoder.total_upsample)
-        self.frames = 0  # frames decoded (audio returned) so far
-        self.recent = []  # the last UPSTREAM_LEFT_CONTEXT frames' codes, to restart the way upstream does
-        self.reset()
+    def past_inputs(self, module: torch.nn.Module, hidden: Tensor, keep: int) -> Tensor:
+        """The last `keep` inputs [B, channels, keep] of `module` before `hidden` (zeros at an utterance's start)."""
+        raise NotImplementedError
 
-    def reset(self) -> None:
-        self.history: dict[torch.nn.Module, Tensor] = {}  # per convolution: its last inputs
-        self.cache = None
-        self.position = 0  # frames since the last restart: the transformer's next position
+    def keep_inputs(self, module: torch.nn.Module, inputs: Tensor) -> None:
+        """Remember `module`'s last inputs [B, channels, keep] for the next call."""
+        raise NotImplementedError
 
-    @torch.inference_mode()
-    def decode(self, codes: Tensor) -> Tensor:
-        """[n, 16] codes (negative ones count as 0, as upstream clamps them) -> float32 audio [n * 1920]."""
-        codes = codes.clamp(min=0).long()
-        pieces = []
-        while len(codes):
-            until_restart = UPSTREAM_CHUNK_FRAMES - self.frames % UPSTREAM_CHUNK_FRAMES
-            if self.frames and until_restart == UPSTREAM_CHUNK_FRAMES:
-                self.restart()
-            pieces.append(self.run(codes[:until_restart]))
-            self.remember(codes[:until_restart])
-            self.frames += len(codes[:until_restart])
-            codes = codes[until_restart:]
-        if not pieces:
-            return torch.zeros(0)
-        return torch.cat(pieces)
-
-    def restart(self) -> None:
-        """What upstream's chunked_decode does at a 300-frame boundary: a fresh pass over 25 frames of context."""
-        context = torch.cat(self.recent)[-UPSTREAM_LEFT_CONTEXT:]
-        self.reset()
-        self.run(context)
-
-    def remember(self, codes: Tensor) -> None:
-        self.recent = [*self.recent, codes][-UPSTREAM_LEFT_CONTEXT:]
+    def transformer(self, hidden: Tensor) -> Tensor:
+        raise NotImplementedError
 
     def run(self, codes: Tensor) -> Tensor:
         """Upstream's `Qwen3TTSTokenizerV2Decoder.forward` for the next frames, with state carried over."""
         decoder = self.decoder
         weight = decoder.pre_conv.conv.weight
-        hidden = decoder.quantizer.decode(codes.T[None].to(weight.device))  # [1, codebook_dim, n]
+        hidden = decoder.quantizer.decode(codes.to(weight.device))  # [B, codebook_dim, n]
         hidden = self.conv(decoder.pre_conv, hidden).transpose(1, 2)
         hidden = self.transformer(hidden).permute(0, 2, 1)
         for blocks in decoder.upsample:
@@ -77,18 +56,7 @@ class StreamingCodec:
                 hidden = self.block(block, hidden)
         for block in decoder.decoder:
             hidden = self.block(block, hidden)
-        return hidden.clamp(min=-1, max=1).reshape(-1)
-
-    def transformer(self, hidden: Tensor) -> Tensor:
-        from transformers.cache_utils import DynamicCache
-
-        model = self.decoder.pre_transformer
-        if self.cache is None:
-            self.cache = DynamicCache(config=model.config)
-        positions = torch.arange(self.position, self.position + hidden.shape[1], device=hidden.device)
-        self.position += hidden.shape[1]
-        return model(inputs_embeds=hidden, past_key_values=self.cache, use_cache=True,
-                     cache_position=positions).last_hidden_state
+        return hidden.clamp(min=-1, max=1).reshape(len(codes), -1)
 
     def block(self, module: torch.nn.Module, hidden: Tensor) -> Tensor:
         """One module of the codec's upsampler or its waveform blocks (upstream's `decoder.decoder`); convolutions keep
@@ -119,11 +87,8 @@ class StreamingCodec:
         keep = module.kernel_size - 1
         if keep == 0:
             return module.conv(hidden)
-        history = self.history.get(module)
-        if history is None:
-            history = hidden.new_zeros(*hidden.shape[:2], keep)
-        padded = torch.cat([history, hidden], dim=-1)
-        self.history[module] = padded[..., -keep:]
+        padded = torch.cat([self.past_inputs(module, hidden, keep), hidden], dim=-1)
+        self.keep_inputs(module, padded[..., -keep:])
         return module.conv(padded)
 
     def transposed_conv(self, module: torch.nn.Module, hidden: Tensor) -> Tensor:
@@ -134,11 +99,8 @@ class StreamingCodec:
         keep = -(-kernel // stride) - 1
         if keep == 0:
             return conv(hidden)[..., :hidden.shape[-1] * stride]
-        history = self.history.get(module)
-        if history is None:
-            history = hidden.new_zeros(*hidden.shape[:2], keep)
-        padded = torch.cat([history, hidden], dim=-1)
-        self.history[module] = padded[..., -keep:]
+        padded = torch.cat([self.past_inputs(module, hidden, keep), hidden], dim=-1)
+        self.keep_inputs(module, padded[..., -keep:])
         return conv(padded)[..., keep * stride:(keep + hidden.shape[-1]) * stride]
 
     def convnext(self, module: torch.nn.Module, hidden: Tensor) -> Tensor:
@@ -146,6 +108,177 @@ class StreamingCodec:
         x = self.conv(module.dwconv, hidden).permute(0, 2, 1)
         x = module.pwconv2(module.act(module.pwconv1(module.norm(x))))
         return hidden + (module.gamma * x).permute(0, 2, 1)
+
+
+class StreamingCodec(IncrementalDecoder):
+    """`decode(codes)` turns the next frames of one utterance ([frames, 16] codes) into their audio.
+
+    `decoder` (upstream's name for it): the codec, upstream's `Qwen3TTSTokenizerV2Decoder`
+    (`speech_tokenizer.model.decoder`), shared, unchanged.
+    One object per utterance: it holds the convolution inputs and the attention cache of what it decoded."""
+
+    def __init__(self, decoder: torch.nn.Module):
+        self.decoder = decoder
+        self.samples_per_frame = int(decoder.total_upsample)
+        self.frames = 0  # frames decoded (audio returned) so far
+        self.recent = []  # the last UPSTREAM_LEFT_CONTEXT frames' codes, to restart the way upstream does
+        self.reset()
+
+    def reset(self) -> None:
+        self.history: dict[torch.nn.Module, Tensor] = {}  # per convolution: its last inputs [1, channels, keep]
+        self.cache = None
+        self.position = 0  # frames since the last restart: the transformer's next position
+
+    @torch.inference_mode()
+    def decode(self, codes: Tensor) -> Tensor:
+        """[n, 16] codes (negative ones count as 0, as upstream clamps them) -> float32 audio [n * 1920]."""
+        codes = upstream_codes(codes)
+        pieces = []
+        while len(codes):
+            until_restart = UPSTREAM_CHUNK_FRAMES - self.frames % UPSTREAM_CHUNK_FRAMES
+            if self.frames and until_restart == UPSTREAM_CHUNK_FRAMES:
+                self.restart()
+            pieces.append(self.run(codes[:until_restart].T[None])[0])
+            self.advance(codes[:until_restart])
+            codes = codes[until_restart:]
+        if not pieces:
+            return torch.zeros(0)
+        return torch.cat(pieces)
+
+    def fits_in_segment(self, frames: int) -> bool:
+        """Whether the next `frames` frames decode without a restart (at their start or inside them)."""
+        done = self.frames % UPSTREAM_CHUNK_FRAMES
+        return 0 < frames <= UPSTREAM_CHUNK_FRAMES - done and not (self.frames and done == 0)
+
+    def advance(self, codes: Tensor) -> None:
+        """Count `codes` [n, 16] as decoded, and keep the last ones as a restart's context."""
+        self.recent = [*self.recent, codes][-UPSTREAM_LEFT_CONTEXT:]
+        self.frames += len(codes)
+
+    def restart(self) -> None:
+        """What upstream's chunked_decode does at a 300-frame boundary: a fresh pass over 25 frames of context."""
+        context = torch.cat(self.recent)[-UPSTREAM_LEFT_CONTEXT:]
+        self.reset()
+        self.run(context.T[None])
+
+    def past_inputs(self, module: torch.nn.Module, hidden: Tensor, keep: int) -> Tensor:
+        history = self.history.get(module)
+        return hidden.new_zeros(*hidden.shape[:2], keep) if history is None else history
+
+    def keep_inputs(self, module: torch.nn.Module, inputs: Tensor) -> None:
+        self.history[module] = inputs
+
+    def attention_cache(self):
+        """The transformer's cache (upstream's DynamicCache: the last window of keys and values), made at first use."""
+        from transformers.cache_utils import DynamicCache
+
+        if self.cache is None:
+            self.cache = DynamicCache(config=self.decoder.pre_transformer.config)
+        return self.cache
+
+    def transformer(self, hidden: Tensor) -> Tensor:
+        positions = torch.arange(self.position, self.position + hidden.shape[1], device=hidden.device)
+        self.position += hidden.shape[1]
+        return self.decoder.pre_transformer(inputs_embeds=hidden, past_key_values=self.attention_cache(),
+                                            use_cache=True, cache_position=positions).last_hidden_state
+
+
+class RowsDecoder(IncrementalDecoder):
+    """The next chunks of several codecs of one decoder (a row each: equal frame counts, no restart due, see
+    `StreamingCodec.fits_in_segment`) in one forward; each codec's inputs, cache and position are its own."""
+
+    def __init__(self, codecs: list[StreamingCodec]):
+        self.codecs, self.decoder = codecs, codecs[0].decoder
+
+    def past_inputs(self, module: torch.nn.Module, hidden: Tensor, keep: int) -> Tensor:
+        return torch.cat([codec.past_inputs(module, hidden[:1], keep) for codec in self.codecs])
+
+    def keep_inputs(self, module: torch.nn.Module, inputs: Tensor) -> None:
+        for codec, row in zip(self.codecs, inputs):
+            codec.keep_inputs(module, row[None])
+
+    def transformer(self, hidden: Tensor) -> Tensor:
+        """Each row at its own RoPE positions, attending to its own cache (left-padded to the longest, masked)."""
+        frames, device = hidden.shape[1], hidden.device
+        model = self.decoder.pre_transformer
+        caches = [codec.attention_cache() for codec in self.codecs]
+        new = torch.arange(frames, device=device)
+        cached = [cache.get_mask_sizes(new, 0)[0] - frames for cache in caches]  # keys each row attends to before
+        positions = torch.tensor([codec.position for codec in self.codecs], device=device)[:, None] + new
+        for codec in self.codecs:
+            codec.position += frames
+        mask = rows_mask(cached, frames, model.config.sliding_window, hidden.dtype, device)
+        return model(inputs_embeds=hidden, past_key_values=RowsCache(caches, cached), use_cache=True,
+                     attention_mask={"sliding_attention": mask}, position_ids=positions,
+                     cache_position=new).last_hidden_state  # cache_position: unused, the mask is given
+
+
+class RowsCache:
+    """The attention cache of one forward over several codecs' rows: each layer's new keys and values go to each
+    row's own cache (upstream's, kept to its window as when the row decodes alone), and the rows' keys and values
+    come back left-padded to the longest row's (`rows_mask` hides the padding)."""
+
+    def __init__(self, caches: list, cached: list[int]):
+        self.caches, self.cached = caches, cached
+
+    def update(self, keys: Tensor, values: Tensor, layer: int,
+               cache_kwargs: dict | None = None) -> tuple[Tensor, Tensor]:
+        rows = [cache.update(k[None], v[None], layer, cache_kwargs) for cache, k, v in zip(self.caches, keys, values)]
+        lengths = [row_keys.shape[-2] - keys.shape[-2] for row_keys, _ in rows]
+        if lengths != self.cached:
+            raise TypeError(f"the batched 12 Hz codec expected layer {layer} to attend to {self.cached} cached frames, "
+                            f"upstream's cache gave {lengths} (tested against qwen-tts 0.1.1, transformers 4.57)")
+        longest = max(self.cached) + keys.shape[-2]
+        return tuple(torch.cat([left_pad(row[i], longest) for row in rows]) for i in (0, 1))
+
+
+def left_pad(states: Tensor, length: int) -> Tensor:
+    """Keys or values [1, heads, frames, dim] with zeros before them, to `length` frames."""
+    return torch.nn.functional.pad(states, (0, 0, length - states.shape[-2], 0))
+
+
+def rows_mask(cached: list[int], frames: int, window: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """The additive attention mask [B, 1, frames, keys] of `frames` new frames over rows with `cached` frames of
+    keys each, left-padded (`RowsCache`): upstream's sliding window (a frame sees itself and the window - 1 before
+    it), padding hidden."""
+    keys = max(cached) + frames
+    key = torch.arange(keys, device=device)
+    query = key[-frames:, None]
+    first = keys - frames - torch.tensor(cached, device=device)  # each row's first real key
+    visible = (key <= query) & (key > query - window) & (key >= first[:, None, None])
+    return torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill(~visible, torch.finfo(dtype).min)[:, None]
+
+
+@torch.inference_mode()
+def decode_together(codecs: list[StreamingCodec], chunks: list[Tensor]) -> list[Tensor]:
+    """Each codec's next chunk ([n, 16] codes) -> its audio, what `codec.decode(chunk)` gives (to float rounding).
+    Chunks of one decoder and frame count that need no restart decode in shared forwards (of at most
+    MOST_FRAMES_TOGETHER frames); the others each on its own (a restart every 300 frames, a frame count no other row
+    has)."""
+    chunks = [upstream_codes(chunk) for chunk in chunks]
+    audio: list[Tensor | None] = [None] * len(codecs)
+    together = defaultdict(list)
+    for row, (codec, chunk) in enumerate(zip(codecs, chunks)):
+        if codec.fits_in_segment(len(chunk)):
+            together[codec.decoder, len(chunk)].append(row)
+        else:
+            audio[row] = codec.decode(chunk)
+    for (_, frames), rows in together.items():
+        most = max(1, MOST_FRAMES_TOGETHER // frames)
+        for forward in (rows[start:start + most] for start in range(0, len(rows), most)):
+            if len(forward) == 1:
+                audio[forward[0]] = codecs[forward[0]].decode(chunks[forward[0]])
+                continue
+            codes = torch.stack([chunks[row] for row in forward]).transpose(1, 2)  # [B, 16, n]
+            for row, samples in zip(forward, RowsDecoder([codecs[row] for row in forward]).run(codes)):
+                audio[row] = samples
+                codecs[row].advance(chunks[row])
+    return audio
+
+
+def upstream_codes(codes: Tensor) -> Tensor:
+    """Codes as upstream's decode takes them: negative ones (a frame's unused codebooks) count as 0."""
+    return codes.clamp(min=0).long()
 
 
 def offline_decode(speech_tokenizer, codes: Tensor) -> Tensor:

@@ -24,13 +24,14 @@ from rvqspec.runtime.request import AudioStream, Prompt
 @runtime_checkable
 class ModelAdapter(Protocol):
     """A TTS model as the engine runs it. Scheduler: `talker`, `predictor`, `c0_logits`, `frame_inputs`,
-    `frame_seconds`; codec workers: `new_stream`; `Engine`: the rest."""
+    `frame_seconds`; codec workers: `new_stream`, `codec_batches`, `add_together`; `Engine`: the rest."""
 
     kind: str  # the one request kind it decodes ("custom_voice", "csm", "speech", ...)
     sample_rate: int
     frame_seconds: float  # audio seconds per frame
     talker: nn.Module  # on the core's blocks, as `core/talker.py` runs them (`Talker`, the stand-in's own)
     predictor: MultiCodeDecoder
+    codec_batches: bool  # whether `add_together` decodes in one call: the codec workers then gather streams with work
 
     @property
     def can_clone(self) -> bool:
@@ -47,6 +48,10 @@ class ModelAdapter(Protocol):
 
     def new_stream(self, prompt: Prompt) -> AudioStream:
         """A request's frames turned into audio as they come (run by the codec workers)."""
+
+    def add_together(self, streams: list[AudioStream], frames: list[list[Tensor]]) -> list[np.ndarray]:
+        """Each stream's next frames -> its audio, what its own `add` gives (in one call of the codec where
+        `codec_batches`)."""
 
     def whole(self, codes: list[Tensor], prompts: list[Prompt]) -> tuple[list[np.ndarray], int]:
         """Upstream's generate result (wavs, sample rate) for each prompt's decoded codes."""
@@ -68,7 +73,10 @@ class ModelAdapter(Protocol):
 class TalkerAdapter:
     """What the adapters share: the talker and predictor they run, with the int8 schemes asked for
     (`talker_weights` on a copy of the talker where the caller's model still uses it, `weights` on the predictor:
-    `quantize` copies), and c0 from the talker's head. `entry_point`: none unless the adapter wraps upstream's."""
+    `quantize` copies), and c0 from the talker's head. `entry_point`: none unless the adapter wraps upstream's;
+    `add_together`: each stream in turn, unless an adapter's codec was measured faster batched (qwen-tts)."""
+
+    codec_batches = False
 
     def __init__(self, talker: nn.Module, predictor: MultiCodeDecoder, weights: str | None, talker_weights: str | None,
                  shared_talker: bool = False):
@@ -80,6 +88,9 @@ class TalkerAdapter:
 
     def c0_logits(self, hidden: Tensor) -> Tensor:
         return self.talker.codec_head(hidden)
+
+    def add_together(self, streams: list[AudioStream], frames: list[list[Tensor]]) -> list[np.ndarray]:
+        return [stream.add(chunk) for stream, chunk in zip(streams, frames)]
 
     def entry_point(self, kind: str) -> Callable | None:
         return None

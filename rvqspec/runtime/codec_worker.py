@@ -4,12 +4,15 @@ workers, within the thread budget (`runtime/threads.py`); callers and a server's
 A request that is iterated is attached (`attach`): its model stream (`AudioStream`) is made in a worker, and each
 time the scheduler puts frames, the frames due as a chunk (the request's `ChunkClock`) are decoded there. A worker
 that fell behind decodes all the frames that are due in one chunk: fewer, longer chunks under load (the same audio
-within the streaming tolerance; the stand-in's vocoder then spends less of its time on context frames). Requests are
-decoded one per worker at a time, in parallel across workers (one intra-op thread each): the stand-in's HiFi-GAN does
-not run faster batched on a CPU (docs/RESULTS.md, "Concurrency"), and a request's audio never depends on another's.
+within the streaming tolerance; the stand-in's vocoder then spends less of its time on context frames). A worker
+takes one request with work at a time, in parallel with the other workers (one intra-op thread each: the stand-in's
+HiFi-GAN does not run faster batched on a CPU, docs/RESULTS.md, "Concurrency"); where the model's codec decodes
+several streams in one call faster (`codec_batches`: qwen-tts's 12 Hz decoder, 1.2-1.5x at the 0.6B sizes,
+benchmarks/results/codec-batch-streaming.md), it takes every request that has work now, in one call (none waits for
+another's chunk to come due). A request's audio never depends on another's (decoded together: to float rounding).
 
-Each decode holds one of the budget's cores (`Cores`), the frame loop holds its own per frame step: at no time do
-more threads do torch work than the cores the process may use.
+Each decode, batched or not, holds one of the budget's cores (`Cores`), the frame loop holds its own per frame step:
+at no time do more threads do torch work than the cores the process may use.
 """
 
 import collections
@@ -99,7 +102,7 @@ class CodecWorker:
                 self.feeds.append(feed)
                 self.condition.notify()
                 return
-        self.serve(feed)
+        self.serve([feed])
 
     def wake(self) -> None:
         """Frames were put, or a request ended: some feed may have work."""
@@ -121,57 +124,76 @@ class CodecWorker:
     def run(self) -> None:
         torch.set_num_threads(1)  # one intra-op thread per worker: requests run in parallel across workers
         with torch.inference_mode():
-            while (feed := self.next_feed()) is not None:
+            while feeds := self.next_feeds():
                 try:
-                    self.serve(feed)
+                    self.serve(feeds)
                 finally:
                     with self.condition:
-                        feed.busy = False
+                        for feed in feeds:
+                            feed.busy = False
                         self.condition.notify_all()
 
-    def next_feed(self) -> Feed | None:
-        """A feed with work, marked busy (None once closing and none has work); ended feeds are dropped here."""
+    def next_feeds(self) -> list[Feed]:
+        """Feeds with work, marked busy: the first, and every other one where the model decodes streams together
+        (`codec_batches`); [] once closing and none has work. Ended feeds are dropped here."""
         with self.condition:
             while True:
                 for feed in self.feeds:
                     if feed.request.cancelled.is_set() and not feed.busy:
                         feed.ended = True
                 self.feeds = [feed for feed in self.feeds if not (feed.ended and not feed.busy)]
-                for feed in self.feeds:
-                    if feed.has_work():
+                ready = [feed for feed in self.feeds if feed.has_work()]
+                if ready:
+                    ready = ready if self.model.codec_batches else ready[:1]
+                    for feed in ready:
                         feed.busy = True
-                        return feed
+                    return ready
                 if self.closing:
-                    return None
+                    return []
                 self.condition.wait()
 
-    def serve(self, feed: Feed) -> None:
-        """Decode what `feed` has due and hand it to its request (an error ends only that request's audio)."""
-        request = feed.request
-        try:
-            with self.cores.held(1):
+    def serve(self, feeds: list[Feed]) -> None:
+        """Decode what `feeds` have due, in one call of the model's codec, and hand each request its audio (an error
+        ends the audio of the requests it was decoding, and only theirs)."""
+        with self.cores.held(1):
+            for feed in feeds:
                 if feed.stream is None:
-                    feed.stream = self.model.new_stream(request.prompt)
-                    first, every = request.chunks
-                    feed.clock = ChunkClock(first + feed.stream.lag, every)
-                finished = request.done
-                end = feed.due()
-                audio = [feed.stream.add(request.decoded[feed.sent:end])] if end > feed.sent else []
-                feed.sent = end
-                if finished and not request.cancelled.is_set():
-                    audio.append(feed.stream.finish())
-        except Exception as e:
-            feed.ended = True
-            request.deliver_error(e if isinstance(e, RvqspecError) else RvqspecError(
-                f"turning the request's frames into audio failed ({type(e).__name__}: {e})"))
-            return
+                    with failing([feed]):
+                        self.start(feed)
+            feeds = [feed for feed in feeds if not feed.ended]
+            finished = {feed: feed.request.done for feed in feeds}  # before due(): frames put later are next's
+            ends = {feed: feed.due() for feed in feeds}
+            audio = {feed: [] for feed in feeds}
+            adding = [feed for feed in feeds if ends[feed] > feed.sent]
+            if adding:
+                with failing(adding):
+                    chunks = self.model.add_together([feed.stream for feed in adding],
+                                                     [feed.request.decoded[feed.sent:ends[feed]] for feed in adding])
+                    for feed, chunk in zip(adding, chunks):
+                        audio[feed].append(chunk)
+            for feed in feeds:
+                feed.sent = ends[feed]
+                if finished[feed] and not feed.ended and not feed.request.cancelled.is_set():
+                    with failing([feed]):
+                        audio[feed].append(feed.stream.finish())
+        for feed in feeds:
+            if not feed.ended:
+                self.hand_over(feed, audio[feed], finished[feed])
+
+    def start(self, feed: Feed) -> None:
+        """The request's model stream and chunk clock, at its first work."""
+        feed.stream = self.model.new_stream(feed.request.prompt)
+        first, every = feed.request.chunks
+        feed.clock = ChunkClock(first + feed.stream.lag, every)
+
+    def hand_over(self, feed: Feed, audio: list[np.ndarray], finished: bool) -> None:
         chunk = np.concatenate([np.zeros(0, dtype=np.float32), *audio])
         if len(chunk):
             self.note_chunk(feed)
-            request.deliver(chunk)
+            feed.request.deliver(chunk)
         if finished:
             feed.ended = True
-            request.deliver_end()
+            feed.request.deliver_end()
 
     def note_chunk(self, feed: Feed) -> None:
         now = time.perf_counter()
@@ -179,3 +201,15 @@ class CodecWorker:
             feed.largest_gap = max(feed.largest_gap, now - feed.last_chunk)
             self.largest_gap = max(self.largest_gap, feed.largest_gap)
         feed.last_chunk = now
+
+
+@contextmanager
+def failing(feeds: list[Feed]) -> Iterator[None]:
+    """An error while held ends these feeds' requests' audio with it (as an RvqspecError), and goes no further."""
+    try:
+        yield
+    except Exception as e:
+        for feed in feeds:
+            feed.ended = True
+            feed.request.deliver_error(e if isinstance(e, RvqspecError) else RvqspecError(
+                f"turning the request's frames into audio failed ({type(e).__name__}: {e})"))
