@@ -22,10 +22,13 @@ class _CoreAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.util.spec_from_loader(name, self) if name.startswith(__name__ + ".") else None
 
     def create_module(self, spec):
-        return importlib.import_module("rvqspec.core" + spec.name[len(__name__):])
+        module = importlib.import_module("rvqspec.core" + spec.name[len(__name__):])
+        spec.loader_state = module.__spec__  # the import system sets the alias's spec on the module next
+        return module
 
     def exec_module(self, module):
-        pass  # already run, as rvqspec.core.<name>
+        module.__spec__ = module.__spec__.loader_state  # already run, as rvqspec.core.<name>: its own spec back
 
 
-sys.meta_path.append(_CoreAlias())  # last: asked only about names no other finder knows
+if not any(type(finder).__name__ == "_CoreAlias" for finder in sys.meta_path):  # once, reloaded or not
+    sys.meta_path.append(_CoreAlias())  # last: asked only about names no other finder knows

@@ -6,15 +6,18 @@ import contextlib
 import os
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
 from rvqspec import RvqspecError
+from rvqspec.integrations.qwen_tts_audio import CodecBatchUnsupported
 from rvqspec.runtime import Engine
+from rvqspec.runtime import qwen_tts as qwen_tts_runtime
 from rvqspec.runtime.capacity import Capacity
-from rvqspec.runtime.codec_worker import Cores
+from rvqspec.runtime.codec_worker import CodecWorker, Cores
 from rvqspec.runtime.threads import ThreadBudget
 
 from helpers.engines import GREEDY, frames_of, never_ending
@@ -154,6 +157,38 @@ def test_a_requests_audio_does_not_depend_on_what_else_decodes(tts64, monkeypatc
     assert 0 < len(cut) <= len(alone[-1])
     np.testing.assert_allclose(cut, alone[-1][:len(cut)], atol=1e-6, rtol=0)
     assert max(gathered) >= 2  # chunks of several requests in one call
+
+
+def test_a_codec_that_cannot_batch_ends_that_calls_requests_and_decodes_one_by_one_after(tts64, monkeypatch):
+    """Upstream's attention cache not as the batched codec needs it (another transformers than qwen-tts pins): the
+    requests of that call end with an error that names the fix, and the next ones decode one by one."""
+    calls = []
+
+    def unsupported(codecs, chunks):
+        calls.append(len(codecs))
+        raise CodecBatchUnsupported("upstream's cache gave other lengths: install transformers==4.57.3")
+
+    monkeypatch.setattr(qwen_tts_runtime, "decode_together", unsupported)
+    request = dict(text="hello there", max_new_tokens=4, **QWEN, **GREEDY)
+    with Engine(tts64, drafter=None) as engine:
+        with pytest.raises(RvqspecError, match="transformers==4.57.3"):
+            engine.submit("custom_voice", **request).audio()
+        assert engine.model.codec_batches is False and calls == [1]
+        assert len(engine.submit("custom_voice", **request).audio()) > 0 and calls == [1]
+
+
+def test_a_codec_worker_takes_an_equal_share_per_decode_that_can_run_now():
+    """Where the codec batches, one worker does not take on one core what free cores could decode side by side."""
+    def share(ready: int, idle: int, free: int, batches: bool = True) -> int:
+        model, cores = SimpleNamespace(codec_batches=batches), SimpleNamespace(free=free)
+        worker = SimpleNamespace(model=model, idle=idle, cores=cores)
+        return CodecWorker.share(worker, ready)
+
+    assert share(8, idle=0, free=1) == 8  # alone: everything in one call
+    assert share(8, idle=3, free=1) == 8  # one free core (the frame loop holds the rest): one call
+    assert share(8, idle=3, free=4) == 2 and share(7, idle=1, free=4) == 4
+    assert share(8, idle=3, free=0) == 8  # no core free now: this call waits for one anyway
+    assert share(8, idle=3, free=4, batches=False) == 1
 
 
 # ---------------------------------------------------------------- admission

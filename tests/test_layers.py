@@ -127,6 +127,7 @@ def test_the_old_engine_package_imports_as_core_with_a_deprecation_warning():
             "import rvqspec.engine.tree, rvqspec.core.decode, rvqspec.core.policy, rvqspec.core.tree\n"
             "assert decode_frames is rvqspec.core.decode.decode_frames and policy is rvqspec.core.policy\n"
             "assert rvqspec.engine.tree is rvqspec.core.tree\n"
+            "assert rvqspec.core.tree.__spec__.name == 'rvqspec.core.tree'\n"  # its own spec: importlib.reload works
             "import pickle, rvqspec.core.quantize\n"  # a model pickled before the rename names rvqspec.engine.*
             "assert pickle.loads(b'crvqspec.engine.quantize\\nQuantizedLinear\\n.') is "
             "rvqspec.core.quantize.QuantizedLinear\n")

@@ -17,6 +17,8 @@ from collections import defaultdict
 import torch
 from torch import Tensor
 
+from rvqspec.core.errors import RvqspecError
+
 # Upstream's Qwen3TTSTokenizerV2Decoder.chunked_decode defaults, as Qwen3TTSTokenizerV2Model.decode calls it.
 UPSTREAM_CHUNK_FRAMES = 300
 UPSTREAM_LEFT_CONTEXT = 25
@@ -213,6 +215,11 @@ class RowsDecoder(IncrementalDecoder):
                      cache_position=new).last_hidden_state  # cache_position: unused, the mask is given
 
 
+class CodecBatchUnsupported(RvqspecError):
+    """Upstream's attention cache does not behave as the batched codec needs (another transformers than qwen-tts
+    pins): the requests of that call end with this error, and their adapter stops batching."""
+
+
 class RowsCache:
     """The attention cache of one forward over several codecs' rows: each layer's new keys and values go to each
     row's own cache (upstream's, kept to its window as when the row decodes alone), and the rows' keys and values
@@ -226,8 +233,10 @@ class RowsCache:
         rows = [cache.update(k[None], v[None], layer, cache_kwargs) for cache, k, v in zip(self.caches, keys, values)]
         lengths = [row_keys.shape[-2] - keys.shape[-2] for row_keys, _ in rows]
         if lengths != self.cached:
-            raise TypeError(f"the batched 12 Hz codec expected layer {layer} to attend to {self.cached} cached frames, "
-                            f"upstream's cache gave {lengths} (tested against qwen-tts 0.1.1, transformers 4.57)")
+            raise CodecBatchUnsupported(
+                f"the batched 12 Hz codec expected layer {layer} to attend to {self.cached} cached frames, upstream's "
+                f"cache gave {lengths}: install the transformers qwen-tts pins (qwen-tts 0.1.1: transformers==4.57.3); "
+                "the Engine decodes its requests one by one from now on")
         longest = max(self.cached) + keys.shape[-2]
         return tuple(torch.cat([left_pad(row[i], longest) for row in rows]) for i in (0, 1))
 

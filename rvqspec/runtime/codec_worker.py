@@ -16,6 +16,7 @@ at no time do more threads do torch work than the cores the process may use.
 """
 
 import collections
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -88,6 +89,7 @@ class CodecWorker:
         self.feeds: list[Feed] = []
         self.condition = threading.Condition()
         self.closing = False
+        self.idle = 0  # workers waiting for work
         self.largest_gap = 0.0  # seconds, over every request since the engine started
         self.threads = [threading.Thread(target=self.run, name=f"rvqspec-codec-{i}", daemon=True)
                         for i in range(threads)]
@@ -126,7 +128,8 @@ class CodecWorker:
         with torch.inference_mode():
             while feeds := self.next_feeds():
                 try:
-                    self.serve(feeds)
+                    with failing(feeds):  # whatever escapes `serve` ends these requests, never the worker
+                        self.serve(feeds)
                 finally:
                     with self.condition:
                         for feed in feeds:
@@ -134,8 +137,8 @@ class CodecWorker:
                         self.condition.notify_all()
 
     def next_feeds(self) -> list[Feed]:
-        """Feeds with work, marked busy: the first, and every other one where the model decodes streams together
-        (`codec_batches`); [] once closing and none has work. Ended feeds are dropped here."""
+        """Feeds with work, marked busy: this worker's `share` of them; [] once closing and none has work. Ended feeds
+        are dropped here."""
         with self.condition:
             while True:
                 for feed in self.feeds:
@@ -144,13 +147,25 @@ class CodecWorker:
                 self.feeds = [feed for feed in self.feeds if not (feed.ended and not feed.busy)]
                 ready = [feed for feed in self.feeds if feed.has_work()]
                 if ready:
-                    ready = ready if self.model.codec_batches else ready[:1]
+                    ready = ready[:self.share(len(ready))]
                     for feed in ready:
                         feed.busy = True
+                    self.condition.notify_all()  # what is left is for the idle workers
                     return ready
                 if self.closing:
                     return []
+                self.idle += 1
                 self.condition.wait()
+                self.idle -= 1
+
+    def share(self, ready: int) -> int:
+        """How many of `ready` feeds this worker takes: one where the codec decodes each in turn; where it decodes
+        several in one call faster (`codec_batches`), an equal share per decode that can run now (the idle workers
+        and this one, no more than the cores free now), so that one call does not take on one core what free cores
+        could decode side by side."""
+        if not self.model.codec_batches:
+            return 1
+        return math.ceil(ready / max(1, min(self.idle + 1, self.cores.free)))
 
     def serve(self, feeds: list[Feed]) -> None:
         """Decode what `feeds` have due, in one call of the model's codec, and hand each request its audio (an error
@@ -161,15 +176,19 @@ class CodecWorker:
                     with failing([feed]):
                         self.start(feed)
             feeds = [feed for feed in feeds if not feed.ended]
-            finished = {feed: feed.request.done for feed in feeds}  # before due(): frames put later are next's
-            ends = {feed: feed.due() for feed in feeds}
+            finished, ends = {}, {}
+            with failing(feeds):
+                for feed in feeds:
+                    finished[feed] = feed.request.done  # before due(): frames put later are the next call's
+                    ends[feed] = feed.due()
+            feeds = [feed for feed in feeds if not feed.ended]
             audio = {feed: [] for feed in feeds}
             adding = [feed for feed in feeds if ends[feed] > feed.sent]
             if adding:
                 with failing(adding):
                     chunks = self.model.add_together([feed.stream for feed in adding],
                                                      [feed.request.decoded[feed.sent:ends[feed]] for feed in adding])
-                    for feed, chunk in zip(adding, chunks):
+                    for feed, chunk in zip(adding, chunks, strict=True):
                         audio[feed].append(chunk)
             for feed in feeds:
                 feed.sent = ends[feed]
@@ -205,11 +224,12 @@ class CodecWorker:
 
 @contextmanager
 def failing(feeds: list[Feed]) -> Iterator[None]:
-    """An error while held ends these feeds' requests' audio with it (as an RvqspecError), and goes no further."""
+    """An error while held ends the audio of these feeds' requests that have not ended with it (as an RvqspecError),
+    and goes no further."""
     try:
         yield
     except Exception as e:
-        for feed in feeds:
+        for feed in (feed for feed in feeds if not feed.ended):
             feed.ended = True
             feed.request.deliver_error(e if isinstance(e, RvqspecError) else RvqspecError(
                 f"turning the request's frames into audio failed ({type(e).__name__}: {e})"))

@@ -21,7 +21,7 @@ from torch import Tensor
 from rvqspec.core.errors import RvqspecError
 from rvqspec.core.sampling import Sampler, TalkerRules
 from rvqspec.integrations.qwen_tts import predictor_from_upstream, talker_from_upstream, upstream_refusals
-from rvqspec.integrations.qwen_tts_audio import StreamingCodec, decode_together
+from rvqspec.integrations.qwen_tts_audio import CodecBatchUnsupported, StreamingCodec, decode_together
 from rvqspec.runtime.adapter import Captured, TalkerAdapter, capture, patched, this_thread
 from rvqspec.runtime.request import AudioStream, Prompt
 
@@ -153,7 +153,13 @@ class QwenTTSModel(TalkerAdapter):
         return CodecStream(StreamingCodec(self.tts.model.speech_tokenizer.model.decoder), prompt.prefix)
 
     def add_together(self, streams: list[AudioStream], frames: list[list[Tensor]]) -> list[np.ndarray]:
-        audio = decode_together([stream.codec for stream in streams], [torch.stack(chunk) for chunk in frames])
+        if not self.codec_batches:
+            return super().add_together(streams, frames)
+        try:
+            audio = decode_together([stream.codec for stream in streams], [torch.stack(chunk) for chunk in frames])
+        except CodecBatchUnsupported:
+            self.codec_batches = False  # the streams of this call are part-decoded: they end with the error
+            raise
         return [samples.float().cpu().numpy() for samples in audio]
 
     def whole(self, codes: list[Tensor], prompts: list[Prompt]) -> tuple[list[np.ndarray], int]:
