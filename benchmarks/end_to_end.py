@@ -13,8 +13,8 @@ weight values (docs/design.md, section 5). Runs are interleaved, each setting on
 Besides upstream and `accelerate`, it runs `rvqspec.Engine` (the whole frame loop: our talker, our predictor, the
 streaming decoder), whole and streamed, bfloat16 and int8 (`weights="w8a8", talker_weights="w8a8"`, where the CPU
 runs w8a8: every x86 class with AVX2), with the policy's tree ("auto") and the fixed N of the `accelerate` runs; the
-talker step alone (the Engine's `core.talker.step` against upstream's talker forward with its DynamicCache, and
-against the weight-reading floor: layer weight bytes / this machine's measured copy bandwidth); and a concurrency run
+talker step alone (the core's `talker.step`, which the Engine runs, against upstream's talker forward with its
+DynamicCache, and against the weight-reading floor: layer weight bytes / this machine's measured copy bandwidth); and a concurrency run
 (1, 2, 4, 8 requests submitted together and staggered, each consumed by a thread of its own as a server would, so
 that vocoding counts), against upstream and `accelerate` one request at a time. "1 thread" pins the whole process to
 one core (a caller thread's vocoding cannot borrow a second one); "2 threads" lets it use two.
@@ -529,7 +529,7 @@ def to_markdown(report: dict) -> str:
     if step:
         lines += ["## The talker step alone (bfloat16, 1 thread, one row)", "",
                   f"One step (28 layers and the c0 head) after the prompt's prefill ({step['context']} tokens), median of "
-                  f"{step['steps']} steps interleaved step by step: the Engine's `core.talker.step` on a RowCache, "
+                  f"{step['steps']} steps interleaved step by step: the core's `talker.step` (the Engine's) on a RowCache, "
                   "upstream's `talker.model` forward with its DynamicCache (the same input embedding and RoPE id), and "
                   f"the floor: the layers' {step['layer_parameters'] / 1e6:.0f} M weights ({step['layer_bytes'] / 1e6:.0f}"
                   f" MB) read once at the copy bandwidth measured here ({step['bandwidth_gb_s']:.1f} GB/s, a 1 GiB "
