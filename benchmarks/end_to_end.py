@@ -14,10 +14,10 @@ Besides upstream and `accelerate`, it runs `rvqspec.Engine` (the whole frame loo
 streaming decoder), whole and streamed, bfloat16 and int8 (`weights="w8a8", talker_weights="w8a8"`, where the CPU
 runs w8a8: every x86 class with AVX2), with the policy's tree ("auto") and the fixed N of the `accelerate` runs; the
 talker step alone (the core's `talker.step`, which the Engine runs, against upstream's talker forward with its
-DynamicCache, and against the weight-reading floor: layer weight bytes / this machine's measured copy bandwidth);
-and a concurrency run (1, 2, 4, 8 requests submitted together and staggered, each consumed by a thread of its own as a server would, so
-that vocoding counts), against upstream and `accelerate` one request at a time. "1 thread" pins the whole process to
-one core (a caller thread's vocoding cannot borrow a second one); "2 threads" lets it use two.
+DynamicCache, and against the weight-reading floor: layer weight bytes / this machine's measured copy bandwidth); and a
+concurrency run (1, 2, 4, 8 requests submitted together and staggered, each consumed by a thread of its own as a server
+would, so that vocoding counts), against upstream and `accelerate` one request at a time. "1 thread" pins the whole
+process to one core (a caller thread's vocoding cannot borrow a second one); "2 threads" lets it use two.
 
     .venv/bin/python benchmarks/end_to_end.py           # the full run (a quiet machine: about 2 hours on 2 cores)
     .venv/bin/python benchmarks/end_to_end.py --quick   # 20 frames, 2 repeats, 1/2/4 requests: ~15-20 minutes
