@@ -137,9 +137,9 @@ class StreamingCodec(IncrementalDecoder):
         codes = upstream_codes(codes)
         pieces = []
         while len(codes):
-            until_restart = UPSTREAM_CHUNK_FRAMES - self.frames % UPSTREAM_CHUNK_FRAMES
-            if self.frames and until_restart == UPSTREAM_CHUNK_FRAMES:
+            if self.restart_due():
                 self.restart()
+            until_restart = self.left_in_segment()
             pieces.append(self.run(codes[:until_restart].T[None])[0])
             self.advance(codes[:until_restart])
             codes = codes[until_restart:]
@@ -147,10 +147,17 @@ class StreamingCodec(IncrementalDecoder):
             return torch.zeros(0)
         return torch.cat(pieces)
 
+    def restart_due(self) -> bool:
+        """Whether the next frame starts a new 300-frame segment (not the utterance's first)."""
+        return self.frames > 0 and self.frames % UPSTREAM_CHUNK_FRAMES == 0
+
+    def left_in_segment(self) -> int:
+        """Frames until the next restart."""
+        return UPSTREAM_CHUNK_FRAMES - self.frames % UPSTREAM_CHUNK_FRAMES
+
     def fits_in_segment(self, frames: int) -> bool:
         """Whether the next `frames` frames decode without a restart (at their start or inside them)."""
-        done = self.frames % UPSTREAM_CHUNK_FRAMES
-        return 0 < frames <= UPSTREAM_CHUNK_FRAMES - done and not (self.frames and done == 0)
+        return 0 < frames <= self.left_in_segment() and not self.restart_due()
 
     def advance(self, codes: Tensor) -> None:
         """Count `codes` [n, 16] as decoded, and keep the last ones as a restart's context."""
