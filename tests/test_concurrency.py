@@ -17,10 +17,10 @@ from rvqspec.integrations.qwen_tts_audio import CodecBatchUnsupported
 from rvqspec.runtime import Engine
 from rvqspec.runtime import qwen_tts as qwen_tts_runtime
 from rvqspec.runtime.capacity import Capacity
-from rvqspec.runtime.codec_worker import CodecWorker, Cores
+from rvqspec.runtime.codec_worker import CodecWorker, Cores, Feed
 from rvqspec.runtime.threads import ThreadBudget
 
-from helpers.engines import GREEDY, frames_of, never_ending
+from helpers.engines import GREEDY, bounded, frames_of, never_ending
 from helpers.standin import tiny_standin
 from helpers.upstream_models import upstream_available
 
@@ -175,6 +175,25 @@ def test_a_codec_that_cannot_batch_ends_that_calls_requests_and_decodes_one_by_o
             engine.submit("custom_voice", **request).audio()
         assert engine.model.codec_batches is False and calls == [1]
         assert len(engine.submit("custom_voice", **request).audio()) > 0 and calls == [1]
+
+
+def test_an_error_outside_the_codec_call_ends_that_request_and_the_worker_goes_on(tts64, monkeypatch):
+    """A failure the codec call's own guard does not cover (here: the chunk clock) ends the audio of that call's
+    request with an error; the one codec worker lives on and decodes the next request."""
+    due, calls = Feed.due, []
+
+    def failing_once(feed):
+        calls.append(feed)
+        if len(calls) == 1:
+            raise RuntimeError("the chunk clock broke")
+        return due(feed)
+
+    monkeypatch.setattr(Feed, "due", failing_once)
+    request = dict(text="hello there", max_new_tokens=4, **QWEN, **GREEDY)
+    with Engine(tts64, drafter=None, codec_threads=1) as engine:
+        with pytest.raises(RvqspecError, match="the chunk clock broke"):  # bounded: a dead worker's requests hang
+            bounded(engine.submit("custom_voice", **request).audio)
+        assert len(bounded(engine.submit("custom_voice", **request).audio)) > 0
 
 
 def test_a_codec_worker_takes_an_equal_share_per_decode_that_can_run_now():

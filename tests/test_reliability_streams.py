@@ -6,10 +6,8 @@ hang runs under a watchdog (`bounded`), so a deadlock fails the test instead of 
 import faulthandler
 import os
 import signal
-import sys
 import threading
 import time
-import traceback
 
 import pytest
 import torch
@@ -18,6 +16,7 @@ import rvqspec
 from rvqspec import RvqspecError
 from rvqspec.integrations import stream as stream_module
 
+from helpers.engines import bounded
 from helpers.upstream_models import upstream_available
 
 if not upstream_available():
@@ -32,30 +31,6 @@ GREEDY = dict(do_sample=False, subtalker_dosample=False)
 HERE = r"test_reliability_streams\.py:\d+"  # where a stream of this file was opened, as errors name it
 SAME_THREAD = rf"opened at .*{HERE}, is open in this thread.*close\(\) it first.*rvqspec\.Engine"
 LEFT_UNREAD = rf"opened at .*{HERE}, holds the model and has not been read for .*close\(\) it"
-
-
-def bounded(body, seconds: float = 20.0):
-    """body() in a thread of its own, its result or error; fails with every thread's stack if it is still
-    running after `seconds`."""
-    outcome = {}
-
-    def run() -> None:
-        try:
-            outcome["value"] = body()
-        except BaseException as error:  # noqa: BLE001 - raised in the test below
-            outcome["error"] = error
-
-    thread = threading.Thread(target=run, name="bounded-test-body", daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
-        frames = sys._current_frames()
-        stacks = "\n".join(f"--- {t.name}\n{''.join(traceback.format_stack(frames[t.ident]))}"
-                           for t in threading.enumerate() if t.ident in frames)
-        pytest.fail(f"still running after {seconds} s (a deadlock):\n{stacks}")
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome.get("value")
 
 
 def worker_threads() -> list[threading.Thread]:

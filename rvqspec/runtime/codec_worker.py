@@ -128,8 +128,7 @@ class CodecWorker:
         with torch.inference_mode():
             while feeds := self.next_feeds():
                 try:
-                    with failing(feeds):  # whatever escapes `serve` ends these requests, never the worker
-                        self.serve(feeds)
+                    self.serve(feeds)
                 finally:
                     with self.condition:
                         for feed in feeds:
@@ -169,35 +168,39 @@ class CodecWorker:
 
     def serve(self, feeds: list[Feed]) -> None:
         """Decode what `feeds` have due, in one call of the model's codec, and hand each request its audio (an error
-        ends the audio of the requests it was decoding, and only theirs)."""
-        with self.cores.held(1):
-            for feed in feeds:
-                if feed.stream is None:
-                    with failing([feed]):
-                        self.start(feed)
-            feeds = [feed for feed in feeds if not feed.ended]
-            finished, ends = {}, {}
-            with failing(feeds):
-                for feed in feeds:
-                    finished[feed] = feed.request.done  # before due(): frames put later are the next call's
-                    ends[feed] = feed.due()
-            feeds = [feed for feed in feeds if not feed.ended]
-            audio = {feed: [] for feed in feeds}
-            adding = [feed for feed in feeds if ends[feed] > feed.sent]
-            if adding:
-                with failing(adding):
-                    chunks = self.model.add_together([feed.stream for feed in adding],
-                                                     [feed.request.decoded[feed.sent:ends[feed]] for feed in adding])
-                    for feed, chunk in zip(adding, chunks, strict=True):
-                        audio[feed].append(chunk)
-            for feed in feeds:
-                feed.sent = ends[feed]
-                if finished[feed] and not feed.ended and not feed.request.cancelled.is_set():
-                    with failing([feed]):
-                        audio[feed].append(feed.stream.finish())
+        ends the audio of the requests it was decoding, and only theirs; what the finer guards do not catch ends the
+        audio of this call's requests, and never the worker's thread)."""
+        with failing(feeds):
+            with self.cores.held(1):
+                decoded = self.decode_due(feeds)
+            for feed, (audio, finished) in decoded.items():
+                if not feed.ended:
+                    self.hand_over(feed, audio, finished)
+
+    def decode_due(self, feeds: list[Feed]) -> dict[Feed, tuple[list[np.ndarray], bool]]:
+        """Each feed's audio pieces for what it has due, and whether its request had finished (its stream's last
+        audio then among them); a feed whose decode failed has ended, with its request's error."""
         for feed in feeds:
-            if not feed.ended:
-                self.hand_over(feed, audio[feed], finished[feed])
+            if feed.stream is None:
+                with failing([feed]):
+                    self.start(feed)
+        feeds = [feed for feed in feeds if not feed.ended]
+        finished = {feed: feed.request.done for feed in feeds}  # before due(): frames put later are the next call's
+        ends = {feed: feed.due() for feed in feeds}
+        audio = {feed: [] for feed in feeds}
+        adding = [feed for feed in feeds if ends[feed] > feed.sent]
+        if adding:
+            with failing(adding):
+                chunks = self.model.add_together([feed.stream for feed in adding],
+                                                 [feed.request.decoded[feed.sent:ends[feed]] for feed in adding])
+                for feed, chunk in zip(adding, chunks, strict=True):
+                    audio[feed].append(chunk)
+        for feed in feeds:
+            feed.sent = ends[feed]
+            if finished[feed] and not feed.ended and not feed.request.cancelled.is_set():
+                with failing([feed]):
+                    audio[feed].append(feed.stream.finish())
+        return {feed: (audio[feed], finished[feed]) for feed in feeds}
 
     def start(self, feed: Feed) -> None:
         """The request's model stream and chunk clock, at its first work."""

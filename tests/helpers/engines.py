@@ -1,11 +1,16 @@
 """Helpers for the tests of `rvqspec.Engine` (tests/test_runtime*.py): upstream's codes as its decoder sees them,
-Hugging Face's own c0 logits processing, exact distributions of a request's first codes, and a G-test."""
+Hugging Face's own c0 logits processing, exact distributions of a request's first codes, a G-test, and a bounded
+wait (`bounded`: a hang fails, with every thread's stack)."""
 
 import contextlib
 import itertools
+import sys
+import threading
 import time
+import traceback
 from dataclasses import replace
 
+import pytest
 import torch
 
 from rvqspec.core.sampling import Sampler
@@ -149,3 +154,27 @@ def g_test(counts: torch.Tensor, probs: torch.Tensor) -> float:
     if counts[probs == 0].sum() > 0:
         return 0.0
     return distribution_g_test(counts, probs)
+
+
+def bounded(body, seconds: float = 20.0):
+    """body() in a thread of its own, its result or error; fails with every thread's stack if it is still
+    running after `seconds`."""
+    outcome = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = body()
+        except BaseException as error:  # noqa: BLE001 - raised in the test below
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, name="bounded-test-body", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        frames = sys._current_frames()
+        stacks = "\n".join(f"--- {t.name}\n{''.join(traceback.format_stack(frames[t.ident]))}"
+                           for t in threading.enumerate() if t.ident in frames)
+        pytest.fail(f"still running after {seconds} s (a deadlock):\n{stacks}")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
