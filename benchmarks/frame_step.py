@@ -11,11 +11,9 @@ times; per side the median of the per-process medians, and the ratio after / bef
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -65,12 +63,10 @@ def frame_steps(frames: int, repeats: int) -> dict:
 
 
 def run_worker(source: Path, frames: int, repeats: int) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(source), str(ROOT / "tests")]), OMP_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, __file__, "--worker", "--frames", str(frames), "--repeats", str(repeats)],
-                         env=env, cwd=source, capture_output=True, text=True)
-    if out.returncode:
-        raise SystemExit(f"the worker in {source} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    from rvqspec.bench.timing import worker_result
+
+    return worker_result(source, [__file__, "--worker", "--frames", str(frames), "--repeats", str(repeats)],
+                         path=(ROOT / "tests",))
 
 
 def markdown(report: dict) -> str:
@@ -101,18 +97,16 @@ def main() -> None:
         print(json.dumps(frame_steps(args.frames, args.repeats)))
         return
     sys.path.insert(0, str(ROOT))
-    from rvqspec.bench.timing import finish_machine, machine, write_reports
+    from rvqspec.bench.timing import finish_machine, machine, sources_at, write_reports
 
     info = machine()
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     dirty = subprocess.run(["git", "status", "--porcelain", "rvqspec"], cwd=ROOT, capture_output=True, text=True)
     report = {"machine": info, "base": args.base, "after_commit": head.strip() + (" + changes" if dirty.stdout else ""),
               "rounds": args.rounds, "frames": args.frames, "repeats": args.repeats, "before": [], "after": []}
-    with tempfile.TemporaryDirectory() as base:
-        archive = subprocess.run(["git", "archive", args.base, "rvqspec"], cwd=ROOT, capture_output=True, check=True)
-        subprocess.run(["tar", "-x", "-C", base], input=archive.stdout, check=True)
+    with sources_at(args.base, ROOT) as base:
         for _ in range(args.rounds):
-            report["before"].append(run_worker(Path(base), args.frames, args.repeats)["ms"])
+            report["before"].append(run_worker(base, args.frames, args.repeats)["ms"])
             report["after"].append(run_worker(ROOT, args.frames, args.repeats)["ms"])
     report["ratios"] = [after / before for before, after in zip(report["before"], report["after"])]
     report["ratio"] = statistics.median(report["ratios"])

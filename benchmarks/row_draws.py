@@ -15,11 +15,8 @@
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -89,10 +86,9 @@ def frames(reps: int) -> dict:
 
 
 def run_worker(source: Path, reps: int) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(source), OMP_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, __file__, "--worker", "--reps", str(reps)], env=env, cwd=source,
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    from rvqspec.bench.timing import worker_result
+
+    return worker_result(source, [__file__, "--worker", "--reps", str(reps)])
 
 
 def markdown(report: dict) -> str:
@@ -127,18 +123,16 @@ def main() -> None:
         print(json.dumps(frames(args.reps)))
         return
     sys.path.insert(0, str(ROOT))
-    from rvqspec.bench.timing import finish_machine, machine, write_reports
+    from rvqspec.bench.timing import finish_machine, machine, sources_at, write_reports
     from rvqspec.core.device_path import fastest_float
 
     info = machine()
     report = {"machine": info, "base": args.base, "rounds": args.rounds, "dtype": str(fastest_float()),
               "draws": draws(51)}
-    with tempfile.TemporaryDirectory() as base:
-        archive = subprocess.run(["git", "archive", args.base, "rvqspec"], cwd=ROOT, capture_output=True, check=True)
-        subprocess.run(["tar", "-x", "-C", base], input=archive.stdout, check=True)
+    with sources_at(args.base, ROOT) as base:
         runs = {"before": [], "after": []}
         for _ in range(args.rounds):
-            runs["before"].append(run_worker(Path(base), args.reps))
+            runs["before"].append(run_worker(base, args.reps))
             runs["after"].append(run_worker(ROOT, args.reps))
     report["frames"] = {}
     for key in runs["after"][0]:

@@ -1,10 +1,17 @@
-"""What the benchmarks share: the machine's facts (its CPU class included) and the report files (JSON, Markdown,
-plot). Clocks, medians and the per-call latency of the AR step and of speculative rounds are in
+"""What the benchmarks share: the machine's facts (its CPU class included), the report files (JSON, Markdown,
+plot), and a base commit's rvqspec run beside this tree's in processes of their own (`sources_at`, `worker_result`).
+Clocks, medians and the per-call latency of the AR step and of speculative rounds are in
 `rvqspec.core.latency`, where the decoding policy measures its tables too."""
 
+import json
 import os
 import platform
+import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -56,3 +63,22 @@ def write_reports(report: dict, out: Path, name: str, to_markdown, to_plot=None,
         log(f"plot skipped ({type(e).__name__}: {e}); {paths[0]} and {paths[1]} hold the figures")
         return paths[:2]
     return paths
+
+
+@contextmanager
+def sources_at(commit: str, repository: Path) -> Iterator[Path]:
+    """A temporary folder holding `repository`'s rvqspec package as it was at `commit`."""
+    with tempfile.TemporaryDirectory() as folder:
+        archive = subprocess.run(["git", "archive", commit, "rvqspec"], cwd=repository, capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", folder], input=archive.stdout, check=True)
+        yield Path(folder)
+
+
+def worker_result(source: Path, argv: list[str], path: tuple[Path, ...] = ()) -> dict:
+    """The JSON object on the last line `python argv` prints, run in `source` with its rvqspec first on the import
+    path (then `path`) and one OpenMP thread; its failure ends the benchmark with the end of its stderr."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, (source, *path))), OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, *argv], env=env, cwd=source, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"the worker in {source} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
