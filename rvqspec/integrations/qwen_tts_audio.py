@@ -26,6 +26,11 @@ UPSTREAM_LEFT_CONTEXT = 25
 # rows of 12 frames in one forward ran 0.90-0.96x as fast as one by one, in 2 forwards of 4 rows 1.24x (the split is
 # what benchmarks/results/codec-batch-streaming.md times)
 MOST_FRAMES_TOGETHER = 48
+# Up to this many output steps a convolution runs as one matrix product (`convolve`), beyond it through torch's
+# convolution (oneDNN): on a short chunk that one costs several times its arithmetic per call (Zen 4, bfloat16, one
+# thread: a 1024 -> 1536 channel, kernel 7 layer took ~10x longer on 12 steps than as a product), on a long one it is
+# the faster (benchmarks/results/decoder-stream.md: streamed against whole, by chunk size)
+GEMM_STEPS = 128
 
 
 class IncrementalDecoder:
@@ -88,22 +93,21 @@ class IncrementalDecoder:
             raise TypeError("the incremental 12 Hz codec expects stride-1 causal convolutions (qwen-tts 0.1.1)")
         keep = module.kernel_size - 1
         if keep == 0:
-            return module.conv(hidden)
+            return convolve(module.conv, hidden)
         padded = torch.cat([self.past_inputs(module, hidden, keep), hidden], dim=-1)
         self.keep_inputs(module, padded[..., -keep:])
-        return module.conv(padded)
+        return convolve(module.conv, padded)
 
     def transposed_conv(self, module: torch.nn.Module, hidden: Tensor) -> Tensor:
         """A transposed convolution (kernel K, stride S): input j writes samples [jS, jS + K), so the new
         samples also need the last ceil(K / S) - 1 inputs; upstream trims the K - S samples past the end."""
         conv = module.conv
-        kernel, stride = conv.kernel_size[0], conv.stride[0]
-        keep = -(-kernel // stride) - 1
+        keep = -(-conv.kernel_size[0] // conv.stride[0]) - 1
         if keep == 0:
-            return conv(hidden)[..., :hidden.shape[-1] * stride]
+            return convolve_transposed(conv, hidden, 0)
         padded = torch.cat([self.past_inputs(module, hidden, keep), hidden], dim=-1)
         self.keep_inputs(module, padded[..., -keep:])
-        return conv(padded)[..., keep * stride:(keep + hidden.shape[-1]) * stride]
+        return convolve_transposed(conv, padded, keep)
 
     def convnext(self, module: torch.nn.Module, hidden: Tensor) -> Tensor:
         """Upstream's ConvNeXt block with its depthwise convolution made incremental."""
@@ -290,6 +294,42 @@ def decode_together(codecs: list[StreamingCodec], chunks: list[Tensor]) -> list[
                 audio[row] = samples
                 codecs[row].advance(chunks[row])
     return audio
+
+
+def convolve(conv: torch.nn.Conv1d, padded: Tensor) -> Tensor:
+    """`conv(padded)` ([B, C, steps + its span - 1] -> [B, out, steps]; stride 1, no padding of its own), as one matrix
+    product where the chunk is short (`GEMM_STEPS`)."""
+    kernel, dilation = conv.kernel_size[0], conv.dilation[0]
+    batch, channels, length = padded.shape
+    steps = length - dilation * (kernel - 1)
+    if conv.groups != 1 or steps > GEMM_STEPS:
+        return conv(padded)
+    windows = padded.unfold(2, dilation * (kernel - 1) + 1, 1)[..., ::dilation]  # [B, C, steps, kernel]
+    columns = windows.permute(0, 2, 1, 3).reshape(batch * steps, channels * kernel)
+    out = product(columns, conv.weight.reshape(len(conv.weight), -1).T, conv.bias)
+    return out.view(batch, steps, -1).transpose(1, 2)
+
+
+def convolve_transposed(conv: torch.nn.ConvTranspose1d, padded: Tensor, keep: int) -> Tensor:
+    """The samples of the transposed convolution `conv` (kernel K, stride S) that the last inputs of `padded` ([B, C,
+    keep + new]) complete: [B, out, new * S]. Input j adds its K taps at samples [jS, jS + K), so sample jS + r is the
+    sum over m <= keep of input j - m's tap mS + r: one matrix product for every tap, then that sum."""
+    kernel, stride = conv.kernel_size[0], conv.stride[0]
+    batch, channels, length = padded.shape
+    new = length - keep
+    if conv.groups != 1 or new > GEMM_STEPS:
+        return conv(padded)[..., keep * stride:length * stride]
+    taps = padded.transpose(1, 2).reshape(batch * length, channels) @ conv.weight.reshape(channels, -1)
+    taps = torch.nn.functional.pad(taps.view(batch, length, -1, kernel), (0, (keep + 1) * stride - kernel))
+    taps = taps.view(batch, length, taps.shape[2], keep + 1, stride)
+    samples = sum(taps[:, keep - m:length - m, :, m] for m in range(keep + 1))  # [B, new, out, S]
+    if conv.bias is not None:
+        samples = samples + conv.bias[:, None]
+    return samples.permute(0, 2, 1, 3).reshape(batch, -1, new * stride)
+
+
+def product(inputs: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return torch.mm(inputs, weight) if bias is None else torch.addmm(bias, inputs, weight)
 
 
 def upstream_codes(codes: Tensor) -> Tensor:

@@ -1,0 +1,233 @@
+"""The 12 Hz speech decoder streamed against a whole-utterance decode: ms per frame by chunk size and dtype, where
+the stream loses (per part of the decoder), and how far each dtype's audio is from the float32 whole decode.
+
+The decoder is upstream's `Qwen3TTSTokenizerV2Decoder` at the released 0.6B tokenizer's sizes (a transformer 512
+wide, FFN 1024, 16 heads of 64, latent 1024; the convolution stack from 1536 channels down; random weights made
+audible as the tests make them: timing does not depend on weight values). "whole" is upstream's own decode of the
+utterance (`chunked_decode`: one pass up to 300 frames); "stream N" is `StreamingCodec` fed N frames a call, as the
+Engine's codec workers feed it (their default chunks: 3 frames first, then 12). Runs are interleaved (every way once
+per repeat, the order turned each repeat) and figures are medians, so ratios within one run hold on a shared
+machine; lone times do not. "stream N, oneDNN convs" is the stream with every convolution through torch's own
+(`qwen_tts_audio.GEMM_STEPS` = 0: the stream before short chunks became matrix products).
+
+Where the stream loses: one extra pass per way with forward hooks on the decoder's layers, the time inside its
+transformer, its convolutions, its transposed convolutions and the ConvNeXt blocks' linear layers; "other" is the
+rest (activations, copies, the Python around them).
+
+    .venv/bin/python benchmarks/decoder_stream.py                 # 48 frames, chunks 1,3,12,24, float32 and bfloat16
+    .venv/bin/python benchmarks/decoder_stream.py --smoke         # tiny sizes: the script runs (seconds)
+    # writes benchmarks/results/decoder-stream.{json,md} (--smoke: decoder-stream-smoke.*)
+"""
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # make_audible, as the tests build the decoder
+
+from rvqspec.bench.timing import finish_machine, machine, machine_text, write_reports  # noqa: E402
+from rvqspec.integrations.qwen_tts import import_qwen_tts  # noqa: E402
+from rvqspec.integrations import qwen_tts_audio  # noqa: E402
+from rvqspec.integrations.qwen_tts_audio import StreamingCodec  # noqa: E402
+
+from helpers.upstream_tts import make_audible  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+# The released Qwen3-TTS-Tokenizer-12Hz's decoder (its config.json), where it differs from qwen-tts's defaults.
+RELEASED = dict(hidden_size=512, intermediate_size=1024, head_dim=64, latent_dim=1024, codebook_dim=512)
+SMOKE = dict(hidden_size=32, intermediate_size=64, head_dim=8, num_attention_heads=4, num_key_value_heads=4,
+             num_hidden_layers=2, latent_dim=32, codebook_dim=16, codebook_size=64, decoder_dim=48)
+TARGETS = {"streamed_over_whole": 1.1, "ms_per_frame": 30.0}
+
+
+def released_decoder(sizes: dict = RELEASED):
+    """Upstream's 12 Hz decoder at `sizes`, float32, audible random weights."""
+    import_qwen_tts()
+    from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2DecoderConfig
+    from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Decoder
+
+    decoder = Qwen3TTSTokenizerV2Decoder(Qwen3TTSTokenizerV2DecoderConfig(**sizes)).eval().requires_grad_(False)
+    with torch.inference_mode():
+        make_audible(decoder)
+    return decoder
+
+
+def decode(decoder, codes: torch.Tensor, way: tuple[int | None, bool]) -> torch.Tensor:
+    """[frames, 16] codes -> audio: upstream's whole decode (chunk None) or streamed `chunk` frames a call, short
+    convolutions as matrix products (`gemm`) or not."""
+    chunk, gemm = way
+    if chunk is None:
+        return decoder.chunked_decode(codes.T[None]).reshape(-1)
+    codec, saved = StreamingCodec(decoder), qwen_tts_audio.GEMM_STEPS
+    qwen_tts_audio.GEMM_STEPS = saved if gemm else 0
+    try:
+        return torch.cat([codec.decode(codes[start:start + chunk]) for start in range(0, len(codes), chunk)])
+    finally:
+        qwen_tts_audio.GEMM_STEPS = saved
+
+
+def all_ways(chunks: list[int]) -> list[tuple[int | None, bool]]:
+    return [(None, False)] + [(chunk, gemm) for chunk in chunks for gemm in (True, False)]
+
+
+def timed_ways(decoders: dict, codes: torch.Tensor, chunks: list[int], repeats: int, log) -> dict:
+    """{(dtype, way): [seconds per repeat]}, every way once per repeat in a turning order (after one warm-up)."""
+    ways = [(dtype, way) for dtype in decoders for way in all_ways(chunks)]
+    times = defaultdict(list)
+    for repeat in range(repeats + 1):
+        turn = repeat % len(ways)
+        for dtype, way in ways[turn:] + ways[:turn]:
+            start = time.perf_counter()
+            decode(decoders[dtype], codes, way)
+            if repeat:
+                times[dtype, way].append(time.perf_counter() - start)
+        log(f"repeat {repeat}/{repeats} done")
+    return times
+
+
+def part_of(module: torch.nn.Module) -> str | None:
+    """The part of the decoder a layer's time counts to (None: counted by the layer around it, or by "other")."""
+    name = type(module).__name__
+    if name == "Qwen3TTSTokenizerV2DecoderTransformerModel":
+        return "transformer"
+    if isinstance(module, torch.nn.ConvTranspose1d):
+        return "transposed conv"
+    if isinstance(module, torch.nn.Conv1d):
+        return "conv"
+    if isinstance(module, torch.nn.Linear) and "pwconv" in getattr(module, "_rvqspec_name", ""):
+        return "ConvNeXt linear"
+    return None
+
+
+def part_times(decoder, codes: torch.Tensor, way: tuple[int | None, bool]) -> dict:
+    """Seconds inside each part of the decoder during one decode (hooks on its layers), and "other"."""
+    spent, started, hooks = defaultdict(float), {}, []
+    for name, module in decoder.named_modules():
+        module._rvqspec_name = name
+        part = part_of(module)
+        if part is None:
+            continue
+        hooks.append(module.register_forward_pre_hook(lambda m, args: started.__setitem__(m, time.perf_counter())))
+        hooks.append(module.register_forward_hook(
+            lambda m, args, out, part=part: spent.__setitem__(part, spent[part] + time.perf_counter() - started[m])))
+    try:
+        start = time.perf_counter()
+        decode(decoder, codes, way)
+        spent["other"] = time.perf_counter() - start - sum(spent.values())
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return dict(spent)
+
+
+def snr_db(audio: torch.Tensor, reference: torch.Tensor) -> float:
+    """The waveform's signal-to-noise ratio against `reference`, in dB (inf where they are equal)."""
+    noise = float(((audio.double() - reference.double()) ** 2).sum())
+    return math.inf if noise == 0 else 10 * math.log10(float((reference.double() ** 2).sum()) / noise)
+
+
+def distances(decoders: dict, codes: torch.Tensor, chunks: list[int]) -> dict:
+    """Each way's audio against the float32 whole decode: SNR (dB) and the largest sample difference."""
+    if "float32" not in decoders:
+        return {}
+    reference, out = decode(decoders["float32"], codes, (None, False)).float(), {}
+    for dtype, decoder in decoders.items():
+        for way in all_ways(chunks):
+            audio = decode(decoder, codes, way).float()
+            out[f"{dtype} {way_name(way)}"] = {"snr_db": snr_db(audio, reference),
+                                                "largest_difference": float((audio - reference).abs().max())}
+    return out
+
+
+def way_name(way: tuple[int | None, bool]) -> str:
+    chunk, gemm = way
+    return "whole" if chunk is None else f"stream {chunk}" + ("" if gemm else ", oneDNN convs")
+
+
+def rows(times: dict, parts: dict, frames: int) -> list[dict]:
+    out = []
+    for (dtype, way), seconds in sorted(times.items(), key=lambda item: (item[0][0], item[0][1][0] or 0)):
+        whole = times[dtype, (None, False)]
+        ratios = [s / w for s, w in zip(seconds, whole)]  # each repeat's pair
+        out.append({"dtype": dtype, "way": way_name(way), "chunk": way[0], "gemm": way[1],
+                    "ms_per_frame": statistics.median(seconds) / frames * 1e3,
+                    "over_whole": statistics.median(ratios), "over_whole_range": [min(ratios), max(ratios)],
+                    "parts_ms_per_frame": {part: s / frames * 1e3 for part, s in parts[dtype, way].items()}})
+    return out
+
+
+def run(args, log) -> dict:
+    sizes = SMOKE if args.smoke else RELEASED
+    decoders = {dtype: released_decoder(sizes).to(getattr(torch, dtype)) for dtype in args.dtypes}
+    vocabulary = sizes.get("codebook_size", 2048)
+    codes = torch.randint(0, vocabulary, (args.frames, 16), generator=torch.Generator().manual_seed(0))
+    info = machine()
+    with torch.inference_mode():
+        times = timed_ways(decoders, codes, args.chunks, args.repeats, log)
+        parts = {(dtype, way): part_times(decoders[dtype], codes, way)
+                 for dtype in decoders for way in all_ways(args.chunks)}
+        audio = distances(decoders, codes, args.chunks)
+    return {"machine": finish_machine(info), "threads": torch.get_num_threads(), "frames": args.frames,
+            "repeats": args.repeats, "sizes": sizes, "smoke": args.smoke, "targets": TARGETS,
+            "rows": rows(times, parts, args.frames), "audio": audio,
+            "command": " ".join([".venv/bin/python benchmarks/decoder_stream.py", *sys.argv[1:]])}
+
+
+PARTS = ["transformer", "conv", "transposed conv", "ConvNeXt linear", "other"]
+
+
+def markdown(report: dict) -> str:
+    lines = ["# The 12 Hz decoder streamed vs whole", "",
+             f"{machine_text(report['machine'])}; {report['threads']} thread(s), "
+             f"{report['frames']} frames, medians of {report['repeats']} interleaved repeats. `{report['command']}`.",
+             "", "Decoder sizes: " + ", ".join(f"{k} {v}" for k, v in report["sizes"].items()) + " (the rest: "
+             "qwen-tts's defaults). Targets (issue 51): streamed <= "
+             f"{TARGETS['streamed_over_whole']}x whole, <= {TARGETS['ms_per_frame']:.0f} ms per frame at 1 thread.",
+             "", "| dtype | way | ms/frame | over whole (range) | " + " | ".join(PARTS) + " | SNR vs float32 whole |",
+             "|---" * (5 + len(PARTS)) + "|"]
+    for r in report["rows"]:
+        low, high = r["over_whole_range"]
+        audio = report["audio"].get(f"{r['dtype']} {r['way']}")
+        parts = " | ".join(f"{r['parts_ms_per_frame'].get(p, 0):.1f}" for p in PARTS)
+        lines.append(f"| {r['dtype']} | {r['way']} | {r['ms_per_frame']:.1f} | {r['over_whole']:.2f}x "
+                     f"({low:.2f}-{high:.2f}) | {parts} | {snr_text(audio)} |")
+    lines += ["", "Parts: ms per frame inside each (one extra, hooked pass per way: the hooks' own cost lands in "
+              "\"other\"). SNR: the audio against the float32 whole decode of the same codes, in dB."]
+    return "\n".join(lines) + "\n"
+
+
+def snr_text(audio: dict | None) -> str:
+    if audio is None:
+        return "-"
+    return "exact" if math.isinf(audio["snr_db"]) else f"{audio['snr_db']:.1f} dB"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--frames", type=int, default=48)
+    parser.add_argument("--chunks", default="1,3,12,24", help="streamed chunk sizes (frames per call)")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, 6 frames, 1 repeat: the script runs")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    args.chunks, args.dtypes = [int(c) for c in args.chunks.split(",")], args.dtypes.split(",")
+    if args.smoke:
+        args.frames, args.repeats, args.chunks = 6, 1, [1, 3]
+    torch.set_num_threads(args.threads)
+    log = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)  # noqa: E731
+    report = run(args, log)
+    write_reports(report, args.out, "decoder-stream" + ("-smoke" if args.smoke else ""), markdown)
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()
