@@ -18,7 +18,7 @@ from rvqspec.runtime import Engine
 from rvqspec.runtime import qwen_tts as qwen_tts_runtime
 from rvqspec.runtime.capacity import Capacity
 from rvqspec.runtime.codec_worker import CodecWorker, Cores, Feed
-from rvqspec.runtime.threads import ThreadBudget
+from rvqspec.runtime.threads import ThreadBudget, fixed_where_bits_vary
 
 from helpers.engines import GREEDY, bounded, frames_of, never_ending
 from helpers.standin import tiny_standin
@@ -27,7 +27,7 @@ from helpers.upstream_models import upstream_available
 if not upstream_available():
     pytest.skip("qwen-tts reference not installed: run `make install`", allow_module_level=True)
 
-from helpers.upstream_tts import tiny_qwen3_tts64  # noqa: E402
+from helpers.upstream_tts import tiny_qwen3_tts, tiny_qwen3_tts64  # noqa: E402
 
 WAIT = 120
 QWEN = dict(speaker="tiny", language="English")
@@ -42,10 +42,11 @@ def tts64():
 
 def test_the_default_budget_follows_the_cores_the_process_may_use(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
-    assert ThreadBudget.split() == ThreadBudget(cores=1, loop=1, codec=1)
+    assert ThreadBudget.split() == ThreadBudget(cores=1, loop=1, codec=1, loop_most=1)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
-    assert ThreadBudget.split() == ThreadBudget(cores=4, loop=3, codec=4)
-    assert ThreadBudget.split(cores=2, threads=2, codec_threads=3) == ThreadBudget(cores=2, loop=2, codec=3)
+    assert ThreadBudget.split() == ThreadBudget(cores=4, loop=3, codec=4, loop_most=4)  # all 4 while no decode
+    assert ThreadBudget.split(cores=2, threads=2, codec_threads=3) == ThreadBudget(cores=2, loop=2, codec=3,
+                                                                                   loop_most=2)  # as asked
     assert ThreadBudget.split(threads=6).cores == 6  # a frame loop of 6 threads holds 6 cores
     for bad in (0, -1, 1.5, True, "2"):
         with pytest.raises(RvqspecError, match="whole number >= 1"):
@@ -69,6 +70,57 @@ def test_cores_are_handed_out_first_come_first_served():
     assert order == ["a", "b"]  # b (one core) did not overtake a (two)
 
 
+def test_cores_held_up_to_a_most_take_what_is_free_then():
+    cores = Cores(2)
+    with cores.held(1, 2) as count:
+        assert count == 2 and cores.free == 0
+    with cores.held(1) as one:
+        with cores.held(1, 2) as count:
+            assert one == count == 1 and cores.free == 0
+    assert cores.free == 2
+
+
+def test_the_frame_loop_takes_every_core_only_where_its_bits_do_not_depend_on_the_thread_count():
+    float32 = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    budget = ThreadBudget.split(cores=2)
+    assert (budget.loop, budget.loop_most) == (1, 2)
+    assert fixed_where_bits_vary(budget, float32).loop_most == 1  # torch's float32 products split sums by thread count
+    assert fixed_where_bits_vary(budget, float32.to(torch.bfloat16)) == budget
+
+
+def test_two_cores_the_frame_loop_steps_on_both_while_no_chunk_waits(monkeypatch):
+    """bfloat16 layers, cores=2: the frame loop steps on 2 threads while no chunk waits for the codec, on 1 while one
+    does or is decoding (never more than 2 threads together); a seeded request's frames are a one-core engine's."""
+    tts = tiny_qwen3_tts(seed=1)
+    tts.model.talker.to(torch.bfloat16)
+    held, peak, lock, counts = [0], [0], threading.Lock(), set()
+    original = Cores.held
+
+    @contextlib.contextmanager
+    def counted(self, least, most=None):
+        with original(self, least, most) as count:
+            with lock:
+                held[0] += count
+                peak[0] = max(peak[0], held[0])
+                counts.add((threading.current_thread().name.rstrip("0123456789-"), count))
+            try:
+                yield count
+            finally:
+                with lock:
+                    held[0] -= count
+
+    monkeypatch.setattr(Cores, "held", counted)
+    frames = {}
+    for cores in (2, 1):
+        with Engine(tts, drafter=None, cores=cores, chunk_frames=2, first_chunk_frames=1) as engine:
+            request = engine.submit("custom_voice", text="two cores here", max_new_tokens=10, seed=3, **QWEN)
+            assert len(request.audio())
+            frames[cores] = torch.stack(request.decoded)
+    assert peak[0] <= 2
+    assert {("rvqspec-engine", 2), ("rvqspec-codec", 1)} <= counts
+    assert torch.equal(frames[2], frames[1])
+
+
 def test_no_more_threads_do_torch_work_than_the_engines_cores(tts64, monkeypatch):
     """8 requests streamed from 8 caller threads with cores=2: the frame loop and the codec workers never hold more
     than 2 cores together, each works with its budget's intra-op threads, and the model's audio is made only in the
@@ -77,14 +129,14 @@ def test_no_more_threads_do_torch_work_than_the_engines_cores(tts64, monkeypatch
     original = Cores.held
 
     @contextlib.contextmanager
-    def counted(self, count):
-        with original(self, count):
+    def counted(self, least, most=None):
+        with original(self, least, most) as count:
             with lock:
                 held[0] += count
                 peak[0] = max(peak[0], held[0])
                 counts.add((threading.current_thread().name.rstrip("0123456789-"), torch.get_num_threads()))
             try:
-                yield
+                yield count
             finally:
                 with lock:
                     held[0] -= count

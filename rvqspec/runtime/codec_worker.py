@@ -30,24 +30,26 @@ from rvqspec.core.frame_loop import ChunkClock
 
 
 class Cores:
-    """`count` cores handed out first come, first served: `held(n)` waits for n of them (a frame step, a decode)."""
+    """`count` cores handed out first come, first served: `held(n)` waits for n of them (a frame step, a decode);
+    `held(n, most)` takes as many as are free then, from n up to `most`, and yields how many."""
 
     def __init__(self, count: int):
         self.free, self.queue = count, collections.deque()
         self.condition = threading.Condition()
 
     @contextmanager
-    def held(self, count: int) -> Iterator[None]:
+    def held(self, least: int, most: int | None = None) -> Iterator[int]:
         ticket = object()
         with self.condition:
             self.queue.append(ticket)
-            while self.queue[0] is not ticket or self.free < count:
+            while self.queue[0] is not ticket or self.free < least:
                 self.condition.wait()
             self.queue.popleft()
+            count = max(least, min(self.free, most or least))
             self.free -= count
             self.condition.notify_all()
         try:
-            yield
+            yield count
         finally:
             with self.condition:
                 self.free += count
@@ -105,6 +107,11 @@ class CodecWorker:
                 self.condition.notify()
                 return
         self.serve([feed])
+
+    def pending(self) -> bool:
+        """Whether some request has a chunk due that no worker is decoding yet."""
+        with self.condition:
+            return any(feed.has_work() for feed in self.feeds)
 
     def wake(self) -> None:
         """Frames were put, or a request ended: some feed may have work."""

@@ -35,7 +35,7 @@ from rvqspec.runtime.capacity import Capacity, frame_scaling
 from rvqspec.runtime.codec_worker import CodecWorker, Cores
 from rvqspec.runtime.request import Request
 from rvqspec.runtime.scheduler import PREFILL_CHUNK, Scheduler
-from rvqspec.runtime.threads import ThreadBudget
+from rvqspec.runtime.threads import ThreadBudget, fixed_where_bits_vary
 
 MAX_BATCH, MAX_QUEUE = 8, 32
 
@@ -75,12 +75,14 @@ class Engine:
                                    + (" (prompt tokens per piece), or None for whole prompts"
                                       if name == "prefill_chunk" else ""))
         self.chunks = check_chunks(chunk_frames, first_chunk_frames)
-        self.budget = ThreadBudget.split(cores, threads, codec_threads)
+        budget = ThreadBudget.split(cores, threads, codec_threads)
         self.seeds = random.SystemRandom() if check_seed(seed) is None else random.Random(seed)
         self.name, self.model, shipped = load_model(model, weights, talker_weights, dtype)
         predictor = self.model.predictor
+        self.budget = fixed_where_bits_vary(budget, self.model.talker, predictor)
         for part in (self.model.talker, predictor):  # before any forward, the policy's latencies' included
-            device_path.prepare(part, self.budget.loop, self.name)
+            for threads in {self.budget.loop, self.budget.loop_most}:  # a step runs at either (runtime/threads.py)
+                device_path.prepare(part, threads, self.name)
         if drafter == "auto":
             drafter = Offsets.load(shipped / "offsets.safetensors", predictor) if shipped else ReusedHeads(predictor)
             calibration = calibration or (shipped / "trees" if shipped else None)
@@ -94,7 +96,7 @@ class Engine:
         self.codec = CodecWorker(self.model, cores, self.budget.codec)
         self.capacity = Capacity(self.model.frame_seconds, max_batch, realtime, frame_scaling(policy))
         self.scheduler = Scheduler(self.model, drafter, tree if isinstance(tree, Tree) else None, policy,
-                                   max_batch, max_queue, cores, self.budget.loop,
+                                   max_batch, max_queue, cores, self.budget,
                                    self.codec, self.capacity, prefill_chunk)
         # An engine dropped without close(): its threads end with it (cancelling what it still decodes).
         self.finalizer = weakref.finalize(self, shut_down, self.scheduler, self.codec, 0)

@@ -52,6 +52,7 @@ from rvqspec.core.tree import Tree
 from rvqspec.runtime.capacity import Capacity
 from rvqspec.runtime.codec_worker import CodecWorker, Cores
 from rvqspec.runtime.request import QueueFull, Request
+from rvqspec.runtime.threads import ThreadBudget
 
 # Prompt tokens prefilled in one gap between two frame steps while rows decode. A prefill call costs a fixed part
 # (the layers' weights read once: about one talker step) plus a part per token; measured at the 0.6B sizes, bfloat16,
@@ -104,16 +105,16 @@ class Prefill:
 
 class Scheduler:
     """Runs `model` (a model adapter: the contract in runtime/adapter.py) over every submitted request, in a thread
-    of its own with `threads` intra-op threads, each step holding that many of `cores`; `codec` turns the frames
-    into audio, `capacity` decides admission."""
+    of its own, each step holding as many of `cores` as it runs intra-op threads (`budget`: `step_threads`); `codec`
+    turns the frames into audio, `capacity` decides admission."""
 
     def __init__(self, model, drafter, tree: Tree | None, policy: Policy | None, max_batch: int, max_queue: int,
-                 cores: Cores, threads: int, codec: CodecWorker, capacity: Capacity,
+                 cores: Cores, budget: ThreadBudget, codec: CodecWorker, capacity: Capacity,
                  prefill_chunk: int | None = PREFILL_CHUNK):
         check_set_up(model.predictor, drafter, tree, policy)
         self.model, self.drafter, self.tree, self.policy = model, drafter, tree, policy
         self.max_batch, self.max_queue = max_batch, max_queue
-        self.cores, self.threads, self.codec, self.capacity = cores, threads, codec, capacity
+        self.cores, self.budget, self.codec, self.capacity = cores, budget, codec, capacity
         self.prefill_chunk = prefill_chunk  # None: whole prompts
         self.waiting: collections.deque[Request] = collections.deque()
         self.rows: list[Row] = []
@@ -168,11 +169,12 @@ class Scheduler:
     # ---------------------------------------------------------------- the loop (its own thread)
 
     def run(self) -> None:
-        torch.set_num_threads(self.threads)  # this thread's own count (runtime/threads.py)
         with torch.inference_mode():
             while self.next_work():
                 try:
-                    with self.cores.held(self.threads):
+                    with self.cores.held(self.budget.loop, self.step_threads()) as threads:
+                        if torch.get_num_threads() != threads:
+                            torch.set_num_threads(threads)  # this thread's own count (runtime/threads.py)
                         self.admit()
                         if self.rows:
                             self.timed_step()
@@ -182,6 +184,11 @@ class Scheduler:
                                   f"with the error\n{traceback.format_exc()}", RuntimeWarning)
                     self.fail_all(e)
         self.end_all()
+
+    def step_threads(self) -> int:
+        """The most threads the next step may take: every core of the budget while no chunk waits for a codec worker
+        (one that comes due waits for this step at most), the frame loop's own share otherwise (runtime/threads.py)."""
+        return self.budget.loop if self.codec.pending() else self.budget.loop_most
 
     def next_work(self) -> bool:
         """Wait for something to do; False once the engine stops."""

@@ -6,10 +6,22 @@ audio. Each of the two sets its own intra-op thread count (torch keeps it per th
 outnumber the cores this process may use (`os.sched_getaffinity`) whatever the callers do: many OpenMP teams on
 few cores spin against each other, which is how three concurrent requests used to take longer than three in a row
 (issue 40). The split per core count was measured (docs/RESULTS.md, "Concurrency").
+
+The frame loop's steps read the talker's and predictor's weights (memory-bound: a second core adds bandwidth), the
+codec's convolutions compute; a stream's codec decodes a chunk now and then (~a third of a core at real time). So
+by default the frame loop takes every core for a step while no codec worker has a chunk to decode, and leaves one
+core per waiting decode otherwise (`Scheduler.step_threads`): the decoder of frame t runs on the second core while
+the loop makes frame t + 1, and the second core is not left idle between chunks (docs/cpu-fast-path.md, "Two cores").
+A step's thread count then depends on when a chunk came due, so it varies only where the bits do not: torch's
+float32 matrix products split their sums by thread count (Zen 4: a [1, 1024] x [1024, 3072] product differs by
+~5e-7 at 2 threads), its bfloat16 ones and rvqspec's int8 kernels do not; a frame loop with float32 layers keeps
+one thread count (`fixed_where_bits_vary`), so that a seeded request repeats its codes.
 """
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import torch
 
 from rvqspec.core.errors import RvqspecError
 
@@ -24,21 +36,32 @@ def usable_cores() -> int:
 
 @dataclass(frozen=True)
 class ThreadBudget:
-    """`cores` threads may do torch work at once: the frame loop's `loop` intra-op threads, and `codec` workers of
-    one thread each (they take the cores the frame loop leaves free: `codec_worker.Cores`)."""
+    """`cores` threads may do torch work at once: the frame loop's intra-op threads, `loop` of them while a codec
+    worker decodes and up to `loop_most` while none does, and `codec` workers of one thread each (they take the cores
+    the frame loop leaves free: `codec_worker.Cores`)."""
 
     cores: int
     loop: int
     codec: int
+    loop_most: int
 
     @classmethod
     def split(cls, cores: int | None = None, threads: int | None = None,
               codec_threads: int | None = None) -> "ThreadBudget":
         """The budget of `cores` (None: `usable_cores()`), `threads` for the frame loop (None: all cores but one, at
-        least one) and `codec_threads` codec workers (None: one per core)."""
+        least one, and all of them while no codec worker decodes) and `codec_threads` codec workers (None: one per
+        core)."""
         for name, value in (("cores", cores), ("threads", threads), ("codec_threads", codec_threads)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise RvqspecError(f"{name} must be a whole number >= 1 (or None: this CPU's default), got {value!r}")
         cores = cores or usable_cores()
         loop = threads or max(1, cores - 1)
-        return cls(cores=max(cores, loop), loop=loop, codec=codec_threads or cores)
+        return cls(cores=max(cores, loop), loop=loop, codec=codec_threads or cores, loop_most=threads or cores)
+
+
+def fixed_where_bits_vary(budget: ThreadBudget, *modules: torch.nn.Module) -> ThreadBudget:
+    """`budget`, with the frame loop's thread count fixed where `modules` hold float32 linear layers (module
+    docstring: their results change with the thread count)."""
+    varies = any(isinstance(layer, torch.nn.Linear) and layer.weight.dtype == torch.float32
+                 for module in modules for layer in module.modules())
+    return replace(budget, loop_most=budget.loop) if varies else budget
