@@ -6,13 +6,15 @@ wide, FFN 1024, 16 heads of 64, latent 1024; the convolution stack from 1536 cha
 audible as the tests make them: timing does not depend on weight values). "whole" is upstream's own decode of the
 utterance (`chunked_decode`: one pass up to 300 frames); "stream N" is `StreamingCodec` fed N frames a call, as the
 Engine's codec workers feed it (their default chunks: 3 frames first, then 12). Runs are interleaved (every way once
-per repeat, the order turned each repeat) and figures are medians, so ratios within one run hold on a shared
-machine; lone times do not. "stream N, oneDNN convs" is the stream with every convolution through torch's own
+per repeat, the order turned each repeat) and figures are medians of the calling thread's CPU time (at one thread
+the decoder runs in it; on a shared machine CPU time is what other processes disturb least: wall times are in the
+JSON), so ratios within one run hold on a shared machine; lone times do not. "stream N, oneDNN convs" is the stream with every convolution through torch's own
 (`qwen_tts_audio.GEMM_STEPS` = 0: the stream before short chunks became matrix products).
 
-Where the stream loses: one extra pass per way with forward hooks on the decoder's layers, the time inside its
-transformer, its convolutions, its transposed convolutions and the ConvNeXt blocks' linear layers; "other" is the
-rest (activations, copies, the Python around them).
+Where the stream loses: one extra pass per way with forward hooks on the decoder's layers (and timers around the
+stream's own convolutions, `convolve` and `convolve_transposed`), the CPU time inside its transformer, its
+convolutions, its transposed convolutions and the ConvNeXt blocks' linear layers; "other" is the rest
+(activations, copies, the Python around them).
 
     .venv/bin/python benchmarks/decoder_stream.py                 # 48 frames, chunks 1,3,12,24, float32 and bfloat16
     .venv/bin/python benchmarks/decoder_stream.py --smoke         # tiny sizes: the script runs (seconds)
@@ -84,10 +86,10 @@ def timed_ways(decoders: dict, codes: torch.Tensor, chunks: list[int], repeats: 
     for repeat in range(repeats + 1):
         turn = repeat % len(ways)
         for dtype, way in ways[turn:] + ways[:turn]:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             decode(decoders[dtype], codes, way)
             if repeat:
-                times[dtype, way].append(time.perf_counter() - start)
+                times[dtype, way].append((time.thread_time() - cpu, time.perf_counter() - start))
         log(f"repeat {repeat}/{repeats} done")
     return times
 
@@ -107,23 +109,44 @@ def part_of(module: torch.nn.Module) -> str | None:
 
 
 def part_times(decoder, codes: torch.Tensor, way: tuple[int | None, bool]) -> dict:
-    """Seconds inside each part of the decoder during one decode (hooks on its layers), and "other"."""
-    spent, started, hooks = defaultdict(float), {}, []
+    """CPU seconds inside each part of the decoder during one decode (hooks on its layers, timers around the stream's
+    convolutions: a layer inside a timed convolution counts once), and "other"."""
+    spent, started, hooks, inside = defaultdict(float), {}, [], []
+
+    def add(part: str, since: float) -> None:
+        if not inside:
+            spent[part] += time.thread_time() - since
+
     for name, module in decoder.named_modules():
         module._rvqspec_name = name
         part = part_of(module)
-        if part is None:
-            continue
-        hooks.append(module.register_forward_pre_hook(lambda m, args: started.__setitem__(m, time.perf_counter())))
-        hooks.append(module.register_forward_hook(
-            lambda m, args, out, part=part: spent.__setitem__(part, spent[part] + time.perf_counter() - started[m])))
+        if part is not None:
+            hooks.append(module.register_forward_pre_hook(lambda m, a: started.__setitem__(m, time.thread_time())))
+            hooks.append(module.register_forward_hook(lambda m, a, o, part=part: add(part, started[m])))
+    originals = {name: getattr(qwen_tts_audio, name) for name in ("convolve", "convolve_transposed")}
+
+    def timed(name: str, part: str):
+        def call(*args):
+            since = time.thread_time()
+            inside.append(name)
+            try:
+                return originals[name](*args)
+            finally:
+                inside.pop()
+                add(part, since)
+        return call
+
+    qwen_tts_audio.convolve, qwen_tts_audio.convolve_transposed = timed("convolve", "conv"), timed(
+        "convolve_transposed", "transposed conv")
     try:
-        start = time.perf_counter()
+        start = time.thread_time()
         decode(decoder, codes, way)
-        spent["other"] = time.perf_counter() - start - sum(spent.values())
+        spent["other"] = time.thread_time() - start - sum(spent.values())
     finally:
         for hook in hooks:
             hook.remove()
+        for name, original in originals.items():
+            setattr(qwen_tts_audio, name, original)
     return dict(spent)
 
 
@@ -134,15 +157,16 @@ def snr_db(audio: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 def distances(decoders: dict, codes: torch.Tensor, chunks: list[int]) -> dict:
-    """Each way's audio against the float32 whole decode: SNR (dB) and the largest sample difference."""
-    if "float32" not in decoders:
-        return {}
-    reference, out = decode(decoders["float32"], codes, (None, False)).float(), {}
+    """Each way's audio against its dtype's whole decode and against the float32 whole decode: SNR (dB), and the
+    largest sample difference from the float32 one."""
+    wholes = {dtype: decode(decoder, codes, (None, False)).float() for dtype, decoder in decoders.items()}
+    reference, out = wholes.get("float32"), {}
     for dtype, decoder in decoders.items():
         for way in all_ways(chunks):
             audio = decode(decoder, codes, way).float()
-            out[f"{dtype} {way_name(way)}"] = {"snr_db": snr_db(audio, reference),
-                                                "largest_difference": float((audio - reference).abs().max())}
+            out[f"{dtype} {way_name(way)}"] = {"snr_db_own_whole": snr_db(audio, wholes[dtype])} | ({} if reference
+                is None else {"snr_db": snr_db(audio, reference),
+                              "largest_difference": float((audio - reference).abs().max())})
     return out
 
 
@@ -153,11 +177,12 @@ def way_name(way: tuple[int | None, bool]) -> str:
 
 def rows(times: dict, parts: dict, frames: int) -> list[dict]:
     out = []
-    for (dtype, way), seconds in sorted(times.items(), key=lambda item: (item[0][0], item[0][1][0] or 0)):
-        whole = times[dtype, (None, False)]
-        ratios = [s / w for s, w in zip(seconds, whole)]  # each repeat's pair
+    for (dtype, way), pairs in sorted(times.items(), key=lambda item: (item[0][0], item[0][1][0] or 0)):
+        seconds = [cpu for cpu, _ in pairs]
+        ratios = [s / w for s, (w, _) in zip(seconds, times[dtype, (None, False)])]  # each repeat's pair
         out.append({"dtype": dtype, "way": way_name(way), "chunk": way[0], "gemm": way[1],
                     "ms_per_frame": statistics.median(seconds) / frames * 1e3,
+                    "wall_ms_per_frame": statistics.median(wall for _, wall in pairs) / frames * 1e3,
                     "over_whole": statistics.median(ratios), "over_whole_range": [min(ratios), max(ratios)],
                     "parts_ms_per_frame": {part: s / frames * 1e3 for part, s in parts[dtype, way].items()}})
     return out
@@ -190,23 +215,25 @@ def markdown(report: dict) -> str:
              "", "Decoder sizes: " + ", ".join(f"{k} {v}" for k, v in report["sizes"].items()) + " (the rest: "
              "qwen-tts's defaults). Targets (issue 51): streamed <= "
              f"{TARGETS['streamed_over_whole']}x whole, <= {TARGETS['ms_per_frame']:.0f} ms per frame at 1 thread.",
-             "", "| dtype | way | ms/frame | over whole (range) | " + " | ".join(PARTS) + " | SNR vs float32 whole |",
-             "|---" * (5 + len(PARTS)) + "|"]
+             "", "| dtype | way | ms/frame | over whole (range) | " + " | ".join(PARTS) + " | SNR vs own whole | "
+             "SNR vs float32 whole |", "|---" * (6 + len(PARTS)) + "|"]
     for r in report["rows"]:
         low, high = r["over_whole_range"]
         audio = report["audio"].get(f"{r['dtype']} {r['way']}")
         parts = " | ".join(f"{r['parts_ms_per_frame'].get(p, 0):.1f}" for p in PARTS)
         lines.append(f"| {r['dtype']} | {r['way']} | {r['ms_per_frame']:.1f} | {r['over_whole']:.2f}x "
-                     f"({low:.2f}-{high:.2f}) | {parts} | {snr_text(audio)} |")
-    lines += ["", "Parts: ms per frame inside each (one extra, hooked pass per way: the hooks' own cost lands in "
-              "\"other\"). SNR: the audio against the float32 whole decode of the same codes, in dB."]
+                     f"({low:.2f}-{high:.2f}) | {parts} | {snr_text(audio, 'snr_db_own_whole')} | {snr_text(audio, 'snr_db')} |")
+    lines += ["", "ms/frame: CPU time of the calling thread (medians; the ratio: each repeat's pair). Parts: CPU ms per "
+              "frame inside each (one extra, hooked pass per way: the hooks' own cost lands in \"other\"). SNR: the "
+              "audio against the whole decode of the same codes in its own dtype, and in float32, in dB (the random "
+              "decoder amplifies rounding: a trained one is better conditioned)."]
     return "\n".join(lines) + "\n"
 
 
-def snr_text(audio: dict | None) -> str:
-    if audio is None:
+def snr_text(audio: dict | None, key: str) -> str:
+    if audio is None or key not in audio:
         return "-"
-    return "exact" if math.isinf(audio["snr_db"]) else f"{audio['snr_db']:.1f} dB"
+    return "exact" if math.isinf(audio[key]) else f"{audio[key]:.1f} dB"
 
 
 def main() -> None:

@@ -88,11 +88,8 @@ def test_the_frame_loop_takes_every_core_only_where_its_bits_do_not_depend_on_th
     assert fixed_where_bits_vary(budget, float32.to(torch.bfloat16)) == budget
 
 
-def test_two_cores_the_frame_loop_steps_on_both_while_no_chunk_waits(monkeypatch):
-    """bfloat16 layers, cores=2: the frame loop steps on 2 threads while no chunk waits for the codec, on 1 while one
-    does or is decoding (never more than 2 threads together); a seeded request's frames are a one-core engine's."""
-    tts = tiny_qwen3_tts(seed=1)
-    tts.model.talker.to(torch.bfloat16)
+def counted_cores(monkeypatch, noted) -> tuple[list[int], set]:
+    """`Cores.held` counting: ([the most cores held at once], {(thread name, noted(cores it got))})."""
     held, peak, lock, counts = [0], [0], threading.Lock(), set()
     original = Cores.held
 
@@ -102,7 +99,7 @@ def test_two_cores_the_frame_loop_steps_on_both_while_no_chunk_waits(monkeypatch
             with lock:
                 held[0] += count
                 peak[0] = max(peak[0], held[0])
-                counts.add((threading.current_thread().name.rstrip("0123456789-"), count))
+                counts.add((threading.current_thread().name.rstrip("0123456789-"), noted(count)))
             try:
                 yield count
             finally:
@@ -110,10 +107,19 @@ def test_two_cores_the_frame_loop_steps_on_both_while_no_chunk_waits(monkeypatch
                     held[0] -= count
 
     monkeypatch.setattr(Cores, "held", counted)
+    return peak, counts
+
+
+def test_two_cores_the_frame_loop_steps_on_both_while_no_chunk_waits(monkeypatch):
+    """bfloat16 layers, cores=2: the frame loop steps on 2 threads while no chunk waits for the codec, on 1 while one
+    does or is decoding (never more than 2 threads together); a seeded request's frames are a one-core engine's."""
+    tts = tiny_qwen3_tts(seed=1)
+    tts.model.talker.to(torch.bfloat16)
+    peak, counts = counted_cores(monkeypatch, lambda count: count)
     frames = {}
     for cores in (2, 1):
-        with Engine(tts, drafter=None, cores=cores, chunk_frames=2, first_chunk_frames=1) as engine:
-            request = engine.submit("custom_voice", text="two cores here", max_new_tokens=10, seed=3, **QWEN)
+        with Engine(tts, drafter=None, cores=cores, chunk_frames=4, first_chunk_frames=1) as engine:
+            request = engine.submit("custom_voice", text="two cores here", max_new_tokens=14, seed=3, **QWEN)
             assert len(request.audio())
             frames[cores] = torch.stack(request.decoded)
     assert peak[0] <= 2
@@ -125,23 +131,8 @@ def test_no_more_threads_do_torch_work_than_the_engines_cores(tts64, monkeypatch
     """8 requests streamed from 8 caller threads with cores=2: the frame loop and the codec workers never hold more
     than 2 cores together, each works with its budget's intra-op threads, and the model's audio is made only in the
     codec workers (callers only receive it)."""
-    held, peak, lock, counts, makers = [0], [0], threading.Lock(), set(), set()
-    original = Cores.held
-
-    @contextlib.contextmanager
-    def counted(self, least, most=None):
-        with original(self, least, most) as count:
-            with lock:
-                held[0] += count
-                peak[0] = max(peak[0], held[0])
-                counts.add((threading.current_thread().name.rstrip("0123456789-"), torch.get_num_threads()))
-            try:
-                yield count
-            finally:
-                with lock:
-                    held[0] -= count
-
-    monkeypatch.setattr(Cores, "held", counted)
+    peak, counts = counted_cores(monkeypatch, lambda count: torch.get_num_threads())
+    makers = set()
     with Engine(tts64, drafter=None, cores=2, chunk_frames=2, first_chunk_frames=1) as engine:
         add_together = engine.model.add_together
 

@@ -77,10 +77,11 @@ class Feed:
                 end = self.clock.frames
         return end
 
-    def has_work(self) -> bool:
+    def has_work(self, ahead: int = 0) -> bool:
+        """Whether it has frames to decode now (`ahead`: or will have, `ahead` frames from now)."""
         if self.ended or self.busy:
             return False
-        return self.stream is None or self.request.done or self.clock.due <= len(self.request.decoded)
+        return self.stream is None or self.request.done or self.clock.due <= len(self.request.decoded) + ahead
 
 
 class CodecWorker:
@@ -108,10 +109,10 @@ class CodecWorker:
                 return
         self.serve([feed])
 
-    def pending(self) -> bool:
-        """Whether some request has a chunk due that no worker is decoding yet."""
+    def pending(self, ahead: int = 0) -> bool:
+        """Whether some request has a chunk due that no worker is decoding yet (or will have, `ahead` frames on)."""
         with self.condition:
-            return any(feed.has_work() for feed in self.feeds)
+            return any(feed.has_work(ahead) for feed in self.feeds)
 
     def wake(self) -> None:
         """Frames were put, or a request ended: some feed may have work."""

@@ -187,8 +187,9 @@ class Scheduler:
 
     def step_threads(self) -> int:
         """The most threads the next step may take: every core of the budget while no chunk waits for a codec worker
-        (one that comes due waits for this step at most), the frame loop's own share otherwise (runtime/threads.py)."""
-        return self.budget.loop if self.codec.pending() else self.budget.loop_most
+        or comes due with this step's frame, the frame loop's own share otherwise, so that the chunk decodes beside
+        the step's talker forward (`send_frames` wakes the workers) and beside the next step (runtime/threads.py)."""
+        return self.budget.loop if self.codec.pending(ahead=1) else self.budget.loop_most
 
     def next_work(self) -> bool:
         """Wait for something to do; False once the engine stops."""
@@ -306,6 +307,7 @@ class Scheduler:
             inputs[b] += self.text_input(prompt, t)
             positions.append(prompt.frame_positions[t])
             row.request.put(frames[b].cpu())
+        self.codec.wake()  # a chunk due now decodes beside the talker forward (`step_threads`)
         return inputs, torch.tensor(positions, device=inputs.device)
 
     @staticmethod
