@@ -8,7 +8,7 @@ vocabularies and the structure and shrinks every width and depth: a benchmark's 
 Timing does not depend on weight values (docs/design.md, section 5). qwen-tts is imported when a builder runs.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -57,8 +57,13 @@ class SystemSizes:
         return [half - 2 * (5 * half // 16), 5 * half // 16, 5 * half // 16]
 
 
-SMOKE_PREDICTOR = PredictorConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
-                                  num_key_value_heads=2, head_dim=16, talker_hidden_size=64)
+def smoke_config(config: PredictorConfig) -> PredictorConfig:
+    """`config` at tiny widths and one layer, its vocabularies, codebooks and layout kept: a `--smoke` run's."""
+    return replace(config, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=16, talker_hidden_size=64)
+
+
+SMOKE_PREDICTOR = smoke_config(QWEN3_TTS_0_6B)
 SIZES = {
     "0.6b": SystemSizes(talker_hidden=1024, talker_intermediate=3072, talker_layers=28, talker_heads=16,
                         talker_kv_heads=8, talker_head_dim=128, text_hidden=2048, predictor=QWEN3_TTS_0_6B),
