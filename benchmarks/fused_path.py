@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     settings = {"frames": args.frames, "sizes": [int(n) for n in args.sizes.split(",")],
                 "dtypes": args.dtypes.split(","), "threads": [int(t) for t in args.threads.split(",")]}
     info, sampler, rows = machine(), Sampler(), []
-    assert fused.path("cpu", torch.bfloat16) == "fused", "the fused kernels could not be built here"
+    assert fused.kernels() is not None, "the fused kernels could not be built here"
     for dtype in settings["dtypes"]:
         predictor = controlled_predictor(smoke_config(ARCHS["0.6b"]) if args.smoke else ARCHS["0.6b"], dtype=dtype)
         frames, drafter = predictor.frames(args.frames, seed=1), ReusedHeads(predictor.model)
