@@ -74,10 +74,12 @@ def frame_steps(frames: int, repeats: int) -> dict:
     return {"ms": statistics.median(medians), "steps_per_repeat": len(times)}
 
 
-def run_worker(source: Path, frames: int, repeats: int) -> dict:
+def run_worker(source: Path, frames: int, repeats: int, smoke: bool) -> dict:
+    """One process's frame steps (a smoke run's without the fused kernels: an extracted commit would build its own)."""
     from rvqspec.bench.timing import worker_result
 
-    return worker_result(source, [__file__, "--worker", "--frames", str(frames), "--repeats", str(repeats)])
+    return worker_result(source, [__file__, "--worker", "--frames", str(frames), "--repeats", str(repeats)],
+                         env={"RVQSPEC_FUSED": "0"} if smoke else None)
 
 
 def markdown(report: dict) -> str:
@@ -122,8 +124,8 @@ def main(argv: list[str] | None = None) -> None:
               "rounds": args.rounds, "frames": args.frames, "repeats": args.repeats, "before": [], "after": []}
     with sources_at(args.base, ROOT) as base:
         for _ in range(args.rounds):
-            report["before"].append(run_worker(base, args.frames, args.repeats)["ms"])
-            report["after"].append(run_worker(ROOT, args.frames, args.repeats)["ms"])
+            report["before"].append(run_worker(base, args.frames, args.repeats, args.smoke)["ms"])
+            report["after"].append(run_worker(ROOT, args.frames, args.repeats, args.smoke)["ms"])
     report["ratios"] = [after / before for before, after in zip(report["before"], report["after"])]
     report["ratio"] = statistics.median(report["ratios"])
     report["machine"] = finish_machine(info)

@@ -96,7 +96,8 @@ def frames(reps: int, smoke: bool = False) -> dict:
 def run_worker(source: Path, reps: int, smoke: bool) -> dict:
     from rvqspec.bench.timing import worker_result
 
-    return worker_result(source, [__file__, "--worker", "--reps", str(reps), *["--smoke"] * smoke])
+    return worker_result(source, [__file__, "--worker", "--reps", str(reps), *["--smoke"] * smoke],
+                         env={"RVQSPEC_FUSED": "0"} if smoke else None)  # an extracted commit builds its own kernels
 
 
 def markdown(report: dict) -> str:

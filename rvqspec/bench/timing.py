@@ -101,10 +101,11 @@ def sources_at(commit: str, repository: Path) -> Iterator[Path]:
         yield Path(folder)
 
 
-def worker_result(source: Path, argv: list[str], path: tuple[Path, ...] = ()) -> dict:
+def worker_result(source: Path, argv: list[str], path: tuple[Path, ...] = (), env: dict | None = None) -> dict:
     """The JSON object on the last line `python argv` prints, run in `source` with its rvqspec first on the import
-    path (then `path`) and one OpenMP thread; its failure ends the benchmark with the end of its stderr."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, (source, *path))), OMP_NUM_THREADS="1")
+    path (then `path`), one OpenMP thread and `env`'s variables; its failure ends the benchmark with the end of its
+    stderr."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, (source, *path))), OMP_NUM_THREADS="1", **(env or {}))
     out = subprocess.run([sys.executable, *argv], env=env, cwd=source, capture_output=True, text=True)
     if out.returncode:
         raise SystemExit(f"the worker in {source} failed:\n{out.stderr[-3000:]}")
