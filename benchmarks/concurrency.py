@@ -5,6 +5,7 @@ both matter), the shipped stand-in (its HiFi-GAN vocoder dominates) and, opt-in,
 
     .venv/bin/python benchmarks/concurrency.py [--cores 1,2] [--requests 1,2,3,4,8] [--repeats 3]
     .venv/bin/python benchmarks/concurrency.py --models 0.6b --cores 1 --requests 1,4 --name concurrency-0.6b
+    .venv/bin/python benchmarks/concurrency.py --smoke   # the tiny model, 1 core, 2 requests: seconds, a temp folder
 
 Reports benchmarks/results/concurrency.{json,md}: per model, cores and N, the medians over interleaved repeats of
 the wall time over serial's, aggregate audio seconds per second, p50/p95 time to first audio, and the largest gap
@@ -45,17 +46,16 @@ def standin(**options):
                                              subtalker_dosample=False)
 
 
-def qwen_0_6b(sizes: str = "0.6b", frames: int = 25, **options):
+def qwen_0_6b(**options):
     """Qwen3-TTS at the 0.6B sizes (random weights, the predictor's heads at the paper's acceptance, bfloat16; the
-    released 12 Hz decoder: rvqspec.bench.systems), `frames` a request (25: 2 s); the policy's tree per batch size."""
-    tts = system_tts(SIZES[sizes], torch.bfloat16)
-    controlled_heads(tts, SIZES[sizes], torch.bfloat16, log=lambda line: None, iterations=1 if sizes == "smoke" else 6)
-    request = utterance_request(frames)
+    released 12 Hz decoder: rvqspec.bench.systems), 25 frames (2 s) a request; the policy's tree per batch size."""
+    tts = system_tts(SIZES["0.6b"], torch.bfloat16)
+    controlled_heads(tts, SIZES["0.6b"], torch.bfloat16, log=lambda line: None)
+    request = utterance_request(25)
     return Engine(tts, drafter=ReusedHeads(), **options), lambda i: dict(request, kind="custom_voice", text=TEXTS[i])
 
 
-MODELS = {"tiny-qwen-tts": tiny_qwen, "standin": standin, "0.6b": qwen_0_6b,
-          "smoke-0.6b": lambda **options: qwen_0_6b("smoke", frames=3, **options)}  # --smoke's: the 0.6b path, tiny
+MODELS = {"tiny-qwen-tts": tiny_qwen, "standin": standin, "0.6b": qwen_0_6b}
 MODES = ("serial", "together", "serial-staggered", "staggered")  # each concurrent mode after its serial baseline
 
 
