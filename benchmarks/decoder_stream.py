@@ -1,15 +1,17 @@
 """The 12 Hz speech decoder streamed against a whole-utterance decode: ms per frame by chunk size and dtype, where
 the stream loses (per part of the decoder), and how far each dtype's audio is from the float32 whole decode.
 
-The decoder is upstream's `Qwen3TTSTokenizerV2Decoder` at the released 0.6B tokenizer's sizes (a transformer 512
-wide, FFN 1024, 16 heads of 64, latent 1024; the convolution stack from 1536 channels down; random weights made
-audible as the tests make them: timing does not depend on weight values). "whole" is upstream's own decode of the
+The decoder is upstream's `Qwen3TTSTokenizerV2Decoder` at the released 12 Hz tokenizer's sizes
+(`rvqspec.bench.systems.RELEASED_DECODER`: a transformer 512 wide, FFN 1024, 16 heads of 64, latent 1024; the
+convolution stack from 1536 channels down; random weights made audible as the tests make them: timing does not
+depend on weight values). "whole" is upstream's own decode of the
 utterance (`chunked_decode`: one pass up to 300 frames); "stream N" is `StreamingCodec` fed N frames a call, as the
 Engine's codec workers feed it (their default chunks: 3 frames first, then 12). Runs are interleaved (every way once
 per repeat, the order turned each repeat) and figures are medians of the calling thread's CPU time (at one thread
 the decoder runs in it; on a shared machine CPU time is what other processes disturb least: wall times are in the
-JSON), so ratios within one run hold on a shared machine; lone times do not. "stream N, oneDNN convs" is the stream with every convolution through torch's own
-(`qwen_tts_audio.GEMM_STEPS` = 0: the stream before short chunks became matrix products).
+JSON), so ratios within one run hold on a shared machine; lone times do not. "stream N, oneDNN convs" is the
+stream with every convolution through torch's own (`qwen_tts_audio.GEMM_STEPS` = 0: the stream before short
+chunks became matrix products).
 
 Where the stream loses: one extra pass per way with forward hooks on the decoder's layers (and timers around the
 stream's own convolutions, `convolve` and `convolve_transposed`), the CPU time inside its transformer, its
@@ -18,7 +20,7 @@ convolutions, its transposed convolutions and the ConvNeXt blocks' linear layers
 
     .venv/bin/python benchmarks/decoder_stream.py                 # 48 frames, chunks 1,3,12,24, float32 and bfloat16
     .venv/bin/python benchmarks/decoder_stream.py --smoke         # tiny sizes: the script runs (seconds)
-    # writes benchmarks/results/decoder-stream.{json,md} (--smoke: decoder-stream-smoke.*)
+    # writes benchmarks/results/decoder-stream.{json,md}
 """
 
 import argparse
@@ -31,31 +33,19 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # make_audible, as the tests build the decoder
+from rvqspec.bench.systems import SIZES, speech_tokenizer
+from rvqspec.bench.timing import SMOKE_HELP, finish_machine, machine, machine_text, report_folder, write_reports
+from rvqspec.bench.upstream import make_audible
+from rvqspec.integrations import qwen_tts_audio
+from rvqspec.integrations.qwen_tts_audio import StreamingCodec
 
-from rvqspec.bench.timing import finish_machine, machine, machine_text, write_reports  # noqa: E402
-from rvqspec.integrations.qwen_tts import import_qwen_tts  # noqa: E402
-from rvqspec.integrations import qwen_tts_audio  # noqa: E402
-from rvqspec.integrations.qwen_tts_audio import StreamingCodec  # noqa: E402
-
-from helpers.upstream_tts import make_audible  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results"
-# The released Qwen3-TTS-Tokenizer-12Hz's decoder (its config.json), where it differs from qwen-tts's defaults.
-RELEASED = dict(hidden_size=512, intermediate_size=1024, head_dim=64, latent_dim=1024, codebook_dim=512)
-SMOKE = dict(hidden_size=32, intermediate_size=64, head_dim=8, num_attention_heads=4, num_key_value_heads=4,
-             num_hidden_layers=2, latent_dim=32, codebook_dim=16, codebook_size=64, decoder_dim=48)
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 TARGETS = {"streamed_over_whole": 1.1, "ms_per_frame": 30.0}
 
 
-def released_decoder(sizes: dict = RELEASED):
-    """Upstream's 12 Hz decoder at `sizes`, float32, audible random weights."""
-    import_qwen_tts()
-    from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2DecoderConfig
-    from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Decoder
-
-    decoder = Qwen3TTSTokenizerV2Decoder(Qwen3TTSTokenizerV2DecoderConfig(**sizes)).eval().requires_grad_(False)
+def audible_decoder(size: str):
+    """Upstream's 12 Hz decoder at `SIZES[size]`'s decoder sizes, float32, audible random weights."""
+    decoder = speech_tokenizer(SIZES[size], torch.float32).model.decoder.requires_grad_(False)
     with torch.inference_mode():
         make_audible(decoder)
     return decoder
@@ -188,11 +178,11 @@ def rows(times: dict, parts: dict, frames: int) -> list[dict]:
     return out
 
 
-def run(args, log) -> dict:
-    sizes = SMOKE if args.smoke else RELEASED
-    decoders = {dtype: released_decoder(sizes).to(getattr(torch, dtype)) for dtype in args.dtypes}
-    vocabulary = sizes.get("codebook_size", 2048)
-    codes = torch.randint(0, vocabulary, (args.frames, 16), generator=torch.Generator().manual_seed(0))
+def run(args, log, argv: list[str]) -> dict:
+    size = "smoke" if args.smoke else "0.6b"
+    decoders = {dtype: audible_decoder(size).to(getattr(torch, dtype)) for dtype in args.dtypes}
+    sizes = SIZES[size].decoder
+    codes = torch.randint(0, sizes["codebook_size"], (args.frames, 16), generator=torch.Generator().manual_seed(0))
     info = machine()
     with torch.inference_mode():
         times = timed_ways(decoders, codes, args.chunks, args.repeats, log)
@@ -202,7 +192,7 @@ def run(args, log) -> dict:
     return {"machine": finish_machine(info), "threads": torch.get_num_threads(), "frames": args.frames,
             "repeats": args.repeats, "sizes": sizes, "smoke": args.smoke, "targets": TARGETS,
             "rows": rows(times, parts, args.frames), "audio": audio,
-            "command": " ".join([".venv/bin/python benchmarks/decoder_stream.py", *sys.argv[1:]])}
+            "command": " ".join([".venv/bin/python benchmarks/decoder_stream.py", *argv])}
 
 
 PARTS = ["transformer", "conv", "transposed conv", "ConvNeXt linear", "other"]
@@ -212,8 +202,8 @@ def markdown(report: dict) -> str:
     lines = ["# The 12 Hz decoder streamed vs whole", "",
              f"{machine_text(report['machine'])}; {report['threads']} thread(s), "
              f"{report['frames']} frames, medians of {report['repeats']} interleaved repeats. `{report['command']}`.",
-             "", "Decoder sizes: " + ", ".join(f"{k} {v}" for k, v in report["sizes"].items()) + " (the rest: "
-             "qwen-tts's defaults). Targets (issue 51): streamed <= "
+             "", "Decoder sizes: " + ", ".join(f"{k} {v}" for k, v in report["sizes"].items()) + ". Targets "
+             "(issue 51): streamed <= "
              f"{TARGETS['streamed_over_whole']}x whole, <= {TARGETS['ms_per_frame']:.0f} ms per frame at 1 thread.",
              "", "| dtype | way | ms/frame | over whole (range) | " + " | ".join(PARTS) + " | SNR vs own whole | "
              "SNR vs float32 whole |", "|---" * (6 + len(PARTS)) + "|"]
@@ -222,9 +212,11 @@ def markdown(report: dict) -> str:
         audio = report["audio"].get(f"{r['dtype']} {r['way']}")
         parts = " | ".join(f"{r['parts_ms_per_frame'].get(p, 0):.1f}" for p in PARTS)
         lines.append(f"| {r['dtype']} | {r['way']} | {r['ms_per_frame']:.1f} | {r['over_whole']:.2f}x "
-                     f"({low:.2f}-{high:.2f}) | {parts} | {snr_text(audio, 'snr_db_own_whole')} | {snr_text(audio, 'snr_db')} |")
-    lines += ["", "ms/frame: CPU time of the calling thread (medians; the ratio: each repeat's pair). Parts: CPU ms per "
-              "frame inside each (one extra, hooked pass per way: the hooks' own cost lands in \"other\"). SNR: the "
+                     f"({low:.2f}-{high:.2f}) | {parts} | {snr_text(audio, 'snr_db_own_whole')} | "
+                     f"{snr_text(audio, 'snr_db')} |")
+    lines += ["", "ms/frame: CPU time of the calling thread (medians; the ratio: each repeat's pair). Parts: CPU ms "
+              "per frame inside each (one extra, hooked pass per way: the hooks' own cost lands in \"other\"). SNR: "
+              "the "
               "audio against the whole decode of the same codes in its own dtype, and in float32, in dB (the random "
               "decoder amplifies rounding: a trained one is better conditioned)."]
     return "\n".join(lines) + "\n"
@@ -236,23 +228,27 @@ def snr_text(audio: dict | None, key: str) -> str:
     return "exact" if math.isinf(audio[key]) else f"{audio[key]:.1f} dB"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, default=48)
     parser.add_argument("--chunks", default="1,3,12,24", help="streamed chunk sizes (frames per call)")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes, 6 frames, 1 repeat: the script runs")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.chunks, args.dtypes = [int(c) for c in args.chunks.split(",")], args.dtypes.split(",")
     if args.smoke:
         args.frames, args.repeats, args.chunks = 6, 1, [1, 3]
+    threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     log = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)  # noqa: E731
-    report = run(args, log)
-    write_reports(report, args.out, "decoder-stream" + ("-smoke" if args.smoke else ""), markdown)
+    try:
+        report = run(args, log, sys.argv[1:] if argv is None else argv)
+    finally:
+        torch.set_num_threads(threads)
+    write_reports(report, report_folder(args.out, args.smoke), "decoder-stream", markdown)
     print(markdown(report))
 
 

@@ -2,10 +2,11 @@
 with the frame loop fixed at one thread beside the codec worker (the split before issue 51), and on two with the
 frame loop taking both cores while no chunk waits for the codec (runtime/threads.py).
 
-The model is upstream's Qwen3TTSModel at the 0.6B sizes with random weights (benchmarks/end_to_end.py's
-`real_size_tts`, bfloat16) and the released 12 Hz decoder's sizes (benchmarks/decoder_stream.py); EOS is out of
-reach, so every run decodes `--frames` frames. Per engine: the real-time factor (wall time over audio time), the
-first chunk's time, every frame step's time with the thread count it ran at (a step at 1 thread on two cores ran
+The model is upstream's Qwen3TTSModel at the 0.6B sizes with random weights and the released 12 Hz decoder
+(`rvqspec.bench.systems`, bfloat16; the predictor's heads acceptance-controlled to the paper's tokens/step, as
+benchmarks/end_to_end.py runs it); EOS is out of reach, so every run decodes `--frames` frames. Per engine: the
+real-time factor (wall time over audio time), the first chunk's time, every frame step's time with the thread
+count it ran at (a step at 1 thread on two cores ran
 beside a decode; at 2, alone), and the decoder's time per frame. Engines run interleaved, one utterance each per
 repeat; figures are medians. Run it with OMP_WAIT_POLICY=PASSIVE (an idle OpenMP thread then sleeps at once).
 
@@ -23,41 +24,34 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+import rvqspec
+from rvqspec.bench.systems import SIZES, controlled_heads, system_tts, utterance_request
+from rvqspec.bench.timing import SMOKE_HELP, finish_machine, machine, machine_text, report_folder, write_reports
+from rvqspec.integrations.qwen_tts_audio import StreamingCodec
 
-import rvqspec  # noqa: E402
-from rvqspec.bench.timing import finish_machine, machine, machine_text, write_reports  # noqa: E402
-from rvqspec.integrations.qwen_tts_audio import StreamingCodec  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 ENGINES = {"1 core": dict(cores=1), "2 cores, loop at 1 thread": dict(cores=2, threads=1),
            "2 cores, loop takes free cores": dict(cores=2)}
 TARGETS = {"1 core": 1.2, "2 cores, loop takes free cores": 0.8, "first_audio_seconds": 0.5}
 
 
-def build_tts(smoke: bool):
-    """The model: the tests' tiny qwen-tts (`--smoke`), or the 0.6B sizes with the released decoder, bfloat16."""
-    if smoke:
-        from helpers.upstream_tts import tiny_qwen3_tts
-
-        return tiny_qwen3_tts(seed=1)
-    from benchmarks.decoder_stream import released_decoder
-    from benchmarks.end_to_end import real_size_tts
-
-    tts = real_size_tts(torch.bfloat16)
-    tts.model.speech_tokenizer.model.decoder = released_decoder().to(torch.bfloat16)
+def build_tts(smoke: bool, log):
+    """The system in bfloat16: `SIZES["0.6b"]` with acceptance-controlled heads, or `SIZES["smoke"]` as it is."""
+    sizes = SIZES["smoke" if smoke else "0.6b"]
+    tts = system_tts(sizes, torch.bfloat16)
+    if not smoke:
+        controlled_heads(tts, sizes, torch.bfloat16, log)
     return tts
 
 
 class Recorder:
-    """Each frame step's (intra-op threads, seconds) and each decode's (seconds, frames) of the engines it wraps."""
+    """Each frame step's (intra-op threads, seconds) and each decode's (seconds, frames) of the engines it wraps
+    (`close` puts StreamingCodec.decode back)."""
 
     def __init__(self):
         self.steps, self.decodes = defaultdict(list), defaultdict(list)
         self.current = None  # the engine whose utterance runs now
-        decode = StreamingCodec.decode
+        self.decode = decode = StreamingCodec.decode
 
         def timed_decode(codec, codes):
             start = time.perf_counter()
@@ -66,6 +60,9 @@ class Recorder:
             return out
 
         StreamingCodec.decode = timed_decode
+
+    def close(self) -> None:
+        StreamingCodec.decode = self.decode
 
     def wrap(self, name: str, engine) -> None:
         step = engine.scheduler.frame_step
@@ -88,15 +85,11 @@ def utterance(engine, request: dict) -> dict:
 
 
 def run(args, log) -> dict:
-    tts = build_tts(args.smoke)
+    tts = build_tts(args.smoke, log)
     options = {} if args.smoke else dict(weights="w8a8", talker_weights="w8a8")
-    recorder, runs = Recorder(), defaultdict(list)
     engines = {name: rvqspec.Engine(tts, drafter=rvqspec.ReusedHeads(), tree="auto", seed=0, **options, **extra)
                for name, extra in ENGINES.items()}
-    request = dict(text="the quick brown fox jumps over the lazy dog, again and again", speaker="tiny",
-                   language="english", max_new_tokens=args.frames + 1, eos_token_id=2048 + 1024 - 1)
-    if args.smoke:
-        request.pop("eos_token_id")
+    recorder, runs, request = Recorder(), defaultdict(list), utterance_request(args.frames)
     try:
         for name, engine in engines.items():
             recorder.wrap(name, engine)
@@ -108,6 +101,7 @@ def run(args, log) -> dict:
                     runs[name].append(result)
             log(f"repeat {repeat}/{args.repeats} done")
     finally:
+        recorder.close()
         for engine in engines.values():
             engine.close()
     return {name: summary(runs[name], recorder.steps[name], recorder.decodes[name]) for name in engines}
@@ -143,23 +137,24 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, default=42)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--smoke", action="store_true", help="the tests' tiny qwen-tts, 8 frames, 1 repeat")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
-        args.frames, args.repeats = 8, 1
+        args.frames, args.repeats = 4, 1
     log = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)  # noqa: E731
     info = machine()
     with torch.inference_mode():
         engines = run(args, log)
+    command = ["OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/two_cores.py",
+               *(sys.argv[1:] if argv is None else argv)]
     report = {"machine": finish_machine(info), "frames": args.frames, "repeats": args.repeats, "smoke": args.smoke,
-              "engines": engines, "targets": TARGETS,
-              "command": " ".join(["OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/two_cores.py", *sys.argv[1:]])}
-    write_reports(report, args.out, "two-cores" + ("-smoke" if args.smoke else ""), markdown)
+              "engines": engines, "targets": TARGETS, "command": " ".join(command)}
+    write_reports(report, report_folder(args.out, args.smoke), "two-cores", markdown)
     print(markdown(report))
 
 

@@ -25,6 +25,7 @@ SMOKE = {
     "compiled_frames": (None, ["--out", "{out}"], ["bench-compile.json", "bench-compile.md"]),
     "concurrency": (UPSTREAM, ["--out", "{out}"], ["concurrency.json", "concurrency.md"]),
     "cpu_classes": (None, [], []),  # re-renders the committed table into a temporary folder of its own
+    "decoder_stream": (UPSTREAM, ["--out", "{out}"], ["decoder-stream.json", "decoder-stream.md"]),
     "draft_depth": (None, ["--out", "{out}"], ["draft-depth.json", "draft-depth.md"]),
     "end_to_end": (UPSTREAM, ["--out", "{out}"], ["end-to-end.json", "end-to-end.md"]),
     "frame_step": (UPSTREAM, ["--out", "{out}"], ["frame-step.json", "frame-step.md"]),
@@ -43,6 +44,7 @@ SMOKE = {
     "talker_weights": (UPSTREAM, ["--out", "{out}"], ["talker-weights.json", "talker-weights.md"]),
     "threads": (None, ["--out", "{out}"], ["threads.json", "threads.md"]),
     "tune_standin": (None, ["--out", "{out}"], ["tune-standin.json", "tune-standin.md"]),
+    "two_cores": (UPSTREAM, ["--out", "{out}"], ["two-cores.json", "two-cores.md"]),
     "weights_check": (UPSTREAM, [], []),  # prints its figures
 }
 NOT_SMOKED = {"make_results"}  # writes docs/RESULTS.md from the reports: tests/test_results.py runs it
