@@ -110,9 +110,10 @@ class CodecWorker:
         self.serve([feed])
 
     def pending(self, ahead: int = 0) -> bool:
-        """Whether some request has a chunk due that no worker is decoding yet (or will have, `ahead` frames on)."""
+        """Whether some started request has a chunk due that no worker is decoding yet (or will have, `ahead` frames
+        on): a stream not started yet (its prompt still prefilling) does not count."""
         with self.condition:
-            return any(feed.has_work(ahead) for feed in self.feeds)
+            return any(feed.stream is not None and feed.has_work(ahead) for feed in self.feeds)
 
     def wake(self) -> None:
         """Frames were put, or a request ended: some feed may have work."""
