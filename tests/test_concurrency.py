@@ -4,6 +4,7 @@ Seeds and chunked prefill: tests/test_runtime.py."""
 
 import contextlib
 import os
+import sys
 import threading
 import time
 from types import SimpleNamespace
@@ -18,7 +19,7 @@ from rvqspec.runtime import Engine
 from rvqspec.runtime import qwen_tts as qwen_tts_runtime
 from rvqspec.runtime.capacity import Capacity
 from rvqspec.runtime.codec_worker import CodecWorker, Cores, Feed
-from rvqspec.runtime.threads import ThreadBudget, fixed_where_bits_vary
+from rvqspec.runtime.threads import GIL_SWITCH_SECONDS, ThreadBudget, fixed_where_bits_vary, quick_gil_handoff
 
 from helpers.engines import GREEDY, bounded, frames_of, never_ending
 from helpers.standin import tiny_standin
@@ -108,6 +109,16 @@ def counted_cores(monkeypatch, noted) -> tuple[list[int], set]:
 
     monkeypatch.setattr(Cores, "held", counted)
     return peak, counts
+
+
+def test_an_engine_on_several_cores_shortens_the_gil_switch_interval(monkeypatch):
+    monkeypatch.setattr(sys, "getswitchinterval", lambda: 0.005)
+    set_to = []
+    monkeypatch.setattr(sys, "setswitchinterval", set_to.append)
+    quick_gil_handoff(ThreadBudget.split(cores=1))
+    assert set_to == []  # one core: nothing runs side by side
+    quick_gil_handoff(ThreadBudget.split(cores=2))
+    assert set_to == [GIL_SWITCH_SECONDS] and GIL_SWITCH_SECONDS < 0.005
 
 
 def test_two_cores_the_frame_loop_steps_on_both_while_no_chunk_waits(monkeypatch):

@@ -35,7 +35,7 @@ from rvqspec.runtime.capacity import Capacity, frame_scaling
 from rvqspec.runtime.codec_worker import CodecWorker, Cores
 from rvqspec.runtime.request import Request
 from rvqspec.runtime.scheduler import PREFILL_CHUNK, Scheduler
-from rvqspec.runtime.threads import ThreadBudget, fixed_where_bits_vary
+from rvqspec.runtime.threads import ThreadBudget, fixed_where_bits_vary, quick_gil_handoff
 
 MAX_BATCH, MAX_QUEUE = 8, 32
 
@@ -80,6 +80,7 @@ class Engine:
         self.name, self.model, shipped = load_model(model, weights, talker_weights, dtype)
         predictor = self.model.predictor
         self.budget = fixed_where_bits_vary(budget, self.model.talker, predictor)
+        quick_gil_handoff(self.budget)
         for part in (self.model.talker, predictor):  # before any forward, the policy's latencies' included
             for threads in {self.budget.loop, self.budget.loop_most}:  # a step runs at either (runtime/threads.py)
                 device_path.prepare(part, threads, self.name)

@@ -16,14 +16,24 @@ A step's thread count then depends on when a chunk came due, so it varies only w
 float32 matrix products split their sums by thread count (Zen 4: a [1, 1024] x [1024, 3072] product differs by
 ~5e-7 at 2 threads), its bfloat16 ones and rvqspec's int8 kernels do not; a frame loop with float32 layers keeps
 one thread count (`fixed_where_bits_vary`), so that a seeded request repeats its codes.
+
+Both threads run Python between their torch ops and need the GIL for it: at Python's default switch interval (5
+ms) a thread whose op has finished can wait that long for the other to hand it over, once per op, and side by side
+the two ran slower than one after the other (Zen 4, 0.6B sizes, w8a8: the decoder 73 against 45 ms a frame, the
+real-time factor 2.44 on 2 cores against 2.01 on 1). `quick_gil_handoff` shortens the interval for the process
+while an engine has more than one core (`GIL_SWITCH_SECONDS`: then 38 ms a frame beside the frame loop, RTF
+1.46-1.63 on 2 cores against 1.84-1.90 on 1; docs/cpu-fast-path.md, "Two cores").
 """
 
 import os
+import sys
 from dataclasses import dataclass, replace
 
 import torch
 
 from rvqspec.core.errors import RvqspecError
+
+GIL_SWITCH_SECONDS = 0.0002  # the GIL's switch interval while a frame loop and codec workers share the cores
 
 
 def usable_cores() -> int:
@@ -65,3 +75,10 @@ def fixed_where_bits_vary(budget: ThreadBudget, *modules: torch.nn.Module) -> Th
     varies = any(isinstance(layer, torch.nn.Linear) and layer.weight.dtype == torch.float32
                  for module in modules for layer in module.modules())
     return replace(budget, loop_most=budget.loop) if varies else budget
+
+
+def quick_gil_handoff(budget: ThreadBudget) -> None:
+    """Shorten this process's GIL switch interval to `GIL_SWITCH_SECONDS` where `budget` runs threads side by side
+    (module docstring); never lengthen it (it stays so for the process: another engine may still run)."""
+    if budget.cores > 1 and sys.getswitchinterval() > GIL_SWITCH_SECONDS:
+        sys.setswitchinterval(GIL_SWITCH_SECONDS)
