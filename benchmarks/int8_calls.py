@@ -1,0 +1,172 @@
+"""w8a8 per call (issue 51): rvqspec's AVX-512 VNNI int8 GEMM (`core/int8.cpp`: vnni_linear) against oneDNN's, the
+kernel this class took before, in one process, interleaved, 1 thread; under the AVX2 caps (ONEDNN_MAX_CPU_ISA=AVX2
+ATEN_CPU_CAPABILITY=avx2) rvqspec's AVX2 kernel alone (no VNNI there). Each class in a process of its own.
+
+Per kernel, medians of interleaved rounds:
+- matrices: 1, 4, 9, 17, 33 rows through the 0.6B predictor's 20 layer matrices (78 MB of int8, more than any cache:
+  `bench.floor`), and one row's fraction of the floor (bytes / a large copy's bandwidth, measured in the same run);
+- predictor: the 0.6B predictor (random weights, w8a8 of bfloat16), one AR frame (15 one-row calls), ms per call;
+- talker: the 0.6B talker (28 layers, w8a8 of bfloat16, after a 100-token prompt), one step with its c0 head.
+
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/int8_calls.py   # -> results/int8-calls.{json,md}
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import rvqspec.core.quantize as quantize_module
+from rvqspec.bench.floor import copy_bandwidth, predictor_shapes
+from rvqspec.bench.timing import finish_machine, machine, machine_text, write_reports
+from rvqspec.core import cpu_class
+from rvqspec.core.config import QWEN3_TTS_0_6B
+from rvqspec.core.decode import decode_frames
+from rvqspec.core.model import MultiCodeDecoder
+from rvqspec.core.quantize import Int8Matmul, quantize, quantize_linears
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.talker import RowCache, Talker, TalkerConfig, prefill, step
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+CAPS = {"native": {}, "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}}
+ROWS = (1, 4, 9, 17, 33)
+TALKER_0_6B = TalkerConfig(1024, 3072, 28, 16, 8, 128, 3072)
+PROMPT = 100
+
+
+def interleaved(calls: dict, rounds: int, repeats: int) -> dict:
+    """Median ms of each call, `rounds` rounds of `repeats` calls each, the calls' order alternating per round."""
+    times = {name: [] for name in calls}
+    for name, call in calls.items():
+        call()  # warm-up: packed layouts made
+    for i in range(rounds):
+        for name in (list(calls) if i % 2 == 0 else list(calls)[::-1]):
+            for _ in range(repeats):
+                start = time.perf_counter()
+                calls[name]()
+                times[name].append(1e3 * (time.perf_counter() - start))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def with_kernel(kernel: str, call):
+    """`call` with w8a8 forced onto `kernel` (the module's choice replaced for the call)."""
+    def run():
+        chosen = quantize_module.w8a8_kernel
+        quantize_module.w8a8_kernel = lambda: kernel
+        try:
+            return call()
+        finally:
+            quantize_module.w8a8_kernel = chosen
+    return run
+
+
+def matrices(kernels: list[str], rounds: int) -> dict:
+    generator = torch.Generator().manual_seed(0)
+    shapes = predictor_shapes("0.6b")
+    matmuls = [Int8Matmul(torch.randn(shape, generator=generator) / shape[1] ** 0.5, "w8a8") for shape in shapes]
+    inputs = {n: {k: torch.randn(n, k, generator=generator).bfloat16() for k in {s[1] for s in shapes}} for n in ROWS}
+    ms = {}
+    for n in ROWS:
+        calls = {kernel: with_kernel(kernel, lambda x=inputs[n]: [m(x[m.in_features]) for m in matmuls])
+                 for kernel in kernels}
+        ms[str(n)] = interleaved(calls, rounds, 2)
+    bandwidth = copy_bandwidth(1.0)
+    floor = 1e3 * sum(a * b for a, b in shapes) / bandwidth
+    return {"ms": ms, "bandwidth_gb_s": bandwidth / 1e9, "floor_ms": floor,
+            "of_floor": {kernel: floor / ms["1"][kernel] for kernel in kernels}}
+
+
+def predictor(kernels: list[str], rounds: int) -> dict:
+    torch.manual_seed(0)
+    model = quantize(MultiCodeDecoder(QWEN3_TTS_0_6B).bfloat16().eval(), "w8a8")
+    hidden, c0, sampler = torch.randn(1, 1024).bfloat16(), torch.tensor([5]), Sampler(do_sample=False)
+    calls = {kernel: with_kernel(kernel, lambda: decode_frames(model, hidden, c0, sampler)) for kernel in kernels}
+    frame = interleaved(calls, rounds, 1)
+    return {"ar_frame_ms": frame, "ar_call_ms": {k: v / 15 for k, v in frame.items()}}
+
+
+def talker(kernels: list[str], rounds: int) -> dict:
+    torch.manual_seed(0)
+    model = Talker(TALKER_0_6B).bfloat16().eval()
+    quantize_linears(model, "w8a8")
+    caches = {}
+    for kernel in kernels:
+        caches[kernel] = RowCache(model)
+        prefill(model, caches[kernel], caches[kernel].add(), torch.randn(PROMPT, 1024).bfloat16() * 0.05,
+                torch.arange(PROMPT))
+    x = torch.randn(1, 1024).bfloat16() * 0.05
+
+    def one_step(kernel: str):
+        cache = caches[kernel]
+        model.codec_head(step(model, cache, x, torch.tensor(cache.lengths)))
+    calls = {kernel: with_kernel(kernel, lambda k=kernel: one_step(k)) for kernel in kernels}
+    int8_bytes = sum(m.matmul.in_features * m.matmul.out_features for m in model.modules() if hasattr(m, "matmul"))
+    return {"step_ms": interleaved(calls, rounds, 3), "int8_bytes": int8_bytes}
+
+
+def one_class(args) -> dict:
+    torch.set_num_threads(1)
+    kernels = ["avx2"] if quantize_module.w8a8_kernel() == "avx2" else ["onednn", "vnni"]
+    log = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {cpu_class.cpu_class()}: {text}", flush=True)  # noqa
+    report = {"cpu": cpu_class.describe(), "class": cpu_class.cpu_class(), "kernels": kernels}
+    with torch.inference_mode():
+        report["matrices"] = matrices(kernels, args.rounds)
+        log(f"matrices: {json.dumps(report['matrices'])}")
+        report["predictor"] = predictor(kernels, args.rounds)
+        log(f"predictor: {json.dumps(report['predictor'])}")
+        report["talker"] = talker(kernels, args.rounds)
+        log(f"talker: {json.dumps(report['talker'])}")
+    return report
+
+
+def to_markdown(report: dict) -> str:
+    lines = ["# w8a8 per call: rvqspec's VNNI int8 GEMM against oneDNN's (issue 51)", "",
+             f"`{report['command']}`, 1 thread, {machine_text(report['machine'])}. Medians of interleaved rounds "
+             "within one process per class; a capped class is this CPU standing in for another.", ""]
+    for r in report["classes"].values():
+        m, kernels = r["matrices"], r["kernels"]
+        lines += [f"## {r['cpu']}", "", f"One call through the 0.6B predictor's 20 layer matrices, ms (floor for one "
+                  f"row: {m['floor_ms']:.2f} ms at {m['bandwidth_gb_s']:.1f} GB/s)", "",
+                  "| rows | " + " | ".join(kernels) + " |", "|---|" + "---|" * len(kernels)]
+        lines += [f"| {n} | " + " | ".join(f"{row[k]:.2f}" for k in kernels) + " |" for n, row in m["ms"].items()]
+        lines += ["| one row, of the floor | " + " | ".join(f"{m['of_floor'][k]:.0%}" for k in kernels) + " |", "",
+                  "| 0.6B, bfloat16 activations, one row | " + " | ".join(kernels) + " |",
+                  "|---|" + "---|" * len(kernels),
+                  "| predictor AR call, ms | " + " | ".join(f"{r['predictor']['ar_call_ms'][k]:.2f}" for k in kernels)
+                  + " |", "| talker step + c0 head, ms | " + " | ".join(f"{r['talker']['step_ms'][k]:.1f}"
+                                                                        for k in kernels) + " |", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--classes", default=",".join(CAPS))
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: this process measures its own class into FILE
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    if args.one:
+        Path(args.one).write_text(json.dumps(one_class(args)))
+        return
+    info, classes = machine(), {}
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.classes.split(","):
+            out = Path(tmp) / f"{name}.json"
+            subprocess.run([sys.executable, __file__, "--rounds", str(args.rounds), "--one", str(out)],
+                           env=env | CAPS[name] | {"OMP_WAIT_POLICY": "PASSIVE"}, check=True)
+            classes[name] = json.loads(out.read_text())
+    report = {"classes": classes, "machine": finish_machine(info),
+              "command": " ".join([".venv/bin/python benchmarks/int8_calls.py", *sys.argv[1:]])}
+    write_reports(report, args.out, "int8-calls", to_markdown)
+
+
+if __name__ == "__main__":
+    main()
