@@ -176,8 +176,7 @@ inline void vnni_tile(const uint8_t* a, int64_t kp, const int8_t* w, __m512i* su
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < CHAINS; ++c) acc[r][c] = _mm512_setzero_si512();
   for (int64_t k = 0; k < kp; k += 4 * CHAINS, w += VCOLS * 4 * CHAINS) {
-    _mm_prefetch(reinterpret_cast<const char*>(w) + PREFETCH_BYTES, _MM_HINT_T0);
-    if (CHAINS > 1) _mm_prefetch(reinterpret_cast<const char*>(w) + PREFETCH_BYTES + 128, _MM_HINT_T0);
+    for (int c = 0; c < CHAINS; ++c) _mm_prefetch(reinterpret_cast<const char*>(w) + PREFETCH_BYTES + 64 * c, _MM_HINT_T0);
     for (int c = 0; c < CHAINS; ++c) {
       const __m512i wv = _mm512_loadu_si512(w + c * VCOLS * 4);
       for (int r = 0; r < R; ++r)
@@ -191,6 +190,13 @@ inline void vnni_tile(const uint8_t* a, int64_t kp, const int8_t* w, __m512i* su
   }
 }
 #endif
+
+// The output's shape: x's [..., K] with N for K.
+std::vector<int64_t> out_sizes(const at::Tensor& x, int64_t n) {
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  return sizes;
+}
 
 void check_packed(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t n) {
   const int64_t k = x.size(-1);
@@ -247,7 +253,7 @@ bool has_int8_gemm() {
 #endif
 }
 
-// x [M, K] (any float dtype) -> [M, n] in x's dtype: w8a8 with the packed weights and their scales.
+// x [..., K] (any float dtype) -> [..., n] in x's dtype: w8a8 with the packed weights and their scales.
 at::Tensor int8_linear(const at::Tensor& x_, const at::Tensor& packed, const at::Tensor& scale, int64_t n) {
 #ifdef RVQSPEC_INT8_GEMM
   auto x = x_.contiguous();
@@ -255,7 +261,7 @@ at::Tensor int8_linear(const at::Tensor& x_, const at::Tensor& packed, const at:
   const int64_t k = x.size(-1), rows = x.numel() / k, kp = packed.size(1) * DEPTH;
   auto a = at::zeros({rows, kp}, x.options().dtype(at::kShort));
   std::vector<float> token_scale(rows);
-  auto out = at::empty({rows, n}, x.options());
+  auto out = at::empty(out_sizes(x, n), x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "int8_linear", [&] {
     const scalar_t* px = x.data_ptr<scalar_t>();
     int16_t* pa = a.data_ptr<int16_t>();
@@ -282,7 +288,7 @@ bool has_vnni_gemm() {
 #endif
 }
 
-// x [M, K] (any float dtype) -> [M, n] in x's dtype: w8a8 through the VNNI GEMM, weights packed by pack_vnni (with
+// x [..., K] (any float dtype) -> [..., n] in x's dtype: w8a8 through the VNNI GEMM, weights packed by pack_vnni (with
 // their scales and 128 x their sums per channel, int32).
 at::Tensor vnni_linear(const at::Tensor& x_, const at::Tensor& packed, const at::Tensor& scale,
                        const at::Tensor& offsets, int64_t n) {
@@ -300,7 +306,7 @@ at::Tensor vnni_linear(const at::Tensor& x_, const at::Tensor& packed, const at:
   TORCH_CHECK(k < 133000, "int8 GEMM: input width ", k, " could overflow int32 sums");
   auto a = at::empty({rows, kp}, x.options().dtype(at::kByte));
   std::vector<float> token_scale(rows);
-  auto out = at::empty({rows, n}, x.options());
+  auto out = at::empty(out_sizes(x, n), x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "vnni_linear", [&] {
     const scalar_t* px = x.data_ptr<scalar_t>();
     uint8_t* pa = a.data_ptr<uint8_t>();

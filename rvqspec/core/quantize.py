@@ -158,6 +158,7 @@ class Int8Matmul:
         self.scales = {torch.float32: self.scale}  # w8a16: the scale in each activation dtype (the kernel wants it so)
         self.zero_points = torch.zeros(len(self.scale), dtype=torch.long)
         self.packed: dict[str, Tensor | tuple[Tensor, ...]] = {}  # per kernel, its layout (`packed_as`)
+        self.kernel: str | None = None  # w8a8: `w8a8_kernel`, asked on the first call (per call it cost ~2 us)
 
     def rows(self) -> tuple[Tensor, Tensor]:
         """(int8 rows [N, K], scales [N]) without w8a16's padding: what a state_dict holds."""
@@ -165,35 +166,38 @@ class Int8Matmul:
 
     def __call__(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
         check_cpu(x, self.scheme)
-        rows = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, self.in_features).contiguous()
-        if self.scheme == "w8a16":
-            rows = rows if rows.dtype in W8A16_ACTIVATIONS else rows.float()
-            kernels = int8_kernels() if rows.dtype == torch.float32 else None
-            if kernels is not None:
-                out = kernels.w8a16_linear(rows, *self.packed_as("avx2"), self.out_features).to(x.dtype)
-            else:
-                if rows.dtype not in self.scales:
-                    self.scales[rows.dtype] = self.scale.to(rows.dtype)
-                out = torch._weight_int8pack_mm(rows, self.q, self.scales[rows.dtype]).to(x.dtype)
-                out = out[:, :self.out_features] if len(self.q) != self.out_features else out
-        else:
-            out = self.w8a8(rows, x)
-        out = out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
+        out = self.w8a16(x) if self.scheme == "w8a16" else self.w8a8(x)
         return out if bias is None else out + bias
 
-    def w8a8(self, rows: Tensor, x: Tensor) -> Tensor:
-        """rows [M, K] -> [M, N] in x's dtype through this class's w8a8 kernel (`w8a8_kernel`; oneDNN's past
-        VNNI_ROWS rows where it has int8 dot products: the same bits, faster on AMX there)."""
-        kernel = w8a8_kernel()
-        if kernel == "vnni" and len(rows) <= VNNI_ROWS:
-            return int8_kernels().vnni_linear(rows, *self.packed_as("vnni"), self.out_features)
+    def w8a16(self, x: Tensor) -> Tensor:
+        rows = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, self.in_features).contiguous()
+        rows = rows if rows.dtype in W8A16_ACTIVATIONS else rows.float()
+        kernels = int8_kernels() if rows.dtype == torch.float32 else None
+        if kernels is not None:
+            out = kernels.w8a16_linear(rows, *self.packed_as("avx2"), self.out_features).to(x.dtype)
+        else:
+            if rows.dtype not in self.scales:
+                self.scales[rows.dtype] = self.scale.to(rows.dtype)
+            out = torch._weight_int8pack_mm(rows, self.q, self.scales[rows.dtype]).to(x.dtype)
+            out = out[:, :self.out_features] if len(self.q) != self.out_features else out
+        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
+
+    def w8a8(self, x: Tensor) -> Tensor:
+        """x [..., K] -> [..., N] in x's dtype through this class's w8a8 kernel (`w8a8_kernel`; oneDNN's past
+        VNNI_ROWS rows where it has int8 dot products: the same bits, faster on AMX there). rvqspec's kernels take
+        and give any leading shape: a one-row call is one native call and little else (~2 us)."""
+        kernel = self.kernel = self.kernel or w8a8_kernel()
+        if kernel == "vnni" and x.numel() <= VNNI_ROWS * self.in_features:
+            return fused.kernels().vnni_linear(x, *self.packed_as(kernel), self.out_features)
         if kernel == "avx2":
-            return int8_kernels().int8_linear(rows, *self.packed_as("avx2"), self.out_features)
+            return fused.kernels().int8_linear(x, *self.packed_as(kernel), self.out_features)
+        rows = x.reshape(-1, self.in_features).contiguous()
         kernels = fused.kernels() if fused.on() else None  # the same bits as the plain ops, faster
         q, scale = kernels.quantize_rows(rows) if kernels else quantize_tokens(rows)
         out = torch.ops.onednn.qlinear_pointwise(q, 1.0, ZERO_POINT, self.packed_as("onednn"), self.scale,
                                                  self.zero_points, None, 1.0, 0, torch.float32, "none", [], "")
-        return kernels.scale_rows(out, scale, x) if kernels else (out * scale).to(x.dtype)
+        out = kernels.scale_rows(out, scale, x) if kernels else (out * scale).to(x.dtype)
+        return out.reshape(*x.shape[:-1], self.out_features)
 
     def __getstate__(self) -> dict:
         """Pickles and copies (torch.save, deepcopy) hold the int8 rows and scales; oneDNN's layout (an opaque
@@ -210,6 +214,9 @@ class Int8Matmul:
     def packed_as(self, kernel: str):
         """The weight in the layout of `kernel` ("onednn": oneDNN's prepacked tensor; "avx2": `pack_int8`'s; "vnni":
         `pack_vnni`'s), made on first use."""
+        packed = self.packed.get(kernel)
+        if packed is not None:
+            return packed
         with self.lock:
             if kernel not in self.packed:
                 self.packed[kernel] = PACKERS[kernel](*self.rows())
