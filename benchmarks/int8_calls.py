@@ -23,14 +23,13 @@ from pathlib import Path
 
 import torch
 
-import rvqspec.core.quantize as quantize_module
 from rvqspec.bench.floor import copy_bandwidth, predictor_shapes
 from rvqspec.bench.timing import finish_machine, machine, machine_text, write_reports
 from rvqspec.core import cpu_class
 from rvqspec.core.config import QWEN3_TTS_0_6B
 from rvqspec.core.decode import decode_frames
 from rvqspec.core.model import MultiCodeDecoder
-from rvqspec.core.quantize import Int8Matmul, quantize, quantize_linears
+from rvqspec.core.quantize import Int8Matmul, QuantizedLinear, quantize, quantize_linears, w8a8_kernel
 from rvqspec.core.sampling import Sampler
 from rvqspec.core.talker import RowCache, Talker, TalkerConfig, prefill, step
 
@@ -55,16 +54,19 @@ def interleaved(calls: dict, rounds: int, repeats: int) -> dict:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def with_kernel(kernel: str, call):
-    """`call` with w8a8 forced onto `kernel` (the module's choice replaced for the call)."""
+def with_kernel(kernel: str, matmuls: list[Int8Matmul], call):
+    """`call` with every one of `matmuls` on `kernel` (each keeps the one it was given)."""
     def run():
-        chosen = quantize_module.w8a8_kernel
-        quantize_module.w8a8_kernel = lambda: kernel
-        try:
-            return call()
-        finally:
-            quantize_module.w8a8_kernel = chosen
+        for matmul in matmuls:
+            matmul.kernel = kernel
+        return call()
     return run
+
+
+def int8_matmuls(model) -> list[Int8Matmul]:
+    """The layers' matmuls of a quantized model, and its heads' where it has int8 heads."""
+    heads = getattr(model, "head_weights", None)
+    return [m.matmul for m in model.modules() if isinstance(m, QuantizedLinear)] + (heads.matmuls if heads else [])
 
 
 def matrices(kernels: list[str], rounds: int) -> dict:
@@ -74,7 +76,7 @@ def matrices(kernels: list[str], rounds: int) -> dict:
     inputs = {n: {k: torch.randn(n, k, generator=generator).bfloat16() for k in {s[1] for s in shapes}} for n in ROWS}
     ms = {}
     for n in ROWS:
-        calls = {kernel: with_kernel(kernel, lambda x=inputs[n]: [m(x[m.in_features]) for m in matmuls])
+        calls = {kernel: with_kernel(kernel, matmuls, lambda x=inputs[n]: [m(x[m.in_features]) for m in matmuls])
                  for kernel in kernels}
         ms[str(n)] = interleaved(calls, rounds, 2)
     bandwidth = copy_bandwidth(1.0)
@@ -87,7 +89,8 @@ def predictor(kernels: list[str], rounds: int) -> dict:
     torch.manual_seed(0)
     model = quantize(MultiCodeDecoder(QWEN3_TTS_0_6B).bfloat16().eval(), "w8a8")
     hidden, c0, sampler = torch.randn(1, 1024).bfloat16(), torch.tensor([5]), Sampler(do_sample=False)
-    calls = {kernel: with_kernel(kernel, lambda: decode_frames(model, hidden, c0, sampler)) for kernel in kernels}
+    calls = {kernel: with_kernel(kernel, int8_matmuls(model), lambda: decode_frames(model, hidden, c0, sampler))
+             for kernel in kernels}
     frame = interleaved(calls, rounds, 1)
     return {"ar_frame_ms": frame, "ar_call_ms": {k: v / 15 for k, v in frame.items()}}
 
@@ -106,14 +109,14 @@ def talker(kernels: list[str], rounds: int) -> dict:
     def one_step(kernel: str):
         cache = caches[kernel]
         model.codec_head(step(model, cache, x, torch.tensor(cache.lengths)))
-    calls = {kernel: with_kernel(kernel, lambda k=kernel: one_step(k)) for kernel in kernels}
+    calls = {kernel: with_kernel(kernel, int8_matmuls(model), lambda k=kernel: one_step(k)) for kernel in kernels}
     int8_bytes = sum(m.matmul.in_features * m.matmul.out_features for m in model.modules() if hasattr(m, "matmul"))
     return {"step_ms": interleaved(calls, rounds, 3), "int8_bytes": int8_bytes}
 
 
 def one_class(args) -> dict:
     torch.set_num_threads(1)
-    kernels = ["avx2"] if quantize_module.w8a8_kernel() == "avx2" else ["onednn", "vnni"]
+    kernels = ["avx2"] if w8a8_kernel() == "avx2" else ["onednn", "vnni"]
     log = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {cpu_class.cpu_class()}: {text}", flush=True)  # noqa
     report = {"cpu": cpu_class.describe(), "class": cpu_class.cpu_class(), "kernels": kernels}
     with torch.inference_mode():

@@ -133,6 +133,16 @@ def test_w8a8_matmuls_take_the_vnni_kernel_up_to_its_rows_and_onednns_past_them(
     assert torch.equal(out, int8_kernels().vnni_linear(x, *pack_vnni(*matmul.rows()), 48))
 
 
+@pytest.mark.parametrize("shape", [(2, 3), (1, 1), (5,)])
+def test_w8a8_matmuls_take_any_leading_shape(shape):
+    """rvqspec's kernels take [..., K] whole (no reshape around the native call): the same bits as the rows."""
+    weight, x = operands(6, 80, 24, seed=9)
+    x = x[:torch.Size(shape).numel()].reshape(*shape, 80)
+    matmul = Int8Matmul(weight, "w8a8")
+    with torch.inference_mode():
+        assert torch.equal(matmul(x), matmul(x.reshape(-1, 80)).reshape(*shape, 24))
+
+
 @pytest.mark.parametrize("rows, k, n", SHAPES)
 def test_the_w8a16_kernel_is_the_w8a16_product_and_row_invariant(rows, k, n):
     """float32 activations times int8 weights, then the channel scale: float64's product to float32 rounding; each
