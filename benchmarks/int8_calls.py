@@ -4,7 +4,9 @@ ATEN_CPU_CAPABILITY=avx2) rvqspec's AVX2 kernel alone (no VNNI there). Each clas
 
 Per kernel, medians of interleaved rounds:
 - matrices: 1, 4, 9, 17, 33 rows through the 0.6B predictor's 20 layer matrices (78 MB of int8, more than any cache:
-  `bench.floor`), and one row's fraction of the floor (bytes / a large copy's bandwidth, measured in the same run);
+  `bench.floor`); one row's fraction of the floor (`bench.floor`'s: the bytes over a copy's bandwidth, here a copy
+  moving as many bytes, read + write) and of a float32 sum reading the same bytes, timed interleaved with the kernels
+  (the machine's bandwidth varies with its other load);
 - predictor: the 0.6B predictor (random weights, w8a8 of bfloat16), one AR frame (15 one-row calls), ms per call;
 - talker: the 0.6B talker (28 layers, w8a8 of bfloat16, after a 100-token prompt), one step with its c0 head.
 
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from rvqspec.bench.floor import copy_bandwidth, predictor_shapes
+from rvqspec.bench.floor import predictor_shapes
 from rvqspec.bench.timing import finish_machine, machine, machine_text, write_reports
 from rvqspec.core import cpu_class
 from rvqspec.core.config import QWEN3_TTS_0_6B
@@ -74,15 +76,18 @@ def matrices(kernels: list[str], rounds: int) -> dict:
     shapes = predictor_shapes("0.6b")
     matmuls = [Int8Matmul(torch.randn(shape, generator=generator) / shape[1] ** 0.5, "w8a8") for shape in shapes]
     inputs = {n: {k: torch.randn(n, k, generator=generator).bfloat16() for k in {s[1] for s in shapes}} for n in ROWS}
+    nbytes = sum(a * b for a, b in shapes)
+    source, target, read = torch.ones(nbytes // 8), torch.empty(nbytes // 8), torch.ones(nbytes // 4)
+    floor = {"floor: a copy of the bytes": lambda: target.copy_(source), "a sum reading the bytes": read.sum}
     ms = {}
     for n in ROWS:
         calls = {kernel: with_kernel(kernel, matmuls, lambda x=inputs[n]: [m(x[m.in_features]) for m in matmuls])
                  for kernel in kernels}
-        ms[str(n)] = interleaved(calls, rounds, 2)
-    bandwidth = copy_bandwidth(1.0)
-    floor = 1e3 * sum(a * b for a, b in shapes) / bandwidth
-    return {"ms": ms, "bandwidth_gb_s": bandwidth / 1e9, "floor_ms": floor,
-            "of_floor": {kernel: floor / ms["1"][kernel] for kernel in kernels}}
+        ms[str(n)] = interleaved(calls | (floor if n == 1 else {}), rounds, 2)
+    one = ms["1"]
+    return {"ms": ms, "bytes": nbytes, "floor_ms": one["floor: a copy of the bytes"],
+            "of_floor": {kernel: one["floor: a copy of the bytes"] / one[kernel] for kernel in kernels},
+            "of_read": {kernel: one["a sum reading the bytes"] / one[kernel] for kernel in kernels}}
 
 
 def predictor(kernels: list[str], rounds: int) -> dict:
@@ -135,17 +140,37 @@ def to_markdown(report: dict) -> str:
              "within one process per class; a capped class is this CPU standing in for another.", ""]
     for r in report["classes"].values():
         m, kernels = r["matrices"], r["kernels"]
-        lines += [f"## {r['cpu']}", "", f"One call through the 0.6B predictor's 20 layer matrices, ms (floor for one "
-                  f"row: {m['floor_ms']:.2f} ms at {m['bandwidth_gb_s']:.1f} GB/s)", "",
+        lines += [f"## {r['cpu']}", "", "One call through the 0.6B predictor's 20 layer matrices "
+                  f"({m['bytes'] / 1e6:.0f} MB), ms; one row's floor (a copy moving as many bytes) "
+                  f"{m['floor_ms']:.2f} ms, interleaved", "",
                   "| rows | " + " | ".join(kernels) + " |", "|---|" + "---|" * len(kernels)]
         lines += [f"| {n} | " + " | ".join(f"{row[k]:.2f}" for k in kernels) + " |" for n, row in m["ms"].items()]
-        lines += ["| one row, of the floor | " + " | ".join(f"{m['of_floor'][k]:.0%}" for k in kernels) + " |", "",
+        lines += ["| one row, of the floor | " + " | ".join(f"{m['of_floor'][k]:.0%}" for k in kernels) + " |",
+                  "| one row, of a sum reading the bytes | " + " | ".join(f"{m['of_read'][k]:.0%}" for k in kernels)
+                  + " |", "",
                   "| 0.6B, bfloat16 activations, one row | " + " | ".join(kernels) + " |",
                   "|---|" + "---|" * len(kernels),
                   "| predictor AR call, ms | " + " | ".join(f"{r['predictor']['ar_call_ms'][k]:.2f}" for k in kernels)
                   + " |", "| talker step + c0 head, ms | " + " | ".join(f"{r['talker']['step_ms'][k]:.1f}"
                                                                         for k in kernels) + " |", ""]
+        lines += summary(r)
     return "\n".join(lines)
+
+
+def summary(r: dict) -> list[str]:
+    """The talker step against its floor, and the VNNI kernel's speed-up over oneDNN's where both ran."""
+    m, kernels, step_ms = r["matrices"], r["kernels"], r["talker"]["step_ms"]
+    talker_floor = r["talker"]["int8_bytes"] / m["bytes"] * m["floor_ms"]
+    lines = [f"The talker's int8 weights ({r['talker']['int8_bytes'] / 1e6:.0f} MB) at the matrices' copy rate: "
+             f"{talker_floor:.1f} ms; its step reaches "
+             + ", ".join(f"{k} {talker_floor / step_ms[k]:.0%}" for k in kernels) + " of that floor.", ""]
+    if len(kernels) == 2:
+        old, new = kernels
+        ratio = lambda figures: figures[old] / figures[new]  # noqa: E731
+        lines += [f"{new} over {old}: one row through the matrices **{ratio(m['ms']['1']):.2f}x**, 33 rows "
+                  f"{ratio(m['ms']['33']):.2f}x, the predictor's AR call **{ratio(r['predictor']['ar_call_ms']):.2f}x**"
+                  f", the talker step **{ratio(step_ms):.2f}x**.", ""]
+    return lines
 
 
 def main() -> None:
