@@ -8,25 +8,23 @@ Per kernel, medians of interleaved rounds:
   moving as many bytes, read + write) and of a float32 sum reading the same bytes, timed interleaved with the kernels
   (the machine's bandwidth varies with its other load);
 - predictor: the 0.6B predictor (random weights, w8a8 of bfloat16), one AR frame (15 one-row calls), ms per call;
-- talker: the 0.6B talker (28 layers, w8a8 of bfloat16, after a 100-token prompt), one step with its c0 head.
+- talker: the 0.6B talker (28 layers, w8a8 of bfloat16, after a 100-token prompt), one step with its c0 head;
+- and first what `rvqspec inspect --device` reports for w8a8 (this class's kernel, the default thread count).
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/int8_calls.py   # -> results/int8-calls.{json,md}
 """
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from rvqspec.bench.floor import predictor_shapes
-from rvqspec.bench.timing import finish_machine, machine, machine_text, write_reports
+from rvqspec.bench.floor import one_row_steps, predictor_shapes
+from rvqspec.bench.timing import CLASS_CAPS, finish_machine, machine, machine_text, per_class, write_reports
 from rvqspec.core import cpu_class
 from rvqspec.core.config import QWEN3_TTS_0_6B
 from rvqspec.core.decode import decode_frames
@@ -36,7 +34,6 @@ from rvqspec.core.sampling import Sampler
 from rvqspec.core.talker import RowCache, Talker, TalkerConfig, prefill, step
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
-CAPS = {"native": {}, "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}}
 ROWS = (1, 4, 9, 17, 33)
 TALKER_0_6B = TalkerConfig(1024, 3072, 28, 16, 8, 128, 3072)
 PROMPT = 100
@@ -120,10 +117,11 @@ def talker(kernels: list[str], rounds: int) -> dict:
 
 
 def one_class(args) -> dict:
-    torch.set_num_threads(1)
     kernels = ["avx2"] if w8a8_kernel() == "avx2" else ["onednn", "vnni"]
     log = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {cpu_class.cpu_class()}: {text}", flush=True)  # noqa
-    report = {"cpu": cpu_class.describe(), "class": cpu_class.cpu_class(), "kernels": kernels}
+    report = {"cpu": cpu_class.describe(), "class": cpu_class.cpu_class(), "kernels": kernels,
+              "inspect": one_row_steps(schemes=("w8a8",), log=log)}  # what `rvqspec inspect --device` prints
+    torch.set_num_threads(1)
     with torch.inference_mode():
         report["matrices"] = matrices(kernels, args.rounds)
         log(f"matrices: {json.dumps(report['matrices'])}")
@@ -154,6 +152,13 @@ def to_markdown(report: dict) -> str:
                   + " |", "| talker step + c0 head, ms | " + " | ".join(f"{r['talker']['step_ms'][k]:.1f}"
                                                                         for k in kernels) + " |", ""]
         lines += summary(r)
+        inspect = r["inspect"]
+        w8a8 = inspect["schemes"]["w8a8"]
+        lines += [f"`rvqspec inspect --device` (its defaults: {inspect['threads']} threads, the floor from a copy's "
+                  f"bandwidth measured before, {inspect['bandwidth_gb_s']:.1f} GB/s): w8a8 one row "
+                  f"{w8a8['ms']['1']:.2f} ms, **{w8a8['of_floor']:.0%} of the floor**; 4 rows "
+                  f"{w8a8['rows_over_one']['4']:.2f}x, 8 rows "
+                  f"{w8a8['rows_over_one']['8']:.2f}x ({inspect['kernels']['w8a8']}).", ""]
     return "\n".join(lines)
 
 
@@ -175,7 +180,7 @@ def summary(r: dict) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--classes", default=",".join(CAPS))
+    parser.add_argument("--classes", default=",".join(CLASS_CAPS))
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: this process measures its own class into FILE
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -183,14 +188,8 @@ def main() -> None:
     if args.one:
         Path(args.one).write_text(json.dumps(one_class(args)))
         return
-    info, classes = machine(), {}
-    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")}
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in args.classes.split(","):
-            out = Path(tmp) / f"{name}.json"
-            subprocess.run([sys.executable, __file__, "--rounds", str(args.rounds), "--one", str(out)],
-                           env=env | CAPS[name] | {"OMP_WAIT_POLICY": "PASSIVE"}, check=True)
-            classes[name] = json.loads(out.read_text())
+    info = machine()
+    classes = per_class(__file__, args.classes.split(","), ["--rounds", str(args.rounds)])
     report = {"classes": classes, "machine": finish_machine(info),
               "command": " ".join([".venv/bin/python benchmarks/int8_calls.py", *sys.argv[1:]])}
     write_reports(report, args.out, "int8-calls", to_markdown)
