@@ -19,7 +19,7 @@ stay as they are.
   neither (no AVX2, or the kernels not built) refuse w8a8 (`w8a8_kernel`).
 
 A quantized model is a different model (as the paper's W8A16 is): its codes follow its own distribution, and
-speculation is exact relative to it. Every kernel gives every row of a call the same bits whatever the other rows
+speculation is exact relative to it. Both kernels give every row of a call the same bits whatever the other rows
 hold (tests/test_quantize.py checks it), so a verify call computes, per token, exactly what its AR step computes.
 What quantization costs against the float model is measured by `benchmarks/quantization_quality.py`.
 
