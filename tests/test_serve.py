@@ -236,6 +236,24 @@ def test_metrics_are_prometheus_text(server):
     assert 'rvqspec_policy_tree{tree="AR"} 1' in text
 
 
+def test_every_answer_says_how_its_request_ended_and_metrics_count_it(server):
+    def ends(reason: str) -> float:
+        text = httpx.get(f"{server.url}/metrics").text
+        return float(re.search(rf'rvqspec_speech_ends_total\{{reason="{reason}"\}} (\S+)', text).group(1))
+
+    before = {reason: ends(reason) for reason in ("eos", "length", "error")}
+    assert speak(server, input="hello", response_format="flac").headers["x-end-reason"] == "eos"
+    cut = speak(server, input="runaway text", response_format="flac")
+    assert cut.status_code == 200 and cut.headers["x-end-reason"] == "length"
+    events = speak(server, input="runaway text", response_format="pcm", stream_format="sse").text
+    done = json.loads(events.strip().splitlines()[-1][6:])
+    assert done == {"type": "speech.audio.done", "end_reason": "length"}
+    assert speak(server, input="explode").status_code == 500
+    assert (ends("eos"), ends("length"), ends("error")) == (before["eos"] + 1, before["length"] + 2,
+                                                            before["error"] + 1)
+    assert "speech request cut at its frame budget (12 frames)" in server.log.read_text()
+
+
 def test_the_api_key_guards_every_endpoint_but_health_and_the_page(keyed):
     url = keyed.url
     assert httpx.get(f"{url}/health").status_code == 200 and httpx.get(f"{url}/").status_code == 200

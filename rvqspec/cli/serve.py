@@ -69,7 +69,7 @@ def run_serve(args) -> int:
     given = [name for name in RAY_FLAGS if getattr(args, name) is not None]
     if given:
         raise RvqspecError(f"--{given[0].replace('_', '-')} is a flag of Ray serving: add --ray")
-    flags.require_extra("rvqspec serve", "serve", "fastapi", "uvicorn", "soundfile", "scipy")
+    flags.require_extra("rvqspec serve", "serve", "fastapi", "uvicorn", "soundfile", "scipy", "prometheus_client")
     from rvqspec.runtime import Engine
     from rvqspec.serve.server import bind, exiting_on_sigterm, serve
     from rvqspec.serve.voices import VoiceStore

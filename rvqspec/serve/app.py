@@ -29,7 +29,8 @@ from importlib import resources
 
 import anyio
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
@@ -113,10 +114,24 @@ async def audio_bytes(synthesis, response_format: str, sample_rate: int, metrics
         yield header
 
 
-async def sse(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+async def sse(pieces: AsyncIterator[bytes], synthesis) -> AsyncIterator[bytes]:
     async for data in pieces:
         yield sse_delta(data)
-    yield sse_event({"type": "speech.audio.done"})
+    yield sse_event({"type": "speech.audio.done", "end_reason": end_reason(synthesis)})
+
+
+def end_reason(synthesis) -> str:
+    """How the synthesis ended (runtime/request.py's END_REASONS); one still decoding was cancelled by the server."""
+    return synthesis.end_reason if synthesis.done and synthesis.end_reason else "cancelled"
+
+
+def record_end(synthesis, metrics: Metrics) -> None:
+    """Count the synthesis's end; a cut one (its frame budget spent) is logged."""
+    reason = end_reason(synthesis)
+    metrics.count_end(reason)
+    if reason == "length":
+        log.warning("speech request cut at its frame budget (%d frames): the model did not end it; pass a larger "
+                    "max_tokens if the text needs it", len(synthesis.decoded))
 
 
 async def cancel_on_disconnect(request: Request, synthesis) -> None:
@@ -133,11 +148,12 @@ async def respond(request: Request, synthesis, speech: Speech, sample_rate: int,
     watcher = asyncio.create_task(cancel_on_disconnect(request, synthesis))
     pieces = audio_bytes(synthesis, speech.response_format, sample_rate, metrics)
     if speech.stream_format == "sse":
-        pieces = sse(pieces)
+        pieces = sse(pieces, synthesis)
 
     def stop() -> None:
         watcher.cancel()
         synthesis.cancel()  # a no-op once it is done; frees its row when the client left or the server stops
+        record_end(synthesis, metrics)
 
     async def body() -> AsyncIterator[bytes]:
         try:
@@ -159,7 +175,16 @@ async def respond(request: Request, synthesis, speech: Speech, sample_rate: int,
     except BaseException:
         stop()
         raise
-    return StreamingResponse(body(), media_type=speech.media_type, headers={"X-Sample-Rate": str(sample_rate)})
+    return StreamingResponse(body(), media_type=speech.media_type, headers=audio_headers(synthesis, sample_rate))
+
+
+def audio_headers(synthesis, sample_rate: int) -> dict:
+    """The sample rate; and `X-End-Reason` where decoding ended before the response starts (flac, which is encoded
+    whole; a short wav or pcm): a stream still decoding cannot know it yet (SSE's done event and /metrics say it)."""
+    headers = {"X-Sample-Rate": str(sample_rate)}
+    if synthesis.done and synthesis.end_reason:
+        headers["X-End-Reason"] = synthesis.end_reason
+    return headers
 
 
 # ---------------------------------------------------------------- the app
@@ -176,7 +201,7 @@ def create_app(engine, voices: VoiceStore, api_key: str | None = None, threads: 
         yield
 
     app = FastAPI(title="rvqspec", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
-    metrics = Metrics()
+    metrics = Metrics(engine)
     add_error_handlers(app)
     add_info_routes(app, engine, metrics)
     add_voice_routes(app, engine, voices, body_seconds)
@@ -216,9 +241,9 @@ def add_info_routes(app: FastAPI, engine, metrics: Metrics) -> None:
     async def health():
         return {"status": "ok", "model": engine.name}
 
-    @app.get("/metrics", response_class=PlainTextResponse)
+    @app.get("/metrics")
     async def prometheus():
-        return PlainTextResponse(metrics.text(engine.status()), media_type="text/plain; version=0.0.4")
+        return Response(metrics.text(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models():

@@ -7,7 +7,8 @@
 for the HTTP behaviour tests (429, disconnects, SIGTERM, auth, the JSON fuzz), which need requests that decode as long
 as a test wants: a request of n characters decodes n frames, FRAME_SECONDS each, in one scheduler thread that steps
 every active row once a frame (at most max_batch rows; the rest wait in the queue). Its audio is random, seeded by the
-request's seed and voice. The text "explode" fails its row before any audio.
+request's seed and voice. The text "explode" fails its row before any audio; a text starting with "runaway" ends with
+reason "length" (as a row whose budget ran out), any other with "eos".
 """
 
 import argparse
@@ -38,6 +39,9 @@ class FakeRequest:
         self.submitted, self.first_audio_seconds = time.perf_counter(), None
         self.cancelled, self.finished = threading.Event(), threading.Event()
         self.error: Exception | None = None
+        self.end_reason: str | None = None
+        self.decoded: list[int] = []  # a frame number per frame, as the engine's request holds its frames
+        self.runaway = text.startswith("runaway")
 
     def step(self) -> None:
         """One frame (the scheduler's thread)."""
@@ -46,6 +50,7 @@ class FakeRequest:
             return
         self.pending.append(self.rng.uniform(-0.5, 0.5, SAMPLES_PER_FRAME).astype(np.float32))
         self.frames_left -= 1
+        self.decoded.append(len(self.decoded))
         if len(self.pending) == CHUNK_FRAMES or self.frames_left == 0:
             self.chunks.put(np.concatenate(self.pending))
             self.pending = []
@@ -54,6 +59,7 @@ class FakeRequest:
 
     def finish(self, error: Exception | None = None) -> None:
         self.error = error
+        self.end_reason = "error" if error else "length" if self.runaway else "eos"
         self.finished.set()
         self.chunks.put(END)
 
