@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import threading
 import time
 
@@ -212,6 +213,32 @@ def test_a_disconnect_mid_stream_frees_the_row_within_frames(server):
     frames = m["rvqspec_frames_total"]
     time.sleep(0.2)
     assert server.metrics()["rvqspec_frames_total"] == frames  # nothing decodes any more
+
+
+def test_a_client_that_stops_reading_is_cut_off_and_its_row_freed_while_others_go_on(tmp_path):
+    """A stream whose client stops reading (a small receive buffer, never read) fills the server's socket buffers;
+    within --stall-timeout of the server's write waiting, its request is cancelled (the row freed), the connection
+    closed and the stall counted; the other row serves a request meanwhile."""
+    with fake_server(tmp_path, "--stall-timeout", "1", "--frame-seconds", "0.001") as server:
+        stalled = socket.socket()
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect(("127.0.0.1", int(server.url.rpartition(":")[2])))
+        body = json.dumps({"model": "fake", "input": "x" * 4000}).encode()  # 10 MB of audio, 4 s of frames
+        stalled.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        assert stalled.recv(12) == b"HTTP/1.1 200"
+        server.wait_until(lambda m: m["rvqspec_active_rows"] == 1)
+        assert speak(server, input="hello meanwhile").status_code == 200
+        m = server.wait_until(lambda m: m["rvqspec_stalled_clients_total"] == 1, timeout=30)
+        assert m["rvqspec_stalled_clients_total"] == 1
+        m = server.wait_until(lambda m: m["rvqspec_active_rows"] == 0)
+        assert m["rvqspec_active_rows"] == 0 and m["rvqspec_frames_total"] < 4000  # freed before its end
+        stalled.settimeout(10)
+        while stalled.recv(65536):  # what the buffers held, then the end: the server closed the connection
+            pass
+        stalled.close()
+        assert "a client took no audio for 1 s" in server.log.read_text()
+        assert speak(server, input="hello after").status_code == 200
 
 
 def test_a_failing_row_is_a_500_json_and_a_log_line_and_the_server_lives_on(server):
