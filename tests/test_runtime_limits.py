@@ -1,10 +1,13 @@
 """Issue 54: every request says how it ended (`end_reason`), and one whose end code never comes ends within a budget
 its text bounds (docs/limits.md): the shipped stand-in's normal speech is never cut (its margin shown), a tiny
 qwen-tts that never draws its end code ends at its text budget with reason "length" (the Engine, `rvqspec synth`, the
-server), an explicit max_new_tokens is kept exactly, and a normal request's codes are what they were."""
+server), an explicit max_new_tokens is kept exactly, and a normal request's codes are what they were. A long text in
+sentence mode (runtime/passage.py) streams as its sentences spoken in turn, without a click at the joins."""
 
 import json
 import math
+
+import numpy as np
 
 import httpx
 import pytest
@@ -12,7 +15,7 @@ import torch
 
 from rvqspec.cli.demo import DEFAULT_TEXT
 from rvqspec.cli.main import main
-from rvqspec.runtime import Engine
+from rvqspec.runtime import Engine, Request
 
 from helpers.engines import GREEDY, frames_of, never_ending
 from helpers.upstream_models import upstream_available
@@ -34,6 +37,12 @@ def tts():
     return tiny_qwen3_tts(seed=0)
 
 
+@pytest.fixture(scope="module")
+def standin():
+    with Engine("standin", seed=0) as engine:
+        yield engine
+
+
 def endless(engine: Engine) -> Engine:
     """The engine's tiny qwen-tts with its end code never drawn (its c0 logit at -1e9)."""
     eos = engine.model.upstream.config.codec_eos_token_id
@@ -42,17 +51,14 @@ def endless(engine: Engine) -> Engine:
     return engine
 
 
-def test_standin_speech_ends_by_itself_far_within_its_budget():
-    """Each language's sentence and a sentence of digits, greedy and sampled: every one ends with "eos", using at
-    most half its budget (benchmarks/results/speech-rate.md: the measured margins)."""
-    with Engine("standin", seed=0) as engine:
-        for lang in DEFAULT_TEXT:
-            for text in (DEFAULT_TEXT[lang], NUMBERS[lang]):
-                for settings in (GREEDY, {}):
-                    request = engine.submit("speech", seed=1, text=text, language=lang, **settings)
-                    frames = len(request.wait(WAIT))
-                    assert request.end_reason == "eos", (lang, text)
-                    assert 2 * frames <= request.prompt.max_new_tokens - 1, (lang, text, frames)
+def test_standin_speech_ends_by_itself_far_within_its_budget(standin):
+    """Each language's sentence and a sentence of digits, greedy and sampled, decoding together: every one ends with
+    "eos", using at most half its budget (benchmarks/results/speech-rate.md: the measured margins)."""
+    requests = [standin.submit("speech", seed=1, text=text, language=lang, **settings)
+                for lang in DEFAULT_TEXT for text in (DEFAULT_TEXT[lang], NUMBERS[lang]) for settings in (GREEDY, {})]
+    for request in requests:
+        frames = len(request.wait(WAIT))
+        assert request.end_reason == "eos" and 2 * frames <= request.prompt.max_new_tokens - 1, request.prompt
 
 
 def test_a_runaway_request_ends_at_its_text_budget_and_an_explicit_limit_is_kept(tts):
@@ -141,3 +147,28 @@ def test_the_server_says_a_runaway_was_cut(tts, tmp_path):
     assert flac.status_code == 200 and flac.headers["x-end-reason"] == "length"
     assert json.loads(sse.text.strip().splitlines()[-1][6:]) == {"type": "speech.audio.done", "end_reason": "length"}
     assert 'rvqspec_speech_ends_total{reason="length"} 2.0' in metrics
+
+
+def test_a_long_text_streams_as_its_sentences_spoken_in_turn(standin):
+    """Sentence mode (opt-in: the default is one utterance) equals the sentences spoken one after another from one
+    generator, while another request decodes beside it; it streams, and no join clicks (the sample step across a
+    join is under the median step within the speech)."""
+    text = "The quick brown fox jumps over the lazy dog. It was a sunny day! Did you see it? Yes, I did."
+    engine = standin
+    assert isinstance(engine.speech(text, voice="en", seed=5), Request)
+    passage = engine.speech(text, voice="en", seed=5, sentences=True)
+    beside = engine.speech("Guten Tag, wie geht's?", voice="de", seed=1)
+    chunks = list(passage)
+    beside.wait(WAIT)
+    generator, turns = torch.Generator().manual_seed(5), []
+    for prompt in passage.prompts:
+        turns.append(engine.queue(prompt, generator))
+        turns[-1].wait(WAIT)
+    assert len(passage.prompts) == 4 and passage.end_reason == "eos" and len(chunks) > 4
+    assert torch.equal(passage.codes, torch.cat([turn.codes for turn in turns]))
+    audio = [turn.audio() for turn in turns]
+    whole = np.concatenate(audio)
+    np.testing.assert_allclose(np.concatenate(chunks), whole, atol=1e-4, rtol=0)  # streamed: the vocoder's chunks
+    steps = np.abs(np.diff(whole))
+    for join in np.cumsum([len(a) for a in audio])[:-1]:
+        assert abs(whole[join] - whole[join - 1]) < np.median(steps)
