@@ -63,7 +63,7 @@ def test_base_install_decodes_a_frame(tmp_path):
     measuring, refused = lines
     assert re.fullmatch(rf"rvqspec: measuring this CPU's kernels for \S+ \(float32, \d+ thread\(s\); once: kept in "
                         rf"{re.escape(str(cache / 'kernels.json'))}\)", measuring), measuring
-    assert refused == "rvqspec serve: error: rvqspec serve needs fastapi, uvicorn, soundfile, scipy: pip install " \
-                      "'rvqspec[serve]'"
+    assert refused == "rvqspec serve: error: rvqspec serve needs fastapi, uvicorn, soundfile, scipy, " \
+                      "prometheus_client: pip install 'rvqspec[serve]'"
     assert (cache / "kernels.json").is_file()
     assert "decoded" in done.stdout and str(venv) in done.stdout  # the installed copy, not the checkout

@@ -33,8 +33,10 @@ from rvqspec.core.tree import Tree
 from rvqspec.runtime.adapter import ModelAdapter
 from rvqspec.runtime.capacity import Capacity, frame_scaling
 from rvqspec.runtime.codec_worker import CodecWorker, Cores
+from rvqspec.runtime.passage import Passage
 from rvqspec.runtime.request import Request
 from rvqspec.runtime.scheduler import PREFILL_CHUNK, Scheduler
+from rvqspec.runtime.sentences import split_sentences
 from rvqspec.runtime.threads import ThreadBudget
 
 MAX_BATCH, MAX_QUEUE = 8, 32
@@ -130,20 +132,33 @@ class Engine:
 
     def speech(self, text: str, voice: str | None = None, instructions: str | None = None,
                language: str | None = None, clone=None, seed: int | None = None, temperature: float | None = None,
-               top_k: int | None = None, top_p: float | None = None) -> Request:
+               top_k: int | None = None, top_p: float | None = None, sentences: bool = False) -> Request | Passage:
         """A request in one shape for every model (what a server maps OpenAI's fields to): `voice` a built-in voice,
-        `instructions` a voice design or instruct, `clone` a `clone_prompt`; sampling settings for the talker."""
+        `instructions` a voice design or instruct, `clone` a `clone_prompt`; sampling settings for the talker. With
+        `sentences`, a text of several sentences is spoken one sentence after another as one stream (a `Passage`:
+        runtime/passage.py); without, as one utterance, as upstream speaks it."""
         if not isinstance(text, str) or not text.strip():
             raise RvqspecError("text must be a non-empty string: pass the sentence to speak")
         kind, arguments = self.model.speech(text, voice, instructions, language, clone)
-        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-        return self.submit(kind, seed=seed, **arguments, **{k: v for k, v in sampling.items() if v is not None})
+        sampling = {k: v for k, v in dict(temperature=temperature, top_k=top_k, top_p=top_p).items() if v is not None}
+        pieces = split_sentences(text) if sentences else []
+        if len(pieces) < 2:
+            return self.submit(kind, seed=seed, **arguments, **sampling)
+        prompts = [self.model.prompts(kind, {**arguments, **sampling, "text": piece})[0] for piece in pieces]
+        generator = self.generator(seed)
+        return Passage(prompts, lambda prompt: self.queue(prompt, generator, first=True), self.sample_rate)
 
     def enqueue(self, prompt, seed: int | None) -> Request:
+        return self.queue(prompt, self.generator(seed))
+
+    def generator(self, seed: int | None) -> torch.Generator:
+        """A request's own generator, seeded with `seed` (None: the engine's next seed)."""
         seed = self.seeds.getrandbits(62) if check_seed(seed) is None else seed
-        request = Request(prompt, self.codec, self.sample_rate, self.chunks,
-                          torch.Generator(self.model.predictor.device).manual_seed(seed))
-        self.scheduler.submit(request)
+        return torch.Generator(self.model.predictor.device).manual_seed(seed)
+
+    def queue(self, prompt, generator: torch.Generator, first: bool = False) -> Request:
+        request = Request(prompt, self.codec, self.sample_rate, self.chunks, generator)
+        self.scheduler.submit(request, first)
         return request
 
     # ---------------------------------------------------------------- upstream's entry points (qwen-tts)
