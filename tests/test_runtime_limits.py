@@ -56,7 +56,7 @@ def test_standin_speech_ends_by_itself_far_within_its_budget(standin):
     the stand-in samples by default, decoding together: every one ends with "eos" within half its budget
     (benchmarks/results/speech-rate.md: the margins measured, and the greedy runaways that end at their budget)."""
     requests = [standin.submit("speech", seed=seed, text=text, language=lang) for lang in DEFAULT_TEXT
-                for text in (DEFAULT_TEXT[lang], NUMBERS[lang]) for seed in (1, 2)]
+                for text in (DEFAULT_TEXT[lang], NUMBERS[lang]) for seed in (1,)]
     for request in requests:
         frames = len(request.wait(WAIT))
         assert request.end_reason == "eos" and 2 * frames <= request.prompt.max_new_tokens - 1, request.prompt
