@@ -146,6 +146,14 @@ def layers(model, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cach
     return h
 
 
+def attention_in_order(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """`packing.attention`'s result (queries q [B, H, T, D] over the cache k, v [B, KV, S, D] under an additive mask)
+    with reductions that depend on nothing but each query's visible keys, visited in position order (`fused.cpp`):
+    a query has the same bits in an AR step as in a verify call, alone or in any batch. For the predictor, whose
+    calls attend over a frame's few slots; the talker's long prompts keep SDPA."""
+    return kernels().attention(q, k, v, mask)
+
+
 def weight(norm) -> Tensor | None:
     """A q/k norm's weight; None for layers without one (Llama-style: an Identity), where the kernel applies RoPE
     alone."""
