@@ -193,21 +193,23 @@ at::Tensor qkv_rope(const at::Tensor& qkv_, const c10::optional<at::Tensor>& q_w
 // [B, 1, T, S] per row; -inf = not visible; None = all). Each query visits its visible keys in slot order, which is
 // position order (the committed prefix, then its tree ancestors by depth: a verify call's scratch slots follow the
 // committed ones and a node's ancestors precede it), skipping the masked ones rather than adding their zeros; its
-// scores are dot products summed in SUM_LANES partial sums by index then pairwise, its softmax and weighted sum of
+// scores are dot products summed in 16 partial sums by index then pairwise, its softmax and weighted sum of
 // values run over the visible keys in order. So a query gets the same bits in an AR step (its keys at slots 0..p) as
 // in a verify call (at scratch slots), alone or beside any other queries or rows (SDPA's blocks depend on the call's
 // shape and where the masked keys lie). Returns [B, H, T, D] as a view of [B, T, H, D] memory: the layout the output
 // projection reads.
+// A score: q . k in 16 partial sums by index (vectors of every class hold them in the same lanes), then pairwise.
 template <typename T, typename A>
 inline A dot_row(const A* q, const T* k, int64_t d) {
-  A part[SUM_LANES] = {};
+  A part[16] = {};
   int64_t i = 0;
-  for (; i + SUM_LANES <= d; i += SUM_LANES)
-    for (int64_t j = 0; j < SUM_LANES; ++j) part[j] += q[i + j] * load<T, A>(k, i + j);
-  for (; i < d; ++i) part[i % SUM_LANES] += q[i] * load<T, A>(k, i);
-  for (int64_t width = SUM_LANES / 2; width > 0; width /= 2)
-    for (int64_t j = 0; j < width; ++j) part[j] += part[j + width];
-  return part[0];
+  for (; i + 16 <= d; i += 16)
+    for (int64_t j = 0; j < 16; ++j) part[j] += q[i + j] * load<T, A>(k, i + j);
+  for (; i < d; ++i) part[i % 16] += q[i] * load<T, A>(k, i);
+  for (int64_t j = 0; j < 8; ++j) part[j] += part[j + 8];
+  for (int64_t j = 0; j < 4; ++j) part[j] += part[j + 4];
+  for (int64_t j = 0; j < 2; ++j) part[j] += part[j + 2];
+  return part[0] + part[1];
 }
 
 at::Tensor attention(const at::Tensor& q_, const at::Tensor& k_cache, const at::Tensor& v_cache,
