@@ -2,10 +2,12 @@
 ISA caps, what a class cannot run exactly is refused, the matmuls give a row the same bits in an AR step and in a
 verify call, and the exactness tests pass under a cap too (`test_the_exactness_tests_pass_under_an_isa_cap`).
 
-What is not row-invariant, and why: a verify call holds a tree node's key at a scratch slot after the committed ones,
-where the AR step holds it at its position, so the attention sums the same terms in another order; in bfloat16 and
-float32 that can change a last bit (README, CPU classes). bfloat16's sampled distribution is tested on the fast path
-(test_distribution.py), greedy identity in float64 and quantized (integer GEMM) models."""
+The predictor's attention visits each query's keys in position order on the fast path (`fused.attention_in_order`),
+so a verify call's rows are its AR steps' bits wherever the matmuls are row-invariant (tests/test_bit_exact.py, in
+this capped rerun too). What is not, and why: the plain path (RVQSPEC_FUSED=0, or no kernels) attends through SDPA,
+whose sums depend on the call's shape and on where masked keys lie, and float matmuls without a measured row floor
+differ by row count; in bfloat16 and float32 that can change a last bit. bfloat16's sampled distribution is tested
+on the fast path (test_distribution.py), greedy identity in float64 and quantized (integer GEMM) models."""
 
 import json
 import os

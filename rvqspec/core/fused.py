@@ -4,8 +4,10 @@ A layer's plain forward runs ~50 small ATen ops besides its matmuls (norms with 
 norms, RoPE's chunk/cat/neg, SiLU x up, residual adds, two cache writes). At the 1..65 rows of decoding
 each costs dispatcher overhead, and their cost grows with the rows of a speculative call
 (benchmarks/results/round-profile.md). Here they are 4 kernels per layer (`fused.cpp`): q/k norm + RoPE +
-cache write, SiLU x up, and residual add + the next RMSNorm (twice); the prepacked matmuls and SDPA stay.
-AR and speculative calls take the same path, so AR keeps being our fastest AR.
+cache write, SiLU x up, and residual add + the next RMSNorm (twice); the prepacked matmuls stay, and the
+predictor's attention over the cache is a kernel too (`attention_in_order`: each query's keys in position order, so
+a verify call's rows get their AR steps' bits; faster than SDPA at a frame's 1..33 queries). AR and speculative calls
+take the same path, so AR keeps being our fastest AR.
 
 int8.cpp, built into the same module, holds the integer side of int8 weights (`quantize`: w8a8's token quantization,
 and the int8 GEMMs of x86 CPUs without int8 dot products, which the fast-path switch leaves on: they are the schemes'
