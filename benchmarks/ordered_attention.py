@@ -1,0 +1,91 @@
+"""The predictor's attention alone (issue 51, item 4): `fused.attention_in_order` against SDPA as the predictor ran it
+before (`packing.attention`, queries padded to the measured floor), at the 0.6B predictor's heads (16 query heads,
+8 KV heads, head_dim 128) for an AR step (1 query over 16 slots) and verify calls of N = 4, 16, 32 (N + 1 queries over
+16 + N + 1 slots, a tree's mask), in bfloat16 and float32, the output in the layout the output projection reads;
+1 thread, interleaved calls, medians. Per layer: a predictor call runs 5 (0.6B).
+
+    OMP_WAIT_POLICY=PASSIVE PYTHONPATH=. .venv/bin/python benchmarks/ordered_attention.py
+    # -> benchmarks/results/ordered-attention-<class>.{json,md}
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rvqspec.bench.timing import finish_machine, machine, machine_text, write_reports  # noqa: E402
+from rvqspec.core import cpu_class, fused, packing  # noqa: E402
+from rvqspec.core.config import QWEN3_TTS_0_6B  # noqa: E402
+from rvqspec.core.context import build_plan  # noqa: E402
+from rvqspec.core.device_path import median_ms, prepare  # noqa: E402
+from rvqspec.core.model import MultiCodeDecoder  # noqa: E402
+from rvqspec.core.tree import default_tree  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+ATTENTIONS = {"sdpa": packing.attention, "ordered": fused.attention_in_order}
+K = 7  # the rows' committed codes: c1..c7
+
+
+def shapes(groups: int) -> dict:
+    """Per call, (queries, visible [T, S] boolean mask) of an AR step and verify calls of a tree of N nodes."""
+    out = {"AR": torch.arange(groups)[None, :] <= K + 1}
+    for budget in (4, 16, 32):
+        out[f"N={budget}"] = build_plan(default_tree(budget), groups, torch.device("cpu")).masks[K]
+    return out
+
+
+@torch.inference_mode()
+def costs(dtype: torch.dtype, reps: int) -> dict:
+    c, generator = QWEN3_TTS_0_6B, torch.Generator().manual_seed(0)
+    prepare(MultiCodeDecoder(c).to(dtype))  # the measured query floor SDPA's calls take
+    calls = {}
+    for name, visible in shapes(c.num_code_groups).items():
+        length, slots = visible.shape
+        q = torch.randn(1, c.num_attention_heads, length, c.head_dim, generator=generator).to(dtype)
+        k, v = (torch.randn(1, c.num_key_value_heads, slots, c.head_dim, generator=generator).to(dtype)
+                for _ in range(2))
+        mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
+        for kind, attend in ATTENTIONS.items():
+            calls[(name, kind)] = lambda q=q, k=k, v=v, mask=mask, attend=attend: \
+                attend(q, k, v, mask).transpose(1, 2).reshape(1, q.shape[2], -1)
+    times, rows = median_ms(calls, reps), {}
+    for (name, kind), ms in times.items():
+        rows.setdefault(name, {})[f"{kind} us"] = round(ms * 1e3, 2)
+    for row in rows.values():
+        row["ordered / sdpa"] = round(row["ordered us"] / row["sdpa us"], 3)
+    return rows
+
+
+def markdown(report: dict) -> str:
+    m = report["machine"]
+    lines = [f"# The predictor's attention: in position order against SDPA, {m['cpu_class']}", "",
+             f"{machine_text(m)}; 1 thread; `benchmarks/ordered_attention.py`; medians of {report['reps']} "
+             "interleaved calls, one layer's attention at the 0.6B predictor's heads.", "",
+             "| dtype | call | SDPA (us) | ordered (us) | ordered / SDPA |", "|---|---|---:|---:|---:|"]
+    for dtype, rows in report["costs"].items():
+        lines += [f"| {dtype} | {name} | {r['sdpa us']:.1f} | {r['ordered us']:.1f} | {r['ordered / sdpa']:.2f} |"
+                  for name, r in rows.items()]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=101)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    info = machine()
+    report = {"machine": info, "reps": args.reps, "costs": {}}
+    for dtype in (torch.bfloat16, torch.float32):
+        report["costs"][str(dtype).removeprefix("torch.")] = costs(dtype, args.reps)
+    finish_machine(info)
+    for path in write_reports(report, args.out, f"ordered-attention-{cpu_class.cpu_class()}", markdown):
+        print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
