@@ -279,5 +279,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("scale_rows", &rvqspec::scale_rows);
   m.def("has_int8_gemm", &rvqspec::has_int8_gemm);
   m.def("int8_linear", &rvqspec::int8_linear);
+  m.def("has_vnni_gemm", &rvqspec::has_vnni_gemm);
+  m.def("vnni_linear", &rvqspec::vnni_linear);
   m.def("w8a16_linear", &rvqspec::w8a16_linear);
 }
