@@ -12,6 +12,7 @@ Per kernel, medians of interleaved rounds:
 - and first what `rvqspec inspect --device` reports for w8a8 (this class's kernel, the default thread count).
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/int8_calls.py   # -> results/int8-calls.{json,md}
+    .venv/bin/python benchmarks/int8_calls.py --smoke   # tiny sizes, the native class: seconds, a temporary folder
 """
 
 import argparse
@@ -24,7 +25,9 @@ from pathlib import Path
 import torch
 
 from rvqspec.bench.floor import one_row_steps, predictor_shapes
-from rvqspec.bench.timing import CLASS_CAPS, finish_machine, machine, machine_text, per_class, write_reports
+from rvqspec.bench.systems import SMOKE_PREDICTOR
+from rvqspec.bench.timing import (CLASS_CAPS, SMOKE_HELP, finish_machine, machine, machine_text, per_class,
+                                  report_folder, write_reports)
 from rvqspec.core import cpu_class
 from rvqspec.core.config import QWEN3_TTS_0_6B
 from rvqspec.core.decode import decode_frames
@@ -36,6 +39,7 @@ from rvqspec.core.talker import RowCache, Talker, TalkerConfig, prefill, step
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 ROWS = (1, 4, 9, 17, 33)
 TALKER_0_6B = TalkerConfig(1024, 3072, 28, 16, 8, 128, 3072)
+SMOKE_TALKER = TalkerConfig(64, 128, 2, 4, 2, 16, 3072)
 PROMPT = 100
 
 
@@ -68,9 +72,8 @@ def int8_matmuls(model) -> list[Int8Matmul]:
     return [m.matmul for m in model.modules() if isinstance(m, QuantizedLinear)] + (heads.matmuls if heads else [])
 
 
-def matrices(kernels: list[str], rounds: int) -> dict:
+def matrices(kernels: list[str], rounds: int, shapes: list[tuple[int, int]]) -> dict:
     generator = torch.Generator().manual_seed(0)
-    shapes = predictor_shapes("0.6b")
     matmuls = [Int8Matmul(torch.randn(shape, generator=generator) / shape[1] ** 0.5, "w8a8") for shape in shapes]
     inputs = {n: {k: torch.randn(n, k, generator=generator).bfloat16() for k in {s[1] for s in shapes}} for n in ROWS}
     nbytes = sum(a * b for a, b in shapes)
@@ -87,26 +90,27 @@ def matrices(kernels: list[str], rounds: int) -> dict:
             "of_read": {kernel: one["a sum reading the bytes"] / one[kernel] for kernel in kernels}}
 
 
-def predictor(kernels: list[str], rounds: int) -> dict:
+def predictor(kernels: list[str], rounds: int, config) -> dict:
     torch.manual_seed(0)
-    model = quantize(MultiCodeDecoder(QWEN3_TTS_0_6B).bfloat16().eval(), "w8a8")
-    hidden, c0, sampler = torch.randn(1, 1024).bfloat16(), torch.tensor([5]), Sampler(do_sample=False)
+    model = quantize(MultiCodeDecoder(config).bfloat16().eval(), "w8a8")
+    hidden, c0 = torch.randn(1, config.talker_hidden_size).bfloat16(), torch.tensor([5])
+    sampler = Sampler(do_sample=False)
     calls = {kernel: with_kernel(kernel, int8_matmuls(model), lambda: decode_frames(model, hidden, c0, sampler))
              for kernel in kernels}
     frame = interleaved(calls, rounds, 1)
     return {"ar_frame_ms": frame, "ar_call_ms": {k: v / 15 for k, v in frame.items()}}
 
 
-def talker(kernels: list[str], rounds: int) -> dict:
+def talker(kernels: list[str], rounds: int, config: TalkerConfig) -> dict:
     torch.manual_seed(0)
-    model = Talker(TALKER_0_6B).bfloat16().eval()
+    model = Talker(config).bfloat16().eval()
     quantize_linears(model, "w8a8")
     caches = {}
     for kernel in kernels:
         caches[kernel] = RowCache(model)
-        prefill(model, caches[kernel], caches[kernel].add(), torch.randn(PROMPT, 1024).bfloat16() * 0.05,
-                torch.arange(PROMPT))
-    x = torch.randn(1, 1024).bfloat16() * 0.05
+        prefill(model, caches[kernel], caches[kernel].add(),
+                torch.randn(PROMPT, config.hidden_size).bfloat16() * 0.05, torch.arange(PROMPT))
+    x = torch.randn(1, config.hidden_size).bfloat16() * 0.05
 
     def one_step(kernel: str):
         cache = caches[kernel]
@@ -119,16 +123,20 @@ def talker(kernels: list[str], rounds: int) -> dict:
 def one_class(args) -> dict:
     kernels = ["avx2"] if w8a8_kernel() == "avx2" else ["onednn", "vnni"]
     log = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {cpu_class.cpu_class()}: {text}", flush=True)  # noqa
+    shapes = [(96, 64), (64, 96)] if args.smoke else predictor_shapes("0.6b")
+    smoke = dict(shapes=shapes, gigabytes=0.02, repeats=2) if args.smoke else {}
     report = {"cpu": cpu_class.describe(), "class": cpu_class.cpu_class(), "kernels": kernels,
-              "inspect": one_row_steps(schemes=("w8a8",), log=log)}  # what `rvqspec inspect --device` prints
+              "inspect": one_row_steps(schemes=("w8a8",), log=log, **smoke)}  # what `rvqspec inspect --device` prints
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
     with torch.inference_mode():
-        report["matrices"] = matrices(kernels, args.rounds)
+        report["matrices"] = matrices(kernels, args.rounds, shapes)
         log(f"matrices: {json.dumps(report['matrices'])}")
-        report["predictor"] = predictor(kernels, args.rounds)
+        report["predictor"] = predictor(kernels, args.rounds, SMOKE_PREDICTOR if args.smoke else QWEN3_TTS_0_6B)
         log(f"predictor: {json.dumps(report['predictor'])}")
-        report["talker"] = talker(kernels, args.rounds)
+        report["talker"] = talker(kernels, args.rounds, SMOKE_TALKER if args.smoke else TALKER_0_6B)
         log(f"talker: {json.dumps(report['talker'])}")
+    torch.set_num_threads(threads)
     return report
 
 
@@ -178,21 +186,24 @@ def summary(r: dict) -> list[str]:
     return lines
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--classes", default=",".join(CLASS_CAPS))
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + " (the native class only)")
+    parser.add_argument("--classes", default=None, help="default: " + ",".join(CLASS_CAPS))
+    parser.add_argument("--rounds", type=int, default=None, help="default 6 (--smoke: 1)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: this process measures its own class into FILE
     parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    args.rounds = args.rounds or (1 if args.smoke else 6)
+    args.classes = args.classes or ("native" if args.smoke else ",".join(CLASS_CAPS))
     if args.one:
         Path(args.one).write_text(json.dumps(one_class(args)))
         return
     info = machine()
-    classes = per_class(__file__, args.classes.split(","), ["--rounds", str(args.rounds)])
-    report = {"classes": classes, "machine": finish_machine(info),
-              "command": " ".join([".venv/bin/python benchmarks/int8_calls.py", *sys.argv[1:]])}
-    write_reports(report, args.out, "int8-calls", to_markdown)
+    classes = per_class(__file__, args.classes.split(","), ["--rounds", str(args.rounds)] + ["--smoke"] * args.smoke)
+    report = {"classes": classes, "machine": finish_machine(info), "command": " ".join(
+        [".venv/bin/python benchmarks/int8_calls.py", *(sys.argv[1:] if argv is None else argv)])}
+    write_reports(report, report_folder(args.out, args.smoke), "int8-calls", to_markdown)
 
 
 if __name__ == "__main__":

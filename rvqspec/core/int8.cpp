@@ -1,6 +1,7 @@
-// The integer side of int8 weights (core/quantize.py): w8a8's per-token activations, and the GEMMs of CPUs without
+// The integer side of int8 weights (core/quantize.py): w8a8's per-token activations, the GEMMs of CPUs without
 // int8 dot-product instructions (AVX2, AVX-512 without VNNI), where oneDNN sums byte products in saturating 16-bit
-// lanes (not exact) and torch's weight-only kernel is slower than float32 (issue 45's table).
+// lanes (not exact) and torch's weight-only kernel is slower than float32 (issue 45's table), and w8a8's GEMM of
+// the AVX-512 VNNI CPUs for decoding's few rows (vnni_linear, below), where oneDNN's costs ~1.8x per call (issue 51).
 //
 // int8_linear (w8a8): activation bytes are widened to int16 once per call, weight bytes on load, and
 // _mm256_madd_epi16 sums pairs of int16 products into int32: every product and sum is an exact integer (|sum| <=

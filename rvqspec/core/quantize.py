@@ -7,11 +7,13 @@ stay as they are.
   time there, issue 45), the others by torch's (`torch._weight_int8pack_mm`).
 - "w8a8": activations are quantized to int8 per token (symmetric, one scale per row, from that row alone), the
   integer product is exact, and each row is scaled back by its own token scale: exact integer dot products, then
-  float roundings that involve only that row. Where the CPU has int8 dot products (VNNI, AMX) oneDNN multiplies
-  (`onednn.qlinear_pointwise`, input scale 1): the activations go in as unsigned bytes with zero point 128 (q + 128),
-  the form the VNNI instructions multiply, and oneDNN subtracts 128 x the weight's column sums in int32, exactly
-  (signed activations took oneDNN's reference path on AVX-512 CPUs without AMX: 250-1,900x slower than bfloat16,
-  issue 30). Elsewhere on x86 (AVX2; AVX-512 without VNNI), where oneDNN sums byte products in saturating 16-bit
+  float roundings that involve only that row. Where the CPU has AVX-512 VNNI (AMX CPUs too) rvqspec's VNNI kernel
+  multiplies calls of up to VNNI_ROWS rows (`int8.cpp`: vnni_linear, issue 51: 1.7-1.8x oneDNN's one-row call, one
+  native call per matmul): the activations as unsigned bytes q + 128, the form the VNNI instructions multiply, then
+  128 x the weight's channel sums subtracted in int32, exactly. Longer calls there, and every call on AVX-VNNI
+  CPUs, take oneDNN's (`onednn.qlinear_pointwise`, input scale 1, zero point 128: the same form; signed activations
+  took oneDNN's reference path on AVX-512 CPUs without AMX: 250-1,900x slower than bfloat16, issue 30). Elsewhere
+  on x86 (AVX2; AVX-512 without VNNI), where oneDNN sums byte products in saturating 16-bit
   lanes, rvqspec's AVX2 kernel does (`int8.cpp`: int16 products summed into int32): the same int32 sums and the same
   float steps after them, so the same model gives the same bits on every x86 class (`tests/test_int8.py`). CPUs with
   neither (no AVX2, or the kernels not built) refuse w8a8 (`w8a8_kernel`).
