@@ -15,6 +15,7 @@ attention costs, on this CPU's class (run it natively and under `ONEDNN_MAX_CPU_
 
     OMP_WAIT_POLICY=PASSIVE PYTHONPATH=. .venv/bin/python benchmarks/exact_rounds.py [--frames 1000]
     # -> benchmarks/results/exact-rounds-<class>.{json,md}
+    .venv/bin/python benchmarks/exact_rounds.py --smoke   # a few frames, the smoke predictor's calls: seconds
 """
 
 import argparse
@@ -28,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rvqspec import MultiCodeDecoder, Offsets, Sampler, Tree, decode_frames, quantize  # noqa: E402
-from rvqspec.bench.timing import finish_machine, machine, machine_text, write_reports  # noqa: E402
+from rvqspec.bench.systems import smoke_config  # noqa: E402
+from rvqspec.bench.timing import SMOKE_HELP, finish_machine, machine, machine_text, report_folder, write_reports  # noqa: E402,E501
 from rvqspec.core import cpu_class, fused, packing  # noqa: E402
 from rvqspec.core.config import QWEN3_TTS_0_6B  # noqa: E402
 from rvqspec.core.context import plan_for  # noqa: E402
@@ -98,9 +100,9 @@ def exactness(model, frames: int, runs: dict, log) -> dict:
     return out
 
 
-def cost_model(dtype: torch.dtype, weights: str | None):
+def cost_model(dtype: torch.dtype, weights: str | None, smoke: bool):
     torch.manual_seed(0)
-    model = MultiCodeDecoder(QWEN3_TTS_0_6B).eval().to(dtype)
+    model = MultiCodeDecoder(smoke_config(QWEN3_TTS_0_6B) if smoke else QWEN3_TTS_0_6B).eval().to(dtype)
     model = quantize(model, weights) if weights else model
     prepare(model)
     return model
@@ -159,14 +161,17 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, default=1000)
     parser.add_argument("--float-frames", type=int, default=300)
     parser.add_argument("--before", default="greedy", help="which runs also go through SDPA: greedy, all or none")
     parser.add_argument("--reps", type=int, default=21)
     parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.frames, args.float_frames, args.reps = 8, 8, 1
     torch.set_num_threads(1)
     info = machine()
     report = {"machine": info, "frames": args.frames, "float_frames": args.float_frames, "w8a8": {}, "float": {}}
@@ -185,10 +190,11 @@ def main() -> None:
     report["costs"] = {}
     for name, dtype, weights in (("w8a8", torch.bfloat16, "w8a8"), ("bfloat16", torch.bfloat16, None),
                                  ("float32", torch.float32, None)):
-        report["costs"][name] = call_costs(cost_model(dtype, weights), args.reps)
+        report["costs"][name] = call_costs(cost_model(dtype, weights, args.smoke), args.reps)
         print(name, report["costs"][name], flush=True)
     finish_machine(info)
-    for path in write_reports(report, args.out, f"exact-rounds-{cpu_class.cpu_class()}", markdown):
+    out = report_folder(args.out, args.smoke)
+    for path in write_reports(report, out, f"exact-rounds-{cpu_class.cpu_class()}", markdown):
         print("wrote", path)
 
 

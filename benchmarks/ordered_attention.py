@@ -6,6 +6,7 @@ before (`packing.attention`, queries padded to the measured floor), at the 0.6B 
 
     OMP_WAIT_POLICY=PASSIVE PYTHONPATH=. .venv/bin/python benchmarks/ordered_attention.py
     # -> benchmarks/results/ordered-attention-<class>.{json,md}
+    .venv/bin/python benchmarks/ordered_attention.py --smoke   # the smoke predictor's heads, 3 repeats: seconds
 """
 
 import argparse
@@ -17,7 +18,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rvqspec.bench.timing import finish_machine, machine, machine_text, write_reports  # noqa: E402
+from rvqspec.bench.systems import smoke_config  # noqa: E402
+from rvqspec.bench.timing import SMOKE_HELP, finish_machine, machine, machine_text, report_folder, write_reports  # noqa: E402,E501
 from rvqspec.core import cpu_class, fused, packing  # noqa: E402
 from rvqspec.core.config import QWEN3_TTS_0_6B  # noqa: E402
 from rvqspec.core.context import build_plan  # noqa: E402
@@ -39,8 +41,8 @@ def shapes(groups: int) -> dict:
 
 
 @torch.inference_mode()
-def costs(dtype: torch.dtype, reps: int) -> dict:
-    c, generator = QWEN3_TTS_0_6B, torch.Generator().manual_seed(0)
+def costs(dtype: torch.dtype, reps: int, smoke: bool) -> dict:
+    c, generator = smoke_config(QWEN3_TTS_0_6B) if smoke else QWEN3_TTS_0_6B, torch.Generator().manual_seed(0)
     prepare(MultiCodeDecoder(c).to(dtype))  # the measured query floor SDPA's calls take
     calls = {}
     for name, visible in shapes(c.num_code_groups).items():
@@ -72,18 +74,21 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=101)
     parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    args = parser.parse_args(argv)
+    args.reps = 3 if args.smoke else args.reps
     torch.set_num_threads(1)
     info = machine()
     report = {"machine": info, "reps": args.reps, "costs": {}}
     for dtype in (torch.bfloat16, torch.float32):
-        report["costs"][str(dtype).removeprefix("torch.")] = costs(dtype, args.reps)
+        report["costs"][str(dtype).removeprefix("torch.")] = costs(dtype, args.reps, args.smoke)
     finish_machine(info)
-    for path in write_reports(report, args.out, f"ordered-attention-{cpu_class.cpu_class()}", markdown):
+    for path in write_reports(report, report_folder(args.out, args.smoke), f"ordered-attention-{cpu_class.cpu_class()}",
+                              markdown):
         print("wrote", path)
 
 
