@@ -151,8 +151,8 @@ def layers(model, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cach
 def attention_in_order(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
     """`packing.attention`'s result (queries q [B, H, T, D] over the cache k, v [B, KV, S, D] under an additive mask)
     with reductions that depend on nothing but each query's visible keys, visited in position order (`fused.cpp`):
-    a query has the same bits in an AR step as in a verify call, alone or in any batch. For the predictor, whose
-    calls attend over a frame's few slots; the talker's long prompts keep SDPA."""
+    a query has the same bits in an AR step as in a verify call, alone or in any batch. For the predictor's calls
+    and the talker's steps (one query per row); a talker's prefill (hundreds of queries) keeps SDPA's blocks."""
     return kernels().attention(q, k, v, mask)
 
 
