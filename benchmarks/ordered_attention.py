@@ -1,8 +1,9 @@
 """The predictor's attention alone (issue 51, item 4): `fused.attention_in_order` against SDPA as the predictor ran it
 before (`packing.attention`, queries padded to the measured floor), at the 0.6B predictor's heads (16 query heads,
 8 KV heads, head_dim 128) for an AR step (1 query over 16 slots) and verify calls of N = 4, 16, 32 (N + 1 queries over
-16 + N + 1 slots, a tree's mask), in bfloat16 and float32, the output in the layout the output projection reads;
-1 thread, interleaved calls, medians. Per layer: a predictor call runs 5 (0.6B).
+16 + N + 1 slots, a tree's mask) and talker steps (the 0.6B talker has the same heads: one query per row over its
+own length), in bfloat16 and float32, the output in the layout the output projection reads; 1 thread, interleaved
+calls, medians. Per layer: a predictor call runs 5 (0.6B), a talker step 28.
 
     OMP_WAIT_POLICY=PASSIVE PYTHONPATH=. .venv/bin/python benchmarks/ordered_attention.py
     # -> benchmarks/results/ordered-attention-<class>.{json,md}
@@ -33,10 +34,14 @@ K = 7  # the rows' committed codes: c1..c7
 
 
 def shapes(groups: int) -> dict:
-    """Per call, (queries, visible [T, S] boolean mask) of an AR step and verify calls of a tree of N nodes."""
-    out = {"AR": torch.arange(groups)[None, :] <= K + 1}
+    """Per call, the visible slots [B, T, S] of an AR step and of verify calls of a tree of N nodes (one row), and of
+    talker steps (one query per row over its own length, rows of different lengths)."""
+    out = {"AR": (torch.arange(groups)[None, :] <= K + 1)[None]}
     for budget in (4, 16, 32):
-        out[f"N={budget}"] = build_plan(default_tree(budget), groups, torch.device("cpu")).masks[K]
+        out[f"N={budget}"] = build_plan(default_tree(budget), groups, torch.device("cpu")).masks[K][None]
+    for rows, slots in ((1, 128), (1, 1024), (4, 512)):
+        lengths = slots - 10 - 7 * torch.arange(rows)
+        out[f"talker step, {rows} row(s), {slots} slots"] = torch.arange(slots)[None, None, :] < lengths[:, None, None]
     return out
 
 
@@ -46,14 +51,15 @@ def costs(dtype: torch.dtype, reps: int, smoke: bool) -> dict:
     prepare(MultiCodeDecoder(c).to(dtype))  # the measured query floor SDPA's calls take
     calls = {}
     for name, visible in shapes(c.num_code_groups).items():
-        length, slots = visible.shape
-        q = torch.randn(1, c.num_attention_heads, length, c.head_dim, generator=generator).to(dtype)
-        k, v = (torch.randn(1, c.num_key_value_heads, slots, c.head_dim, generator=generator).to(dtype)
+        rows, length, slots = visible.shape
+        q = torch.randn(rows, c.num_attention_heads, length, c.head_dim, generator=generator).to(dtype)
+        k, v = (torch.randn(rows, c.num_key_value_heads, slots, c.head_dim, generator=generator).to(dtype)
                 for _ in range(2))
         mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
+        mask = mask[0] if rows == 1 and not name.startswith("talker") else mask[:, None]
         for kind, attend in ATTENTIONS.items():
             calls[(name, kind)] = lambda q=q, k=k, v=v, mask=mask, attend=attend: \
-                attend(q, k, v, mask).transpose(1, 2).reshape(1, q.shape[2], -1)
+                attend(q, k, v, mask).transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
     times, rows = median_ms(calls, reps), {}
     for (name, kind), ms in times.items():
         rows.setdefault(name, {})[f"{kind} us"] = round(ms * 1e3, 2)
@@ -66,7 +72,7 @@ def markdown(report: dict) -> str:
     m = report["machine"]
     lines = [f"# The predictor's attention: in position order against SDPA, {m['cpu_class']}", "",
              f"{machine_text(m)}; 1 thread; `benchmarks/ordered_attention.py`; medians of {report['reps']} "
-             "interleaved calls, one layer's attention at the 0.6B predictor's heads.", "",
+             "interleaved calls, one layer's attention at the 0.6B predictor's (and talker's) heads.", "",
              "| dtype | call | SDPA (us) | ordered (us) | ordered / SDPA |", "|---|---|---:|---:|---:|"]
     for dtype, rows in report["costs"].items():
         lines += [f"| {dtype} | {name} | {r['sdpa us']:.1f} | {r['ordered us']:.1f} | {r['ordered / sdpa']:.2f} |"

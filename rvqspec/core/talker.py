@@ -10,7 +10,7 @@ prefilled alone, whole or in pieces (each `prefill` call appends a piece to its 
 are always 0..B-1 and it reads a view of the buffer, never a gather.
 
 A step attends over the slots in use rounded up to `SLOT_MULTIPLE`; on the CPU fast path each row's one query visits
-its own keys in position order (`fused.attention_in_order`: 0.06-0.3x SDPA's time at the 0.6B's heads over 128-1024
+its own keys in position order (`fused.attention_in_order`: 0.03-0.31x SDPA's time at the 0.6B's heads over 128-1024
 slots, 1-4 rows), elsewhere SDPA's reductions run over the same lanes whatever else is in the batch (masked slots add
 exact zeros); a prefill (many queries, alone) takes SDPA. Where the matmuls
 give a row the same bits in any call (the row floor `device_path` measured: the large bfloat16 weights here), a row's
