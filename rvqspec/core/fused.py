@@ -5,9 +5,9 @@ norms, RoPE's chunk/cat/neg, SiLU x up, residual adds, two cache writes). At the
 each costs dispatcher overhead, and their cost grows with the rows of a speculative call
 (benchmarks/results/round-profile.md). Here they are 4 kernels per layer (`fused.cpp`): q/k norm + RoPE +
 cache write, SiLU x up, and residual add + the next RMSNorm (twice); the prepacked matmuls stay, and the
-predictor's attention over the cache is a kernel too (`attention_in_order`: each query's keys in position order, so
-a verify call's rows get their AR steps' bits; faster than SDPA at a frame's 1..33 queries). AR and speculative calls
-take the same path, so AR keeps being our fastest AR.
+predictor's attention over the cache (and a talker step's) is a kernel too (`attention_in_order`: each query's keys
+in position order, so a verify call's rows get their AR steps' bits; faster than SDPA at a frame's 1..33 queries). AR
+and speculative calls take the same path, so AR keeps being our fastest AR.
 
 int8.cpp, built into the same module, holds the integer side of int8 weights (`quantize`: w8a8's token quantization,
 and the int8 GEMMs of x86 CPUs without int8 dot products, which the fast-path switch leaves on: they are the schemes'
@@ -127,7 +127,8 @@ def on() -> bool:
 def layers(model, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache, slots: Tensor | None,
            attention) -> Tensor:
     """model.forward's layer loop and final norm with the fused kernels (same inputs as the plain loop; `attention`:
-    the plain loop's attention over the cache, `packing.attention`). Without a cache (teacher forcing under
+    how queries attend over the cache, `packing.attention` as in the plain loop or `attention_in_order`, which returns
+    the layout the output projection reads). Without a cache (teacher forcing under
     no_grad) the K/V go to a cache of the call's own, attended causally."""
     ops, blocks, eps = kernels(), model.layers, model.config.rms_norm_eps
     length, d = x.shape[1], cos.shape[-1]
