@@ -20,7 +20,9 @@ stay as they are.
 
 A quantized model is a different model (as the paper's W8A16 is): its codes follow its own distribution, and
 speculation is exact relative to it. Both kernels give every row of a call the same bits whatever the other rows
-hold (tests/test_quantize.py checks it), so a verify call computes, per token, exactly what its AR step computes.
+hold (tests/test_quantize.py checks it), and so do the fast path's norms, activation quantization and attention
+(`fused.attention_in_order`), so a verify call computes, per token, exactly what its AR step computes: the w8a8
+model's speculative codes are its AR codes bit for bit, alone and in any batch (tests/test_bit_exact.py).
 What quantization costs against the float model is measured by `benchmarks/quantization_quality.py`.
 
 torch's int8 weight-only kernel reads out of bounds (and crashes) on shapes that are not multiples of 16, so w8a16
