@@ -36,7 +36,8 @@ class TextStream:
         self.lock = threading.Lock()
         self.pieces: list[str] = []
         self.ended = False
-        self.reader: Callable[[str | None], None] | None = None  # the request's (a piece; None: the end)
+        self.reader: Callable[[str | BaseException | None], None] | None = None  # the request's: a piece, the
+        # end (None), or the error that ended the text's source
 
     def write(self, piece: str) -> None:
         check_piece(piece)
@@ -45,12 +46,14 @@ class TextStream:
                 raise RvqspecError("this text already ended: write before end(), or start another request")
             self.pieces.append(piece) if self.reader is None else self.reader(piece)
 
-    def end(self) -> None:
+    def end(self, error: BaseException | None = None) -> None:
+        """The text is complete; or, with `error`, its source failed (the request then ends with that error)."""
         with self.lock:
             if not self.ended:
                 self.ended = True
+                self.pieces.append(error)
                 if self.reader is not None:
-                    self.reader(None)
+                    self.reader(self.pieces.pop())
 
     def attach(self, reader: Callable[[str | None], None]) -> None:
         """Hand what was written, and from now on each piece, to `reader` (once)."""
@@ -58,11 +61,9 @@ class TextStream:
             if self.reader is not None:
                 raise RvqspecError("this TextStream already feeds a request: make one TextStream per request")
             self.reader = reader
-            for piece in self.pieces:
+            for piece in self.pieces:  # the end (None or an error) last
                 reader(piece)
             self.pieces = []
-            if self.ended:
-                reader(None)
 
 
 def check_piece(piece) -> None:
@@ -94,8 +95,9 @@ def text_stream(text, cancelled: threading.Event) -> TextStream:
                     if cancelled.is_set():
                         break
                     stream.write(piece)
-            finally:
-                stream.end()
+            except Exception as e:
+                stream.end(e)
+            stream.end()
         try:
             stream.task = asyncio.get_running_loop().create_task(pump())
         except RuntimeError:
@@ -108,8 +110,9 @@ def text_stream(text, cancelled: threading.Event) -> TextStream:
                 if cancelled.is_set():
                     break
                 stream.write(piece)
-        finally:
-            stream.end()
+        except Exception as e:
+            stream.end(e)
+        stream.end()
     threading.Thread(target=read, name="rvqspec-text", daemon=True).start()
     return stream
 
@@ -170,10 +173,14 @@ class LiveText:
         self.lock = threading.Lock()
         self.wake: Callable[[], None] = lambda: None  # the scheduler's, set when it takes the request
 
-    def read(self, piece: str | None) -> None:
-        """A TextStream's reader: `piece` (None: the end) -> committed ids."""
+    def read(self, piece: str | BaseException | None) -> None:
+        """A TextStream's reader: `piece` (None: the end; an error: its source failed) -> committed ids."""
         try:
+            if isinstance(piece, BaseException):
+                raise RvqspecError(f"the text's source failed ({type(piece).__name__}: {piece})")
             ids = self.tokens.end() if piece is None else self.tokens.feed(piece)
+        except RvqspecError as e:
+            ids, self.error = [], e
         except Exception as e:  # the tokenizer refused it: the request ends with the reason
             ids, self.error = [], RvqspecError(f"the text could not be tokenized ({type(e).__name__}: {e})")
         with self.lock:
