@@ -191,3 +191,37 @@ def test_a_model_without_dual_track_text_says_so():
     with Engine("standin") as engine:
         with pytest.raises(RvqspecError, match="whole text"):
             engine.submit("speech", text=iter(["hello"]))
+
+
+def test_synth_reads_stdin_as_it_arrives_and_speaks_the_engines_audio(tmp_path):
+    """`rvqspec synth --text - --stream`: the text piped in pieces (the writer waits after each), the wav the
+    engine's audio for the whole text."""
+    import os
+    import subprocess
+    import sys
+
+    import soundfile
+
+    from helpers.upstream_tts import save_checkpoint
+
+    folder = save_checkpoint(tiny_tts(), tmp_path / "checkpoint", {"max_new_tokens": 40, **GREEDY})
+    out = tmp_path / "live.wav"
+    command = [sys.executable, "-m", "rvqspec.cli", "synth", "--model", str(folder), "--text", "-", "--stream",
+               "--speaker", "tiny", "--language", "English", "--device", "cpu", "--no-spec", "--out", str(out)]
+    with open(tmp_path / "out.txt", "wb") as stdout, open(tmp_path / "err.txt", "wb") as stderr:
+        process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=stdout, stderr=stderr,
+                                   env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    for piece in pieces(TEXT, 4):
+        process.stdin.write(piece.encode())
+        process.stdin.flush()
+        time.sleep(0.01)
+    process.stdin.close()
+    assert process.wait(300) == 0, (tmp_path / "err.txt").read_text()[-2000:]
+    assert "streamed: first audio after" in (tmp_path / "out.txt").read_text()
+    audio, rate = soundfile.read(out, dtype="int16")
+    with Engine(tiny_tts(), drafter=None) as engine:
+        want = engine.stream_custom_voice(text=iter([TEXT]), speaker="tiny", language="English", max_new_tokens=40,
+                                          seed=0, **GREEDY)
+        want = np.concatenate([chunk for chunk, _ in want])
+    assert rate == engine.sample_rate and len(audio) == len(want) > 0
+    assert np.abs(audio.astype(np.int32) - np.round(want * 32768).astype(np.int32)).max() <= 1  # 16-bit rounding

@@ -37,12 +37,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from rvqspec.core.errors import RvqspecError
-from rvqspec.runtime import QueueFull
 from rvqspec.serve import BODY_SECONDS
 from rvqspec.serve.audio import flac_bytes, pcm_bytes, sse_delta, sse_event, wav_header
 from rvqspec.serve.metrics import Metrics
 from rvqspec.serve.protocol import MAX_INPUT, ApiError, Speech, VoiceUpload, json_object, parse_speech, parse_voice
-from rvqspec.serve.stream import Limits, Sessions, refuse_websocket
+from rvqspec.serve.stream import Limits, Sessions, next_chunk, refuse_websocket, submit
 from rvqspec.serve.voices import StoreFull, VoiceExists, VoiceStore
 
 log = logging.getLogger("uvicorn.error")  # uvicorn's configured logger: one line per event on the server's stderr
@@ -51,7 +50,6 @@ MAX_SPEECH_BODY = 64 * 1024  # bytes of a speech request
 MAX_VOICE_BODY = 16 * 1024 * 1024  # bytes of a voice registration (a base64 clip of up to 60 s)
 CLOSE = {"Connection": "close"}
 CLIENT_CLOSED = 499  # nginx's status for a client that left before its answer (logs and /metrics)
-RETRY_AFTER_SECONDS = 1  # what a 429 tells the client to wait
 OPEN_PATHS = {"/health", "/"}  # no API key asked: liveness, and the page (static; it asks for the key itself)
 
 
@@ -91,12 +89,6 @@ async def read_json(request: Request, limit: int, seconds: float) -> dict:
 
 
 # ---------------------------------------------------------------- the audio of one request
-
-async def next_chunk(chunks):
-    """The request's next audio chunk (None at the end), read in a worker thread; cancelling the caller does not
-    wait for the chunk."""
-    return await anyio.to_thread.run_sync(next, chunks, None, abandon_on_cancel=True)
-
 
 async def audio_bytes(synthesis, response_format: str, sample_rate: int, metrics: Metrics) -> AsyncIterator[bytes]:
     """The response body: the format's bytes as chunks are decoded (the wav header leaves with the first)."""
@@ -278,22 +270,6 @@ def add_speech_route(app: FastAPI, engine, voices: VoiceStore, metrics: Metrics,
         job = parse_speech(await read_json(request, MAX_SPEECH_BODY, body_seconds), engine, voices)
         synthesis = await submit(engine, voices, job)
         return await respond(request, synthesis, job, engine.sample_rate, metrics)
-
-
-async def submit(engine, voices: VoiceStore, job: Speech):
-    """The engine's request (a synthesis) for `job`, a registered voice's clone prompt fetched first: 429 when the
-    engine's queue is full, 400 for what the engine refuses."""
-    try:
-        if job.clone:
-            job.args["clone"] = await anyio.to_thread.run_sync(voices.prompt, job.clone, engine)
-        return engine.speech(**job.args)
-    except QueueFull as e:
-        raise ApiError(429, f"{e}", code="queue_full", kind="rate_limit_error",
-                       headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
-    except RvqspecError as e:
-        raise ApiError(400, str(e)) from None
-    except FileNotFoundError:  # deleted since the request was checked
-        raise ApiError(400, f"voice {job.clone!r} was just deleted: register it again", param="voice") from None
 
 
 class Gate:

@@ -1,4 +1,5 @@
-"""The WebSocket at /v1/audio/speech/stream: text in as it is written (an LLM's tokens), audio out as it is decoded,
+"""The engine's requests as the server streams them (`submit`, `next_chunk`: the HTTP route's too), and the
+WebSocket at /v1/audio/speech/stream: text in as it is written (an LLM's tokens), audio out as it is decoded,
 in vLLM-Omni's message types so that its clients work unchanged (docs/live-speech.md has the protocol).
 
     client: {"type": "session.config", ...}  {"type": "input.text", "text": "..."}...  {"type": "input.done"}
@@ -17,13 +18,14 @@ import logging
 import time
 from dataclasses import dataclass
 
+import anyio
 from fastapi import WebSocket
 from starlette.websockets import WebSocketDisconnect
 
 from rvqspec.core.errors import RvqspecError
-from rvqspec.runtime import TextStream
+from rvqspec.runtime import QueueFull, TextStream
 from rvqspec.serve.audio import pcm_bytes, wav_header
-from rvqspec.serve.protocol import MAX_INPUT, ApiError, encodable, parse_speech
+from rvqspec.serve.protocol import MAX_INPUT, ApiError, Speech, encodable, parse_speech
 
 log = logging.getLogger("uvicorn.error")
 
@@ -32,6 +34,7 @@ CONFIG_FIELDS = {"type", "model", "voice", "instructions", "language", "response
                  "top_k", "top_p", "speed", "mode"}
 IGNORED_FIELDS = {"task_type", "stream_audio", "split_granularity", "initial_codec_chunk_frames", "max_new_tokens",
                   "non_streaming_mode"}  # vLLM-Omni's, with nothing to change here
+RETRY_AFTER_SECONDS = 1  # what a 429 tells the client to wait
 MAX_MESSAGE = 64 * 1024  # characters of one client message
 POLICY, OVERLOADED, SERVER_ERROR = 1008, 1013, 1011  # WebSocket close codes
 
@@ -159,10 +162,32 @@ async def receive(websocket: WebSocket, seconds: float | None, waiting_for: str)
     return parsed
 
 
+# ---------------------------------------------------------------- the engine's requests (HTTP and WebSocket)
+
+async def next_chunk(chunks):
+    """The request's next audio chunk (None at the end), read in a worker thread; cancelling the caller does not
+    wait for the chunk."""
+    return await anyio.to_thread.run_sync(next, chunks, None, abandon_on_cancel=True)
+
+
+async def submit(engine, voices, job: Speech):
+    """The engine's request (a synthesis) for `job`, a registered voice's clone prompt fetched first: 429 when the
+    engine's queue is full, 400 for what the engine refuses."""
+    try:
+        if job.clone:
+            job.args["clone"] = await anyio.to_thread.run_sync(voices.prompt, job.clone, engine)
+        return engine.speech(**job.args)
+    except QueueFull as e:
+        raise ApiError(429, f"{e}", code="queue_full", kind="rate_limit_error",
+                       headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
+    except RvqspecError as e:
+        raise ApiError(400, str(e)) from None
+    except FileNotFoundError:  # deleted since the request was checked
+        raise ApiError(400, f"voice {job.clone!r} was just deleted: register it again", param="voice") from None
+
+
 async def start(engine, voices, job):
     """The engine's request for the session (in a worker thread: a prompt is built by upstream's own code)."""
-    from rvqspec.serve.app import submit
-
     try:
         return await submit(engine, voices, job)
     except ApiError as e:
@@ -227,8 +252,6 @@ def write(text: TextStream, piece: str) -> None:
 async def send_audio(websocket: WebSocket, synthesis, heard: list[str], reply: dict, metrics) -> int:
     """audio.start with the first chunk, then each chunk as a binary frame (pcm s16le; wav: the header first);
     the bytes sent."""
-    from rvqspec.serve.app import next_chunk
-
     chunks, total, started = iter(synthesis), 0, time.perf_counter()
     header = wav_header(synthesis.sample_rate) if reply["format"] == "wav" else b""
     while True:
