@@ -45,6 +45,6 @@ def test_base_install_decodes_a_frame(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # a checkout on PYTHONPATH would win
     done = subprocess.run([python, "-c", SCRIPT], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr
-    assert done.stderr.strip() == "rvqspec serve: error: rvqspec serve needs fastapi, uvicorn, soundfile, scipy: pip " \
-                                  "install 'rvqspec[serve]'"
+    assert done.stderr.strip() == "rvqspec serve: error: rvqspec serve needs fastapi, uvicorn, soundfile, scipy, " \
+                                  "prometheus_client: pip install 'rvqspec[serve]'"
     assert "decoded" in done.stdout and str(venv) in done.stdout  # the installed copy, not the checkout

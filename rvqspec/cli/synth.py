@@ -94,11 +94,11 @@ def qwen_tts_folder(name: str) -> Path:
     return folder
 
 
-def synthesize(tts, handle, text: str, out: str | Path, **speech_args) -> dict:
+def synthesize(tts, handle, text: str, out: str | Path, max_new_tokens: int, **speech_args) -> dict:
     """Generate `text` with the accelerated `tts`, write `out`; a report of what the predictor did."""
     handle.stats.reset()
     start = time.perf_counter()
-    wavs, sample_rate = generate_speech(tts, text, **speech_args)
+    wavs, sample_rate = generate_speech(tts, text, max_new_tokens=max_new_tokens, **speech_args)
     seconds = time.perf_counter() - start
     write_wav(out, wavs[0], sample_rate)
     stats = handle.stats
@@ -106,7 +106,12 @@ def synthesize(tts, handle, text: str, out: str | Path, **speech_args) -> dict:
     return {"out": str(out), "audio_seconds": len(wavs[0]) / sample_rate, "sample_rate": sample_rate,
             "frames": stats.frames, "calls_per_frame": stats.calls_per_frame, "tokens_per_step": stats.tokens_per_step,
             "speculative": bool(sizes), "tree_nodes": max(sizes, default=0), "decoding": handle.explain(1),
-            "wall_seconds": seconds}
+            "wall_seconds": seconds, "end_reason": end_reason(stats.frames, max_new_tokens)}
+
+
+def end_reason(frames: int, max_new_tokens: int) -> str:
+    """"length" when upstream's loop spent its frame budget (its last c0 draw is never decoded), else "eos"."""
+    return "length" if frames >= max_new_tokens - 1 else "eos"
 
 
 def write_progressively(out: str | Path, chunks, sample_rate: int) -> tuple[int, float | None]:
@@ -140,13 +145,15 @@ def stream_synth(tts, handle, args) -> dict:
     handle.stats.reset()
     start = time.perf_counter()
     with upstream_refusals():
-        chunks = getattr(handle, f"stream_{entry_point}")(**arguments, chunk_frames=args.chunk_frames)
+        chunks = getattr(handle, f"stream_{entry_point}")(**arguments, chunk_frames=args.chunk_frames,
+                                                          max_new_tokens=args.max_new_tokens)
         samples, first = write_progressively(args.out, chunks, sample_rate)
     seconds = time.perf_counter() - start
     return {"out": str(args.out), "audio_seconds": samples / sample_rate, "sample_rate": sample_rate,
             "frames": handle.stats.frames, "wall_seconds": seconds, "first_audio_seconds": first,
             "real_time_factor": seconds / max(samples / sample_rate, 1e-9), "decoding": handle.explain(1),
-            "calls_per_frame": handle.stats.calls_per_frame, "tokens_per_step": handle.stats.tokens_per_step}
+            "calls_per_frame": handle.stats.calls_per_frame, "tokens_per_step": handle.stats.tokens_per_step,
+            "end_reason": end_reason(handle.stats.frames, args.max_new_tokens)}
 
 
 def stdin_pieces(fd: int | None = None) -> Iterator[str]:
@@ -198,10 +205,14 @@ def run_synth(args) -> int:
     handle = accelerate(tts, drafter=drafter, tree=tree, weights=args.weights, tuned=args.tuned,
                         talker_weights=args.talker_weights)
     torch.manual_seed(args.seed)
+    from rvqspec.runtime.qwen_tts import upstream_text_budget
+
+    args.max_new_tokens = args.max_new_tokens or upstream_text_budget(tts, args.text)
     if args.stream:
         report = stream_synth(tts, handle, args)
     else:
-        report = synthesize(tts, handle, args.text, args.out, language=args.language, speaker=args.speaker,
+        report = synthesize(tts, handle, args.text, args.out, args.max_new_tokens, language=args.language,
+                            speaker=args.speaker,
                             instruct=args.instruct, ref_audio=args.ref_audio, ref_text=args.ref_text)
     return print_report(report, args)
 
@@ -215,6 +226,9 @@ def print_report(report: dict, args) -> int:
               f"{report['real_time_factor']:.2f} (synthesis time / audio time)")
     calls = f"{report['calls_per_frame']:.2f} calls/frame, " if "calls_per_frame" in report else ""
     print(f"code predictor ({mode}): {calls}{report['tokens_per_step']:.2f} tokens/step")
+    if report.get("end_reason") == "length":
+        print(f"cut at its frame budget ({args.max_new_tokens} frames, end reason: length): the model did not end "
+              "the speech; pass a larger --max-new-tokens if the text needs it")
     return 0
 
 
@@ -262,6 +276,8 @@ def add_cli(subparsers) -> None:
                                                              "lossy, opt-in: docs/RESULTS.md gives its cost on c0)")
     p.add_argument("--tuned", help="a folder `rvqspec tune` wrote for this checkpoint (drafter, trees, latency table)")
     p.add_argument("--seed", type=flags.seed, default=0)
+    p.add_argument("--max-new-tokens", type=flags.positive_int, help="frames at most (12.5 a second; default: "
+                   "a budget from the text, docs/limits.md: 8 per text token, at least 125)")
     p.add_argument("--stream", action="store_true", help="write the wav while it is generated (into a hidden "
                    ".<name>.<random>.part.wav beside it, a valid file after every chunk), print time to first audio")
     p.add_argument("--chunk-frames", type=flags.chunk_frames, default=CHUNK_FRAMES,

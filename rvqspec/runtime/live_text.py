@@ -168,6 +168,8 @@ class LiveText:
         self.tokens, self.project, self.eos, self.pad, self.start = tokens, project, eos, pad, start
         self.make_head = head
         self.ids: list[int] = list(known or [])
+        self.known = len(self.ids)
+        self.on_end: Callable[[int], None] = lambda tokens: None  # told the text's token count at its end
         self.rows: list[Tensor] = []
         self.ended, self.error = False, None
         self.lock = threading.Lock()
@@ -185,7 +187,10 @@ class LiveText:
             ids, self.error = [], RvqspecError(f"the text could not be tokenized ({type(e).__name__}: {e})")
         with self.lock:
             self.ids += ids
-            self.ended = self.ended or piece is None or self.error is not None
+            ending = not self.ended and (piece is None or self.error is not None)
+            self.ended = self.ended or ending
+        if ending:
+            self.on_end(len(self.ids) - self.known)
         self.wake()
 
     def ready(self, rows: int) -> bool:

@@ -27,12 +27,30 @@ from rvqspec.core.errors import RvqspecError
 from rvqspec.core.sampling import Sampler, TalkerRules
 from rvqspec.integrations.qwen_tts import predictor_from_upstream, talker_from_upstream, upstream_refusals
 from rvqspec.integrations.qwen_tts_audio import CodecBatchUnsupported, StreamingCodec, decode_together
-from rvqspec.runtime.adapter import Captured, TalkerAdapter, capture, patched, this_thread
+from rvqspec.runtime.adapter import Captured, TalkerAdapter, capture, frame_budget, patched, this_thread
 from rvqspec.runtime.live_text import LiveText, StableTokens
 from rvqspec.runtime.request import AudioStream, Prompt
 
 ENTRY_POINTS = {"custom_voice": "custom_voice", "voice_design": "voice_design", "base": "voice_clone"}  # type: kind
+# The default frame budget of a text (`frame_budget`; docs/limits.md): 8 frames (0.64 s) per text token, at least
+# 125 frames (10 s). Speech runs at about 3-4 frames per token of Qwen's tokenizer (English words, CJK characters,
+# digits), the slow ones (a digit or symbol spelled out) 5-6; mlx-audio's rule is max(75, 6 per token).
+FRAMES_PER_TOKEN, FLOOR_FRAMES = 8.0, 125
 STAND_IN_TEXT = "a"  # one token: the text a live prompt is captured with (its rows are replaced)
+CHAT_TOKENS = 8  # the tokens around a text in upstream's input_ids: "<|im_start|>assistant\n" and 5 after it
+
+
+def text_budget(input_ids: Tensor) -> int:
+    """The default frame budget (c0 draws, upstream's max_new_tokens) of a text, from upstream's input_ids [1, L]
+    for it (the chat tokens around it included)."""
+    return frame_budget(input_ids.shape[-1] - CHAT_TOKENS, FRAMES_PER_TOKEN, FLOOR_FRAMES)
+
+
+def upstream_text_budget(tts, text: str) -> int:
+    """For upstream's own loop: `text_budget` of `text` tokenized as upstream's generate_* tokenize it, within the
+    checkpoint's own default (generate_config.json's max_new_tokens), as the Engine bounds it."""
+    budget = text_budget(tts._tokenize_texts([tts._build_assistant_text(text)])[0])
+    return min(budget, int(tts.generate_defaults.get("max_new_tokens") or budget))
 
 
 class QwenTTSModel(TalkerAdapter):
@@ -96,7 +114,11 @@ class QwenTTSModel(TalkerAdapter):
         if kind != self.kind:
             raise RvqspecError(f"this is a {self.tts.model.tts_model_type} model: submit {self.kind!r} requests")
         captured = self.capture(kind, arguments)
-        return [self.prompt(captured, row) for row in range(len(captured["inputs_embeds"]))]
+        prompts = [self.prompt(captured, row) for row in range(len(captured["inputs_embeds"]))]
+        if arguments.get("max_new_tokens") is None:  # an explicit limit always wins
+            for prompt, ids in zip(prompts, captured["input_ids"]):
+                prompt.max_new_tokens = min(prompt.max_new_tokens, text_budget(ids))
+        return prompts
 
     def capture(self, kind: str, arguments: dict) -> dict:
         with upstream_refusals():
@@ -167,7 +189,11 @@ class QwenTTSModel(TalkerAdapter):
             first = self.upstream.get_input_embeddings()(torch.tensor(
                 [[self.upstream.config.codec_pad_id, self.upstream.config.codec_bos_id]], device=pad.device))[:, -1:]
             live = LiveText(tokens, self.project, eos, pad, 1, lambda text: self.project_first(text.ids[0]) + first[0])
-        return replace(prompt, text=None, pad=None, live=live)
+        prompt = replace(prompt, text=None, pad=None, live=live)
+        if arguments.get("max_new_tokens") is None:  # the text budget, once the text is known (`text_budget`)
+            live.on_end = lambda tokens: setattr(prompt, "max_new_tokens", min(
+                prompt.max_new_tokens, frame_budget(tokens, FRAMES_PER_TOKEN, FLOOR_FRAMES)))
+        return prompt
 
     def project(self, ids: Tensor) -> Tensor:
         """Text ids [n] -> the talker's text rows [n, H], as upstream projects them."""

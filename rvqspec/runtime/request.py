@@ -22,6 +22,7 @@ from rvqspec.core.sampling import Sampler, TalkerRules
 from rvqspec.runtime.live_text import LiveText
 
 END = object()  # the last item of a request's audio queue
+END_REASONS = ("eos", "length", "cancelled", "error")  # how a request ended (`Request.end_reason`)
 
 
 class QueueFull(RvqspecError):
@@ -84,7 +85,9 @@ class Request:
     """Iterate for float32 audio chunks (mono, at `sample_rate`) as frames are decoded; `cancel()` (or leaving the
     iteration early) frees its row at the next frame boundary; `audio()` the whole audio; `codes` [T, G] once done.
     An error of its decoding is raised to the caller (iteration, `audio()`, `wait()`), never to the other requests;
-    so is the engine's closing before the request finished (`Engine.close`). `codec`: the Engine's codec worker."""
+    so is the engine's closing before the request finished (`Engine.close`). `end_reason` once it ended: "eos" (the
+    model's end), "length" (its frame budget, `Prompt.max_new_tokens`, was spent: the audio may be cut), "cancelled"
+    or "error". `codec`: the Engine's codec worker."""
 
     def __init__(self, prompt: Prompt, codec, sample_rate: int, chunks: tuple[int, int],
                  generator: torch.Generator):
@@ -94,6 +97,7 @@ class Request:
         self.decoded: list[Tensor] = []
         self.cancelled, self.finished = threading.Event(), threading.Event()
         self.error: BaseException | None = None
+        self.end_reason: str | None = None  # END_REASONS
         self.submitted = time.perf_counter()
         self.started: float | None = None  # when its first frame was decoded
         self.first_audio_seconds: float | None = None
@@ -106,10 +110,12 @@ class Request:
             self.started = time.perf_counter()
         self.decoded.append(frame)
 
-    def finish(self, error: BaseException | None = None) -> None:
+    def finish(self, error: BaseException | None = None, reason: str = "cancelled") -> None:
+        """Decoding ended, for `reason` (an error: "error")."""
         if self.finished.is_set():
             return
         self.error = error
+        self.end_reason = "error" if error is not None else reason
         self.finished.set()
         self.codec.wake()
 
@@ -124,6 +130,7 @@ class Request:
     def deliver_error(self, error: BaseException) -> None:
         if self.error is None:
             self.error = error
+        self.end_reason = "error"
         self.chunks_ready.put(END)
 
     # ---------------------------------------------------------------- the caller's side

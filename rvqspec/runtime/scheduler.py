@@ -94,12 +94,15 @@ class Row:
         self.c0.append(self.request.prompt.rules.draw(logits, earlier, self.request.generator))
 
     @property
-    def ended(self) -> bool:
-        """Step 2 for this row: it leaves after its last c0 (EOS, or the last one allowed), once cancelled, or after
-        a frame that ends its request (`Prompt.ends_after`)."""
+    def ended(self) -> str | None:
+        """Step 2 for this row: why it leaves now, or None. It leaves once cancelled ("cancelled"), after its EOS or a
+        frame that ends its request (`Prompt.ends_after`: "eos"), or after the last c0 its budget allows ("length")."""
         request, prompt = self.request, self.request.prompt
-        return (self.c0[-1] == prompt.rules.eos or len(self.c0) >= prompt.max_new_tokens
-                or request.cancelled.is_set() or prompt.ends_after(request.decoded))
+        if request.cancelled.is_set():
+            return "cancelled"
+        if self.c0[-1] == prompt.rules.eos or prompt.ends_after(request.decoded):
+            return "eos"
+        return "length" if len(self.c0) >= prompt.max_new_tokens else None
 
 
 @dataclass
@@ -371,8 +374,8 @@ class Scheduler:
             except Exception as e:
                 self.fail(index, e)
                 continue
-            if row.ended:
-                self.leave(index)
+            if reason := row.ended:
+                self.leave(index, reason=reason)
 
     def decode_rest(self) -> tuple[list[Row], Tensor]:
         """Step 3: the rows still decoding and their frames [B, G] (c0, then the predictor's c1..c{G-1}); rows whose
@@ -443,14 +446,15 @@ class Scheduler:
     def tree_for(self, batch: int) -> Tree | None:
         return policy_choice.tree_for(self.drafter, self.tree, self.policy, batch)
 
-    def leave(self, index: int, error: BaseException | None = None) -> None:
-        """Row `index` leaves: its request ends (with `error`), the last row takes its place (in the cache too)."""
+    def leave(self, index: int, error: BaseException | None = None, reason: str = "cancelled") -> None:
+        """Row `index` leaves: its request ends for `reason` (or with `error`), the last row takes its place (in the
+        cache too)."""
         with self.condition:
             row = self.rows[index]
             self.cache.remove(index)
             self.rows[index] = self.rows[-1]
             self.rows.pop()
-        row.request.finish(error)
+        row.request.finish(error, reason)
 
     def fail(self, index: int, error: Exception) -> None:
         """Row `index` fails alone: its request ends with the error; its cache row is zeroed before it is reused."""

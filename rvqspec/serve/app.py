@@ -32,12 +32,13 @@ from importlib import resources
 
 import anyio
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from rvqspec.core.errors import RvqspecError
-from rvqspec.serve import BODY_SECONDS
+from rvqspec.serve import BODY_SECONDS, STALL_SECONDS
 from rvqspec.serve.audio import flac_bytes, pcm_bytes, sse_delta, sse_event, wav_header
 from rvqspec.serve.metrics import Metrics
 from rvqspec.serve.protocol import MAX_INPUT, ApiError, Speech, VoiceUpload, json_object, parse_speech, parse_voice
@@ -109,10 +110,24 @@ async def audio_bytes(synthesis, response_format: str, sample_rate: int, metrics
         yield header
 
 
-async def sse(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+async def sse(pieces: AsyncIterator[bytes], synthesis) -> AsyncIterator[bytes]:
     async for data in pieces:
         yield sse_delta(data)
-    yield sse_event({"type": "speech.audio.done"})
+    yield sse_event({"type": "speech.audio.done", "end_reason": end_reason(synthesis)})
+
+
+def end_reason(synthesis) -> str:
+    """How the synthesis ended (runtime/request.py's END_REASONS); one still decoding was cancelled by the server."""
+    return synthesis.end_reason if synthesis.done and synthesis.end_reason else "cancelled"
+
+
+def record_end(synthesis, metrics: Metrics) -> None:
+    """Count the synthesis's end; a cut one (its frame budget spent) is logged."""
+    reason = end_reason(synthesis)
+    metrics.count_end(reason)
+    if reason == "length":
+        log.warning("speech request cut at its frame budget (%d frames): the model did not end it; pass a larger "
+                    "max_tokens if the text needs it", len(synthesis.decoded))
 
 
 async def cancel_on_disconnect(request: Request, synthesis) -> None:
@@ -122,18 +137,20 @@ async def cancel_on_disconnect(request: Request, synthesis) -> None:
     synthesis.cancel()
 
 
-async def respond(request: Request, synthesis, speech: Speech, sample_rate: int,
-                  metrics: Metrics) -> StreamingResponse:
+async def respond(request: Request, synthesis, speech: Speech, sample_rate: int, metrics: Metrics,
+                  stall_seconds: float) -> StreamingResponse:
     """Stream the synthesis's audio (the engine's request). Its first piece is awaited before the response starts, so
-    that a request that fails before any audio gets a JSON error, and the first bytes leave with the first chunk."""
+    that a request that fails before any audio gets a JSON error, and the first bytes leave with the first chunk. A
+    client that takes no piece for `stall_seconds` is cut off (`AudioResponse`)."""
     watcher = asyncio.create_task(cancel_on_disconnect(request, synthesis))
     pieces = audio_bytes(synthesis, speech.response_format, sample_rate, metrics)
     if speech.stream_format == "sse":
-        pieces = sse(pieces)
+        pieces = sse(pieces, synthesis)
 
     def stop() -> None:
         watcher.cancel()
         synthesis.cancel()  # a no-op once it is done; frees its row when the client left or the server stops
+        record_end(synthesis, metrics)
 
     async def body() -> AsyncIterator[bytes]:
         try:
@@ -155,28 +172,72 @@ async def respond(request: Request, synthesis, speech: Speech, sample_rate: int,
     except BaseException:
         stop()
         raise
-    return StreamingResponse(body(), media_type=speech.media_type, headers={"X-Sample-Rate": str(sample_rate)})
+    def stalled() -> None:
+        log.warning("a client took no audio for %g s (it stopped reading): its request is cancelled and its "
+                    "connection closed", stall_seconds)
+        metrics.stalled.inc()
+        synthesis.cancel()
+
+    return AudioResponse(body(), stall_seconds, stalled, media_type=speech.media_type,
+                         headers=audio_headers(synthesis, sample_rate))
+
+
+class ClientStalled(Exception):
+    pass
+
+
+class AudioResponse(StreamingResponse):
+    """A streamed answer whose client must take each piece within `stall_seconds`: one that stopped reading (its socket
+    buffer full, uvicorn's write waiting) gets `on_stall()` (its request cancelled: the row is freed) and the answer
+    ends unfinished (uvicorn then closes the connection), so that a stalled client holds its row a bounded time."""
+
+    def __init__(self, content, stall_seconds: float, on_stall, **kwargs):
+        super().__init__(content, **kwargs)
+        self.stall_seconds, self.on_stall = stall_seconds, on_stall
+
+    async def stream_response(self, send) -> None:
+        async def timed(message) -> None:
+            with anyio.move_on_after(self.stall_seconds):
+                return await send(message)
+            raise ClientStalled
+
+        try:
+            await super().stream_response(timed)
+        except ClientStalled:
+            self.on_stall()
+            await self.body_iterator.aclose()
+
+
+def audio_headers(synthesis, sample_rate: int) -> dict:
+    """The sample rate; and `X-End-Reason` where decoding ended before the response starts (flac, which is encoded
+    whole; a short wav or pcm): a stream still decoding cannot know it yet (SSE's done event and /metrics say it)."""
+    headers = {"X-Sample-Rate": str(sample_rate)}
+    if synthesis.done and synthesis.end_reason:
+        headers["X-End-Reason"] = synthesis.end_reason
+    return headers
 
 
 # ---------------------------------------------------------------- the app
 
 def create_app(engine, voices: VoiceStore, api_key: str | None = None, threads: int = 64,
-               allowed_hosts: tuple[str, ...] = (), body_seconds: float = BODY_SECONDS, limits: Limits = Limits()):
+               allowed_hosts: tuple[str, ...] = (), body_seconds: float = BODY_SECONDS,
+               stall_seconds: float = STALL_SECONDS, limits: Limits = Limits()):
     """The ASGI app serving `engine` (an `rvqspec.runtime.Engine`), cloned voices kept in `voices`. `threads`: worker
     threads for reading requests' audio (each decoding or waiting request holds one while it waits for a chunk);
     `allowed_hosts`: host names the Host header may give besides addresses and localhost ("*": any); a body must
-    arrive within `body_seconds`; `limits`: the WebSocket sessions' caps (stream.Limits)."""
+    arrive within `body_seconds`, a streaming client take each piece of audio within `stall_seconds`; `limits`: the
+    WebSocket sessions' caps (stream.Limits)."""
     @asynccontextmanager
     async def lifespan(app):
         anyio.to_thread.current_default_thread_limiter().total_tokens = threads
         yield
 
     app = FastAPI(title="rvqspec", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
-    metrics = Metrics()
+    metrics = Metrics(engine)
     add_error_handlers(app)
     add_info_routes(app, engine, metrics)
     add_voice_routes(app, engine, voices, body_seconds)
-    add_speech_route(app, engine, voices, metrics, body_seconds)
+    add_speech_route(app, engine, voices, metrics, body_seconds, stall_seconds)
     sessions = Sessions(engine, voices, metrics, limits)
     app.add_api_websocket_route("/v1/audio/speech/stream", sessions.serve)
     return Gate(app, metrics, api_key, allowed_hosts)
@@ -214,9 +275,9 @@ def add_info_routes(app: FastAPI, engine, metrics: Metrics) -> None:
     async def health():
         return {"status": "ok", "model": engine.name}
 
-    @app.get("/metrics", response_class=PlainTextResponse)
+    @app.get("/metrics")
     async def prometheus():
-        return PlainTextResponse(metrics.text(engine.status()), media_type="text/plain; version=0.0.4")
+        return Response(metrics.text(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models():
@@ -263,13 +324,14 @@ async def register(voices: VoiceStore, upload: VoiceUpload, engine) -> None:
         raise ApiError(400, str(e), param="audio") from None
 
 
-def add_speech_route(app: FastAPI, engine, voices: VoiceStore, metrics: Metrics, body_seconds: float) -> None:
+def add_speech_route(app: FastAPI, engine, voices: VoiceStore, metrics: Metrics, body_seconds: float,
+                     stall_seconds: float) -> None:
     """POST /v1/audio/speech."""
     @app.post("/v1/audio/speech")
     async def speech(request: Request):
         job = parse_speech(await read_json(request, MAX_SPEECH_BODY, body_seconds), engine, voices)
         synthesis = await submit(engine, voices, job)
-        return await respond(request, synthesis, job, engine.sample_rate, metrics)
+        return await respond(request, synthesis, job, engine.sample_rate, metrics, stall_seconds)
 
 
 class Gate:
