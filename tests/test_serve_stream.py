@@ -5,14 +5,18 @@ session.config, a wrong key, another site's page, too many sessions), each one `
 a closed session while another session goes on unchanged; a client that leaves frees its row."""
 
 import asyncio
+import base64
 import json
+import os
 import socket
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from helpers.browser import Browser, chromium
 from helpers.upstream_models import upstream_available
 
 if not upstream_available():
@@ -204,3 +208,29 @@ def wait_for_rows(engine, rows: int, seconds: float = 10) -> None:
         assert time.monotonic() < deadline, engine.status()
         time.sleep(0.02)
     assert np.isfinite(engine.status()["audio_seconds"])
+
+
+@pytest.mark.skipif(chromium() is None and not os.environ.get("CI"), reason="no chromium (apt install "
+                    "chromium-headless-shell); in CI (CI set) a missing browser fails instead")
+def test_the_pages_live_mode_speaks_as_it_types_in_headless_chromium(served, tmp_path):
+    """The page at / in live mode types its text a few characters at a time over the WebSocket (the key as a
+    subprotocol) and plays the audio as it arrives: the model and mode, first audio, real-time factor and tokens per
+    step shown, the waveform drawn; a screenshot kept (RVQSPEC_ARTIFACTS, else the test's folder)."""
+    url, engine = served
+    page = url.replace("ws://", "http://").replace("/v1/audio/speech/stream", "/")
+    browser = Browser(chromium())
+    try:
+        browser.open(f"{page}?key={KEY}&voice=tiny&text=hello%20there%2C%20how%20are%20you%3F&autoplay=1&live=1")
+        status = browser.wait_for('document.getElementById("status").textContent', "done", timeout=120)
+        info = browser.wait_for('document.getElementById("info").textContent', "model", timeout=5)
+        inked = browser.wait_for("String(Array.from(document.getElementById('wave').getContext('2d')"
+                                 ".getImageData(0, 0, 640, 80).data).some((v, i) => i % 4 == 3 && v > 0))", "true")
+        shot = Path(os.environ.get("RVQSPEC_ARTIFACTS", tmp_path)) / "page-live.png"
+        shot.parent.mkdir(parents=True, exist_ok=True)
+        shot.write_bytes(base64.b64decode(browser.call("Page.captureScreenshot", format="png")["data"]))
+    finally:
+        browser.close()
+    assert status.startswith("done: ") and f"at {engine.sample_rate} Hz, first audio after" in status, status
+    assert info.startswith(f"model {engine.name} (token mode, live): first audio") and "tokens/step" in info, info
+    assert "real-time factor" in info and inked == "true"
+    assert shot.read_bytes().startswith(b"\x89PNG")

@@ -135,7 +135,10 @@ class StableTokens:
         return self.commit(len(self.tail))
 
     def commit(self, cut: int) -> list[int]:
-        ids = self.tokenizer(self.tail[:cut], add_special_tokens=False)["input_ids"]
+        """The ids of the tail's first `cut` characters, tokenized with what follows them (a pre-token's split can
+        depend on the next character: "  " alone is one whitespace token, before "0" two)."""
+        tokens = self.tokenizer(self.tail, add_special_tokens=False, return_offsets_mapping=True)
+        ids = [i for i, (_, end) in zip(tokens["input_ids"], tokens["offset_mapping"]) if end <= cut]
         self.tail = self.tail[cut:]
         dropped, self.skip = min(self.skip, len(ids)), self.skip - min(self.skip, len(ids))
         return ids[dropped:]

@@ -94,7 +94,7 @@ class Sessions:
             job.args["text"] = text
             synthesis = await start(self.engine, self.voices, job)
             reply = dict(model=self.engine.name, mode=mode, format=job.response_format)
-            await converse(websocket, synthesis, text, reply, self.limits, self.metrics)
+            await converse(websocket, synthesis, text, reply, self.limits, self.metrics, self.engine.status)
         except ApiError as e:
             await end(websocket, e)
         except WebSocketDisconnect:
@@ -195,8 +195,10 @@ async def start(engine, voices, job):
                            close_code=OVERLOADED if e.status == 429 else POLICY, kind=e.kind) from None
 
 
-async def converse(websocket: WebSocket, synthesis, text: TextStream, reply: dict, limits: Limits, metrics) -> None:
-    """The text in, the audio out, at once; the session's end messages once the audio is whole."""
+async def converse(websocket: WebSocket, synthesis, text: TextStream, reply: dict, limits: Limits, metrics,
+                   status) -> None:
+    """The text in, the audio out, at once; the session's end messages once the audio is whole (audio.done with
+    ours: the engine's tokens per step, `status()`'s)."""
     heard: list[str] = []  # the text so far (audio.start's sentence_text)
     reader = asyncio.create_task(read_text(websocket, text, heard, limits))
     writer = asyncio.create_task(send_audio(websocket, synthesis, heard, reply, metrics))
@@ -210,7 +212,7 @@ async def converse(websocket: WebSocket, synthesis, text: TextStream, reply: dic
             task.cancel()
         await asyncio.gather(reader, writer, return_exceptions=True)
     await websocket.send_json({"type": "audio.done", "utterance_index": 0, "sentence_index": 0, "total_bytes": total,
-                               "error": False})
+                               "error": False, "tokens_per_step": status()["tokens_per_step"]})
     await websocket.send_json({"type": "session.done", "utterance_index": 0, "total_sentences": 1})
     await websocket.close()
 
