@@ -1,10 +1,13 @@
 """Issue 54: every request says how it ended (`end_reason`), and one whose end code never comes ends within a budget
 its text bounds (docs/limits.md): the shipped stand-in's normal speech is never cut (its margin shown), a tiny
 qwen-tts that never draws its end code ends at its text budget with reason "length" (the Engine, `rvqspec synth`, the
-server), an explicit max_new_tokens is kept exactly, and a normal request's codes are what they were."""
+server), an explicit max_new_tokens is kept exactly, and a normal request's codes are what they were. A long text in
+sentence mode (runtime/passage.py) streams as its sentences spoken in turn, without a click at the joins."""
 
 import json
 import math
+
+import numpy as np
 
 import httpx
 import pytest
@@ -12,7 +15,7 @@ import torch
 
 from rvqspec.cli.demo import DEFAULT_TEXT
 from rvqspec.cli.main import main
-from rvqspec.runtime import Engine
+from rvqspec.runtime import Engine, Request
 
 from helpers.engines import GREEDY, frames_of, never_ending
 from helpers.upstream_models import upstream_available
@@ -34,6 +37,12 @@ def tts():
     return tiny_qwen3_tts(seed=0)
 
 
+@pytest.fixture(scope="module")
+def standin():
+    with Engine("standin", seed=0) as engine:
+        yield engine
+
+
 def endless(engine: Engine) -> Engine:
     """The engine's tiny qwen-tts with its end code never drawn (its c0 logit at -1e9)."""
     eos = engine.model.upstream.config.codec_eos_token_id
@@ -42,17 +51,15 @@ def endless(engine: Engine) -> Engine:
     return engine
 
 
-def test_standin_speech_ends_by_itself_far_within_its_budget():
-    """Each language's sentence and a sentence of digits, greedy and sampled: every one ends with "eos", using at
-    most half its budget (benchmarks/results/speech-rate.md: the measured margins)."""
-    with Engine("standin", seed=0) as engine:
-        for lang in DEFAULT_TEXT:
-            for text in (DEFAULT_TEXT[lang], NUMBERS[lang]):
-                for settings in (GREEDY, {}):
-                    request = engine.submit("speech", seed=1, text=text, language=lang, **settings)
-                    frames = len(request.wait(WAIT))
-                    assert request.end_reason == "eos", (lang, text)
-                    assert 2 * frames <= request.prompt.max_new_tokens - 1, (lang, text, frames)
+def test_standin_speech_ends_by_itself_far_within_its_budget(standin):
+    """Each language's sentence and a sentence of digits (spoken as words: a digit is budgeted as such), sampled as
+    the stand-in samples by default, decoding together: every one ends with "eos" within half its budget
+    (benchmarks/results/speech-rate.md: the margins measured, and the greedy runaways that end at their budget)."""
+    requests = [standin.submit("speech", seed=seed, text=text, language=lang) for lang in DEFAULT_TEXT
+                for text in (DEFAULT_TEXT[lang], NUMBERS[lang]) for seed in (1, 2)]
+    for request in requests:
+        frames = len(request.wait(WAIT))
+        assert request.end_reason == "eos" and 2 * frames <= request.prompt.max_new_tokens - 1, request.prompt
 
 
 def test_a_runaway_request_ends_at_its_text_budget_and_an_explicit_limit_is_kept(tts):
@@ -141,3 +148,53 @@ def test_the_server_says_a_runaway_was_cut(tts, tmp_path):
     assert flac.status_code == 200 and flac.headers["x-end-reason"] == "length"
     assert json.loads(sse.text.strip().splitlines()[-1][6:]) == {"type": "speech.audio.done", "end_reason": "length"}
     assert 'rvqspec_speech_ends_total{reason="length"} 2.0' in metrics
+
+
+def test_a_long_text_streams_as_its_sentences_spoken_in_turn(standin):
+    """Sentence mode (opt-in: the default is one utterance) equals the sentences spoken one after another from one
+    generator, while another request decodes beside it; it streams, and no join clicks (the sample step across a
+    join is under the median step within the speech)."""
+    text = "The quick brown fox jumps over the lazy dog. It was a sunny day! Did you see it? Yes, I did."
+    engine = standin
+    assert isinstance(engine.speech(text, voice="en", seed=5), Request)
+    passage = engine.speech(text, voice="en", seed=5, sentences=True)
+    beside = engine.speech("Guten Tag, wie geht's?", voice="de", seed=1)
+    chunks = list(passage)
+    beside.wait(WAIT)
+    generator, turns = torch.Generator().manual_seed(5), []
+    for prompt in passage.prompts:
+        turns.append(engine.queue(prompt, generator))
+        turns[-1].wait(WAIT)
+    assert len(passage.prompts) == 4 and passage.end_reason == "eos" and len(chunks) > 4
+    assert torch.equal(passage.codes, torch.cat([turn.codes for turn in turns]))
+    audio = [turn.audio() for turn in turns]
+    whole = np.concatenate(audio)
+    np.testing.assert_allclose(np.concatenate(chunks), whole, atol=1e-4, rtol=0)  # streamed: the vocoder's chunks
+    steps = np.abs(np.diff(whole))
+    for join in np.cumsum([len(a) for a in audio])[:-1]:
+        assert abs(whole[join] - whole[join - 1]) < np.median(steps)
+
+
+def test_synth_speaks_a_long_text_sentence_by_sentence_with_the_seed_carried_on(tmp_path, capsys):
+    """`synth --sentences on`: the wav is upstream's loop speaking each sentence in turn after one torch.manual_seed
+    (sampled: the seed matters), each within its own budget."""
+    import soundfile
+
+    from rvqspec.cli.synth import write_wav
+    from rvqspec.integrations.qwen_tts import accelerate, generate_speech, load_tts
+    from rvqspec.runtime.qwen_tts import upstream_text_budget
+
+    folder = save_checkpoint(tiny_qwen3_tts(seed=1), tmp_path / "checkpoint", {"max_new_tokens": 12})
+    text, sentences = "Hello there. How are you?", ["Hello there.", "How are you?"]
+    argv = ["synth", "--model", str(folder), "--text", text, "--device", "cpu", "--seed", "3", "--sentences", "on",
+            "--out", str(tmp_path / "passage.wav"), *sum((["--" + k, v] for k, v in QWEN.items()), [])]
+    assert main(argv) == 0
+    assert "spoken sentence by sentence: 2 sentences" in capsys.readouterr().out
+    tts = load_tts(folder, "cpu", torch.float32)
+    accelerate(tts)
+    torch.manual_seed(3)
+    wavs = [generate_speech(tts, sentence, max_new_tokens=upstream_text_budget(tts, sentence), **QWEN)[0][0]
+            for sentence in sentences]
+    write_wav(tmp_path / "turns.wav", np.concatenate(wavs), tts.model.speech_tokenizer.get_output_sample_rate())
+    got, want = (soundfile.read(tmp_path / name, dtype="int16")[0] for name in ("passage.wav", "turns.wav"))
+    assert len(wavs[0]) > 0 and np.array_equal(got, want)

@@ -225,3 +225,33 @@ def test_synth_reads_stdin_as_it_arrives_and_speaks_the_engines_audio(tmp_path):
         want = np.concatenate([chunk for chunk, _ in want])
     assert rate == engine.sample_rate and len(audio) == len(want) > 0
     assert np.abs(audio.astype(np.int32) - np.round(want * 32768).astype(np.int32)).max() <= 1  # 16-bit rounding
+
+
+def test_sentence_mode_speaks_each_sentence_as_it_completes_as_one_stream():
+    """The stand-in (no dual-track text): text in pieces is spoken sentence by sentence as they complete, one stream
+    with the seed carried on: the same bits as the whole text's passage (`sentences=True`); a sentence that arrives
+    after the previous one was spoken still follows it; a failing source ends the stream with its error."""
+    text = "Hello there. How are you today? I am fine, thanks."
+
+    def slow(pieces_of: list[str], pause_after: int = -1):
+        for i, piece in enumerate(pieces_of):
+            time.sleep(0.5 if i == pause_after else 0.005)
+            yield piece
+
+    def failing():
+        yield "Hello there. How are"
+        raise ValueError("the LLM went away")
+
+    with Engine("standin") as engine:
+        assert engine.status()["text_mode"] == "sentence"
+        whole = engine.speech(text, voice="en", seed=5, sentences=True)
+        want = whole.audio()
+        for source in (slow(pieces(text, 8)), slow(["Hello there. ", "How are you today? I am fine, thanks."], 1)):
+            passage = engine.speech(source, voice="en", seed=5)
+            assert np.array_equal(passage.audio(), want) and passage.end_reason == "eos"
+            assert len(passage.requests) == 3
+        with pytest.raises(RvqspecError, match="the LLM went away"):
+            engine.speech(failing(), voice="en", seed=5).audio()
+        with pytest.raises(RvqspecError, match="empty"):
+            engine.speech(iter([" "]), voice="en").audio()
+        assert engine.status()["active"] == 0

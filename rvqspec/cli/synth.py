@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from rvqspec.cli import flags
@@ -94,24 +95,36 @@ def qwen_tts_folder(name: str) -> Path:
     return folder
 
 
-def synthesize(tts, handle, text: str, out: str | Path, max_new_tokens: int, **speech_args) -> dict:
-    """Generate `text` with the accelerated `tts`, write `out`; a report of what the predictor did."""
+def synthesize(tts, handle, texts: list[str], out: str | Path, limit: int | None, **speech_args) -> dict:
+    """Generate `texts` (the sentences of a long text, or the one text) in turn with the accelerated `tts`, write
+    their audio to `out`; a report of what the predictor did."""
     handle.stats.reset()
-    start = time.perf_counter()
-    wavs, sample_rate = generate_speech(tts, text, max_new_tokens=max_new_tokens, **speech_args)
+    start, wavs, cut = time.perf_counter(), [], []
+    for index, text in enumerate(texts):
+        with frame_budget(tts, handle, text, limit, index, cut) as budget:
+            (wav,), sample_rate = generate_speech(tts, text, max_new_tokens=budget, **speech_args)
+        wavs.append(wav)
     seconds = time.perf_counter() - start
-    write_wav(out, wavs[0], sample_rate)
+    audio = np.concatenate(wavs)
+    write_wav(out, audio, sample_rate)
     stats = handle.stats
     sizes = [n for n in stats.tree_sizes if n]
-    return {"out": str(out), "audio_seconds": len(wavs[0]) / sample_rate, "sample_rate": sample_rate,
+    return {"out": str(out), "audio_seconds": len(audio) / sample_rate, "sample_rate": sample_rate,
             "frames": stats.frames, "calls_per_frame": stats.calls_per_frame, "tokens_per_step": stats.tokens_per_step,
             "speculative": bool(sizes), "tree_nodes": max(sizes, default=0), "decoding": handle.explain(1),
-            "wall_seconds": seconds, "end_reason": end_reason(stats.frames, max_new_tokens)}
+            "wall_seconds": seconds, "sentences": len(texts), "cut": cut}
 
 
-def end_reason(frames: int, max_new_tokens: int) -> str:
-    """"length" when upstream's loop spent its frame budget (its last c0 draw is never decoded), else "eos"."""
-    return "length" if frames >= max_new_tokens - 1 else "eos"
+@contextmanager
+def frame_budget(tts, handle, text: str, limit: int | None, index: int, cut: list) -> Iterator[int]:
+    """The frame budget of one text (`limit`, else its text's: runtime/qwen_tts.py), held while upstream's loop
+    speaks it; (index, budget) goes into `cut` when the loop spent it (its last c0 draw is never decoded)."""
+    from rvqspec.runtime.qwen_tts import upstream_text_budget
+
+    budget, before = limit or upstream_text_budget(tts, text), handle.stats.frames
+    yield budget
+    if handle.stats.frames - before >= budget - 1:
+        cut.append((index, budget))
 
 
 def write_progressively(out: str | Path, chunks, sample_rate: int) -> tuple[int, float | None]:
@@ -138,22 +151,28 @@ def write_progressively(out: str | Path, chunks, sample_rate: int) -> tuple[int,
     return samples, first
 
 
-def stream_synth(tts, handle, args) -> dict:
-    entry_point, arguments = speech_request(tts, args.text, args.language, args.speaker, args.instruct,
-                                            args.ref_audio, args.ref_text)
+def stream_synth(tts, handle, args, texts: list[str]) -> dict:
     sample_rate = int(tts.model.speech_tokenizer.get_output_sample_rate())
     handle.stats.reset()
-    start = time.perf_counter()
+    start, cut = time.perf_counter(), []
+
+    def chunks() -> Iterator[tuple]:
+        for index, text in enumerate(texts):
+            entry_point, arguments = speech_request(tts, text, args.language, args.speaker, args.instruct,
+                                                    args.ref_audio, args.ref_text)
+            with frame_budget(tts, handle, text, args.max_new_tokens, index, cut) as budget:
+                with closing(getattr(handle, f"stream_{entry_point}")(**arguments, chunk_frames=args.chunk_frames,
+                                                                       max_new_tokens=budget)) as sentence:
+                    yield from sentence
+
     with upstream_refusals():
-        chunks = getattr(handle, f"stream_{entry_point}")(**arguments, chunk_frames=args.chunk_frames,
-                                                          max_new_tokens=args.max_new_tokens)
-        samples, first = write_progressively(args.out, chunks, sample_rate)
+        samples, first = write_progressively(args.out, chunks(), sample_rate)
     seconds = time.perf_counter() - start
     return {"out": str(args.out), "audio_seconds": samples / sample_rate, "sample_rate": sample_rate,
             "frames": handle.stats.frames, "wall_seconds": seconds, "first_audio_seconds": first,
             "real_time_factor": seconds / max(samples / sample_rate, 1e-9), "decoding": handle.explain(1),
             "calls_per_frame": handle.stats.calls_per_frame, "tokens_per_step": handle.stats.tokens_per_step,
-            "end_reason": end_reason(handle.stats.frames, args.max_new_tokens)}
+            "sentences": len(texts), "cut": cut}
 
 
 def stdin_pieces(fd: int | None = None) -> Iterator[str]:
@@ -188,7 +207,7 @@ def live_synth(tts, drafter, tree, args) -> dict:
     return {"out": str(args.out), "audio_seconds": samples / engine.sample_rate, "sample_rate": engine.sample_rate,
             "frames": status["frames"], "wall_seconds": seconds, "first_audio_seconds": first,
             "real_time_factor": seconds / max(samples / engine.sample_rate, 1e-9), "decoding": decoding,
-            "tokens_per_step": status["tokens_per_step"]}
+            "tokens_per_step": status["tokens_per_step"], "sentences": 1, "cut": []}
 
 
 def run_synth(args) -> int:
@@ -204,16 +223,14 @@ def run_synth(args) -> int:
         return print_report(live_synth(tts, drafter, tree, args), args)
     handle = accelerate(tts, drafter=drafter, tree=tree, weights=args.weights, tuned=args.tuned,
                         talker_weights=args.talker_weights)
-    torch.manual_seed(args.seed)
-    from rvqspec.runtime.qwen_tts import upstream_text_budget
-
-    args.max_new_tokens = args.max_new_tokens or upstream_text_budget(tts, args.text)
+    torch.manual_seed(args.seed)  # once: the sentences of a long text carry the seed on
+    texts = sentences_of(args.text, args.sentences)
     if args.stream:
-        report = stream_synth(tts, handle, args)
+        report = stream_synth(tts, handle, args, texts)
     else:
-        report = synthesize(tts, handle, args.text, args.out, args.max_new_tokens, language=args.language,
-                            speaker=args.speaker,
-                            instruct=args.instruct, ref_audio=args.ref_audio, ref_text=args.ref_text)
+        report = synthesize(tts, handle, texts, args.out, args.max_new_tokens, language=args.language,
+                            speaker=args.speaker, instruct=args.instruct, ref_audio=args.ref_audio,
+                            ref_text=args.ref_text)
     return print_report(report, args)
 
 
@@ -226,10 +243,22 @@ def print_report(report: dict, args) -> int:
               f"{report['real_time_factor']:.2f} (synthesis time / audio time)")
     calls = f"{report['calls_per_frame']:.2f} calls/frame, " if "calls_per_frame" in report else ""
     print(f"code predictor ({mode}): {calls}{report['tokens_per_step']:.2f} tokens/step")
-    if report.get("end_reason") == "length":
-        print(f"cut at its frame budget ({args.max_new_tokens} frames, end reason: length): the model did not end "
-              "the speech; pass a larger --max-new-tokens if the text needs it")
+    if report["sentences"] > 1:
+        print(f"spoken sentence by sentence: {report['sentences']} sentences (--sentences off: one utterance)")
+    for index, budget in report["cut"]:
+        which = f"sentence {index + 1}" if report["sentences"] > 1 else "the text"
+        print(f"{which} cut at its frame budget ({budget} frames, end reason: length): the model did not end the "
+              "speech; pass a larger --max-new-tokens if the text needs it")
     return 0
+
+
+def sentences_of(text: str, mode: str) -> list[str]:
+    """The texts synth speaks in turn: the sentences of `text` (--sentences on, or auto past LONG_TEXT characters),
+    else the text whole, as upstream speaks it."""
+    from rvqspec.runtime.sentences import LONG_TEXT, split_sentences
+
+    split = mode == "on" or (mode == "auto" and len(text) > LONG_TEXT)
+    return (split_sentences(text) if split else []) or [text]
 
 
 def run_from_audio(args) -> int:
@@ -278,6 +307,8 @@ def add_cli(subparsers) -> None:
     p.add_argument("--seed", type=flags.seed, default=0)
     p.add_argument("--max-new-tokens", type=flags.positive_int, help="frames at most (12.5 a second; default: "
                    "a budget from the text, docs/limits.md: 8 per text token, at least 125)")
+    p.add_argument("--sentences", choices=("auto", "on", "off"), default="auto", help="speak the text sentence by "
+                   "sentence, one after another (auto: past 200 characters; docs/limits.md)")
     p.add_argument("--stream", action="store_true", help="write the wav while it is generated (into a hidden "
                    ".<name>.<random>.part.wav beside it, a valid file after every chunk), print time to first audio")
     p.add_argument("--chunk-frames", type=flags.chunk_frames, default=CHUNK_FRAMES,

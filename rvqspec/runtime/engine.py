@@ -34,8 +34,10 @@ from rvqspec.runtime.adapter import ModelAdapter
 from rvqspec.runtime.capacity import Capacity, frame_scaling
 from rvqspec.runtime.codec_worker import CodecWorker, Cores
 from rvqspec.runtime.live_text import is_live, text_stream
+from rvqspec.runtime.passage import Passage
 from rvqspec.runtime.request import Request
 from rvqspec.runtime.scheduler import PREFILL_CHUNK, Scheduler
+from rvqspec.runtime.sentences import SentenceSplitter, split_sentences
 from rvqspec.runtime.threads import ThreadBudget
 
 MAX_BATCH, MAX_QUEUE = 8, 32
@@ -125,6 +127,8 @@ class Engine:
         stand-in's "speech"), `arguments` upstream's for it (one text). Iterate the request for its audio. The text
         may arrive over time (`live_text.is_live`: a `TextStream`, an iterable or async iterable of pieces)."""
         if is_live(arguments.get("text")):
+            if self.text_mode == "sentence":
+                return self.submit_sentences(kind, seed, arguments)
             return self.submit_live(kind, seed, arguments)
         prompts = self.model.prompts(kind, arguments)
         if len(prompts) != 1:
@@ -143,29 +147,67 @@ class Engine:
         text_stream(text, request.cancelled).attach(prompt.live.read)
         return request
 
+    def submit_sentences(self, kind: str, seed: int | None, arguments: dict) -> Passage:
+        """Text arriving over time on a model without dual-track text: each sentence spoken as it completes
+        (`SentenceSplitter`), one stream with the voice and seed carried on (a `Passage`)."""
+        text, splitter, generator = arguments.pop("text"), SentenceSplitter(), self.generator(seed)
+        passage = Passage([], lambda prompt: self.queue(prompt, generator, first=True), self.sample_rate,
+                          complete=False)
+
+        def read(piece: str | BaseException | None) -> None:
+            try:
+                if isinstance(piece, BaseException):
+                    raise RvqspecError(f"the text's source failed ({type(piece).__name__}: {piece})")
+                for sentence in splitter.end() if piece is None else splitter.feed(piece):
+                    passage.add(self.model.prompts(kind, {**arguments, "text": sentence})[0])
+            except RvqspecError as e:
+                passage.end(e)
+                passage.cancel()
+            if piece is None:
+                passage.end(None if passage.prompts else RvqspecError("the text was empty: send at least one word"))
+
+        text_stream(text, passage.cancelled).attach(read)
+        return passage
+
     @property
     def text_mode(self) -> str:
-        """How text that arrives over time is spoken: "token" (dual-track: each text token as it comes)."""
-        return "token" if getattr(self.model, "dual_track", False) else "none"
+        """How text that arrives over time is spoken: "token" (dual-track: each text token as it comes), "sentence"
+        (each sentence as it completes), "none" (a model that takes no text: CSM)."""
+        if getattr(self.model, "dual_track", False):
+            return "token"
+        return "sentence" if self.model.kind == "speech" else "none"
 
     def speech(self, text: str, voice: str | None = None, instructions: str | None = None,
                language: str | None = None, clone=None, seed: int | None = None, temperature: float | None = None,
-               top_k: int | None = None, top_p: float | None = None) -> Request:
+               top_k: int | None = None, top_p: float | None = None, sentences: bool = False) -> Request | Passage:
         """A request in one shape for every model (what a server maps OpenAI's fields to): `voice` a built-in voice,
-        `instructions` a voice design or instruct, `clone` a `clone_prompt`; sampling settings for the talker."""
+        `instructions` a voice design or instruct, `clone` a `clone_prompt`; sampling settings for the talker. With
+        `sentences`, a text of several sentences is spoken one sentence after another as one stream (a `Passage`:
+        runtime/passage.py); without, as one utterance, as upstream speaks it. `text` may arrive over time
+        (`submit`)."""
         live = is_live(text)
         if not live and (not isinstance(text, str) or not text.strip()):
             raise RvqspecError("text must be a non-empty string: pass the sentence to speak")
         kind, arguments = self.model.speech("" if live else text, voice, instructions, language, clone)
-        arguments["text"] = text
-        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-        return self.submit(kind, seed=seed, **arguments, **{k: v for k, v in sampling.items() if v is not None})
+        sampling = {k: v for k, v in dict(temperature=temperature, top_k=top_k, top_p=top_p).items() if v is not None}
+        pieces = split_sentences(text) if sentences and not live else []
+        if len(pieces) < 2:
+            return self.submit(kind, seed=seed, **{**arguments, "text": text}, **sampling)
+        prompts = [self.model.prompts(kind, {**arguments, **sampling, "text": piece})[0] for piece in pieces]
+        generator = self.generator(seed)
+        return Passage(prompts, lambda prompt: self.queue(prompt, generator, first=True), self.sample_rate)
 
     def enqueue(self, prompt, seed: int | None) -> Request:
+        return self.queue(prompt, self.generator(seed))
+
+    def generator(self, seed: int | None) -> torch.Generator:
+        """A request's own generator, seeded with `seed` (None: the engine's next seed)."""
         seed = self.seeds.getrandbits(62) if check_seed(seed) is None else seed
-        request = Request(prompt, self.codec, self.sample_rate, self.chunks,
-                          torch.Generator(self.model.predictor.device).manual_seed(seed))
-        self.scheduler.submit(request)
+        return torch.Generator(self.model.predictor.device).manual_seed(seed)
+
+    def queue(self, prompt, generator: torch.Generator, first: bool = False) -> Request:
+        request = Request(prompt, self.codec, self.sample_rate, self.chunks, generator)
+        self.scheduler.submit(request, first)
         return request
 
     # ---------------------------------------------------------------- upstream's entry points (qwen-tts)

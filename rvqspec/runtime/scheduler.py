@@ -141,17 +141,22 @@ class Scheduler:
 
     # ---------------------------------------------------------------- callers' side (any thread)
 
-    def submit(self, request: Request) -> None:
+    def submit(self, request: Request, first: bool = False) -> None:
+        """Queue `request`; `first`: ahead of the others, queue full or not (a passage's next sentence, whose stream
+        is playing: runtime/passage.py)."""
         with self.condition:
             if not self.accepting:
                 raise RvqspecError("the engine is closed: make a new rvqspec.Engine to decode more")
             for cancelled in [waiting for waiting in self.waiting if waiting.cancelled.is_set()]:
                 self.waiting.remove(cancelled)  # a cancelled request gives its place back at once
                 cancelled.finish()
-            if len(self.waiting) >= self.max_queue:
+            if len(self.waiting) >= self.max_queue and not first:
                 raise QueueFull(f"the engine's queue is full ({self.max_queue} requests waiting): retry later, or make "
                                 "the engine with a larger max_queue")
-            self.waiting.append(request)
+            if first:
+                self.waiting.appendleft(request)
+            else:
+                self.waiting.append(request)
             if request.prompt.live is not None:
                 request.prompt.live.wake = self.wake
             self.condition.notify()

@@ -25,7 +25,8 @@ no end: then its first piece, cut as above.
 
 import re
 
-MAX_CHARS = 300  # characters of a sentence at most (docs/limits.md: where the models were measured to hold up)
+MAX_CHARS = 200  # characters of a sentence at most (docs/limits.md: where the stand-in was measured to hold up)
+LONG_TEXT = 200  # characters: `rvqspec serve` and `synth` speak a longer text sentence by sentence by default
 LATIN_ENDS, CJK_ENDS = ".!?…", "。！？．"
 CLOSERS = "\"')]}»”’」』）》】"
 CLAUSE_MARKS = ",;:，、；："

@@ -172,13 +172,7 @@ async def respond(request: Request, synthesis, speech: Speech, sample_rate: int,
     except BaseException:
         stop()
         raise
-    def stalled() -> None:
-        log.warning("a client took no audio for %g s (it stopped reading): its request is cancelled and its "
-                    "connection closed", stall_seconds)
-        metrics.stalled.inc()
-        synthesis.cancel()
-
-    return AudioResponse(body(), stall_seconds, stalled, media_type=speech.media_type,
+    return AudioResponse(body(), synthesis, metrics, stall_seconds, media_type=speech.media_type,
                          headers=audio_headers(synthesis, sample_rate))
 
 
@@ -187,13 +181,20 @@ class ClientStalled(Exception):
 
 
 class AudioResponse(StreamingResponse):
-    """A streamed answer whose client must take each piece within `stall_seconds`: one that stopped reading (its socket
-    buffer full, uvicorn's write waiting) gets `on_stall()` (its request cancelled: the row is freed) and the answer
-    ends unfinished (uvicorn then closes the connection), so that a stalled client holds its row a bounded time."""
+    """A synthesis's streamed answer whose client must take each piece within `stall_seconds`: for one that stopped
+    reading (its socket buffer full, uvicorn's write waiting) the synthesis is cancelled (its row freed), the stall
+    logged and counted, and the answer ends unfinished (uvicorn then closes the connection), so that a stalled client
+    holds its row a bounded time."""
 
-    def __init__(self, content, stall_seconds: float, on_stall, **kwargs):
+    def __init__(self, content, synthesis, metrics: Metrics, stall_seconds: float, **kwargs):
         super().__init__(content, **kwargs)
-        self.stall_seconds, self.on_stall = stall_seconds, on_stall
+        self.synthesis, self.metrics, self.stall_seconds = synthesis, metrics, stall_seconds
+
+    def on_stall(self) -> None:
+        log.warning("a client took no audio for %g s (it stopped reading): its request is cancelled and its "
+                    "connection closed", self.stall_seconds)
+        self.metrics.stalled.inc()
+        self.synthesis.cancel()
 
     async def stream_response(self, send) -> None:
         async def timed(message) -> None:
