@@ -8,6 +8,7 @@ repeats. The single-token call is set against the memory-bandwidth limit: bytes 
 large tensor, read + write counted). Timing does not depend on weight values (docs/design.md, section 5).
 
     nice -n 0 .venv/bin/python benchmarks/ar_vs_upstream.py   # writes benchmarks/results/ar_vs_upstream.{json,md}
+    .venv/bin/python benchmarks/ar_vs_upstream.py --smoke     # a tiny predictor: seconds, a temporary folder
 """
 
 import argparse
@@ -18,21 +19,16 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # the upstream model builder shared with the parity tests
-
-import rvqspec  # noqa: E402
-from rvqspec.bench.floor import copy_bandwidth  # noqa: E402
-from rvqspec.bench.timing import finish_machine, machine, machine_text  # noqa: E402
-from rvqspec.cli.inspect import parameter_counts  # noqa: E402
-from rvqspec.core.checkpoint import save_json, save_text  # noqa: E402
-from rvqspec.core.context import new_context  # noqa: E402
-from rvqspec.core.decode import autoregressive_step, prefill  # noqa: E402
-from rvqspec.integrations.qwen_tts import predictor_from_upstream  # noqa: E402
-
-from helpers.upstream_models import upstream_generate, upstream_model_like  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results"
+import rvqspec
+from rvqspec.bench.floor import copy_bandwidth
+from rvqspec.bench.systems import SMOKE_PREDICTOR
+from rvqspec.bench.timing import RESULTS, SMOKE_HELP, finish_machine, machine, machine_text, report_folder
+from rvqspec.bench.upstream import upstream_generate, upstream_model_like
+from rvqspec.cli.inspect import parameter_counts
+from rvqspec.core.checkpoint import save_json, save_text
+from rvqspec.core.context import new_context
+from rvqspec.core.decode import autoregressive_step, prefill
+from rvqspec.integrations.qwen_tts import predictor_from_upstream
 SAMPLER = rvqspec.Sampler()  # deployed subtalker defaults: do_sample, temperature 0.9, top-k 50, top-p 1.0
 TARGET_SPEEDUP = 3.0
 TARGET_BANDWIDTH_RATIO = 2.0
@@ -68,11 +64,11 @@ def single_token_call(model: rvqspec.MultiCodeDecoder, hidden: torch.Tensor, c0:
     return torch.inference_mode()(lambda: autoregressive_step(ctx, code, 2, slots, masks))
 
 
-def measure(args) -> dict:
+def measure(args, config: rvqspec.PredictorConfig = rvqspec.QWEN3_TTS_0_6B) -> dict:
     torch.manual_seed(args.seed)
-    upstream = upstream_model_like(rvqspec.QWEN3_TTS_0_6B, seed=args.seed)
+    upstream = upstream_model_like(config, seed=args.seed)
     ours = predictor_from_upstream(upstream.talker)  # the same weights, copied in memory
-    hidden, c0 = torch.randn(rvqspec.QWEN3_TTS_0_6B.talker_hidden_size), 11
+    hidden, c0 = torch.randn(config.talker_hidden_size), 11
     greedy = rvqspec.Sampler(do_sample=False)
     same = torch.equal(rvqspec.decode_frame(ours, hidden, c0, greedy).codes,
                        upstream_generate(upstream, hidden[None], torch.tensor([c0]), greedy)[0])
@@ -163,8 +159,12 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+SMOKE = ["--warmup", "1", "--repeats", "4", "--copy-mb", "16"]
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the machine is shared)")
@@ -172,15 +172,19 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--top-ops", type=int, default=8, help="ops listed per profile")
     parser.add_argument("--out", type=Path, default=RESULTS / "ar_vs_upstream")
-    args = parser.parse_args()
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args = parser.parse_args([*SMOKE, *argv])
     torch.set_num_threads(args.threads)
     info = machine()
-    report = measure(args)
+    report = measure(args, SMOKE_PREDICTOR) if args.smoke else measure(args)
     report["machine"], report["threads"] = finish_machine(info), torch.get_num_threads()
-    report["command"] = " ".join(["python benchmarks/ar_vs_upstream.py", *sys.argv[1:]])
-    save_json(args.out.with_suffix(".json"), report)
+    report["command"] = " ".join(["python benchmarks/ar_vs_upstream.py", *argv])
+    out = report_folder(args.out.parent, args.smoke) / args.out.name
+    save_json(out.with_suffix(".json"), report)
     text = markdown(report)
-    save_text(args.out.with_suffix(".md"), text)
+    save_text(out.with_suffix(".md"), text)
     print(text)
 
 

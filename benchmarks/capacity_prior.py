@@ -7,31 +7,28 @@ proportion to the rows. This runs the Engine (default settings but `realtime=Fal
 over one row's, with both priors.
 
     .venv/bin/python benchmarks/capacity_prior.py [--model standin] [--rounds 2]   # -> results/capacity-prior.{json,md}
+    .venv/bin/python benchmarks/capacity_prior.py --smoke   # 1 and 2 short requests once: seconds, a temporary folder
 """
 
 import argparse
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from rvqspec.bench.timing import (RESULTS, SMOKE_HELP, finish_machine, machine, machine_text, report_folder,
+                                  write_reports)
+from rvqspec.runtime import Engine
 
-from rvqspec.bench.timing import finish_machine, machine, machine_text, write_reports  # noqa: E402
-from rvqspec.runtime import Engine  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results"
 TEXTS = ["hello there, how are you today, and what a day it is", "a second sentence for the batch, a longer one",
          "the third one is short, or not so short", "four requests decoding together, to the end"]
 BATCHES = (1, 2, 3, 4)
 
 
-def measure(model: str, rounds: int) -> dict:
-    engine = Engine(model, realtime=False, seed=0, max_batch=max(BATCHES))
+def measure(model: str, rounds: int, batches: tuple = BATCHES, texts: list = TEXTS) -> dict:
+    engine = Engine(model, realtime=False, seed=0, max_batch=max(batches))
     try:
         for _ in range(rounds):
-            for batch in BATCHES:
+            for batch in batches:
                 requests = [engine.submit("speech", text=text, language="en", do_sample=False,
-                                          subtalker_dosample=False) for text in TEXTS[:batch]]
+                                          subtalker_dosample=False) for text in texts[:batch]]
                 for request in requests:
                     request.wait()
         periods, scaling = engine.capacity.medians(), engine.capacity.scaling
@@ -39,7 +36,7 @@ def measure(model: str, rounds: int) -> dict:
                 "sizes": {str(batch): {"period_ms": 1e3 * periods[batch], "measured": periods[batch] / periods[1],
                                        "policy_prior": scaling(batch) / scaling(1) if scaling else None,
                                        "proportional": float(batch)}
-                          for batch in BATCHES if batch in periods}}
+                          for batch in batches if batch in periods}}
     finally:
         engine.close()
 
@@ -58,15 +55,19 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     parser.add_argument("--model", default="standin")
-    parser.add_argument("--rounds", type=int, default=2)
-    args = parser.parse_args()
+    parser.add_argument("--rounds", type=int, default=None, help="default 2 (--smoke: 1)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    rounds = args.rounds or (1 if args.smoke else 2)
     info = machine()
-    report = {"machine": info, "model": args.model, "rounds": args.rounds} | measure(args.model, args.rounds)
+    smoke = dict(batches=(1, 2), texts=["hello", "a short one"]) if args.smoke else {}
+    report = {"machine": info, "model": args.model, "rounds": rounds} | measure(args.model, rounds, **smoke)
     report["machine"] = finish_machine(info)
-    for path in write_reports(report, RESULTS, "capacity-prior", markdown):
+    for path in write_reports(report, report_folder(args.out, args.smoke), "capacity-prior", markdown):
         print(f"wrote {path}")
     print(markdown(report))
 

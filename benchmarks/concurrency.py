@@ -5,6 +5,7 @@ both matter), the shipped stand-in (its HiFi-GAN vocoder dominates) and, opt-in,
 
     .venv/bin/python benchmarks/concurrency.py [--cores 1,2] [--requests 1,2,3,4,8] [--repeats 3]
     .venv/bin/python benchmarks/concurrency.py --models 0.6b --cores 1 --requests 1,4 --name concurrency-0.6b
+    .venv/bin/python benchmarks/concurrency.py --smoke   # the tiny model, 1 core, 2 requests: seconds, a temp folder
 
 Reports benchmarks/results/concurrency.{json,md}: per model, cores and N, the medians over interleaved repeats of
 the wall time over serial's, aggregate audio seconds per second, p50/p95 time to first audio, and the largest gap
@@ -15,30 +16,25 @@ import argparse
 import os
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT))
+from rvqspec import ReusedHeads
+from rvqspec.bench.streams import stream, streamed_together
+from rvqspec.bench.systems import SIZES, controlled_heads, system_tts, utterance_request
+from rvqspec.bench.timing import RESULTS, SMOKE_HELP, cpu_name, report_folder, write_reports
+from rvqspec.bench.upstream import tiny_qwen3_tts
+from rvqspec.runtime import Engine
 
-from rvqspec.bench.timing import cpu_name, write_reports  # noqa: E402
-from rvqspec import ReusedHeads  # noqa: E402
-from rvqspec.runtime import Engine  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results"
 TEXTS = ["hello there, how are you today", "a second sentence for the batch", "the third one is short",
          "four requests decoding together", "five and counting along", "six of them now in flight",
          "seven streams at once", "and the eighth sentence"]
 
 
 def tiny_qwen(**options):
-    from helpers.upstream_tts import tiny_qwen3_tts
-
     tts = tiny_qwen3_tts(seed=0)
     return Engine(tts, **options), lambda i: dict(kind="custom_voice", text=TEXTS[i], speaker="tiny",
                                                   language="English", max_new_tokens=40, do_sample=False,
@@ -51,57 +47,16 @@ def standin(**options):
 
 
 def qwen_0_6b(**options):
-    """Qwen3-TTS at the 0.6B sizes (random weights, the predictor's heads at the paper's acceptance, bfloat16; a real
-    size 12 Hz decoder), as benchmarks/end_to_end.py builds it; the policy's tree per batch size."""
-    from benchmarks.end_to_end import REQUEST, controlled_heads, real_size_tts
-
-    tts = real_size_tts(torch.bfloat16)
-    controlled_heads(tts, torch.bfloat16, log=lambda line: None)
-    request = dict(REQUEST, max_new_tokens=REAL_SIZE_FRAMES + 1)
+    """Qwen3-TTS at the 0.6B sizes (random weights, the predictor's heads at the paper's acceptance, bfloat16; the
+    released 12 Hz decoder: rvqspec.bench.systems), 25 frames (2 s) a request; the policy's tree per batch size."""
+    tts = system_tts(SIZES["0.6b"], torch.bfloat16)
+    controlled_heads(tts, SIZES["0.6b"], torch.bfloat16, log=lambda line: None)
+    request = utterance_request(25)
     return Engine(tts, drafter=ReusedHeads(), **options), lambda i: dict(request, kind="custom_voice", text=TEXTS[i])
 
 
-REAL_SIZE_FRAMES = 25  # 2 s a request at the 0.6B sizes
 MODELS = {"tiny-qwen-tts": tiny_qwen, "standin": standin, "0.6b": qwen_0_6b}
 MODES = ("serial", "together", "serial-staggered", "staggered")  # each concurrent mode after its serial baseline
-
-
-def stream(engine, arguments: dict, start: float, out: dict) -> None:
-    """Stream one request's audio; record its first-audio time (from `start`), largest chunk gap, audio seconds and
-    when its last chunk came."""
-    arguments = dict(arguments)
-    request = engine.submit(arguments.pop("kind"), **arguments)
-    last, gap, samples = None, 0.0, 0
-    for chunk in request:
-        now = time.perf_counter()
-        gap = max(gap, now - last) if last is not None else gap
-        if last is None:
-            out["first"] = now - start
-        last, samples = now, samples + len(chunk)
-    out.update(gap=gap, audio=samples / engine.sample_rate, end=last)
-
-
-def streamed_together(engine, requests: list[dict], stagger: float) -> tuple[list[dict], float]:
-    """Request i submitted at i * stagger seconds, each streamed by a thread of its own (a server's): each one's
-    record (`stream`) and the seconds from the first submit to the last chunk. A request's error is raised here."""
-    outs, errors, threads = [{} for _ in requests], [], []
-
-    def consume(arguments: dict, submitted: float, out: dict) -> None:
-        try:
-            stream(engine, arguments, submitted, out)
-        except BaseException as e:  # noqa: BLE001 - raised in the caller's thread below
-            errors.append(e)
-
-    start = time.perf_counter()
-    for i, arguments in enumerate(requests):
-        time.sleep(max(0.0, start + i * stagger - time.perf_counter()))
-        threads.append(threading.Thread(target=consume, args=(arguments, time.perf_counter(), outs[i]), daemon=True))
-        threads[-1].start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
-    return outs, max(out["end"] for out in outs) - start
 
 
 def together(engine, requests: list[dict], stagger: float) -> dict:
@@ -202,8 +157,13 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+SMOKE = ["--models", "tiny-qwen-tts", "--cores", "1", "--requests", "2", "--repeats", "1", "--stagger",
+         "0.05"]
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     parser.add_argument("--models", default="tiny-qwen-tts,standin", help=f"of {', '.join(MODELS)} (0.6b: minutes a "
                         "run; its targets are for --cores 1 --requests 1,4)")
     parser.add_argument("--cores", default="1,2")
@@ -214,21 +174,24 @@ def main() -> None:
     parser.add_argument("--stagger", type=float, default=0.3, help="seconds between staggered submits")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--name", default="concurrency", help="the reports' file name (.json, .md)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args = parser.parse_args([*SMOKE, *(sys.argv[1:] if argv is None else argv)])
     counts = [int(n) for n in args.requests.split(",")]
     log = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)  # noqa: E731
     capped = "ONEDNN_MAX_CPU_ISA" in os.environ or "ATEN_CPU_CAPABILITY" in os.environ
     report = {"cpu": cpu_name(), "native": "capped" if capped else "native", "torch": torch.__version__,
               "repeats": args.repeats, "stagger": args.stagger, "rows": [], "chunk_seconds": {},
               "threads": args.threads,
-              "command": " ".join([".venv/bin/python benchmarks/concurrency.py", *sys.argv[1:]])}
+              "command": " ".join([".venv/bin/python benchmarks/concurrency.py", *(sys.argv[1:] if argv is None
+                                                                                    else argv)])}
     every = sorted(os.sched_getaffinity(0))
     for model in args.models.split(","):
         for cores in [int(c) for c in args.cores.split(",")]:
             os.sched_setaffinity(0, every)
             report["rows"] += measure(model, cores, counts, args.repeats, args.stagger, report["chunk_seconds"],
                                       args.threads, log)
-    write_reports(report, args.out, args.name, markdown)
+    write_reports(report, report_folder(args.out, args.smoke), args.name, markdown)
     print(markdown(report))
 
 

@@ -6,6 +6,9 @@ benchmarks/results/cpu-classes/, the built-in tables (rvqspec/core/latency_defau
 benchmarks/results/cpu-classes.md with the class x scheme table.
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/cpu_classes.py [--quick] [--threads 1,2]
+    python benchmarks/cpu_classes.py --smoke   # seconds: the native class found, the commands printed, not run (each
+                                               # a `rvqspec bench`, which the suite runs), the table re-rendered from
+                                               # results/cpu-classes.json into a temporary folder
 
 Each class runs in its own processes (the caps are read when torch loads). A capped class is a stand-in for that
 class on this CPU: its kernels are the ones the class would use, its memory system and clock are this machine's.
@@ -19,6 +22,7 @@ import sys
 from pathlib import Path
 
 from rvqspec.bench.batched import latency_entries
+from rvqspec.bench.timing import SMOKE_HELP, report_folder
 from rvqspec.core import cpu_class
 from rvqspec.core.checkpoint import save_json, save_text
 from rvqspec.core.policy import DEFAULT_TABLES
@@ -61,12 +65,26 @@ def measure_tables(folder: Path, caps: dict, cls: str, threads: list[int], quick
     return tables
 
 
-def main() -> None:
+def smoke(threads: list[int]) -> None:
+    """The native class, the commands a run would start, and the table re-rendered from the committed results."""
+    cls = class_of(CAPS["native"])
+    print(f"native class {cls}; a run would start, per class:")
+    print(f"  rvqspec bench --batch 1,2,4,8,16 --threads {threads[0]} --no-device-file --out ...; rvqspec bench "
+          f"--weights bfloat16,w8a16,w8a8 --threads {','.join(map(str, threads))} --out ...")
+    out = report_folder(RESULTS, smoke=True) / "cpu-classes.md"
+    save_text(out, markdown(json.loads((RESULTS / "cpu-classes.json").read_text())))
+    print(f"wrote {out}")
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     parser.add_argument("--quick", action="store_true", help="the benches' quick settings")
     parser.add_argument("--threads", default="1,2", help="thread counts of the native class (capped: the first)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     threads = [int(t) for t in args.threads.split(",")]
+    if args.smoke:
+        return smoke(threads)
     rows = {}
     for name, caps in CAPS.items():
         cls = class_of(caps)

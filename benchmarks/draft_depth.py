@@ -12,10 +12,12 @@ depth 5 as at depth 1 (it repeats the previous code); real drafts get worse with
 on real weights than here. A second table therefore predicts each K with drafts that decay: the prior profile
 a[d][r] = p0 * 0.45**r * 0.9**d (`rvqspec.core.tree.prior_acceptance`), p0 set so that the 0.6B makes the paper's
 tokens/step at K = 3, expected calls from `rvqspec.core.policy.calls_distribution`, and each K's measured cost per
-call (speculative frame ms / calls per frame). Writes benchmarks/results/csm/draft-depth.{json,md}.
+call (speculative frame ms / calls per frame). Writes benchmarks/results/csm/draft-depth.{json,md}. `--smoke`: both
+architectures at tiny widths (`smoke_config`), 2 frames, K = 2 and 3, a temporary folder.
 """
 
 import argparse
+import sys
 from pathlib import Path
 
 import torch
@@ -23,7 +25,8 @@ import torch
 from rvqspec.bench.controlled import (PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor, decode_controlled,
                                       round_acceptance)
 from rvqspec.bench.one_stream import ARCHS, frame_speedup
-from rvqspec.bench.timing import finish_machine, machine, machine_text
+from rvqspec.bench.systems import smoke_config
+from rvqspec.bench.timing import SMOKE_HELP, finish_machine, machine, machine_text, report_folder
 from rvqspec.core.checkpoint import save_json, save_text
 from rvqspec.core.drafters import ReusedHeads
 from rvqspec.core.policy import calls_distribution, expected_calls, uniform_acceptance
@@ -66,7 +69,8 @@ def run(args) -> dict:
     sampler, report = Sampler(), {"machine": machine(), "args": settings, "archs": {}}
     target = {"metric": "tokens_per_step", "value": PAPER_ACCEPTANCE[args.size]}
     for arch in ("0.6b", "csm-1b"):
-        predictor = controlled_predictor(ARCHS[arch], dtype=args.dtype)
+        config = smoke_config(ARCHS[arch]) if args.smoke else ARCHS[arch]
+        predictor = controlled_predictor(config, dtype=args.dtype)
         last = predictor.model.config.num_residual_codes
         frames = predictor.frames(args.frames, seed=1)
         base = default_tree(args.size, depth=3)
@@ -119,8 +123,12 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+SMOKE = ["--frames", "2", "--depths", "2,3", "--iterations", "1"]
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--size", type=int, default=32, choices=sorted(PAPER_ACCEPTANCE))
@@ -128,11 +136,15 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=12)
     parser.add_argument("--iterations", type=int, default=7)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/csm"))
-    args = parser.parse_args()
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args = parser.parse_args([*SMOKE, *argv])
     report = run(args)
-    save_json(args.out / "draft-depth.json", report)
-    save_text(args.out / "draft-depth.md", markdown(report))
-    print(f"wrote {args.out / 'draft-depth.md'}")
+    out = report_folder(args.out, args.smoke)
+    save_json(out / "draft-depth.json", report)
+    save_text(out / "draft-depth.md", markdown(report))
+    print(f"wrote {out / 'draft-depth.md'}")
 
 
 if __name__ == "__main__":

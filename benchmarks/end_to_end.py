@@ -5,8 +5,9 @@ time goes (talker, code predictor, speech decoder).
 The system is upstream's own code with random weights at the real sizes: a 28-layer talker (hidden 1024, 16 / 8
 heads of 128, MLP 3072), the 5-layer code predictor with acceptance-controlled heads (rvqspec.bench.controlled,
 bisected to the paper's 2.47 tokens/step at N = 32 on random frames; the figure in the report is what the run
-measured), and the real-size 12 Hz speech decoder (qwen-tts's default decoder config). Text goes through a
-character-level tokenizer (tests/helpers/upstream_tts.py): the text side is a few embedding rows per frame.
+measured), and the released Qwen3-TTS-Tokenizer-12Hz's 12 Hz speech decoder (a transformer 512 wide, not qwen-tts's
+default 1024): rvqspec.bench.systems builds it (SIZES["0.6b"]). Text goes through a character-level tokenizer: the
+text side is a few embedding rows per frame.
 EOS is made unreachable so that every run decodes FRAMES frames (a 10 s utterance). Timing does not depend on
 weight values (docs/design.md, section 5). Runs are interleaved, each setting once per repeat; figures are medians.
 
@@ -21,11 +22,11 @@ process to one core (a caller thread's vocoding cannot borrow a second one); "2 
 
     .venv/bin/python benchmarks/end_to_end.py           # the full run (a quiet machine: about 2 hours on 2 cores)
     .venv/bin/python benchmarks/end_to_end.py --quick   # 20 frames, 2 repeats, 1/2/4 requests: ~15-20 minutes
+    .venv/bin/python benchmarks/end_to_end.py --smoke   # tiny sizes, seconds: checks that it runs (a temporary folder)
     # both write benchmarks/results/end-to-end.{json,md}; python benchmarks/make_results.py then docs/RESULTS.md
 """
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -34,85 +35,26 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # upstream's model classes, built as the tests build them
 
 import rvqspec  # noqa: E402
-from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor  # noqa: E402
 from rvqspec.bench.floor import copy_bandwidth  # noqa: E402
-from rvqspec.bench.timing import finish_machine, machine, machine_text, write_reports  # noqa: E402
+from rvqspec.bench.streams import streamed_together  # noqa: E402
+from rvqspec.bench.systems import SIZES, controlled_heads, system_tts, utterance_request  # noqa: E402
+from rvqspec.bench.timing import (ALL_CPUS, SMOKE_HELP, finish_machine, machine, machine_text, pin,  # noqa: E402
+                                  report_folder, write_reports)
+from rvqspec.bench.upstream import make_audible  # noqa: E402
 import rvqspec.runtime.scheduler as scheduler_module  # noqa: E402
 from rvqspec.core import cpu_class  # noqa: E402
 from rvqspec.core import talker as talker_blocks  # noqa: E402
-from rvqspec.core.checkpoint import TALKER_C0_TABLE, official_state_dict  # noqa: E402
 from rvqspec.core.errors import RvqspecError  # noqa: E402
 from rvqspec.core.quantize import QuantizedLinear, check_scheme  # noqa: E402
-from rvqspec.core.config import QWEN3_TTS_0_6B  # noqa: E402
-from rvqspec.integrations.qwen_tts import accelerate, import_qwen_tts  # noqa: E402
+from rvqspec.integrations.qwen_tts import accelerate  # noqa: E402
 from rvqspec.integrations.qwen_tts_audio import StreamingCodec  # noqa: E402
-
-from concurrency import streamed_together  # noqa: E402 - a server's streams, as benchmarks/concurrency.py runs them
-from helpers.upstream_models import upstream_config_dict  # noqa: E402
-from helpers.upstream_tts import CODEBOOK, make_audible, tiny_text_processor, tiny_tts_config_dict  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 FRAMES = 125  # 10 s at 12.5 frames a second
 TREE_SIZE = 32
 TARGETS = {"speculative_over_ar": 1.4, "first_audio_over_upstream_whole": 1 / 8, "streamed_over_whole": 1.05}
-
-
-def real_size_speech_tokenizer(dtype: torch.dtype):
-    """Upstream's 12 Hz speech tokenizer with the released decoder's sizes (random weights; a tiny encoder)."""
-    qwen_tts = import_qwen_tts()
-    from qwen_tts.core import Qwen3TTSTokenizerV2Config, Qwen3TTSTokenizerV2Model
-
-    encoder = dict(hidden_size=32, num_filters=4, num_residual_layers=1, codebook_size=2048, codebook_dim=16,
-                   num_quantizers=16, num_semantic_quantizers=1, num_hidden_layers=1, num_attention_heads=2,
-                   num_key_value_heads=2, head_dim=16, intermediate_size=64, frame_rate=12.5, upsample_groups=32,
-                   vector_quantization_hidden_dimension=16)  # never run: only the decoder decodes
-    codec = Qwen3TTSTokenizerV2Model(Qwen3TTSTokenizerV2Config(encoder_config=encoder, decoder_config={"codebook_dim": 512}))  # the released tokenizer's
-    tokenizer = qwen_tts.Qwen3TTSTokenizer()
-    tokenizer.model, tokenizer.config, tokenizer.device = codec.to(dtype).eval(), codec.config, torch.device("cpu")
-    return tokenizer
-
-
-def real_size_tts(dtype: torch.dtype, seed: int = 0):
-    """Upstream's Qwen3TTSModel at the 0.6B sizes (random weights), with a real-size 12 Hz speech decoder."""
-    qwen_tts = import_qwen_tts()
-    config = tiny_tts_config_dict()
-    real = upstream_config_dict(talker_hidden=1024, predictor_hidden=1024, vocab=2048, groups=16,
-                                predictor_layers=5, predictor_heads=16, predictor_kv_heads=8, predictor_head_dim=128,
-                                predictor_intermediate=3072, talker_vocab=2048 + 1024)["talker_config"]
-    specials = {k: v + 2048 - CODEBOOK for k, v in config["talker_config"].items()
-                if k.startswith("codec_") and k.endswith("_id") and isinstance(v, int)}
-    config["talker_config"].update(
-        code_predictor_config=real["code_predictor_config"], vocab_size=real["vocab_size"], hidden_size=1024,
-        intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-        text_hidden_size=2048, rope_scaling={"rope_type": "default", "mrope_section": [24, 20, 20],
-                                             "interleaved": False},
-        codec_language_id={"english": specials["codec_pad_id"] + 7}, spk_id={"tiny": specials["codec_pad_id"] + 8},
-        **specials)
-    torch.manual_seed(seed)
-    model = qwen_tts.core.models.Qwen3TTSForConditionalGeneration(qwen_tts.core.models.Qwen3TTSConfig(**config))
-    model = model.to(dtype).eval().requires_grad_(False)
-    model.load_speech_tokenizer(real_size_speech_tokenizer(dtype))
-    model.config.talker_config.codec_eos_token_id = model.config.talker_config.vocab_size  # never drawn: FRAMES frames
-    return qwen_tts.Qwen3TTSModel(model, tiny_text_processor(), generate_defaults={})
-
-
-def controlled_heads(tts, dtype: torch.dtype, log) -> dict:
-    """Load acceptance-controlled predictor weights (and their c0 table) into the talker; the calibration."""
-    predictor, tree = controlled_predictor(QWEN3_TTS_0_6B, dtype=dtype), rvqspec.default_tree(TREE_SIZE)
-    frames = predictor.frames(12)
-    calibrated = calibrate_strength(predictor, tree, PAPER_ACCEPTANCE[TREE_SIZE], rvqspec.Sampler(), frames,
-                                    iterations=6, low=3.0, high=12.0)
-    log(f"heads: strength {calibrated.strength:.2f} gives {calibrated.measured:.2f} tokens/step at N={TREE_SIZE} "
-        f"on random frames (target {PAPER_ACCEPTANCE[TREE_SIZE]})")
-    state = official_state_dict(predictor.model)
-    talker_state = {key.removeprefix("talker."): value for key, value in state.items() if key != TALKER_C0_TABLE}
-    missing = tts.model.talker.load_state_dict(talker_state, strict=False)
-    assert not missing.unexpected_keys, missing.unexpected_keys
-    tts.model.talker.model.codec_embedding.weight.copy_(state[TALKER_C0_TABLE])
-    return {"strength": calibrated.strength, "tokens_per_step_random_frames": calibrated.measured}
 
 
 class Timers:
@@ -135,13 +77,13 @@ class Timers:
         target, tokenizer = self.tts.model.talker.code_predictor, self.tts.model.speech_tokenizer
         transformer = self.tts.model.talker.model
         self.saved = (vars(target).get("generate"), vars(tokenizer).get("decode"), StreamingCodec.decode,
-                      vars(transformer).get("forward"), scheduler_module.decode_frames, talker_blocks.step,
+                      vars(transformer).get("forward"), scheduler_module.decode_checked, talker_blocks.step,
                       talker_blocks.prefill)
         target.generate = self.timed(target.generate, "predictor")
         tokenizer.decode = self.timed(tokenizer.decode, "decoder")
         StreamingCodec.decode = self.timed(StreamingCodec.decode, "decoder")
         transformer.forward = self.timed(transformer.forward, "talker_step")
-        scheduler_module.decode_frames = self.timed(scheduler_module.decode_frames, "predictor")
+        scheduler_module.decode_checked = self.timed(scheduler_module.decode_checked, "predictor")
         talker_blocks.step = self.timed(talker_blocks.step, "talker_step")
         talker_blocks.prefill = self.timed(talker_blocks.prefill, "talker_step")
 
@@ -155,12 +97,10 @@ class Timers:
             else:
                 setattr(owner, name, saved)
         StreamingCodec.decode = self.saved[2]
-        scheduler_module.decode_frames, talker_blocks.step, talker_blocks.prefill = self.saved[4:]
+        scheduler_module.decode_checked, talker_blocks.step, talker_blocks.prefill = self.saved[4:]
 
 
-REQUEST = dict(text="the quick brown fox jumps over the lazy dog, again and again", speaker="tiny",
-               language="english", max_new_tokens=FRAMES + 1,  # the last c0 drawn is never decoded
-               eos_token_id=2048 + 1024 - 1)  # a special token upstream suppresses (its config's EOS is out of range)
+REQUEST = utterance_request(FRAMES)  # main sets its frames
 
 # The engine's settings: name -> Engine options. "auto" is the decoding policy's tree per batch size; "n32" the fixed
 # tree of the `accelerate` runs. The drafter is ReusedHeads on the controlled predictor in both.
@@ -278,7 +218,7 @@ def figures(table: dict) -> dict:
 
 
 @torch.inference_mode()
-def talker_step(tts, talkers: dict, steps: int, log) -> dict:
+def talker_step(tts, talkers: dict, steps: int, log, copy_gigabytes: float = 1.0) -> dict:
     """One talker step (the transformer and the c0 head, one row, after the prompt's prefill): the Engine's
     `core.talker.step` on a RowCache against upstream's `talker.model` forward with its DynamicCache, the same input
     embedding and RoPE id, interleaved step by step; and the floor, layer weight bytes / copy bandwidth."""
@@ -321,7 +261,7 @@ def talker_step(tts, talkers: dict, steps: int, log) -> dict:
     ms = {name: 1e3 * statistics.median(t[warm:]) for name, t in times.items()}
     talker = talkers[base][0]
     layer_bytes = {name: weight_bytes(t.layers) for name, (t, _) in talkers.items()}
-    rate = copy_bandwidth()
+    rate = copy_bandwidth(copy_gigabytes)
     floor_ms = 1e3 * layer_bytes[base] / rate
     log("talker step: " + ", ".join(f"{name} {value:.1f} ms" for name, value in ms.items())
         + f"; floor {floor_ms:.1f} ms ({layer_bytes[base] / 1e6:.0f} MB at {rate / 1e9:.1f} GB/s)")
@@ -433,7 +373,7 @@ def issue_targets(report: dict) -> list[dict]:
 
     rows.append({"target": "one stream, bfloat16: engine over upstream's generate_custom_voice (whole)",
                  "goal": f">= {ISSUE_TARGETS['engine_over_upstream_bf16']}x", "value": whole_ratio("engine:whole"),
-                 "met": None, "kind": ">=", "bound": ISSUE_TARGETS["engine_over_upstream_bf16"], "unit": "x"})
+                 "kind": ">=", "bound": ISSUE_TARGETS["engine_over_upstream_bf16"], "unit": "x"})
     int8 = whole_ratio("engine-w8a8:whole")
     rows.append({"target": "one stream, int8 talker and predictor: engine over upstream (whole)",
                  "goal": f">= {ISSUE_TARGETS['engine_over_upstream_int8']}x", "value": int8, "kind": ">=",
@@ -454,9 +394,9 @@ def issue_targets(report: dict) -> list[dict]:
                      "goal": f"<= {ISSUE_TARGETS['first_audio_p95_at_4_over_lone']}x",
                      "value": four["first_audio_p95"] / one["first_audio_p50"] if four and one else None,
                      "kind": "<=", "bound": ISSUE_TARGETS["first_audio_p95_at_4_over_lone"], "unit": "x"})
-    for row in rows:
-        if row["value"] is not None:
-            row["met"] = row["value"] >= row["bound"] if row["kind"] == ">=" else row["value"] <= row["bound"]
+    for row in rows:  # None where not measured
+        row["met"] = None if row["value"] is None else (
+            row["value"] >= row["bound"] if row["kind"] == ">=" else row["value"] <= row["bound"])
     return rows
 
 
@@ -481,6 +421,8 @@ def to_markdown(report: dict) -> str:
              f"at N={TREE_SIZE} on random frames; the column below is what each run measured). Streams: first chunk "
              f"{report['first_chunk_frames']} frames, then {report['chunk_frames']}. Medians of {report['repeats']} "
              "interleaved repeats; ratios are within one run, never across runs.", ""]
+    if report.get("smoke"):
+        lines += ["A `--smoke` run (tiny sizes): it checks that the benchmark runs; its figures mean nothing.", ""]
     if report.get("quick"):
         lines += [f"A `--quick` run ({report['frames']} frames, {report['repeats']} repeats, requests "
                   f"{'/'.join(map(str, report['batches']))}): for a full run (125 frames, 1..8 requests) use "
@@ -607,46 +549,40 @@ def decoder_difference(tts, frames: int = 60, chunk_frames: int = 4) -> dict:
             "snr_db": float(10 * torch.log10(offline.pow(2).mean() / error.pow(2).mean().clamp(min=1e-300)))}
 
 
-def pin(cores: int) -> list[int]:
-    """Every thread of this process onto the first `cores` CPUs it may use (threads made later inherit it)."""
-    allowed = sorted(ALL_CPUS)[:cores]
-    for task in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(task), allowed)
-        except OSError:  # a thread that ended meanwhile
-            pass
-    return allowed
-
-
-ALL_CPUS = os.sched_getaffinity(0)
 FULL_COMMAND = ".venv/bin/python benchmarks/end_to_end.py"
 QUICK = dict(frames=20, repeats=2, batches="1,2,4")
+SMOKE = dict(frames=3, repeats=1, batches="1", settings="upstream:whole,speculative:stream", threads="1",
+             engine_settings="engine:whole,engine:stream", step_repeats=4, copy_gigabytes=0.02, decoder_frames=8)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     parser.add_argument("--quick", action="store_true",
                         help=f"a bounded run: {QUICK['frames']} frames, {QUICK['repeats']} repeats, requests "
                              f"{QUICK['batches']}, fewer accelerate settings (about 15 minutes on 2 cores)")
-    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--threads", default=None, help="thread counts (default 1,2)")
     parser.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default 3; --quick 2)")
     parser.add_argument("--chunk-frames", type=int, default=12)
     parser.add_argument("--first-chunk-frames", type=int, default=3)
     parser.add_argument("--settings", default=None, help="accelerate/upstream settings (default: all; --quick: "
                         + ",".join(QUICK_SETTINGS) + ")")
-    parser.add_argument("--engine-settings", default=",".join(ENGINE_SETTINGS))
+    parser.add_argument("--engine-settings", default=None, help="default: " + ",".join(ENGINE_SETTINGS))
     parser.add_argument("--batches", default=None, help="requests at once (default 1,2,4,8; --quick 1,2,4)")
     parser.add_argument("--stagger", type=float, default=0.5, help="seconds between staggered submits")
-    parser.add_argument("--step-repeats", type=int, default=40, help="talker steps timed (the first quarter: warm-up)")
+    parser.add_argument("--step-repeats", type=int, default=None, help="talker steps timed (the first quarter: warm-up)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--frames", type=int, default=None, help=f"frames per utterance (default {FRAMES}; --quick "
                         f"{QUICK['frames']})")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.smoke:
+        for name, value in SMOKE.items():
+            setattr(args, name, getattr(args, name, None) or value)
     frames = args.frames or (QUICK["frames"] if args.quick else FRAMES)
     repeats = args.repeats or (QUICK["repeats"] if args.quick else 3)
     batches = [int(b) for b in (args.batches or (QUICK["batches"] if args.quick else "1,2,4,8")).split(",")]
     settings = (args.settings or ",".join(QUICK_SETTINGS if args.quick else SETTINGS)).split(",")
-    engine_settings = [s for s in args.engine_settings.split(",") if s]
+    engine_settings = [s for s in (args.engine_settings or ",".join(ENGINE_SETTINGS)).split(",") if s]
     REQUEST["max_new_tokens"] = frames + 1
     info = machine()
     dtype = torch.bfloat16
@@ -657,14 +593,16 @@ def main() -> None:
         log(f"int8 skipped: {skipped}")
         engine_settings = [s for s in engine_settings if "w8a8" not in s]
         settings = [s for s in settings if "w8a8" not in s]
-    tts = real_size_tts(dtype)
-    heads = controlled_heads(tts, dtype, log)
+    sizes = SIZES["smoke" if args.smoke else "0.6b"]
+    tts = system_tts(sizes, dtype)
+    heads = controlled_heads(tts, sizes, dtype, log, TREE_SIZE, iterations=1 if args.smoke else 6)
     report = {"dtype": "bfloat16", "frames": frames, "tree_size": TREE_SIZE, "heads": heads, "repeats": repeats,
               "chunk_frames": args.chunk_frames, "first_chunk_frames": args.first_chunk_frames, "threads": {},
-              "targets": TARGETS, "quick": args.quick, "batches": batches, "int8_skipped": skipped,
-              "command": " ".join([".venv/bin/python benchmarks/end_to_end.py", *sys.argv[1:]])}
+              "targets": TARGETS, "quick": args.quick, "smoke": args.smoke, "batches": batches, "int8_skipped": skipped,
+              "command": " ".join([".venv/bin/python benchmarks/end_to_end.py", *(sys.argv[1:] if argv is None
+                                                                                  else argv)])}
     all_settings = settings + engine_settings
-    for threads in [int(t) for t in args.threads.split(",")]:
+    for threads in [int(t) for t in (args.threads or "1,2").split(",")]:
         cpus = pin(threads)
         torch.set_num_threads(threads)
         log(f"{threads} thread(s) on CPUs {cpus}")
@@ -692,7 +630,8 @@ def main() -> None:
                 if "engine-w8a8" in engines:
                     talkers["w8a8"] = (engines["engine-w8a8"].model.talker, engines["engine-w8a8"].model)
                 if talkers:
-                    report["talker_step"] = talker_step(tts, talkers, args.step_repeats, log)
+                    report["talker_step"] = talker_step(tts, talkers, args.step_repeats or 40, log,
+                                                        getattr(args, "copy_gigabytes", 1.0))
         finally:
             for engine in engines.values():
                 engine.close()
@@ -703,9 +642,9 @@ def main() -> None:
                                                 args.first_chunk_frames, log)
     pin(len(ALL_CPUS))
     report["issue_targets"] = issue_targets(report)
-    report["decoder_difference"] = decoder_difference(tts)
+    report["decoder_difference"] = decoder_difference(tts, getattr(args, "decoder_frames", 60))
     report["machine"] = finish_machine(info)
-    for path in write_reports(report, args.out, "end-to-end", to_markdown):
+    for path in write_reports(report, report_folder(args.out, args.smoke), "end-to-end", to_markdown):
         log(f"wrote {path}")
 
 

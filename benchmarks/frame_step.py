@@ -7,9 +7,12 @@ times; per side the median of the per-process medians, and the ratio after / bef
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/frame_step.py [--base 0482d49] [--rounds 6]
     # -> results/frame-step.{json,md}
+    .venv/bin/python benchmarks/frame_step.py --smoke   # HEAD against itself, one round of 4 frames: seconds, a
+                                                        # temporary folder
 """
 
 import argparse
+import importlib.util
 import json
 import statistics
 import subprocess
@@ -22,6 +25,16 @@ RESULTS = ROOT / "benchmarks" / "results"
 ROWS = 4
 TEXTS = ["hello there, how are you today", "a second sentence for the batch", "the third one is short",
          "four requests decoding together"]
+SMOKE = ["--base", "HEAD", "--rounds", "1", "--frames", "4", "--repeats", "1"]
+
+
+def upstream_builders():
+    """This tree's rvqspec/bench/upstream.py (the tiny qwen-tts), loaded as a module of its own: a worker's rvqspec
+    may be a base commit's, from before that module."""
+    spec = importlib.util.spec_from_file_location("bench_upstream", ROOT / "rvqspec" / "bench" / "upstream.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def frame_steps(frames: int, repeats: int) -> dict:
@@ -32,8 +45,7 @@ def frame_steps(frames: int, repeats: int) -> dict:
     import rvqspec
     from rvqspec.runtime import scheduler
 
-    from helpers.upstream_tts import CODEBOOK, SPECIALS, tiny_qwen3_tts
-
+    upstream = upstream_builders()
     torch.set_num_threads(1)
     times: list[float] = []
     step = scheduler.Scheduler.frame_step
@@ -45,14 +57,14 @@ def frame_steps(frames: int, repeats: int) -> dict:
             times.append(time.perf_counter() - start)
 
     scheduler.Scheduler.frame_step = timed
-    engine = rvqspec.Engine(tiny_qwen3_tts(seed=0), max_batch=ROWS, realtime=False, threads=1, seed=0)
+    engine = rvqspec.Engine(upstream.tiny_qwen3_tts(seed=0), max_batch=ROWS, realtime=False, threads=1, seed=0)
     medians = []
     try:
         for _ in range(repeats):
             times.clear()
             requests = [engine.submit("custom_voice", text=text, speaker="tiny", language="English",
                                       max_new_tokens=frames, do_sample=False, subtalker_dosample=False,
-                                      eos_token_id=CODEBOOK + SPECIALS - 1)  # suppressed: all `frames` frames
+                                      eos_token_id=upstream.CODEBOOK + upstream.SPECIALS - 1)  # all `frames` frames
                         for text in TEXTS[:ROWS]]
             for request in requests:
                 request.wait()
@@ -62,11 +74,12 @@ def frame_steps(frames: int, repeats: int) -> dict:
     return {"ms": statistics.median(medians), "steps_per_repeat": len(times)}
 
 
-def run_worker(source: Path, frames: int, repeats: int) -> dict:
+def run_worker(source: Path, frames: int, repeats: int, smoke: bool) -> dict:
+    """One process's frame steps (a smoke run's without the fused kernels: an extracted commit would build its own)."""
     from rvqspec.bench.timing import worker_result
 
     return worker_result(source, [__file__, "--worker", "--frames", str(frames), "--repeats", str(repeats)],
-                         path=(ROOT / "tests",))
+                         env={"RVQSPEC_FUSED": "0"} if smoke else None)
 
 
 def markdown(report: dict) -> str:
@@ -85,19 +98,24 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="HEAD against itself, tiny: seconds, a temporary folder")
+    parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--base", default="0482d49", help="the commit before the change")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--frames", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args = parser.parse_args([*SMOKE, *argv])
     if args.worker:
         print(json.dumps(frame_steps(args.frames, args.repeats)))
         return
     sys.path.insert(0, str(ROOT))
-    from rvqspec.bench.timing import finish_machine, machine, sources_at, write_reports
+    from rvqspec.bench.timing import finish_machine, machine, report_folder, sources_at, write_reports
 
     info = machine()
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
@@ -106,12 +124,12 @@ def main() -> None:
               "rounds": args.rounds, "frames": args.frames, "repeats": args.repeats, "before": [], "after": []}
     with sources_at(args.base, ROOT) as base:
         for _ in range(args.rounds):
-            report["before"].append(run_worker(base, args.frames, args.repeats)["ms"])
-            report["after"].append(run_worker(ROOT, args.frames, args.repeats)["ms"])
+            report["before"].append(run_worker(base, args.frames, args.repeats, args.smoke)["ms"])
+            report["after"].append(run_worker(ROOT, args.frames, args.repeats, args.smoke)["ms"])
     report["ratios"] = [after / before for before, after in zip(report["before"], report["after"])]
     report["ratio"] = statistics.median(report["ratios"])
     report["machine"] = finish_machine(info)
-    for path in write_reports(report, RESULTS, "frame-step", markdown):
+    for path in write_reports(report, report_folder(args.out, args.smoke), "frame-step", markdown):
         print(f"wrote {path}")
     print(markdown(report))
 

@@ -7,18 +7,21 @@ reachable depth (the core as it was); "after" is the default: fused kernels (rvq
 heads (core/draft_heads.py), the early-stopping CPU walk (core/walk.py). On the real 0.6B architecture (random
 layers, heads peaked so that N=32 accepts the paper's 2.47 tokens/step, N=16 2.25; `rvqspec.bench.controlled`), the
 deployed sampler, ReusedHeads drafts. Per frame the four decodes (AR / speculative x before / after) run back
-to back in a rotating order; medians over frames. Writes fused-path.{json,md}.
+to back in a rotating order; medians over frames. Writes fused-path.{json,md}. `--smoke`: a tiny predictor
+(`smoke_config`), 2 frames, N = 16, bfloat16, 1 thread, a temporary folder.
 """
 
 import argparse
 import statistics
+import sys
 from pathlib import Path
 
 import torch
 
 from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor
 from rvqspec.bench.one_stream import ARCHS
-from rvqspec.bench.timing import finish_machine, machine, machine_text
+from rvqspec.bench.systems import smoke_config
+from rvqspec.bench.timing import SMOKE_HELP, finish_machine, machine, machine_text, report_folder
 from rvqspec.core import fused
 from rvqspec.core.checkpoint import save_json, save_text
 from rvqspec.core.decode import decode_frame, tokens_per_step
@@ -77,25 +80,33 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+SMOKE = ["--frames", "2", "--sizes", "16", "--dtypes", "bfloat16", "--threads", "1"]
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     parser.add_argument("--frames", type=int, default=16)
     parser.add_argument("--sizes", default="32")
     parser.add_argument("--dtypes", default="bfloat16,float32")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--out", default="benchmarks/results")
-    args = parser.parse_args()
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args = parser.parse_args([*SMOKE, *argv])
     settings = {"frames": args.frames, "sizes": [int(n) for n in args.sizes.split(",")],
                 "dtypes": args.dtypes.split(","), "threads": [int(t) for t in args.threads.split(",")]}
     info, sampler, rows = machine(), Sampler(), []
-    assert fused.path("cpu", torch.bfloat16) == "fused", "the fused kernels could not be built here"
+    assert fused.kernels() is not None, "the fused kernels could not be built here"
     for dtype in settings["dtypes"]:
-        predictor = controlled_predictor(ARCHS["0.6b"], dtype=dtype)
+        predictor = controlled_predictor(smoke_config(ARCHS["0.6b"]) if args.smoke else ARCHS["0.6b"], dtype=dtype)
         frames, drafter = predictor.frames(args.frames, seed=1), ReusedHeads(predictor.model)
         for n in settings["sizes"]:
             tree = default_tree(n)
             torch.set_num_threads(1)
-            calibrated = calibrate_strength(predictor, tree, PAPER_ACCEPTANCE[n], sampler, frames[:8], 6)
+            calibrated = calibrate_strength(predictor, tree, PAPER_ACCEPTANCE[n], sampler, frames[:8],
+                                            1 if args.smoke else 6)
             for threads in settings["threads"]:
                 torch.set_num_threads(threads)
                 with torch.inference_mode():
@@ -105,7 +116,7 @@ def main() -> None:
                 print(markdown({"machine": finish_machine(dict(info)), "settings": settings,
                                 "rows": rows[-1:]}).splitlines()[-3], flush=True)
     report = {"settings": settings, "machine": finish_machine(info), "rows": rows}
-    out = Path(args.out)
+    out = report_folder(Path(args.out), args.smoke)
     save_json(out / "fused-path.json", report)
     save_text(out / "fused-path.md", markdown(report))
     print(markdown(report))

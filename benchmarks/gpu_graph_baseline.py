@@ -8,6 +8,8 @@ around upstream qwen-tts's own code predictor holding our weights (`upstream_cod
 frames, CUDA synchronized around each; the first call of each graph (its capture) is not timed.
 
     python benchmarks/gpu_graph_baseline.py --out benchmarks/results/gpu   # on the GPU machine (gpu_check.sh)
+    python benchmarks/gpu_graph_baseline.py --smoke   # a tiny predictor, 2 frames (a temporary folder); without a
+                                                      # GPU it only says so (CI has none)
 """
 
 import argparse
@@ -24,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor  # noqa: E402
-from rvqspec.bench.timing import finish_machine, machine, write_reports  # noqa: E402
+from rvqspec.bench.systems import SMOKE_PREDICTOR  # noqa: E402
+from rvqspec.bench.timing import SMOKE_HELP, finish_machine, machine, report_folder, write_reports  # noqa: E402
 from rvqspec.core.config import QWEN3_TTS_0_6B  # noqa: E402
 from rvqspec.core.context import new_context  # noqa: E402
 from rvqspec.core.decode import autoregressive_codes, decode_frame, decode_frames  # noqa: E402
@@ -57,14 +60,21 @@ def median_ms(fn, frames: int) -> float:
     return statistics.median(times[3:])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--frames", type=int, default=30)
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    parser.add_argument("--frames", type=int, default=None, help="default 30 (--smoke: 2)")
     parser.add_argument("--wheels", type=Path, default=ROOT / ".wheels")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gpu")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    args.frames = args.frames or (2 if args.smoke else 30)
+    if not torch.cuda.is_available():
+        if args.smoke:
+            return print("no CUDA device here: nothing to time (benchmarks/gpu_check.sh runs this on a GPU)")
+        raise SystemExit("no CUDA device: run this on a GPU machine (benchmarks/gpu_check.sh)")
+    config = SMOKE_PREDICTOR if args.smoke else QWEN3_TTS_0_6B
     info, sampler, tree = machine(), Sampler(), default_tree(32)
-    predictor = controlled_predictor(QWEN3_TTS_0_6B, dtype="bfloat16", device="cuda")
+    predictor = controlled_predictor(config, dtype="bfloat16", device="cuda")
     frames = predictor.frames(12)
     calibrated = calibrate_strength(predictor, tree, PAPER_ACCEPTANCE[32], sampler, frames, iterations=6, low=3.0,
                                     high=12.0)
@@ -80,7 +90,7 @@ def main() -> None:
     timed = {name: median_ms(fn, args.frames) for name, fn in ours.items()}
     PredictorGraph, wheel = predictor_graph_class(args.wheels)
     upstream = upstream_code_predictor(model)
-    graph = PredictorGraph(upstream, upstream.config, QWEN3_TTS_0_6B.talker_hidden_size, device="cuda",
+    graph = PredictorGraph(upstream, upstream.config, config.talker_hidden_size, device="cuda",
                            dtype=torch.bfloat16, do_sample=True, top_k=sampler.top_k, temperature=sampler.temperature)
     graph.capture()
     with torch.no_grad():
@@ -91,7 +101,7 @@ def main() -> None:
               "batches": batched(predictor, sampler, args.frames), "tokens_per_step": calibrated.measured,
               "tree_size": 32, "faster_qwen3_tts": wheel, "gpu": torch.cuda.get_device_name(),
               "machine": finish_machine(info)}
-    for path in write_reports(report, args.out, "graph-baseline", to_markdown):
+    for path in write_reports(report, report_folder(args.out, args.smoke), "graph-baseline", to_markdown):
         print(f"wrote {path}")
 
 

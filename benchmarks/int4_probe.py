@@ -4,6 +4,7 @@ predictor MLP's shape): M = 1 (an AR step) and M = 33 (a verify call at N = 32),
 (torchao's 8-bit-activation, 4-bit-weight kernel is KleidiAI's, for Arm CPUs only.)
 
     .venv/bin/python benchmarks/int4_probe.py   # -> benchmarks/results/int4-probe.{json,md}
+    .venv/bin/python benchmarks/int4_probe.py --smoke   # 10 calls: seconds, a temporary folder
 """
 
 import argparse
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from rvqspec.bench.timing import finish_machine, machine, machine_text, write_reports
+from rvqspec.bench.timing import SMOKE_HELP, finish_machine, machine, machine_text, report_folder, write_reports
 from rvqspec.core.packing import Linear
 from rvqspec.core.quantize import Int8Matmul
 
@@ -68,16 +69,18 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    parser.add_argument("--calls", type=int, default=None, help="default 300 (--smoke: 10)")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    args.calls = args.calls or (10 if args.smoke else 300)
     torch.set_num_threads(1)
     info = machine()
     report = {"calls": args.calls, "kernels": measure(args.calls)}
     report["machine"] = finish_machine(info)
-    write_reports(report, args.out, "int4-probe", markdown)
+    write_reports(report, report_folder(args.out, args.smoke), "int4-probe", markdown)
     print(markdown(report))
 
 

@@ -12,12 +12,13 @@ Per class:
   N = 32), the class's fastest float dtype (bfloat16 where oneDNN has it, else float32) and w8a8 of it: the AR frame,
   speculative frames at N = 4, 8, 16, 32, and the policy's choice from latencies measured now (as `rvqspec demo`);
   AR frames of 4 and 8 rows against one;
-- end to end (`benchmarks/end_to_end.py`'s system: upstream's Qwen3-TTS at the 0.6B sizes, random weights, the
-  real-size 12 Hz decoder): upstream's `generate_custom_voice` (float32), `rvqspec.Engine` in the float dtype and
+- end to end (`benchmarks/end_to_end.py`'s system, rvqspec.bench.systems: upstream's Qwen3-TTS at the 0.6B sizes,
+  random weights, the released 12 Hz decoder): upstream's `generate_custom_voice` (float32), `rvqspec.Engine` in the float dtype and
   with `weights="w8a8", talker_weights="w8a8"` (tree "auto"), whole utterances, interleaved; and the talker step
   alone against its floor.
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/int8_cpu.py [--quick]   # -> results/int8-cpu.{json,md}
+    .venv/bin/python benchmarks/int8_cpu.py --smoke   # tiny sizes, the native class: seconds, a temporary folder
 """
 
 import argparse
@@ -34,14 +35,17 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests")]
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import end_to_end as e2e  # noqa: E402
+import end_to_end as e2e  # noqa: E402 - its run, talker step and summary
 
+import rvqspec  # noqa: E402
 from rvqspec.bench.batched import batch_inputs  # noqa: E402
 from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor  # noqa: E402
 from rvqspec.bench.floor import one_row_steps  # noqa: E402
-from rvqspec.bench.timing import finish_machine, machine, machine_text, write_reports  # noqa: E402
+from rvqspec.bench.systems import SIZES as SYSTEM_SIZES, SMOKE_PREDICTOR, controlled_heads, system_tts  # noqa: E402
+from rvqspec.bench.timing import (SMOKE_HELP, finish_machine, machine, machine_text, report_folder,  # noqa: E402
+                                  write_reports)
 from rvqspec.cli.demo import live_int8_policy  # noqa: E402
 from rvqspec.core import cpu_class  # noqa: E402
 from rvqspec.core.config import QWEN3_TTS_0_6B  # noqa: E402
@@ -75,12 +79,12 @@ def matmuls(k: int = 1024, n: int = 3072) -> dict:
 
 
 @torch.inference_mode()
-def predictor_frames(frames: int, log) -> dict:
+def predictor_frames(frames: int, log, config=QWEN3_TTS_0_6B, iterations: int = 6) -> dict:
     dtype, sampler, tree = str(fastest_float()).removeprefix("torch."), Sampler(), default_tree(32)
-    predictor = controlled_predictor(QWEN3_TTS_0_6B, dtype=dtype)
+    predictor = controlled_predictor(config, dtype=dtype)
     inputs = [batch_inputs(predictor, 1, r) for r in range(frames + 1)]
     calibrated = calibrate_strength(predictor, tree, PAPER_ACCEPTANCE[32], sampler,
-                                    [(h[0], int(c)) for h, c in inputs[:8]], iterations=6, low=3.0, high=12.0)
+                                    [(h[0], int(c)) for h, c in inputs[:8]], iterations=iterations, low=3.0, high=12.0)
     log(f"heads: {calibrated.measured:.2f} tokens/step at N=32 ({dtype})")
     models = {dtype: predictor.model, "w8a8": quantize(predictor.model, "w8a8")}
     out = {"dtype": dtype, "tokens_per_step_at_32": calibrated.measured, "schemes": {}}
@@ -111,15 +115,15 @@ def predictor_frames(frames: int, log) -> dict:
     return out
 
 
-def end_to_end(frames: int, repeats: int, log) -> dict:
+def end_to_end(frames: int, repeats: int, log, sizes: str = "0.6b") -> dict:
     """float32 throughout (upstream's model as loaded; the Engine decodes the model it is given in its dtype): the
     fastest float on AVX2; on classes with bfloat16, benchmarks/results/end-to-end.md has the bfloat16 figures."""
     e2e.REQUEST["max_new_tokens"] = frames + 1
-    tts = e2e.real_size_tts(torch.float32)
-    heads = e2e.controlled_heads(tts, torch.float32, log)
-    engines = {"engine": e2e.rvqspec.Engine(tts, drafter=e2e.rvqspec.ReusedHeads(), tree="auto", seed=0),
-               "engine-w8a8": e2e.rvqspec.Engine(tts, drafter=e2e.rvqspec.ReusedHeads(), tree="auto", weights="w8a8",
-                                                 talker_weights="w8a8", seed=0)}
+    tts = system_tts(SYSTEM_SIZES[sizes], torch.float32)
+    heads = controlled_heads(tts, SYSTEM_SIZES[sizes], torch.float32, log, iterations=1 if sizes == "smoke" else 6)
+    engines = {"engine": rvqspec.Engine(tts, drafter=rvqspec.ReusedHeads(), tree="auto", seed=0),
+               "engine-w8a8": rvqspec.Engine(tts, drafter=rvqspec.ReusedHeads(), tree="auto", weights="w8a8",
+                                             talker_weights="w8a8", seed=0)}
     settings = ["upstream:whole", "engine:whole", "engine-w8a8:whole"]
     try:
         for setting in settings:
@@ -132,7 +136,7 @@ def end_to_end(frames: int, repeats: int, log) -> dict:
                 runs[setting].append(result)
         talkers = {"float32": (engines["engine"].model.talker, engines["engine"].model),
                    "w8a8": (engines["engine-w8a8"].model.talker, engines["engine-w8a8"].model)}
-        step = e2e.talker_step(tts, talkers, 24, log)
+        step = e2e.talker_step(tts, talkers, 4 if sizes == "smoke" else 24, log, 0.02 if sizes == "smoke" else 1.0)
     finally:
         for engine in engines.values():
             engine.close()
@@ -149,12 +153,14 @@ def one_class(args) -> dict:
     torch.set_num_threads(1)
     e2e.pin(1)
     log = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {cpu_class.cpu_class()}: {text}", flush=True)  # noqa
-    report = {"cpu": cpu_class.describe(), "class": cpu_class.cpu_class(), "matmul_ms": matmuls()}
+    smoke = dict(shapes=[(128, 64), (64, 128)], gigabytes=0.02, repeats=2) if args.smoke else {}
+    report = {"cpu": cpu_class.describe(), "class": cpu_class.cpu_class(),
+              "matmul_ms": matmuls(64, 128) if args.smoke else matmuls()}
     log(f"matmuls: {json.dumps(report['matmul_ms'])}")
-    report["floor"] = one_row_steps(log=log)
-    report["predictor"] = predictor_frames(args.frames, log)
+    report["floor"] = one_row_steps(log=log, **smoke)
+    report["predictor"] = predictor_frames(args.frames, log, *((SMOKE_PREDICTOR, 1) if args.smoke else ()))
     if not args.no_end_to_end:
-        report["end_to_end"] = end_to_end(args.e2e_frames, args.repeats, log)
+        report["end_to_end"] = end_to_end(args.e2e_frames, args.repeats, log, "smoke" if args.smoke else "0.6b")
     return report
 
 
@@ -210,9 +216,10 @@ def to_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--classes", default=",".join(CAPS))
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + " (the native class only)")
+    parser.add_argument("--classes", default=None, help="default: " + ",".join(CAPS))
     parser.add_argument("--quick", action="store_true", help="6 predictor frames, 12-frame utterances, 2 repeats")
     parser.add_argument("--frames", type=int, default=None)
     parser.add_argument("--e2e-frames", type=int, default=None)
@@ -220,17 +227,18 @@ def main() -> None:
     parser.add_argument("--no-end-to-end", action="store_true")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: this process measures its own class into FILE
     parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
-    args.frames = args.frames or (6 if args.quick else 12)
-    args.e2e_frames = args.e2e_frames or (12 if args.quick else 25)
-    args.repeats = args.repeats or (2 if args.quick else 3)
+    args = parser.parse_args(argv)
+    args.frames = args.frames or (1 if args.smoke else 6 if args.quick else 12)
+    args.e2e_frames = args.e2e_frames or (3 if args.smoke else 12 if args.quick else 25)
+    args.repeats = args.repeats or (1 if args.smoke else 2 if args.quick else 3)
+    args.classes = args.classes or ("native" if args.smoke else ",".join(CAPS))
     if args.one:
         Path(args.one).write_text(json.dumps(one_class(args)))
         return
     info, classes = machine(), {}
     env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")}
     forwarded = ["--frames", str(args.frames), "--e2e-frames", str(args.e2e_frames), "--repeats", str(args.repeats)] \
-        + ["--no-end-to-end"] * args.no_end_to_end
+        + ["--no-end-to-end"] * args.no_end_to_end + ["--smoke"] * args.smoke
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.classes.split(","):
             out = Path(tmp) / f"{name}.json"
@@ -238,8 +246,9 @@ def main() -> None:
                            env=env | CAPS[name] | {"OMP_WAIT_POLICY": "PASSIVE"}, check=True)
             classes[name] = json.loads(out.read_text())
     report = {"classes": classes, "machine": finish_machine(info),
-              "command": " ".join([".venv/bin/python benchmarks/int8_cpu.py", *sys.argv[1:]])}
-    write_reports(report, args.out, "int8-cpu", to_markdown)
+              "command": " ".join([".venv/bin/python benchmarks/int8_cpu.py", *(sys.argv[1:] if argv is None
+                                                                                  else argv)])}
+    write_reports(report, report_folder(args.out, args.smoke), "int8-cpu", to_markdown)
 
 
 if __name__ == "__main__":

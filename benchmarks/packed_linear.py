@@ -1,6 +1,7 @@
 """Why `rvqspec.core.packing.linear` prepacks large weights for oneDNN: F.linear vs the packed path, per row count.
 
     python benchmarks/packed_linear.py [--threads 1] [--rounds 30]
+    python benchmarks/packed_linear.py --smoke   # 2 rounds: seconds
 
 One 0.6B MLP weight (6144 x 1024) at the row counts decoding uses (AR: 1, speculative: N+1), interleaved,
 median CPU time per call. Prints a Markdown table.
@@ -13,16 +14,19 @@ import time
 import torch
 import torch.nn.functional as F
 
+from rvqspec.bench.timing import SMOKE_HELP
 from rvqspec.core.packing import PACK_ROWS_HINT
 
 ROWS = (1, 5, 17, 33, 65)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + " (this script prints, writes nothing)")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=30)
-    args = parser.parse_args()
+    parser.add_argument("--rounds", type=int, default=None, help="default 30 (--smoke: 2)")
+    args = parser.parse_args(argv)
+    args.rounds = args.rounds or (2 if args.smoke else 30)
     torch.set_num_threads(args.threads)
     print("| dtype | rows | F.linear ms | packed ms | packed speed-up |\n|---|---|---|---|---|")
     with torch.inference_mode():

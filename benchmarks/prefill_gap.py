@@ -2,7 +2,7 @@
 two frames and between two audio chunks while other requests arrive, with prompts prefilled whole (`prefill_chunk=None`)
 and in pieces (`PREFILL_CHUNK`); and what a prefill costs per token and per piece beside one talker step.
 
-The Engine serves upstream's 0.6B-size qwen-tts with random weights (benchmarks/end_to_end.py's `real_size_tts`),
+The Engine serves upstream's 0.6B-size qwen-tts with random weights (rvqspec.bench.systems, as benchmarks/end_to_end.py),
 an AR predictor, streamed in chunks of 12 frames (the first 3). One stream runs alone for `--warm` frames, then
 `--arrivals` requests arrive one every `--stagger` seconds, each with a prompt of `--prompt` tokens (a voice clone's
 reference-sized prompt: the 0.6B custom_voice prompt's embeddings repeated; timing does not depend on their values) and
@@ -11,6 +11,7 @@ of its audio chunks as its consumer thread gets them (vocoding on the same core)
 figures are medians over repeats.
 
     .venv/bin/python benchmarks/prefill_gap.py        # ~5 minutes; writes benchmarks/results/prefill-gap.{json,md}
+    .venv/bin/python benchmarks/prefill_gap.py --smoke   # tiny sizes: seconds, a temporary folder
 """
 
 import argparse
@@ -23,14 +24,13 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from end_to_end import REQUEST, RESULTS, pin, real_size_tts  # noqa: E402
-
-import rvqspec  # noqa: E402
-from rvqspec.bench.timing import finish_machine, machine, machine_text, write_reports  # noqa: E402
-from rvqspec.core import talker as talker_blocks  # noqa: E402
-from rvqspec.core.device_path import median_ms  # noqa: E402
-from rvqspec.runtime.scheduler import PREFILL_CHUNK  # noqa: E402
+import rvqspec
+from rvqspec.bench.systems import SIZES, system_tts, utterance_request
+from rvqspec.bench.timing import (ALL_CPUS, RESULTS, SMOKE_HELP, finish_machine, machine, machine_text, pin,
+                                  report_folder, write_reports)
+from rvqspec.core import talker as talker_blocks
+from rvqspec.core.device_path import median_ms
+from rvqspec.runtime.scheduler import PREFILL_CHUNK
 
 CHUNK_FRAMES, FIRST_CHUNK_FRAMES = 12, 3
 
@@ -72,8 +72,8 @@ def run(engine, prompt, long_prompt, frames: int, warm: int, arrivals: int, stag
     consumer = threading.Thread(target=lambda: chunks.extend(time.perf_counter() for _ in running), daemon=True)
     consumer.start()
     try:
-        for _ in range(warm):
-            running.frames.get(timeout=600)
+        while len(running.decoded) < warm and not running.done:  # its frames, as the scheduler decodes them
+            time.sleep(0.001)
         first_arrival = time.perf_counter()
         others = []
         for index in range(arrivals):
@@ -90,8 +90,12 @@ def run(engine, prompt, long_prompt, frames: int, warm: int, arrivals: int, stag
             "chunk_gap_max": max(b - a for a, b in zip(chunks, chunks[1:]))}
 
 
-def main() -> None:
+SMOKE = ["--frames", "24", "--warm", "4", "--arrivals", "1", "--stagger", "0", "--prompt", "40", "--repeats", "1"]
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     parser.add_argument("--frames", type=int, default=40)
     parser.add_argument("--warm", type=int, default=6)
     parser.add_argument("--arrivals", type=int, default=3)
@@ -99,17 +103,20 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=320, help="tokens of each arriving request's prompt")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args = parser.parse_args([*SMOKE, *argv])
     info = machine()
     pin(1)
     torch.set_num_threads(1)
     log = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)  # noqa: E731
-    tts = real_size_tts(torch.bfloat16)
+    tts = system_tts(SIZES["smoke" if args.smoke else "0.6b"], torch.bfloat16)
     settings = {"whole": None, "chunked": PREFILL_CHUNK}
     engines = {name: rvqspec.Engine(tts, drafter=None, chunk_frames=CHUNK_FRAMES, first_chunk_frames=FIRST_CHUNK_FRAMES,
                                     prefill_chunk=chunk, seed=0) for name, chunk in settings.items()}
     try:
-        request = {k: v for k, v in REQUEST.items() if k != "max_new_tokens"}
+        request = {k: v for k, v in utterance_request(args.frames).items() if k != "max_new_tokens"}
         prompt = engines["whole"].model.prompts("custom_voice", request)[0]
         copies = -(-args.prompt // len(prompt.embeds))
         long_prompt = replace(prompt, embeds=prompt.embeds.repeat(copies, 1)[:args.prompt],
@@ -136,9 +143,10 @@ def main() -> None:
               "custom_voice_prompt_tokens": len(prompt.embeds), "frames": args.frames, "warm": args.warm,
               "arrivals": args.arrivals, "stagger_seconds": args.stagger, "repeats": args.repeats,
               "chunk_audio_seconds": chunk_seconds, "costs": costs, "table": table, "runs": runs,
-              "command": " ".join([".venv/bin/python benchmarks/prefill_gap.py", *sys.argv[1:]]),
+              "command": " ".join([".venv/bin/python benchmarks/prefill_gap.py", *argv]),
               "machine": finish_machine(info)}
-    for path in write_reports(report, args.out, "prefill-gap", to_markdown):
+    pin(len(ALL_CPUS))
+    for path in write_reports(report, report_folder(args.out, args.smoke), "prefill-gap", to_markdown):
         log(f"wrote {path}")
 
 

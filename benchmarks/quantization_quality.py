@@ -15,7 +15,8 @@ float32 is listed too: the distance bfloat16's own rounding puts between it and 
 Models: the shipped stand-in (trained weights) on codes it synthesizes for sentences written here (none is in its
 training corpus of Debian fortunes), and the real 0.6B architecture (random layers, heads peaked as in
 `rvqspec bench --weights`) on codes it samples. Tokens/step: the stand-in's frames decoded speculatively with its
-shipped offsets and N=16 tree, per scheme.
+shipped offsets and N=16 tree, per scheme. `--smoke`: one sentence, the 0.6B architecture at tiny widths
+(`smoke_config`), 2 frames, a temporary folder.
 """
 
 import argparse
@@ -27,7 +28,8 @@ import torch
 
 from rvqspec import Sampler, Tree, decode_frame, quantize
 from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor
-from rvqspec.bench.timing import finish_machine, machine, machine_text
+from rvqspec.bench.systems import smoke_config
+from rvqspec.bench.timing import RESULTS, SMOKE_HELP, finish_machine, machine, machine_text, report_folder
 from rvqspec.core.checkpoint import save_json, save_text
 from rvqspec.core.config import ARCHITECTURES
 from rvqspec.core.decode import tokens_per_step
@@ -79,15 +81,16 @@ def schemes_of(model) -> dict:
             "w8a8": quantize(bf16, "w8a8")}
 
 
-def standin(log) -> dict:
+def standin(log, sentences: list = SENTENCES) -> dict:
     tts = load_standin(MODEL_DIR, torch.bfloat16)
     generator = torch.Generator().manual_seed(0)
-    synths = [synthesize_codes(tts, text, lang, DEPLOYED, generator=generator) for lang, text in SENTENCES]
+    synths = [synthesize_codes(tts, text, lang, DEPLOYED, generator=generator) for lang, text in sentences]
     codes, hidden = torch.cat([s.codes for s in synths]), torch.cat([s.hidden for s in synths])
     float_model = load_standin(MODEL_DIR, torch.float32).predictor
     models = schemes_of(float_model)
-    log(f"stand-in: {len(codes)} frames of {len(SENTENCES)} sentences")
-    tree, result = Tree.load(TREES_DIR / "tree-N16.json"), {"frames": len(codes), "tokens_per_step": {}}
+    log(f"stand-in: {len(codes)} frames of {len(sentences)} sentences")
+    tree = Tree.load(TREES_DIR / "tree-N16.json")
+    result = {"frames": len(codes), "sentences": len(sentences), "tokens_per_step": {}}
     for name, model in models.items():
         drafter = Offsets.load(OFFSETS_FILE, model).to(model.device, model.dtype)
         runs = [decode_frame(model, h, int(c[0]), DEPLOYED, torch.Generator().manual_seed(i), drafter, tree)
@@ -97,10 +100,11 @@ def standin(log) -> dict:
     return result
 
 
-def real_architecture(log, frames: int = 48) -> dict:
-    predictor = controlled_predictor(ARCHITECTURES["0.6b"], dtype="float32")
+def real_architecture(log, frames: int = 48, smoke: bool = False) -> dict:
+    config = smoke_config(ARCHITECTURES["0.6b"]) if smoke else ARCHITECTURES["0.6b"]
+    predictor = controlled_predictor(config, dtype="float32")
     calibrated = calibrate_strength(predictor, default_tree(32), PAPER_ACCEPTANCE[32], DEPLOYED,
-                                    predictor.frames(8, seed=2), iterations=6)
+                                    predictor.frames(8, seed=2), iterations=1 if smoke else 6)
     models = schemes_of(predictor.model)
     inputs = predictor.frames(frames, seed=1)
     generator = torch.Generator().manual_seed(0)
@@ -128,7 +132,7 @@ def markdown(report: dict) -> str:
     lines = ["# Quantized weights: distance from the bfloat16 model", "",
              f"`python benchmarks/quantization_quality.py`: {machine_text(report['machine'])}. Per codebook, frame "
              "means, each model teacher forced on the same codes; see the script's docstring for the measures.", "",
-             *table(f"Stand-in (trained weights), {s['frames']} frames of {len(SENTENCES)} unseen sentences", s),
+             *table(f"Stand-in (trained weights), {s['frames']} frames of {s.get('sentences', len(SENTENCES))} unseen sentences", s),
              "Stand-in tokens/step (shipped offsets, tree N=16, deployed sampler, the same frames): " +
              ", ".join(f"{k} {v:.3f}" for k, v in s["tokens_per_step"].items()) + ".", "",
              *table(f"0.6B architecture (random layers, heads peaked to the paper's acceptance), {r['frames']} frames",
@@ -136,16 +140,19 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     start, info = time.perf_counter(), machine()
-    report = {"standin": standin(print), "real": real_architecture(print)}
+    report = {"standin": standin(print, SENTENCES[:1] if args.smoke else SENTENCES),
+              "real": real_architecture(print, *((2, True) if args.smoke else ()))}
     report["machine"], report["seconds"] = finish_machine(info), time.perf_counter() - start
-    save_json(args.out / "quantization-quality.json", report)
-    save_text(args.out / "quantization-quality.md", markdown(report))
+    out = report_folder(args.out, args.smoke)
+    save_json(out / "quantization-quality.json", report)
+    save_text(out / "quantization-quality.md", markdown(report))
     print(markdown(report))
 
 

@@ -13,7 +13,8 @@ The timed round's random drafts are rarely accepted, so its walk visits fewer de
 paper's acceptance (T tokens/step: T depths on average); the bound table adds one head + draw per missing depth.
 torch.profiler then splits the two forwards by op kind (matmul, attention, elementwise), profiled alternately,
 medians: the part of the round that grows with q. Reaching S x over AR at T tokens/step needs round <= T / S AR steps; the report shows the
-speed-up bound T x AR / round as measured, and with each excess removed. Writes round-profile.{json,md}.
+speed-up bound T x AR / round as measured, and with each excess removed. Writes round-profile.{json,md}. `--smoke`:
+a tiny predictor (`smoke_config`), 3 repeats, a temporary folder.
 """
 
 import argparse
@@ -25,7 +26,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from rvqspec.bench.controlled import PAPER_ACCEPTANCE, controlled_predictor
 from rvqspec.bench.one_stream import ARCHS
-from rvqspec.bench.timing import finish_machine, machine, machine_text
+from rvqspec.bench.systems import smoke_config
+from rvqspec.bench.timing import SMOKE_HELP, finish_machine, machine, machine_text, report_folder
 from rvqspec.core import device_path
 from rvqspec.core.checkpoint import save_json, save_text
 from rvqspec.core.context import new_context
@@ -170,20 +172,23 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     parser.add_argument("--arch", default="0.6b", choices=list(ARCHS))
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--size", type=int, default=32, choices=list(PAPER_ACCEPTANCE))
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=None, help="default 30 (--smoke: 3)")
     parser.add_argument("--target", type=float, default=2.0, help="speed-up over AR to check")
     parser.add_argument("--weights", choices=SCHEMES, help="quantize the model (rvqspec.quantize) before timing")
     parser.add_argument("--out", default="benchmarks/results")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    args.repeats = args.repeats or (3 if args.smoke else 30)
     torch.set_num_threads(args.threads)
     info = machine()
-    model = controlled_predictor(ARCHS[args.arch], dtype=args.dtype).model
+    model = controlled_predictor(smoke_config(ARCHS[args.arch]) if args.smoke else ARCHS[args.arch],
+                                 dtype=args.dtype).model
     model = quantize(model, args.weights) if args.weights else model
     tree, sampler, generator = default_tree(args.size), Sampler(), torch.Generator().manual_seed(0)
     cache = model.new_cache(1, model.config.num_code_groups + tree.size + 1)
@@ -196,7 +201,7 @@ def main() -> None:
     settings = vars(args) | {"k": TIMED_K, "tokens_per_step": tokens}
     report = {"settings": settings, "machine": finish_machine(info), "times_ms": times,
               "ops_ms": ops, "analysis": analyse(times, ops, args.size, tokens, args.target, visited)}
-    out = Path(args.out)
+    out = report_folder(Path(args.out), args.smoke)
     name = f"round-profile-{args.weights}" if args.weights else "round-profile"
     save_json(out / f"{name}.json", report)
     save_text(out / f"{name}.md", markdown(report))

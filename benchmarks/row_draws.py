@@ -11,6 +11,8 @@
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/row_draws.py [--base 345a2b6] [--rounds 3]
     # -> results/row-draws.{json,md}
+    .venv/bin/python benchmarks/row_draws.py --smoke   # HEAD against itself, a tiny predictor, 2 repeats: seconds, a
+                                                       # temporary folder
 """
 
 import argparse
@@ -25,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 BATCHES = (1, 4, 8)
 STRENGTH = 6.0  # the heads' peak margin: some drafts win, as a trained predictor's do
+SMOKE = ["--base", "HEAD", "--rounds", "1", "--reps", "2"]
 
 
 def draws(reps: int) -> dict:
@@ -52,8 +55,9 @@ def draws(reps: int) -> dict:
 
 
 @torch.inference_mode()
-def frames(reps: int) -> dict:
-    """Median ms of whole frames per (mode, batch), with this process's rvqspec (the worker of one round)."""
+def frames(reps: int, smoke: bool = False) -> dict:
+    """Median ms of whole frames per (mode, batch), with this process's rvqspec (the worker of one round); `smoke`:
+    a tiny predictor (its rvqspec is this tree's HEAD then)."""
     from rvqspec.bench.batched import batch_inputs
     from rvqspec.bench.controlled import controlled_predictor
     from rvqspec.core import sampling
@@ -63,7 +67,11 @@ def frames(reps: int) -> dict:
     from rvqspec.core.drafters import ReusedHeads
     from rvqspec.core.tree import default_tree
 
-    predictor = controlled_predictor(QWEN3_TTS_0_6B, STRENGTH, dtype=fastest_float())
+    if smoke:
+        from rvqspec.bench.systems import SMOKE_PREDICTOR as config
+    else:
+        config = QWEN3_TTS_0_6B
+    predictor = controlled_predictor(config, STRENGTH, dtype=fastest_float())
     model, sampler, per_row = predictor.model, sampling.Sampler(), hasattr(sampling, "fill_noise")
     calls, tokens = {}, {}
     for batch in BATCHES:
@@ -85,10 +93,11 @@ def frames(reps: int) -> dict:
     return {key: {"ms": ms, "tokens_per_step": statistics.mean(tokens[key])} for key, ms in times.items()}
 
 
-def run_worker(source: Path, reps: int) -> dict:
+def run_worker(source: Path, reps: int, smoke: bool) -> dict:
     from rvqspec.bench.timing import worker_result
 
-    return worker_result(source, [__file__, "--worker", "--reps", str(reps)])
+    return worker_result(source, [__file__, "--worker", "--reps", str(reps), *["--smoke"] * smoke],
+                         env={"RVQSPEC_FUSED": "0"} if smoke else None)  # an extracted commit builds its own kernels
 
 
 def markdown(report: dict) -> str:
@@ -111,29 +120,34 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="HEAD against itself, tiny: seconds, a temporary folder")
+    parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--base", default="345a2b6", help="the commit before per-row draws")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    if args.smoke and not args.worker:
+        args = parser.parse_args([*SMOKE, *argv])
     torch.set_num_threads(1)
     if args.worker:
-        print(json.dumps(frames(args.reps)))
+        print(json.dumps(frames(args.reps, args.smoke)))
         return
     sys.path.insert(0, str(ROOT))
-    from rvqspec.bench.timing import finish_machine, machine, sources_at, write_reports
+    from rvqspec.bench.timing import finish_machine, machine, report_folder, sources_at, write_reports
     from rvqspec.core.device_path import fastest_float
 
     info = machine()
     report = {"machine": info, "base": args.base, "rounds": args.rounds, "dtype": str(fastest_float()),
-              "draws": draws(51)}
+              "draws": draws(5 if args.smoke else 51)}
     with sources_at(args.base, ROOT) as base:
         runs = {"before": [], "after": []}
         for _ in range(args.rounds):
-            runs["before"].append(run_worker(base, args.reps))
-            runs["after"].append(run_worker(ROOT, args.reps))
+            runs["before"].append(run_worker(base, args.reps, args.smoke))
+            runs["after"].append(run_worker(ROOT, args.reps, args.smoke))
     report["frames"] = {}
     for key in runs["after"][0]:
         ms = {side: statistics.median(run[key]["ms"] for run in runs[side]) for side in runs}
@@ -141,7 +155,7 @@ def main() -> None:
         report["frames"][key] = {"before": ms["before"], "after": ms["after"], "ratio": ms["after"] / ms["before"],
                                  "tokens_before": tokens["before"], "tokens_after": tokens["after"]}
     report["machine"] = finish_machine(info)
-    for path in write_reports(report, RESULTS, "row-draws", markdown):
+    for path in write_reports(report, report_folder(args.out, args.smoke), "row-draws", markdown):
         print(f"wrote {path}")
     print(markdown(report))
 

@@ -3,7 +3,7 @@
     python benchmarks/serve_load.py [--model standin|0.6b|PATH] [--clients 1,4,8,16] [--seconds 20] [--ray REPLICAS]
 
 `--model 0.6b` serves qwen-tts at the real 0.6B sizes with random weights, its code predictor's heads controlled to
-the paper's acceptance and the real-size 12 Hz decoder (benchmarks/end_to_end.py builds it), bfloat16, each request
+the paper's acceptance and the released 12 Hz decoder (rvqspec.bench.systems builds it), bfloat16, each request
 REAL_SIZE_FRAMES frames (EOS is unreachable with random weights). `--ray N`: `rvqspec serve --ray --replicas N` (one
 thread each) on a local Ray instance; frames/s is then not counted (/metrics is one replica's).
 
@@ -13,6 +13,7 @@ up (in-flight requests are awaited, so nothing is cut short), and stops the serv
 first byte p50/p95 (request sent -> first audio bytes), aggregate audio seconds per wall second, errors (a status
 other than 200, a failed connection) and truncated streams (a body that broke off or held no audio). Writes
 benchmarks/results/serve-load.json and .md, with the CPU named beside the figures; all ratios come from one run.
+`--smoke`: the 0.6b path at tiny sizes, 1 and 2 clients for a second each, the reports in a temporary folder.
 """
 
 import argparse
@@ -31,6 +32,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from rvqspec.bench.timing import SMOKE_HELP, report_folder
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "serve-load"
 TEXTS = ["Hello there, how are you today?", "The quick brown fox jumps over the lazy dog.",
@@ -47,29 +50,30 @@ def cpu_name() -> str:
     return f"{cpu_class.describe()} ({'with' if 'amx_tile' in cpu_class.cpu_flags() else 'no'} AMX)"
 
 
-def serve_real_size(max_batch: int, max_queue: int) -> None:
+def serve_real_size(max_batch: int, max_queue: int, sizes: str) -> None:
     """The server process of `--model 0.6b` (this script with --serve-real-size): prints its address, serves."""
     import torch
 
-    sys.path.insert(0, str(ROOT))
-    from benchmarks.end_to_end import controlled_heads, real_size_tts
+    from rvqspec.bench.systems import SIZES, controlled_heads, system_tts
     from rvqspec.runtime import Engine
     from rvqspec.serve.server import bind, serve
     from rvqspec.serve.voices import VoiceStore
 
-    tts = real_size_tts(torch.bfloat16)
-    tts.generate_defaults["max_new_tokens"] = REAL_SIZE_FRAMES
-    controlled_heads(tts, torch.bfloat16, log=lambda line: print(line, file=sys.stderr))
+    tts = system_tts(SIZES[sizes], torch.bfloat16)
+    tts.generate_defaults["max_new_tokens"] = 3 if sizes == "smoke" else REAL_SIZE_FRAMES
+    controlled_heads(tts, SIZES[sizes], torch.bfloat16, log=lambda line: print(line, file=sys.stderr),
+                     iterations=1 if sizes == "smoke" else 6)
     engine = Engine(tts, max_batch=max_batch, max_queue=max_queue)
     serve(engine, bind("127.0.0.1", 0), VoiceStore(tempfile.mkdtemp(prefix="rvqspec-voices-")))
 
 
-def start_server(model: str, max_batch: int, max_queue: int, ray: int | None) -> tuple[subprocess.Popen, str]:
+def start_server(model: str, max_batch: int, max_queue: int, ray: int | None, sizes: str = REAL_SIZE
+                 ) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
     env.pop("OMP_NUM_THREADS", None)  # the engine's default thread budget (runtime/threads.py) decides
-    sizes = ["--max-batch", str(max_batch), "--max-queue", str(max_queue)]
-    command = ([__file__, "--serve-real-size", *sizes] if model == REAL_SIZE else
-               ["-m", "rvqspec.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--model", model, *sizes])
+    limits = ["--max-batch", str(max_batch), "--max-queue", str(max_queue)]
+    command = ([__file__, "--serve-real-size", "--sizes", sizes, *limits] if model == REAL_SIZE else
+               ["-m", "rvqspec.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--model", model, *limits])
     if ray:
         command += ["--ray", "--replicas", str(ray), "--threads-per-replica", "1"]
     log = tempfile.TemporaryFile()  # the server's stderr, shown if it fails to start
@@ -200,8 +204,12 @@ def targets(levels: list[dict]) -> dict:
     return found
 
 
-def main() -> int:
+SMOKE = ["--model", REAL_SIZE, "--sizes", "smoke", "--clients", "1,2", "--seconds", "1"]
+
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     p.add_argument("--model", default="standin")
     p.add_argument("--voice", default=None, help="default: the first of the model's voices, if it has any")
     p.add_argument("--clients", default="1,4,8,16")
@@ -211,15 +219,19 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/serve-load[-0.6b][-rayN]")
     p.add_argument("--serve-real-size", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--max-queue", type=int, default=32, help=argparse.SUPPRESS)
-    args = p.parse_args()
+    p.add_argument("--sizes", default=REAL_SIZE, help=argparse.SUPPRESS)  # --model 0.6b's system: 0.6b, or smoke
+    argv = sys.argv[1:] if argv is None else argv
+    args = p.parse_args(argv)
+    if args.smoke:
+        args = p.parse_args([*SMOKE, *argv])
     if args.serve_real_size:
-        return serve_real_size(args.max_batch, args.max_queue)
-    out = args.out or OUT.with_name(OUT.name + ("-" + REAL_SIZE if args.model == REAL_SIZE else "") +
-                                    (f"-ray{args.ray}" if args.ray else ""))
+        return serve_real_size(args.max_batch, args.max_queue, args.sizes)
+    out = args.out or report_folder(OUT.parent, args.smoke) / (
+        OUT.name + ("-" + REAL_SIZE if args.model == REAL_SIZE else "") + (f"-ray{args.ray}" if args.ray else ""))
     levels = [int(c) for c in args.clients.split(",")]
     if args.seconds * len(levels) > MAX_SECONDS / 2:
         raise SystemExit(f"--seconds x levels must stay under {MAX_SECONDS // 2} s")
-    process, url = start_server(args.model, args.max_batch, max(levels) * 2, args.ray)
+    process, url = start_server(args.model, args.max_batch, max(levels) * 2, args.ray, args.sizes)
     try:
         model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
         voice = args.voice or next((v["id"] for v in httpx.get(f"{url}/v1/audio/voices").json()["data"]), None)
@@ -240,7 +252,8 @@ def main() -> int:
     report = {"model": args.model, "ray": args.ray, "cpu": cpu_name(), "cores": os.cpu_count(),
               "budget": f"{budget.cores} cores: the frame loop {budget.loop} thread(s), {budget.codec} codec workers",
               "max_batch": args.max_batch, "seconds": args.seconds, "sample_rate": sample_rate, "levels": rows,
-              "targets": targets(rows), "server_exit_status": status, "command": " ".join(sys.argv)}
+              "targets": targets(rows), "server_exit_status": status,
+              "command": " ".join(["python benchmarks/serve_load.py", *argv])}
     out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{out}.json").write_text(json.dumps(report, indent=1) + "\n")
     Path(f"{out}.md").write_text(markdown(report))

@@ -8,10 +8,13 @@ code tables aside: they are the talker's, from the joint training) with the buil
 (`train_predictor`: AdamW, 256-frame batches, the epoch with the best validation loss kept), for `--epochs`
 epochs of its data. Reported per fraction: hours of speech, best validation loss (nats per code; uniform is
 ln 512 = 6.24) and the greedy accuracy of c1..c15 on the validation frames. `rvqspec standin diagnose` shows
-what accuracy the words need. Writes benchmarks/results/standin/scaling.{json,md}.
+what accuracy the words need. Writes benchmarks/results/standin/scaling.{json,md}. `--smoke` (seconds) trains
+nothing (a build folder and minutes of training): it says whether --work holds a build and re-renders the committed
+report into a temporary folder; tests/test_standin_model.py trains predictors on tiny corpora.
 """
 
 import argparse
+import json
 import random
 import tempfile
 import time
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from rvqspec.bench.timing import RESULTS, SMOKE_HELP, report_folder
 from rvqspec.core.checkpoint import save_json, save_text
 from rvqspec.core.model import MultiCodeDecoder
 from rvqspec.standin.codec import CodecConfig
@@ -86,15 +90,21 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     parser.add_argument("--work", default="data/standin", help="a stand-in build folder (rvqspec standin build)")
     parser.add_argument("--fractions", default="0.125,0.25,0.5,1")
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--out", default="benchmarks/results/standin")
-    args = parser.parse_args()
-    result = run(Path(args.work), [float(f) for f in args.fractions.split(",")], args.epochs)
-    out = Path(args.out)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        found = (Path(args.work) / "joint").is_dir() and (Path(args.work) / "code-corpus").is_dir()
+        print(f"{args.work}: {'a stand-in build' if found else 'no build here (rvqspec standin build makes one)'}")
+        result = json.loads((RESULTS / "standin" / "scaling.json").read_text())
+    else:
+        result = run(Path(args.work), [float(f) for f in args.fractions.split(",")], args.epochs)
+    out = report_folder(Path(args.out), args.smoke)
     save_json(out / "scaling.json", result)
     save_text(out / "scaling.md", markdown(result))
 

@@ -1,8 +1,9 @@
 """The talker with int8 weights (`accelerate(tts, talker_weights=...)`, opt-in and lossy): what it saves per frame
 at the real 0.6B size, and what it costs on c0.
 
-Speed, at the 0.6B sizes (upstream's own code, random weights; the system of benchmarks/end_to_end.py: 28-layer
-talker, acceptance-controlled predictor heads, real-size 12 Hz decoder), bfloat16, CPU:
+Speed, at the 0.6B sizes (upstream's own code, random weights; the system of benchmarks/end_to_end.py,
+rvqspec.bench.systems: 28-layer talker, acceptance-controlled predictor heads, the released 12 Hz decoder),
+bfloat16, CPU:
 - one talker step: the talker's transformer and c0 head, fed the recorded inputs of one generate call step by step
   (prefill of the text prompt, then one position per frame), per weights scheme;
 - whole `generate_custom_voice` calls of FRAMES frames. Settings: accelerated AR (bfloat16 everywhere: the
@@ -18,6 +19,7 @@ of benchmarks/quantization_quality.py: KL at temperature 0.9, TV of the deployed
 - the 0.6B talker (random weights) on the inputs of one bfloat16 generate call, replayed step by step.
 
     .venv/bin/python benchmarks/talker_weights.py   # -> benchmarks/results/talker-weights.{json,md}
+    .venv/bin/python benchmarks/talker_weights.py --smoke   # tiny sizes: seconds, a temporary folder
 """
 
 import argparse
@@ -28,11 +30,12 @@ import time
 from pathlib import Path
 
 import torch
-from end_to_end import Timers, controlled_heads, real_size_tts
+from end_to_end import Timers
 from quantization_quality import DEPLOYED, SENTENCES, distances
 
 import rvqspec
-from rvqspec.bench.timing import finish_machine, machine, machine_text, write_reports
+from rvqspec.bench.systems import SIZES, controlled_heads, system_tts
+from rvqspec.bench.timing import SMOKE_HELP, finish_machine, machine, machine_text, report_folder, write_reports
 from rvqspec.core.quantize import quantize_linears, restore_linears
 from rvqspec.integrations.qwen_tts import accelerate
 from rvqspec.standin.settings import MODEL_DIR
@@ -41,7 +44,7 @@ from rvqspec.standin.talker import StandinTTS, load_standin
 from rvqspec.standin.training import Utterance, make_batch, talker_hidden
 
 RESULTS = Path(__file__).resolve().parent / "results"
-FRAMES = 40
+FRAMES = 40  # main sets REQUEST's
 TREE_SIZE = 32
 SETTINGS = {"ar": (None, None, None), "ar + talker-w8a8": (None, None, "w8a8"), "spec-w8a8": ("spec", "w8a8", None),
             "spec-w8a8 + talker-w8a16": ("spec", "w8a8", "w8a16"), "spec-w8a8 + talker-w8a8": ("spec", "w8a8", "w8a8")}
@@ -137,12 +140,12 @@ def talker_steps(tts, calls: list[dict], threads: list[int], repeats: int, log) 
     return out
 
 
-def standin_c0(log) -> dict:
+def standin_c0(log, sentences: list = SENTENCES) -> dict:
     """c0 of the stand-in's talker per scheme against bfloat16, teacher forced on codes it synthesized."""
     tts = load_standin(MODEL_DIR, torch.bfloat16)
     generator = torch.Generator().manual_seed(0)
     utts = [Utterance(str(i), lang, text, synthesize_codes(tts, text, lang, DEPLOYED, generator=generator).codes)
-            for i, (lang, text) in enumerate(SENTENCES)]
+            for i, (lang, text) in enumerate(sentences)]
     c = tts.config
     allowed = torch.zeros(c.vocab_size, dtype=torch.bool)
     allowed[:c.num_codes], allowed[c.codec_eos_token_id] = True, True
@@ -199,7 +202,7 @@ def real_c0(tts, calls: list[dict], log) -> dict:
 def markdown(report: dict) -> str:
     lines = ["# The talker with int8 weights", "",
              f"`python benchmarks/talker_weights.py`: {machine_text(report['machine'])}. Upstream's Qwen3-TTS code "
-             f"at the 0.6B sizes (random weights), bfloat16, {FRAMES} frames per call, "
+             f"at the 0.6B sizes (random weights), bfloat16, {report['frames']} frames per call, "
              f"medians of {report['repeats']} interleaved repeats; see the script's docstring.", "",
              f"One talker step ({report['real']['steps'] - 1} steps after a prefill of the text prompt, median):", "",
              "| threads | weights | step ms | bfloat16 / this |", "|---|---|---|---|"]
@@ -225,24 +228,29 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", default="1,2")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    parser.add_argument("--threads", default=None, help="default 1,2 (--smoke: 1)")
+    parser.add_argument("--repeats", type=int, default=None, help="default 3 (--smoke: 1)")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    frames, sizes = (3, SIZES["smoke"]) if args.smoke else (FRAMES, SIZES["0.6b"])
+    repeats, threads = args.repeats or (1 if args.smoke else 3), args.threads or ("1" if args.smoke else "1,2")
+    REQUEST["max_new_tokens"] = frames + 1
     info, dtype = machine(), torch.bfloat16
     torch.set_num_threads(1)
-    tts = real_size_tts(dtype)
-    heads = controlled_heads(tts, dtype, print)
-    calls, threads = recorded_talker_calls(tts), [int(t) for t in args.threads.split(",")]
-    report = {"heads": heads, "repeats": args.repeats, "frames": FRAMES, "standin": standin_c0(print),
+    tts = system_tts(sizes, dtype)
+    heads = controlled_heads(tts, sizes, dtype, print, TREE_SIZE, iterations=1 if args.smoke else 6)
+    calls, threads = recorded_talker_calls(tts), [int(t) for t in threads.split(",")]
+    report = {"heads": heads, "repeats": repeats, "frames": frames, "smoke": args.smoke,
+              "standin": standin_c0(print, SENTENCES[:1] if args.smoke else SENTENCES),
               "real": real_c0(tts, calls, print)}
-    report["talker_step"] = talker_steps(tts, calls, threads, args.repeats, print)
-    report["speed"] = speed(tts, threads, args.repeats, print)
+    report["talker_step"] = talker_steps(tts, calls, threads, repeats, print)
+    report["speed"] = speed(tts, threads, repeats, print)
     torch.set_num_threads(1)
     report["machine"] = finish_machine(info)
-    write_reports(report, args.out, "talker-weights", markdown)
+    write_reports(report, report_folder(args.out, args.smoke), "talker-weights", markdown)
     print(markdown(report))
 
 

@@ -13,6 +13,7 @@ ops (5 layers, each a few matmuls of one row and the elementwise ops around them
   [33, 1024] x [1024, 3072] (a verify call's rows), 1 vs 2 threads: how much a split of one op gains.
 
     .venv/bin/python benchmarks/threads.py   # -> benchmarks/results/threads.{json,md}
+    .venv/bin/python benchmarks/threads.py --smoke   # PASSIVE, quiet, a tiny predictor: seconds, a temporary folder
 """
 
 import argparse
@@ -32,19 +33,21 @@ WAITS = {"PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE"}, "spin 10k": {"GOMP_SPINCOUNT
 CHILD_TIMEOUT_S = 240
 
 
-def child(frames: int) -> dict:
+def child(frames: int, smoke: bool) -> dict:
     """Run in a process of its own: the frame and op times of this process's wait setting."""
     from rvqspec import ReusedHeads, Sampler, decode_frames, default_tree, quantize
     from rvqspec.bench.batched import batch_inputs
     from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor
+    from rvqspec.bench.systems import SMOKE_PREDICTOR
     from rvqspec.core.config import QWEN3_TTS_0_6B
     from rvqspec.core.packing import Linear
     from rvqspec.core.quantize import Int8Matmul
 
     torch.set_num_threads(1)
-    predictor, sampler, tree = controlled_predictor(QWEN3_TTS_0_6B, dtype="bfloat16"), Sampler(), default_tree(32)
-    calibrate_strength(predictor, tree, PAPER_ACCEPTANCE[32], sampler, predictor.frames(8, seed=2), iterations=5,
-                       low=3.0, high=12.0)
+    config, calls = (SMOKE_PREDICTOR, 5) if smoke else (QWEN3_TTS_0_6B, 200)
+    predictor, sampler, tree = controlled_predictor(config, dtype="bfloat16"), Sampler(), default_tree(32)
+    calibrate_strength(predictor, tree, PAPER_ACCEPTANCE[32], sampler, predictor.frames(8, seed=2),
+                       iterations=1 if smoke else 5, low=3.0, high=12.0)
     models = {"bfloat16": predictor.model, "w8a8": quantize(predictor.model, "w8a8")}
     inputs = [batch_inputs(predictor, 1, r) for r in range(frames + 1)]
     linear = Linear(1024, 3072, bias=False).to(torch.bfloat16).requires_grad_(False)
@@ -62,7 +65,7 @@ def child(frames: int) -> dict:
                             times.setdefault(f"{name} {mode} {threads}t", []).append(time.perf_counter() - start)
         for rows in (1, 33):
             x = torch.randn(rows, 1024, dtype=torch.bfloat16)
-            for _ in range(200):
+            for _ in range(calls):
                 for threads in (1, 2):
                     torch.set_num_threads(threads)
                     for name, op in (("bf16", linear), ("w8a8", int8)):
@@ -77,12 +80,12 @@ def busy_neighbour() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "while True: pass"])
 
 
-def run_child(env_extra: dict, frames: int, loaded: bool) -> dict | None:
+def run_child(env_extra: dict, frames: int, loaded: bool, smoke: bool = False) -> dict | None:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")} | env_extra
     neighbour = busy_neighbour() if loaded else None
     try:
-        done = subprocess.run([sys.executable, __file__, "--child", str(frames)], env=env, capture_output=True,
-                              text=True, timeout=CHILD_TIMEOUT_S)
+        done = subprocess.run([sys.executable, __file__, "--child", str(frames), *["--smoke"] * smoke], env=env,
+                              capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return None
     finally:
@@ -120,24 +123,27 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--frames", type=int, default=6)
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
-    if args.child:
-        print(json.dumps(child(args.child)))
-        return
-    from rvqspec.bench.timing import finish_machine, machine, write_reports
+def main(argv: list[str] | None = None) -> None:
+    from rvqspec.bench.timing import SMOKE_HELP, finish_machine, machine, report_folder, write_reports
 
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--frames", type=int, default=None, help="default 6 (--smoke: 1)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.child, args.smoke)))
+        return
+    frames = args.frames or (1 if args.smoke else 6)
+    waits = {"PASSIVE": WAITS["PASSIVE"]} if args.smoke else WAITS
     info, runs = machine(), {}
-    for wait, env in WAITS.items():
-        for load in ("quiet", "loaded"):
-            runs.setdefault(wait, {})[load] = run_child(env, args.frames, load == "loaded")
+    for wait, env in waits.items():
+        for load in ("quiet",) if args.smoke else ("quiet", "loaded"):
+            runs.setdefault(wait, {})[load] = run_child(env, frames, load == "loaded", args.smoke)
             print(wait, load, runs[wait][load], flush=True)
-    report = {"frames": args.frames, "runs": runs, "machine": finish_machine(info)}
-    write_reports(report, args.out, "threads", markdown)
+    report = {"frames": frames, "runs": runs, "machine": finish_machine(info)}
+    write_reports(report, report_folder(args.out, args.smoke), "threads", markdown)
     print(markdown(report))
 
 

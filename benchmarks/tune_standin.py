@@ -10,17 +10,23 @@ and the shipped offsets (trained on recorded speech)? Tokens/step on held-out fr
    tree (the shipped calibrated tree of 32 nodes), --seeds seeds; tokens/step = codes / predictor calls.
 
     nice -n 0 .venv/bin/python benchmarks/tune_standin.py   # writes benchmarks/results/tune/tune-standin.{json,md}
+    .venv/bin/python benchmarks/tune_standin.py --smoke     # seconds: the held-out sentences picked, the report
+                                                            # re-rendered from results/tune/ into a temporary folder
+(`--smoke` does not tune: `rvqspec tune` and `train` take minutes; tests/test_tune.py runs them on a tiny stand-in.)
 """
 
 import argparse
+import json
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
-from rvqspec.bench.timing import finish_machine, machine, machine_text, write_reports
+from rvqspec.bench.timing import (RESULTS, SMOKE_HELP, finish_machine, machine, machine_text, report_folder,
+                                  write_reports)
 from rvqspec.core.drafters import Offsets, PositionOffsets, ReusedHeads
+from rvqspec.core.errors import RvqspecError
 from rvqspec.core.tree import Tree
 from rvqspec.standin.evaluate import tokens_per_step
 from rvqspec.standin.settings import ASSETS, OFFSETS_FILE
@@ -41,8 +47,22 @@ def held_out(langs: list[str], per_lang: int) -> list[dict]:
     return picked
 
 
-def main() -> None:
+def smoke(out: Path) -> None:
+    """What a run needs before its minutes of tuning (the model, the held-out sentences) and its report, rendered
+    from the committed results."""
+    tts = load_standin(ASSETS / "model")
+    try:
+        print(f"held out: {len(held_out(list(tts.config.languages)[:1], 1))} sentence(s)")
+    except RvqspecError as e:  # the corpus' sentences are Debian fortunes: a system package
+        print(f"held out: not here ({e})")
+    result = json.loads((RESULTS / "tune" / "tune-standin.json").read_text())
+    for path in write_reports(result, report_folder(out, smoke=True), "tune-standin", to_markdown):
+        print(f"wrote {path}")
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--per-lang", type=int, default=4)
@@ -50,7 +70,9 @@ def main() -> None:
     parser.add_argument("--force", help="redo this tune stage and the later ones (rvqspec tune --force)")
     parser.add_argument("--work", type=Path, default=ROOT / "data" / "standin" / "tune-self")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "tune")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.smoke:
+        return smoke(args.out)
     torch.set_num_threads(1)
     info = machine()
     tts = load_standin(ASSETS / "model")

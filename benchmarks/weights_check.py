@@ -6,23 +6,21 @@ an accelerated qwen-tts model's check of the upstream weights it copied, once pe
 AMX), 2 cores shared with other jobs: 2.3-2.6 ms together before, 0.15-0.25 ms with it (in a busier moment, runs
 taking turns: 8.2-8.9 ms before, 0.15-0.31 ms with it).
 
-    .venv/bin/python benchmarks/weights_check.py   # prints the medians
+    .venv/bin/python benchmarks/weights_check.py           # prints the medians
+    .venv/bin/python benchmarks/weights_check.py --smoke   # a tiny predictor, a few calls: seconds
 """
 
+import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # the upstream model builder shared with the parity tests
-
-from rvqspec import ReusedHeads, Sampler, accelerate, decode_frames, default_tree  # noqa: E402
-from rvqspec.core.config import QWEN3_TTS_0_6B  # noqa: E402
-
-from helpers.upstream_models import upstream_model_like  # noqa: E402
+from rvqspec import ReusedHeads, Sampler, accelerate, decode_frames, default_tree
+from rvqspec.bench.systems import SMOKE_PREDICTOR
+from rvqspec.bench.timing import SMOKE_HELP
+from rvqspec.bench.upstream import upstream_model_like
+from rvqspec.core.config import QWEN3_TTS_0_6B
 
 
 def microseconds(call, calls: int = 400, rounds: int = 5) -> tuple[float, float]:
@@ -40,13 +38,17 @@ def microseconds(call, calls: int = 400, rounds: int = 5) -> tuple[float, float]
     return statistics.median(medians), min(medians)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + " (this script prints, writes nothing)")
+    args = parser.parse_args(argv)
+    config, calls = (SMOKE_PREDICTOR, dict(calls=20, rounds=1)) if args.smoke else (QWEN3_TTS_0_6B, {})
     torch.set_num_threads(1)
-    handle = accelerate(upstream_model_like(QWEN3_TTS_0_6B).to(torch.bfloat16))
+    handle = accelerate(upstream_model_like(config).to(torch.bfloat16))
     model = handle.decoder
-    decode_frames(model, torch.randn(1, QWEN3_TTS_0_6B.talker_hidden_size, dtype=torch.bfloat16), torch.tensor([3]),
+    decode_frames(model, torch.randn(1, config.talker_hidden_size, dtype=torch.bfloat16), torch.tensor([3]),
                   Sampler(), drafter=ReusedHeads(), tree=default_tree(16))
-    step, decode = microseconds(handle.current_decoder), microseconds(model.refresh)
+    step, decode = microseconds(handle.current_decoder, **calls), microseconds(model.refresh, **calls)
     print(f"{len(handle.watched())} upstream tensors watched, {len(list(model.parameters()))} predictor parameters")
     print(f"per frame step: the upstream weights {step[0]:.0f} us (best round {step[1]:.0f}), the predictor's own "
           f"{decode[0]:.0f} us (best {decode[1]:.0f}); together {step[0] + decode[0]:.0f} us")

@@ -1,5 +1,5 @@
 """What the benchmarks share: the machine's facts (its CPU class included), the report files (JSON, Markdown,
-plot), and a base commit's rvqspec run beside this tree's in processes of their own (`sources_at`, `worker_result`).
+plot) and where a `--smoke` run writes them, and a base commit's rvqspec run beside this tree's in processes of their own (`sources_at`, `worker_result`).
 Clocks, medians and the per-call latency of the AR step and of speculative rounds are in
 `rvqspec.core.latency`, where the decoding policy measures its tables too."""
 
@@ -18,6 +18,33 @@ import torch
 
 from rvqspec.core import cpu_class
 from rvqspec.core.checkpoint import save_json, save_text
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"  # a checkout's; absent from an install
+SMOKE_HELP = "seconds, tiny sizes: checks that the script runs; reports go to a temporary folder, never to results/"
+
+
+def report_folder(out: Path, smoke: bool) -> Path:
+    """Where a run writes its reports: `out`, except that a `--smoke` run never writes into benchmarks/results/
+    (it gets a fresh temporary folder instead)."""
+    out = Path(out)
+    if smoke and RESULTS in (out.resolve(), *out.resolve().parents):
+        return Path(tempfile.mkdtemp(prefix="rvqspec-smoke-"))
+    return out
+
+
+def pin(cores: int) -> list[int]:
+    """Every thread of this process onto the first `cores` CPUs it may use (threads made later inherit it)."""
+    allowed = sorted(ALL_CPUS)[:cores]
+    for task in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(task), allowed)
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return allowed
+
+
+ALL_CPUS = os.sched_getaffinity(0)  # at import: what pin() chooses from
+
 
 def machine() -> dict:
     return {"cpu": cpu_name(), "cpu_class": cpu_class.cpu_class(), "cores": os.cpu_count(), "torch": torch.__version__,
@@ -74,10 +101,11 @@ def sources_at(commit: str, repository: Path) -> Iterator[Path]:
         yield Path(folder)
 
 
-def worker_result(source: Path, argv: list[str], path: tuple[Path, ...] = ()) -> dict:
+def worker_result(source: Path, argv: list[str], path: tuple[Path, ...] = (), env: dict | None = None) -> dict:
     """The JSON object on the last line `python argv` prints, run in `source` with its rvqspec first on the import
-    path (then `path`) and one OpenMP thread; its failure ends the benchmark with the end of its stderr."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, (source, *path))), OMP_NUM_THREADS="1")
+    path (then `path`), one OpenMP thread and `env`'s variables; its failure ends the benchmark with the end of its
+    stderr."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, (source, *path))), OMP_NUM_THREADS="1", **(env or {}))
     out = subprocess.run([sys.executable, *argv], env=env, cwd=source, capture_output=True, text=True)
     if out.returncode:
         raise SystemExit(f"the worker in {source} failed:\n{out.stderr[-3000:]}")
