@@ -33,6 +33,7 @@ SMOKE = {
     "int4_probe": (None, ["--out", "{out}"], ["int4-probe.json", "int4-probe.md"]),
     "int8_cpu": (UPSTREAM, ["--out", "{out}"], ["int8-cpu.json", "int8-cpu.md"]),
     "latency_default": (None, [], []),  # writes a temporary copy of the tables
+    "live_speech": (UPSTREAM, ["--out", "{out}"], ["live-speech.json", "live-speech.md"]),
     "packed_linear": (None, [], []),  # prints its table
     "prefill_gap": (UPSTREAM, ["--out", "{out}"], ["prefill-gap.json", "prefill-gap.md"]),
     "quantization_quality": (None, ["--out", "{out}"], ["quantization-quality.json", "quantization-quality.md"]),
