@@ -24,25 +24,15 @@ if not upstream_available():
 
 from helpers.engines import (GREEDY, KINDS, bounded, decoded_codes, engine_states, frames_of,  # noqa: E402
                              upstream_states)
-from helpers.upstream_tts import tiny_qwen3_tts, write_wav  # noqa: E402
+from helpers.upstream_tts import tiny_qwen3_tts  # noqa: E402
+from test_runtime_exactness import CALLS as EXACT_CALLS, reference_wav  # noqa: E402, F401 (a fixture)
 
 TEXT = "hello there, how are you today?"
 SAMPLED = dict(do_sample=True, subtalker_dosample=True, temperature=0.9, subtalker_temperature=0.9, top_k=0,
                subtalker_top_k=0)
 SPECULATIVE = dict(drafter=ReusedHeads(), tree=default_tree(8))
-CALLS = {  # entry point: (model type, its arguments beside text and language)
-    "custom_voice": ("custom_voice", dict(speaker="tiny")),
-    "voice_design": ("voice_design", dict(instruct="calm")),
-    "voice_clone_x_vector": ("base", dict(ref_audio="{ref}", x_vector_only_mode=True)),
-    "voice_clone_in_context": ("base", dict(ref_audio="{ref}", ref_text="hello")),
-}
-
-
-@pytest.fixture(scope="module")
-def reference_wav(tmp_path_factory):
-    path = tmp_path_factory.mktemp("clone") / "ref.wav"
-    write_wav(path, 0.5, seed=3)
-    return str(path)
+CALLS = {name: EXACT_CALLS[name] for name in ("custom_voice", "voice_clone_x_vector", "voice_clone_in_context")}
+CALLS["voice_design"] = ("voice_design", dict(instruct="calm"))  # one text: one instruct
 
 
 @functools.cache

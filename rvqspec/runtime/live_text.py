@@ -83,38 +83,35 @@ def is_live(text) -> bool:
 
 
 def text_stream(text, cancelled: threading.Event) -> TextStream:
-    """`text` as a TextStream: an iterable is read by a thread of its own, an async one by a task on the running
-    event loop (or a thread's own loop), each ending at the text's end or once the request is cancelled."""
+    """`text` as a TextStream: an async iterable is read by a task on the running event loop (else by a thread's own
+    loop), an iterable by a thread of its own; each ends at the text's end, at its source's error, or once the
+    request is cancelled."""
     if isinstance(text, TextStream):
         return text
     stream = TextStream()
-    if isinstance(text, AsyncIterable):
-        async def pump():
-            try:
-                async for piece in text:
-                    if cancelled.is_set():
-                        break
-                    stream.write(piece)
-            except Exception as e:
-                stream.end(e)
-            stream.end()
-        try:
-            stream.task = asyncio.get_running_loop().create_task(pump())
-        except RuntimeError:
-            threading.Thread(target=asyncio.run, args=(pump(),), name="rvqspec-text", daemon=True).start()
-        return stream
 
-    def read():
+    async def pump():
         try:
-            for piece in text:
+            async for piece in text if isinstance(text, AsyncIterable) else as_async(text):
                 if cancelled.is_set():
                     break
                 stream.write(piece)
         except Exception as e:
             stream.end(e)
         stream.end()
-    threading.Thread(target=read, name="rvqspec-text", daemon=True).start()
+    try:
+        if not isinstance(text, AsyncIterable):
+            raise RuntimeError("an iterable blocks: a thread of its own")
+        stream.task = asyncio.get_running_loop().create_task(pump())
+    except RuntimeError:
+        threading.Thread(target=asyncio.run, args=(pump(),), name="rvqspec-text", daemon=True).start()
     return stream
+
+
+async def as_async(pieces: Iterable):
+    """An iterable's items from an async loop of its own (each `next` may block it: nothing else runs there)."""
+    for piece in pieces:
+        yield piece
 
 
 class StableTokens:
