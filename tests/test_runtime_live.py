@@ -2,7 +2,9 @@
 and timing of the pieces, the codes and audio are upstream's `generate_*(text=<whole>, non_streaming_mode=False)`
 (greedy, every dual-track entry point, AR and speculative) and a seeded request's are the same bits as the whole
 text's (AR, speculative, w8a8); a row waiting for its text neither holds nor changes the others; cancelling or a
-failing source mid-text frees the row. The tokenizer tail: tests/test_live_text.py."""
+failing source mid-text frees the row; `rvqspec synth --text - --stream`; sentence mode on the stand-in (each
+sentence as it completes, one stream, the same bits as the whole text's passage). The tokenizer tail:
+tests/test_live_text.py."""
 
 import asyncio
 import functools
@@ -175,12 +177,6 @@ def test_an_async_iterable_is_read_on_the_running_loop():
         whole = engine.submit("custom_voice", text=iter([TEXT]), language="English", speaker="tiny",
                               max_new_tokens=40, **GREEDY).wait(120)
         assert torch.equal(asyncio.run(main(engine)), whole)
-
-
-def test_a_model_without_dual_track_text_says_so():
-    with Engine("standin") as engine:
-        with pytest.raises(RvqspecError, match="whole text"):
-            engine.submit("speech", text=iter(["hello"]))
 
 
 def test_synth_reads_stdin_as_it_arrives_and_speaks_the_engines_audio(tmp_path):
