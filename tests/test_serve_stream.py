@@ -6,6 +6,7 @@ a closed session while another session goes on unchanged; a client that leaves f
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import socket
@@ -39,11 +40,10 @@ CONFIG = {"type": "session.config", "voice": "tiny", "language": "English", "res
 LIMITS = Limits(max_text=200, config_seconds=2.0, idle_seconds=1.0, max_sessions=4)
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """(the WebSocket's URL, the engine) of an app on a loopback port, in a thread."""
-    engine = Engine(tiny_qwen3_tts(seed=1), drafter=None, max_batch=4)
-    app = create_app(engine, VoiceStore(tmp_path_factory.mktemp("voices")), api_key=KEY, limits=LIMITS)
+@contextlib.contextmanager
+def serving(engine, voices: Path):
+    """The WebSocket's URL of an app serving `engine` on a loopback port, in a thread."""
+    app = create_app(engine, VoiceStore(voices), api_key=KEY, limits=LIMITS)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", ws="websockets"))
@@ -51,10 +51,20 @@ def served(tmp_path_factory):
     thread.start()
     while not server.started:
         time.sleep(0.01)
-    yield f"ws://127.0.0.1:{sock.getsockname()[1]}/v1/audio/speech/stream", engine
-    server.should_exit = True
-    thread.join(10)
-    engine.close()
+    try:
+        yield f"ws://127.0.0.1:{sock.getsockname()[1]}/v1/audio/speech/stream"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        engine.close()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """(the WebSocket's URL, the engine): a tiny Qwen3-TTS CustomVoice (token mode)."""
+    engine = Engine(tiny_qwen3_tts(seed=1), drafter=None, max_batch=4)
+    with serving(engine, tmp_path_factory.mktemp("voices")) as url:
+        yield url, engine
 
 
 def session(url: str, **options):
@@ -116,6 +126,7 @@ BAD = {  # case: (what the client sends after connecting, the error's code)
     "lone surrogate": ([CONFIG, '{"type": "input.text", "text": "a\\ud800"}'], "invalid_message"),
     "no session.config": ([{"type": "input.text", "text": "hello"}], "invalid_message"),
     "not json": ([CONFIG, "{nope"], "invalid_message"),
+    "unknown config field": ([dict(CONFIG, colour="red")], "invalid_message"),
     "unknown voice": ([dict(CONFIG, voice="nobody")], "invalid_request"),
     "mode the model has not": ([dict(CONFIG, mode="sentence")], "invalid_message"),
 }
@@ -234,3 +245,20 @@ def test_the_pages_live_mode_speaks_as_it_types_in_headless_chromium(served, tmp
     assert info.startswith(f"model {engine.name} (token mode, live): first audio") and "tokens/step" in info, info
     assert "real-time factor" in info and inked == "true"
     assert shot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_stand_in_speaks_a_session_in_sentence_mode(tmp_path):
+    """A model without dual-track text: the session is spoken sentence by sentence as each completes, one stream
+    (one audio.start in "sentence" mode), the audio the engine's passage of the whole text for the seed."""
+    text = "Hello there. How are you today? I am fine."
+    engine = Engine("standin", max_batch=2)
+    want = to_int16(engine.speech(text, voice="en", seed=3, sentences=True).audio()).tobytes()
+    with serving(engine, tmp_path / "voices") as url:
+        async def run():
+            async with session(url) as websocket:
+                return await speak(websocket, [text[i:i + 4] for i in range(0, len(text), 4)],
+                                   dict(CONFIG, voice="en", language=None))
+
+        messages, audio = asyncio.run(run())
+    assert [m["type"] for m in messages] == ["audio.start", "audio.done", "session.done"], messages
+    assert messages[0]["mode"] == "sentence" and audio == want

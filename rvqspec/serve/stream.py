@@ -116,6 +116,10 @@ class Sessions:
             if config.get(name) is not None:
                 raise SessionError(f"{name} is not taken here: register the voice (POST /v1/audio/voices) and send "
                                    "its name as voice", param=name)
+        unknown = sorted(set(config) - CONFIG_FIELDS - IGNORED_FIELDS)
+        if unknown:
+            raise SessionError(f"unknown session.config field {unknown[0][:80]!r}: the fields are "
+                               f"{', '.join(sorted(CONFIG_FIELDS - {'type'}))}", param=unknown[0][:80])
         fields = {k: v for k, v in config.items() if k not in IGNORED_FIELDS}
         mode = fields.pop("mode", None) or self.engine.text_mode
         if mode not in ("token", "sentence") or mode != self.engine.text_mode:
