@@ -139,6 +139,24 @@ def test_a_row_waiting_for_its_text_neither_holds_nor_changes_the_others():
         assert torch.equal(stalled.wait(120), live_alone)
 
 
+def test_a_parked_row_holds_its_place_without_spinning_the_loop(monkeypatch):
+    """A row waiting for text keeps its place in the batch (max_batch 1: the next request waits), and the loop only
+    looks again every POLL_SECONDS (tens of times a second, where spinning would be thousands)."""
+    named = dict(language="English", speaker="tiny", max_new_tokens=40, **GREEDY)
+    with Engine(tiny_tts(), drafter=None, max_batch=1) as engine:
+        stream = TextStream()
+        request = engine.submit("custom_voice", text=stream, **named)
+        stream.write("hello th")
+        frames_of(request, 2)
+        other = engine.submit("custom_voice", text=TEXT, **named)
+        calls, admit = [], engine.scheduler.admit
+        monkeypatch.setattr(engine.scheduler, "admit", lambda: calls.append(1) or admit())
+        time.sleep(1.0)
+        assert len(calls) < 100 and len(other.decoded) == 0 and engine.status()["queued"] == 1
+        stream.end()
+        assert len(other.wait(120)) > 0 and len(request.wait(120)) > 0
+
+
 def test_cancelling_mid_text_frees_the_row_and_a_failing_source_fails_its_request():
     named = dict(language="English", speaker="tiny", max_new_tokens=40, **GREEDY)
 

@@ -122,7 +122,7 @@ class Engine:
 
     # ---------------------------------------------------------------- requests
 
-    def submit(self, kind: str, seed: int | None = None, **arguments) -> Request:
+    def submit(self, kind: str, seed: int | None = None, **arguments) -> Request | Passage:
         """One request, from any thread: `kind` the entry point ("custom_voice", "voice_design", "voice_clone"; the
         stand-in's "speech"), `arguments` upstream's for it (one text). Iterate the request for its audio. The text
         may arrive over time (`live_text.is_live`: a `TextStream`, an iterable or async iterable of pieces)."""

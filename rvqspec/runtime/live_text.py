@@ -38,6 +38,7 @@ class TextStream:
         self.ended = False
         self.reader: Callable[[str | BaseException | None], None] | None = None  # the request's: a piece, the
         # end (None), or the error that ended the text's source
+        self.task: asyncio.Task | None = None  # the task reading an async iterable into it (kept from the GC)
 
     def write(self, piece: str) -> None:
         check_piece(piece)

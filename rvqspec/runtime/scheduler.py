@@ -209,18 +209,22 @@ class Scheduler:
         self.end_all()
 
     def next_work(self) -> bool:
-        """Wait for something to do; False once the engine stops. Live requests waiting for their text are looked at
-        as text comes (`wake`), and every POLL_SECONDS for a cancel."""
+        """Wait for something to do; False once the engine stops (or stops accepting with nothing left). Live
+        requests waiting for their text are looked at as text comes (`wake`), and every POLL_SECONDS for a cancel."""
         with self.condition:
-            while not (self.actionable() or self.stopping or not self.accepting):
+            while True:
+                busy = bool(self.waiting or self.prefilling or self.rows or self.parked)
+                if self.stopping or not (self.accepting or busy):
+                    return False
+                if self.actionable():
+                    return True
                 self.condition.wait(POLL_SECONDS if self.parked or self.waiting else None)
-            busy = bool(self.waiting) or self.prefilling is not None or bool(self.rows) or bool(self.parked)
-            return not self.stopping and (self.accepting or busy)
 
     def actionable(self) -> bool:
         """Whether the loop has work now: rows to step, a prompt to prefill, a parked row or waiting request whose
         text came (or that was cancelled)."""
-        ready = any(r.prompt.ready() or r.cancelled.is_set() for r in self.waiting)
+        room = len(self.rows) + len(self.parked) < self.max_batch
+        ready = room and any(r.prompt.ready() or r.cancelled.is_set() for r in self.waiting)
         return bool(self.rows or self.prefilling or ready or any(row.text_arrived for row in self.parked))
 
     def admit(self) -> None:
@@ -281,7 +285,8 @@ class Scheduler:
     def timed_step(self) -> None:
         batch, start = len(self.rows), time.perf_counter()
         self.frame_step()
-        self.capacity.record(batch, time.perf_counter() - start)
+        if batch:  # a step of rejoining rows alone decodes no frame
+            self.capacity.record(batch, time.perf_counter() - start)
 
     def frame_step(self) -> None:
         """One frame for every row: the module docstring's steps 1 to 5; rows whose text row has not arrived are
