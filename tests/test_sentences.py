@@ -4,7 +4,7 @@ giving exactly the whole-text split whatever the pieces."""
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rvqspec.runtime.sentences import SentenceSplitter, split_sentences
+from rvqspec.runtime.sentences import SentenceSplitter, is_long, split_sentences
 
 
 @pytest.mark.parametrize("text, sentences", [
@@ -69,6 +69,11 @@ def test_incremental_equals_whole_text(parts, cuts, max_chars):
     assert all(len(s) <= max_chars for s in whole)
     letters = [c for c in text if c.isalnum()]
     assert [c for s in whole for c in s if c.isalnum()] == letters  # nothing spoken is lost or reordered
+
+
+def test_a_long_text_is_counted_in_bytes():
+    assert not is_long("a" * 200) and is_long("a" * 201)
+    assert is_long("я" * 101) and is_long("字" * 67) and not is_long("字" * 66)
 
 
 def test_max_chars_is_checked():

@@ -90,7 +90,7 @@ def test_a_disconnect_mid_stream_frees_the_row(standin):
 
 
 def test_a_4000_character_text_streams_sentence_by_sentence(standin):
-    """Past LONG_TEXT characters the server speaks sentence by sentence (one utterance of it is past the stand-in's
+    """Past LONG_TEXT bytes the server speaks sentence by sentence (one utterance of it is past the stand-in's
     positions: refused with "sentences": false); the first audio comes while the rest is decoded."""
     text = ("The quick brown fox jumps over the lazy dog, again and again. " * 70)[:4000]
     body = {"model": "standin", "input": text, "voice": "en", "seed": 3, "response_format": "pcm"}

@@ -253,11 +253,11 @@ def print_report(report: dict, args) -> int:
 
 
 def sentences_of(text: str, mode: str) -> list[str]:
-    """The texts synth speaks in turn: the sentences of `text` (--sentences on, or auto past LONG_TEXT characters),
-    else the text whole, as upstream speaks it."""
-    from rvqspec.runtime.sentences import LONG_TEXT, split_sentences
+    """The texts synth speaks in turn: the sentences of `text` (--sentences on, or auto past LONG_TEXT bytes), else
+    the text whole, as upstream speaks it."""
+    from rvqspec.runtime.sentences import is_long, split_sentences
 
-    split = mode == "on" or (mode == "auto" and len(text) > LONG_TEXT)
+    split = mode == "on" or (mode == "auto" and is_long(text))
     return (split_sentences(text) if split else []) or [text]
 
 
@@ -308,7 +308,7 @@ def add_cli(subparsers) -> None:
     p.add_argument("--max-new-tokens", type=flags.positive_int, help="frames at most (12.5 a second; default: "
                    "a budget from the text, docs/limits.md: 8 per text token, at least 125)")
     p.add_argument("--sentences", choices=("auto", "on", "off"), default="auto", help="speak the text sentence by "
-                   "sentence, one after another (auto: past 200 characters; docs/limits.md)")
+                   "sentence, one after another (auto: past 200 bytes of UTF-8; docs/limits.md)")
     p.add_argument("--stream", action="store_true", help="write the wav while it is generated (into a hidden "
                    ".<name>.<random>.part.wav beside it, a valid file after every chunk), print time to first audio")
     p.add_argument("--chunk-frames", type=flags.chunk_frames, default=CHUNK_FRAMES,

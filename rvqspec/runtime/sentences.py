@@ -26,7 +26,9 @@ no end: then its first piece, cut as above.
 import re
 
 MAX_CHARS = 200  # characters of a sentence at most (docs/limits.md: where the stand-in was measured to hold up)
-LONG_TEXT = 200  # characters: `rvqspec serve` and `synth` speak a longer text sentence by sentence by default
+# UTF-8 bytes (about the speech's length in any script: a Latin letter 1, Cyrillic 2, a CJK character 3): `rvqspec
+# serve` and `synth` speak a longer text sentence by sentence by default (`is_long`; docs/limits.md)
+LONG_TEXT = 200
 LATIN_ENDS, CJK_ENDS = ".!?…", "。！？．"
 CLOSERS = "\"')]}»”’」』）》】"
 CLAUSE_MARKS = ",;:，、；："
@@ -82,6 +84,11 @@ def split_sentences(text: str, max_chars: int = MAX_CHARS) -> list[str]:
     """The sentences of a whole text (module docstring)."""
     splitter = SentenceSplitter(max_chars)
     return splitter.feed(text) + splitter.end()
+
+
+def is_long(text: str) -> bool:
+    """Whether `text` is past LONG_TEXT bytes: spoken sentence by sentence by default."""
+    return len(text.encode("utf-8", "surrogatepass")) > LONG_TEXT
 
 
 def first_end(text: str, final: bool):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from fastapi.responses import JSONResponse
 
 from rvqspec.core.errors import RvqspecError
-from rvqspec.runtime.sentences import LONG_TEXT
+from rvqspec.runtime.sentences import is_long
 from rvqspec.serve.audio import FORMATS
 from rvqspec.serve.voices import VoiceStore, check_name
 
@@ -136,7 +136,7 @@ def parse_speech(body: dict, engine, voices: VoiceStore) -> Speech:
     voice, speech.clone = parse_voice_choice(body, engine.voices(), voices)
     speech.args = dict(text=text, voice=voice, instructions=optional(body, "instructions", str),
                        language=optional(body, "language", str), **sampling,
-                       sentences=optional(body, "sentences", bool, len(text) > LONG_TEXT))
+                       sentences=optional(body, "sentences", bool, is_long(text)))
     return speech
 
 
