@@ -238,7 +238,11 @@ class Engine:
         arguments = self.named(kind, args, kwargs)
         if is_live(arguments.get("text")):
             request = self.submit(kind, seed=seed, **arguments)
-            return self.model.whole([request.wait()], [request.prompt])
+            try:
+                codes = request.wait()
+            finally:
+                request.cancel()  # only if still running (an interrupted wait)
+            return self.model.whole([codes], [request.prompt])
         prompts = self.model.prompts(kind, arguments)
         requests = []
         try:
