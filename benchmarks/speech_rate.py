@@ -7,7 +7,8 @@ language token). Reported per language: frames per text token (median, max) and 
 over every utterance (a margin under 1 would be a cut). Long texts: the sentences of a language joined into texts of
 growing length, spoken with the same seeds: how many end with EOS (not their budget), and frames per byte.
 
-    .venv/bin/python benchmarks/speech_rate.py        # ~3 minutes on 2 cores; writes results/speech-rate.{json,md}
+    .venv/bin/python benchmarks/speech_rate.py --seeds 3   # ~20 minutes on 2 shared cores; results/speech-rate.*
+    .venv/bin/python benchmarks/speech_rate.py --smoke     # one English sentence, greedy: seconds, a temporary folder
 """
 
 import argparse
@@ -15,11 +16,9 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from end_to_end import RESULTS  # noqa: E402
-
-import rvqspec  # noqa: E402
-from rvqspec.bench.timing import finish_machine, machine, machine_text, write_reports  # noqa: E402
+import rvqspec
+from rvqspec.bench.timing import (RESULTS, SMOKE_HELP, finish_machine, machine, machine_text, report_folder,
+                                  write_reports)
 
 SENTENCES = {
     "en": ["The quick brown fox jumps over the lazy dog.", "It costs 3.50 dollars, or 12 percent more.",
@@ -51,26 +50,27 @@ def speak(engine, texts: list[str], lang: str, seeds: int) -> list[tuple[int, in
             for r in requests]
 
 
-def rates(engine, seeds: int) -> dict:
+def rates(engine, seeds: int, languages: dict) -> dict:
     report = {}
-    for lang, sentences in SENTENCES.items():
+    for lang, sentences in languages.items():
         spoken = speak(engine, sentences, lang, seeds)
         rows = [(sentences[i // (seeds + 1)], *row) for i, row in enumerate(spoken)]
         ended = [row for row in rows if row[3] == "eos"]
-        per_token = [frames / (len(text.encode()) + 1) for text, frames, *_ in ended]
+        per_token = [frames / (len(text.encode()) + 1) for text, frames, *_ in ended] or [float("nan")]
         report[lang] = {"utterances": len(rows), "frames_per_token_median": statistics.median(per_token),
                         "frames_per_token_max": max(per_token),
-                        "smallest_margin": min(budget / frames for _, frames, budget, *_ in ended),
+                        "smallest_margin": min((budget / frames for _, frames, budget, *_ in ended),
+                                               default=float("nan")),
                         "ends": {reason: sum(r[3] == reason for r in rows) for reason in ("eos", "length")},
                         "runaways": [{"text": text, "sampled": sampled, "frames": frames}
                                      for text, frames, budget, reason, sampled in rows if reason == "length"]}
     return report
 
 
-def long_texts(engine, seeds: int) -> dict:
+def long_texts(engine, seeds: int, languages: dict, sizes: tuple[int, ...]) -> dict:
     report = {}
-    for lang, sentences in SENTENCES.items():
-        for size in LONG_BYTES:
+    for lang, sentences in languages.items():
+        for size in sizes:
             text = ""
             while len(text.encode()) < size:
                 text += sentences[len(text) % len(sentences)] + " "
@@ -109,15 +109,20 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", type=int, default=4)
-    args = p.parse_args()
+    p.add_argument("--seeds", type=int, default=3, help="sampled seeds per sentence, beside greedy (default 3)")
+    p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    languages = {"en": SENTENCES["en"][:1]} if args.smoke else SENTENCES
+    seeds, sizes = (0, (60,)) if args.smoke else (args.seeds, LONG_BYTES)
+    command = " ".join(["benchmarks/speech_rate.py", *(sys.argv[1:] if argv is None else argv)])
     with rvqspec.Engine("standin", seed=0, max_batch=8, max_queue=64, realtime=False) as engine:
-        result = {"machine": machine(), "seeds": args.seeds, "rate": rates(engine, args.seeds),
-                  "long": long_texts(engine, args.seeds)}
+        result = {"machine": machine(), "command": command, "seeds": seeds,
+                  "rate": rates(engine, seeds, languages), "long": long_texts(engine, seeds, languages, sizes)}
     result["machine"] = finish_machine(result["machine"])
-    write_reports(result, RESULTS, "speech-rate", markdown)
+    write_reports(result, report_folder(args.out, args.smoke), "speech-rate", markdown)
     print(markdown(result))
 
 

@@ -41,6 +41,7 @@ SMOKE = {
     "row_draws": (None, ["--out", "{out}"], ["row-draws.json", "row-draws.md"]),
     "serve_load": (UPSTREAM, ["--out", "{out}/serve-load"], ["serve-load.json", "serve-load.md"]),
     "standin_scaling": (None, ["--out", "{out}"], ["scaling.json", "scaling.md"]),
+    "speech_rate": (None, ["--out", "{out}"], ["speech-rate.json", "speech-rate.md"]),
     "talker_weights": (UPSTREAM, ["--out", "{out}"], ["talker-weights.json", "talker-weights.md"]),
     "threads": (None, ["--out", "{out}"], ["threads.json", "threads.md"]),
     "tune_standin": (None, ["--out", "{out}"], ["tune-standin.json", "tune-standin.md"]),

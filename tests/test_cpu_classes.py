@@ -4,7 +4,7 @@ verify call, and the exactness tests pass under a cap too (`test_the_exactness_t
 
 What is not row-invariant, and why: a verify call holds a tree node's key at a scratch slot after the committed ones,
 where the AR step holds it at its position, so the attention sums the same terms in another order; in bfloat16 and
-float32 that can change a last bit (README, CPU classes). bfloat16's sampled distribution is tested on the fast path
+float32 that can change a last bit (docs/cpu-classes.md). bfloat16's sampled distribution is tested on the fast path
 (test_distribution.py), greedy identity in float64 and quantized (integer GEMM) models."""
 
 import json

@@ -108,7 +108,7 @@ def test_speculative_sampling_matches_enumeration(tree, drafter):
 
 def test_bfloat16_speculative_sampling_matches_enumeration():
     """bfloat16 on the CPU fast path (fused kernels, int8 draft ranking, measured matmul choices): a verify call's
-    attention sums in another order than the AR step's (README, CPU classes), so its bits may differ from AR's in
+    attention sums in another order than the AR step's (docs/cpu-classes.md), so its bits may differ from AR's in
     the last place; the distribution of the codes is still AR's."""
     dtype = torch.bfloat16
     model = setup(1, dtype)[0]

@@ -148,8 +148,8 @@ def add_cli(subparsers) -> None:
                         "it, its request is cancelled (its row freed) and the connection closed")
     # Ray Serve (`rvqspec[ray]`): replicas on one machine or a cluster.
     p.add_argument("--ray", action="store_true",
-                   help="serve on Ray Serve, one engine per replica (needs rvqspec[ray]; README: Serving on many "
-                        "machines)")
+                   help="serve on Ray Serve, one engine per replica (needs rvqspec[ray]; docs/serving.md: Ray "
+                        "Serve)")
     p.add_argument("--address", metavar="auto|HOST:PORT",
                    help="with --ray: the Ray cluster to join (default: start a local Ray instance)")
     p.add_argument("--replicas", type=replicas, metavar="N", help="with --ray: a fixed number of replicas (default 1)")

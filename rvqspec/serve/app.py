@@ -253,7 +253,7 @@ def add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(request, e: HTTPException):
         fix = {404: ": the endpoints are /v1/audio/speech, /v1/audio/voices, /v1/models, /health, /metrics",
-               405: ": see the endpoints' methods in the README"}.get(e.status_code, "")
+               405: ": see the endpoints' methods in docs/serving.md"}.get(e.status_code, "")
         return ApiError(e.status_code, f"{e.detail} ({request.method} {request.url.path}){fix}").response()
 
     @app.exception_handler(Exception)
