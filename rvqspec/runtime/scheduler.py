@@ -26,6 +26,11 @@ comes from its request's own generator, which moves on by the same amount per fr
 Draws), so a seeded request's codes are the same bits alone and in any batch, joining mid-utterance or not (given the
 same logits bits: greedy or sampled, `core/talker.py`), as per-request seeds are in vLLM.
 
+Text that arrives over time (runtime/live_text.py): a row whose frame t needs text row t that has not arrived is
+parked after step 4 (out of the batch, its cache row moved to `parked_cache`, its next input kept) and rejoins for
+step 5 of the first step after its text comes; it keeps its place toward `max_batch`. A live request waits in the
+queue until its prompt's text has arrived, without holding the requests behind it.
+
 A row fails alone: one whose talker state or logits turn non-finite (inf or nan: a clip or prompt out of range), or
 whose draw or predictor batch raises, leaves with its own error while the others go on with the same bits. Its cache
 row is zeroed first: a masked slot still multiplies its value by 0, and 0 * nan is nan for the next row there.
