@@ -41,9 +41,9 @@ LIMITS = Limits(max_text=200, config_seconds=2.0, idle_seconds=1.0, max_sessions
 
 
 @contextlib.contextmanager
-def serving(engine, voices: Path):
+def serving(engine, voices: Path, limits: Limits = LIMITS):
     """The WebSocket's URL of an app serving `engine` on a loopback port, in a thread."""
-    app = create_app(engine, VoiceStore(voices), api_key=KEY, limits=LIMITS)
+    app = create_app(engine, VoiceStore(voices), api_key=KEY, limits=limits)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", ws="websockets"))
@@ -253,7 +253,7 @@ def test_the_stand_in_speaks_a_session_in_sentence_mode(tmp_path):
     text = "Hello there. How are you today? I am fine."
     engine = Engine("standin", max_batch=2)
     want = to_int16(engine.speech(text, voice="en", seed=3, sentences=True).audio()).tobytes()
-    with serving(engine, tmp_path / "voices") as url:
+    with serving(engine, tmp_path / "voices", Limits()) as url:  # the default timeouts: a slow machine's margin
         async def run():
             async with session(url) as websocket:
                 return await speak(websocket, [text[i:i + 4] for i in range(0, len(text), 4)],
