@@ -40,6 +40,7 @@ SMOKE = {
     "latency_default": (None, [], []),  # writes a temporary copy of the tables
     "ordered_attention": (None, ["--out", "{out}"],
                           ["ordered-attention-{class}.json", "ordered-attention-{class}.md"]),
+    "live_speech": (UPSTREAM, ["--out", "{out}"], ["live-speech.json", "live-speech.md"]),
     "packed_linear": (None, [], []),  # prints its table
     "prefill_gap": (UPSTREAM, ["--out", "{out}"], ["prefill-gap.json", "prefill-gap.md"]),
     "quantization_quality": (None, ["--out", "{out}"], ["quantization-quality.json", "quantization-quality.md"]),

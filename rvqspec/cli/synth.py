@@ -1,7 +1,8 @@
 """`rvqspec synth` and `rvqspec corpus from-audio`: real Qwen3-TTS checkpoints, run through upstream qwen-tts.
 
 synth: text -> upstream talker -> code predictor through rvqspec (speculative unless --no-spec) -> upstream
-12 Hz speech tokenizer -> wav. corpus from-audio: recorded speech + transcripts -> 12 Hz codes -> the talker's
+12 Hz speech tokenizer -> wav. `--text -` reads the text from stdin; with --stream, as it arrives (an LLM's output
+piped in), spoken by `rvqspec.Engine` from its first word on (upstream's dual-track prompt: docs/live-speech.md). corpus from-audio: recorded speech + transcripts -> 12 Hz codes -> the talker's
 hidden state per frame by teacher forcing -> a code corpus (`rvqspec.tuning.corpus`) for `train-offsets`; with a
 Sesame CSM checkpoint (transformers), its Mimi codes and the backbone's state instead.
 
@@ -9,8 +10,10 @@ Sesame CSM checkpoint (transformers), its Mimi codes and the backbone's state in
 nothing is ever downloaded.
 """
 
+import codecs
 import errno
 import os
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
@@ -172,12 +175,52 @@ def stream_synth(tts, handle, args, texts: list[str]) -> dict:
             "sentences": len(texts), "cut": cut}
 
 
+def stdin_pieces(fd: int | None = None) -> Iterator[str]:
+    """Standard input's text as it arrives (each read's whole characters), until its end."""
+    fd = sys.stdin.fileno() if fd is None else fd
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        while data := os.read(fd, 4096):
+            if piece := decoder.decode(data):
+                yield piece
+        if tail := decoder.decode(b"", final=True):
+            yield tail
+    except UnicodeDecodeError as e:
+        raise RvqspecError(f"standard input is not UTF-8 text ({e.reason}): pipe text into --text -") from None
+
+
+def live_synth(tts, drafter, tree, args) -> dict:
+    """--text - --stream: stdin's text spoken as it arrives, by the engine (text token t at frame t)."""
+    from rvqspec.runtime import Engine
+
+    if args.tuned:
+        raise RvqspecError("--text - --stream decodes with rvqspec.Engine: drop --tuned (or give the text whole)")
+    entry_point, arguments = speech_request(tts, stdin_pieces(), args.language, args.speaker, args.instruct,
+                                            args.ref_audio, args.ref_text)
+    start = time.perf_counter()
+    with Engine(tts, drafter=drafter, tree=tree, weights=args.weights, talker_weights=args.talker_weights,
+                chunk_frames=args.chunk_frames) as engine, upstream_refusals():
+        chunks = getattr(engine, f"stream_{entry_point}")(**arguments, seed=args.seed)
+        samples, first = write_progressively(args.out, chunks, engine.sample_rate)
+        status, decoding = engine.status(), engine.explain(1)
+    seconds = time.perf_counter() - start
+    return {"out": str(args.out), "audio_seconds": samples / engine.sample_rate, "sample_rate": engine.sample_rate,
+            "frames": status["frames"], "wall_seconds": seconds, "first_audio_seconds": first,
+            "real_time_factor": seconds / max(samples / engine.sample_rate, 1e-9), "decoding": decoding,
+            "tokens_per_step": status["tokens_per_step"], "sentences": 1, "cut": []}
+
+
 def run_synth(args) -> int:
     drafter, tree = load_drafting(args)
     if args.stream:
         flags.require_extra("rvqspec synth --stream", "demo", "soundfile")
+    live = args.text == "-" and args.stream
+    if args.text == "-" and not live:
+        args.text = sys.stdin.read()
     device = default_device(args.device)
     tts = load_tts(qwen_tts_folder(args.model), device, default_dtype(args.dtype, device))
+    if live:
+        return print_report(live_synth(tts, drafter, tree, args), args)
     handle = accelerate(tts, drafter=drafter, tree=tree, weights=args.weights, tuned=args.tuned,
                         talker_weights=args.talker_weights)
     torch.manual_seed(args.seed)  # once: the sentences of a long text carry the seed on
@@ -188,14 +231,18 @@ def run_synth(args) -> int:
         report = synthesize(tts, handle, texts, args.out, args.max_new_tokens, language=args.language,
                             speaker=args.speaker, instruct=args.instruct, ref_audio=args.ref_audio,
                             ref_text=args.ref_text)
+    return print_report(report, args)
+
+
+def print_report(report: dict, args) -> int:
     mode = report["decoding"]
     print(f"wrote {report['out']}: {report['audio_seconds']:.2f} s of audio at {report['sample_rate']} Hz, "
           f"{report['frames']} frames in {report['wall_seconds']:.1f} s")
     if args.stream:
         print(f"streamed: first audio after {report['first_audio_seconds']:.2f} s, real-time factor "
               f"{report['real_time_factor']:.2f} (synthesis time / audio time)")
-    print(f"code predictor ({mode}): {report['calls_per_frame']:.2f} calls/frame, "
-          f"{report['tokens_per_step']:.2f} tokens/step")
+    calls = f"{report['calls_per_frame']:.2f} calls/frame, " if "calls_per_frame" in report else ""
+    print(f"code predictor ({mode}): {calls}{report['tokens_per_step']:.2f} tokens/step")
     if report["sentences"] > 1:
         print(f"spoken sentence by sentence: {report['sentences']} sentences (--sentences off: one utterance)")
     for index, budget in report["cut"]:
@@ -243,7 +290,8 @@ def add_cli(subparsers) -> None:
     p = subparsers.add_parser("synth", help="text to wav with a Qwen3-TTS checkpoint through qwen-tts, "
                                             "code predictor decoded by rvqspec", parents=[model, flags.drafter_flag()])
     add_model_args(p)
-    p.add_argument("--text", required=True)
+    p.add_argument("--text", required=True, help="the text; '-': read it from stdin (with --stream: spoken as it "
+                   "arrives, e.g. an LLM's output piped in)")
     p.add_argument("--out", required=True, type=flags.out_file, help="output .wav (a symlink: written through to "
                                                                      "its target)")
     p.add_argument("--ref-audio", help="Base (voice clone) models: reference recording")

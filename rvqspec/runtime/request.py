@@ -19,6 +19,7 @@ from torch import Tensor
 from rvqspec.core.errors import RvqspecError
 from rvqspec.core.frame_loop import POLL_SECONDS
 from rvqspec.core.sampling import Sampler, TalkerRules
+from rvqspec.runtime.live_text import LiveText
 
 END = object()  # the last item of a request's audio queue
 END_REASONS = ("eos", "length", "cancelled", "error")  # how a request ended (`Request.end_reason`)
@@ -42,6 +43,24 @@ class Prompt:
     pad: Tensor | None = None  # [H] added once the text is used up
     prefix: Tensor | None = None  # [n, G] codes the codec decodes before the request's own (a clone's reference)
     last_frame: Callable[[Tensor], bool] | None = None  # a decoded frame [G] that ends it (CSM's EOS frame)
+    live: LiveText | None = None  # text arriving over time (runtime/live_text.py): in place of `text` and `pad`,
+    # and the last `live.start` rows of `embeds` are its head, filled once it arrived (`fill_head`)
+
+    def ready(self) -> bool:
+        """Whether it can be prefilled: its text head has arrived (always, for a whole text)."""
+        return self.live is None or self.live.ready(self.live.start)
+
+    def fill_head(self) -> None:
+        if self.live is not None:
+            self.embeds = torch.cat([self.embeds[:-self.live.start], self.live.head().to(self.embeds.dtype)])
+
+    def text_input(self, frame: int) -> Tensor | float | None:
+        """What is added to frame `frame`'s talker input: its text row, the pad, or 0.0; None: not arrived yet."""
+        if self.live is not None:
+            return self.live.row(self.live.start + frame)
+        if self.text is None:
+            return 0.0
+        return self.text[frame] if frame < len(self.text) else self.pad
 
     def ends_after(self, decoded: list[Tensor]) -> bool:
         """Whether the last decoded frame ends the request (`last_frame`): its row then leaves at the next frame
