@@ -23,11 +23,8 @@ Per class:
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -44,8 +41,8 @@ from rvqspec.bench.batched import batch_inputs  # noqa: E402
 from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor  # noqa: E402
 from rvqspec.bench.floor import one_row_steps  # noqa: E402
 from rvqspec.bench.systems import SIZES as SYSTEM_SIZES, SMOKE_PREDICTOR, controlled_heads, system_tts  # noqa: E402
-from rvqspec.bench.timing import (SMOKE_HELP, finish_machine, machine, machine_text, report_folder,  # noqa: E402
-                                  write_reports)
+from rvqspec.bench.timing import (CLASS_CAPS, SMOKE_HELP, finish_machine, machine, machine_text,  # noqa: E402
+                                  per_class, report_folder, write_reports)
 from rvqspec.cli.demo import live_int8_policy  # noqa: E402
 from rvqspec.core import cpu_class  # noqa: E402
 from rvqspec.core.config import QWEN3_TTS_0_6B  # noqa: E402
@@ -57,7 +54,6 @@ from rvqspec.core.sampling import Sampler  # noqa: E402
 from rvqspec.core.tree import default_tree  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-CAPS = {"native": {}, "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}}
 MATMUL_ROWS = (1, 4, 9, 33)
 SIZES = (4, 8, 16, 32)
 
@@ -219,7 +215,7 @@ def to_markdown(report: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + " (the native class only)")
-    parser.add_argument("--classes", default=None, help="default: " + ",".join(CAPS))
+    parser.add_argument("--classes", default=None, help="default: " + ",".join(CLASS_CAPS))
     parser.add_argument("--quick", action="store_true", help="6 predictor frames, 12-frame utterances, 2 repeats")
     parser.add_argument("--frames", type=int, default=None)
     parser.add_argument("--e2e-frames", type=int, default=None)
@@ -231,20 +227,14 @@ def main(argv: list[str] | None = None) -> None:
     args.frames = args.frames or (1 if args.smoke else 6 if args.quick else 12)
     args.e2e_frames = args.e2e_frames or (3 if args.smoke else 12 if args.quick else 25)
     args.repeats = args.repeats or (1 if args.smoke else 2 if args.quick else 3)
-    args.classes = args.classes or ("native" if args.smoke else ",".join(CAPS))
+    args.classes = args.classes or ("native" if args.smoke else ",".join(CLASS_CAPS))
     if args.one:
         Path(args.one).write_text(json.dumps(one_class(args)))
         return
-    info, classes = machine(), {}
-    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")}
+    info = machine()
     forwarded = ["--frames", str(args.frames), "--e2e-frames", str(args.e2e_frames), "--repeats", str(args.repeats)] \
         + ["--no-end-to-end"] * args.no_end_to_end + ["--smoke"] * args.smoke
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in args.classes.split(","):
-            out = Path(tmp) / f"{name}.json"
-            subprocess.run([sys.executable, __file__, *forwarded, "--one", str(out)],
-                           env=env | CAPS[name] | {"OMP_WAIT_POLICY": "PASSIVE"}, check=True)
-            classes[name] = json.loads(out.read_text())
+    classes = per_class(__file__, args.classes.split(","), forwarded)
     report = {"classes": classes, "machine": finish_machine(info),
               "command": " ".join([".venv/bin/python benchmarks/int8_cpu.py", *(sys.argv[1:] if argv is None
                                                                                   else argv)])}

@@ -16,6 +16,7 @@ Inputs (a missing one leaves its section saying which command measures it):
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -54,9 +55,16 @@ def read_text(path: Path) -> str | None:
     return path.read_text() if path.is_file() else None
 
 
-def without_title(markdown_text: str) -> str:
-    """A report's Markdown without its `# title` line, to nest it under a section here."""
-    return markdown_text.split("\n", 2)[2].strip()
+def without_title(markdown_text: str, depth: int = 3) -> str:
+    """A report's Markdown without its `# title` line, to nest it under a section here: its `## ` headings become
+    `depth` levels deep (3 under a `## ` section, 4 under a `### ` one) and the deeper ones follow, so that every
+    benchmark stays one section of RESULTS.md."""
+    lines, fenced = markdown_text.split("\n", 2)[2].strip().split("\n"), False
+    for i, line in enumerate(lines):
+        fenced ^= line.startswith("```")
+        if not fenced and (heading := re.match(r"(#{2,}) ", line)):
+            lines[i] = "#" * (len(heading.group(1)) - 2 + depth) + line[len(heading.group(1)):]
+    return "\n".join(lines)
 
 
 def not_measured(command: str) -> str:
@@ -180,7 +188,7 @@ def bench_section(bench: dict | None, bench_dir: Path, out: Path) -> list[str]:
     figure = bench_dir / "bench.png"
     if figure.is_file():
         lines += ["", f"![Figure 4 style: verify overhead and speed-up vs tree size]({link(figure, out)})"]
-    return lines + ["", "### Details from `rvqspec bench`", "", without_title(markdown(bench))]
+    return lines + ["", "### Details from `rvqspec bench`", "", without_title(markdown(bench), 4)]
 
 
 def batch_section(reports: dict[str, dict | None], results_dir: Path, out: Path) -> list[str]:
@@ -210,14 +218,14 @@ def batch_section(reports: dict[str, dict | None], results_dir: Path, out: Path)
     gpu_bench = read_json(results_dir / "gpu" / "bench.json")
     if gpu_bench:
         lines += ["", "### GPU (H200): one stream, `rvqspec bench` (benchmarks/gpu_check.sh)", "",
-                  without_title(markdown(int_keys(gpu_bench)))]
+                  without_title(markdown(int_keys(gpu_bench)), 4)]
     for where, report in measured.items():
         folder = results_dir if where == "CPU" else results_dir / "gpu"
         figure = folder / "bench-batch.png"
         lines += ["", f"### {where}: details from `{report.get('command', 'rvqspec bench --batch')}`", ""]
         if figure.is_file():
             lines += [f"![frames/s against batch size]({link(figure, out)})", ""]
-        lines.append(without_title(batch_markdown(report)))
+        lines.append(without_title(batch_markdown(report), 4))
     return lines
 
 
@@ -251,11 +259,11 @@ def csm_section(csm_dir: Path) -> list[str]:
               "accepted per round that the 0.6B shows at the paper's tokens/step (the same drafts; a frame of 31 "
               "codes instead of 15, so fewer rounds are cut short by the frame end).", ""]
     if bench:
-        lines += ["### One stream", "", without_title(markdown(int_keys(bench))), ""]
+        lines += ["### One stream", "", without_title(markdown(int_keys(bench)), 4), ""]
     if batch:
-        lines += ["### Batched", "", without_title(batch_markdown(batch)), ""]
+        lines += ["### Batched", "", without_title(batch_markdown(batch), 4), ""]
     if depth:
-        lines += ["### Draft depth K", "", without_title(depth)]
+        lines += ["### Draft depth K", "", without_title(depth, 4)]
     return lines
 
 
@@ -268,9 +276,9 @@ def profile_section(profile_markdown: str | None, fused_markdown: str | None) ->
     lines = ["## The CPU fast path, and where a round's time goes", "",
              "Why the CPU speed-up stops short of 2x, measured: [cpu-fast-path.md](cpu-fast-path.md).", "",
              "### Before and after, same run", ""]
-    lines += [without_title(fused_markdown) if fused_markdown else not_measured(FUSED), "",
+    lines += [without_title(fused_markdown, 4) if fused_markdown else not_measured(FUSED), "",
               "### Where a round's time goes", ""]
-    return lines + [without_title(profile_markdown) if profile_markdown else not_measured(PROFILE)]
+    return lines + [without_title(profile_markdown, 4) if profile_markdown else not_measured(PROFILE)]
 
 
 WEIGHTS = "OMP_WAIT_POLICY=PASSIVE rvqspec bench --weights bfloat16,w8a16,w8a8 --threads 1,2"
@@ -294,7 +302,7 @@ def weights_section(bench_dir: Path) -> list[str]:
                                  ("Threads and OpenMP's waiting", "threads.md", THREADS),
                                  ("A 4-bit scheme?", "int4-probe.md", INT4)):
         report = read_text(bench_dir / name)
-        lines += ["", f"### {title}", "", without_title(report) if report else not_measured(command)]
+        lines += ["", f"### {title}", "", without_title(report, 4) if report else not_measured(command)]
     return lines
 
 
@@ -342,9 +350,9 @@ def serve_section(bench_dir: Path) -> list[str]:
             "context frames on both sides of each chunk; the 0.6B table below predates them: its audio was made in "
             "the server's request threads); where that costs more than decoding, audio s/s follows the vocoder and "
             "frames/s shows what the engine's batching does.", "", "### The stand-in", "",
-            without_title(standin) if standin else not_measured(SERVE_LOAD), "",
+            without_title(standin, 4) if standin else not_measured(SERVE_LOAD), "",
             "### qwen-tts at the 0.6B sizes (random weights)", "",
-            without_title(real_size) if real_size else not_measured(f"{SERVE_LOAD} --model 0.6b")]
+            without_title(real_size, 4) if real_size else not_measured(f"{SERVE_LOAD} --model 0.6b")]
 
 
 CONCURRENCY = "python benchmarks/concurrency.py"
@@ -375,7 +383,7 @@ def concurrency_section(bench_dir: Path) -> list[str]:
              "admission's prior; a frame step's cost across the house's changes."]
     for heading, name, command in CONCURRENCY_REPORTS:
         text = read_text(bench_dir / name)
-        lines += ["", f"### {heading}", "", without_title(text) if text else not_measured(command)]
+        lines += ["", f"### {heading}", "", without_title(text, 4) if text else not_measured(command)]
     return lines
 
 
@@ -389,15 +397,8 @@ def tune_section(bench_dir: Path) -> list[str]:
 def results_markdown(eval_report: dict | None, calibration: dict | None, calibration_path: Path,
                      bench: dict | None, bench_dir: Path, out: Path, standin_bench: dict | None = None,
                      profile_markdown: str | None = None, batch: dict[str, dict | None] | None = None) -> str:
-    return "\n".join([
-        "# Results", "",
-        f"Generated by `{COMMAND}` from the JSON written by `rvqspec eval`, `rvqspec bench` and `rvqspec calibrate` "
-        "(the stand-in's shipped calibration); do not edit by hand. Every figure is measured on this project's "
-        "2-core CPU machine unless marked as the paper's.", "",
-        "The paper's figures are for Qwen3-TTS 0.6B with trained weights (Fleurs, Apple devices). Ours are for the "
-        "stand-in (a small model trained here on CPU, far less confident than the real one, hence its lower "
-        "acceptance) and for the real 0.6B/1.7B architectures with random weights (latency), see docs/design.md, section 5.",
-        "", *cpu_classes_section(bench_dir), "", *int8_cpu_section(bench_dir), "",
+    sections = "\n".join([
+        *cpu_classes_section(bench_dir), "", *int8_cpu_section(bench_dir), "",
         *eval_sections(eval_report), "",
         *calibration_section(calibration, calibration_path), "",
         *bench_section(bench, bench_dir, out), "", *batch_section(batch or {}, bench_dir, out), "",
@@ -406,6 +407,46 @@ def results_markdown(eval_report: dict | None, calibration: dict | None, calibra
         *weights_section(bench_dir), "", *end_to_end_section(bench_dir), "", *serve_section(bench_dir), "",
         *concurrency_section(bench_dir), "", *tune_section(bench_dir), "",
         *standin_bench_section(standin_bench, bench_dir / "standin", out), ""])
+    return "\n".join([
+        "# Results", "",
+        f"Generated by `{COMMAND}` from the JSON written by `rvqspec eval`, `rvqspec bench` and `rvqspec calibrate` "
+        "(the stand-in's shipped calibration); do not edit by hand. Every figure is measured on this project's "
+        "2-core CPU machine unless marked as the paper's.", "",
+        "The paper's figures are for Qwen3-TTS 0.6B with trained weights (Fleurs, Apple devices). Ours are for the "
+        "stand-in (a small model trained here on CPU, far less confident than the real one, hence its lower "
+        "acceptance) and for the real 0.6B/1.7B architectures with random weights (latency), see docs/design.md, section 5.",
+        "", *summary(sections), "", sections])
+
+
+CPUS = {"Intel(R) Xeon(R) Processor": "Intel Xeon", "AMD EPYC": "AMD EPYC", "H200": "NVIDIA H200 (GPU)"}
+CPU_CLASS = re.compile(r"(Intel\(R\) Xeon\(R\) Processor|AMD EPYC): ([a-z0-9-]+)( \(capped)?")  # as the reports name it
+
+
+def summary(sections: str) -> list[str]:
+    """The table at the top: one row per section (a link to it) and the machines and CPU classes its reports name
+    ("capped": the class stood in for under ISA caps on that machine)."""
+    lines = ["| section | measured on: CPU, class |", "|---|---|"]
+    for section in re.split(r"^(?=## )", sections, flags=re.M)[1:]:
+        title = section.split("\n", 1)[0][3:]
+        lines.append(f"| [{title}](#{anchor(title)}) | {measured_on(section)} |")
+    return lines
+
+
+def measured_on(text: str) -> str:
+    """'Intel Xeon: amx, avx2 (capped); AMD EPYC: ...' from the machine lines the reports write."""
+    classes: dict[str, list[str]] = {CPUS[key]: [] for key in CPUS if key in text}
+    for cpu, cls, capped in CPU_CLASS.findall(text):
+        named = cls + (" (capped)" if capped else "")
+        if named not in classes[CPUS[cpu]]:
+            classes[CPUS[cpu]].append(named)
+    if not classes:
+        return "not yet measured" if "Not yet measured" in text else "not named in the report"
+    return "; ".join(cpu + (": " + ", ".join(names) if names else "") for cpu, names in classes.items())
+
+
+def anchor(title: str) -> str:
+    """The link target GitHub gives a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
 
 
 def regenerate(results_dir: Path = RESULTS_DIR, calibration_path: Path | None = None, out: Path = OUT) -> str:

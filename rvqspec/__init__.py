@@ -10,9 +10,10 @@ from rvqspec.core.quantize import quantize
 from rvqspec.core.sampling import Sampler
 from rvqspec.core.tree import Tree, default_tree
 from rvqspec.integrations import accelerate, deaccelerate
-from rvqspec.runtime import Engine, QueueFull
+from rvqspec.runtime import Engine, QueueFull, TextStream
 
 __all__ = ["PredictorConfig", "QWEN3_TTS_0_6B", "QWEN3_TTS_1_7B", "CSM_1B", "BatchResult", "FrameResult", "RoundStats",
            "decode_frame", "decode_frames",
            "MedusaHeads", "Offsets", "ReusedHeads", "RvqspecError", "MultiCodeDecoder", "Sampler", "Tree",
-           "default_tree", "Policy", "accelerate", "deaccelerate", "quantize", "Engine", "QueueFull"]
+           "default_tree", "Policy", "accelerate", "deaccelerate", "quantize", "Engine", "QueueFull",
+           "TextStream"]

@@ -11,12 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from rvqspec.core import cpu_class
+
 from helpers.upstream_models import upstream_available
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 UPSTREAM = "qwen-tts"  # the `ref` extra: upstream's model classes
 
-# script -> (what it needs, extra arguments ({out}: tmp_path), the reports it writes under tmp_path)
+# script -> (what it needs, extra arguments ({out}: tmp_path), the reports it writes under tmp_path ({class}: this
+# CPU's class)
 SMOKE = {
     "ar_vs_upstream": (UPSTREAM, ["--out", "{out}/ar_vs_upstream"], ["ar_vs_upstream.json", "ar_vs_upstream.md"]),
     "capacity_prior": (None, ["--out", "{out}"], ["capacity-prior.json", "capacity-prior.md"]),
@@ -28,12 +31,17 @@ SMOKE = {
     "decoder_stream": (UPSTREAM, ["--out", "{out}"], ["decoder-stream.json", "decoder-stream.md"]),
     "draft_depth": (None, ["--out", "{out}"], ["draft-depth.json", "draft-depth.md"]),
     "end_to_end": (UPSTREAM, ["--out", "{out}"], ["end-to-end.json", "end-to-end.md"]),
+    "exact_rounds": (None, ["--out", "{out}"], ["exact-rounds-{class}.json", "exact-rounds-{class}.md"]),
     "frame_step": (UPSTREAM, ["--out", "{out}"], ["frame-step.json", "frame-step.md"]),
     "fused_path": (None, ["--out", "{out}"], ["fused-path.json", "fused-path.md"]),
     "gpu_graph_baseline": (None, ["--out", "{out}"], []),  # without a GPU it only says so
     "int4_probe": (None, ["--out", "{out}"], ["int4-probe.json", "int4-probe.md"]),
+    "int8_calls": (None, ["--out", "{out}"], ["int8-calls.json", "int8-calls.md"]),
     "int8_cpu": (UPSTREAM, ["--out", "{out}"], ["int8-cpu.json", "int8-cpu.md"]),
     "latency_default": (None, [], []),  # writes a temporary copy of the tables
+    "live_speech": (UPSTREAM, ["--out", "{out}"], ["live-speech.json", "live-speech.md"]),
+    "ordered_attention": (None, ["--out", "{out}"],
+                          ["ordered-attention-{class}.json", "ordered-attention-{class}.md"]),
     "packed_linear": (None, [], []),  # prints its table
     "prefill_gap": (UPSTREAM, ["--out", "{out}"], ["prefill-gap.json", "prefill-gap.md"]),
     "quantization_quality": (None, ["--out", "{out}"], ["quantization-quality.json", "quantization-quality.md"]),
@@ -41,6 +49,7 @@ SMOKE = {
     "row_draws": (None, ["--out", "{out}"], ["row-draws.json", "row-draws.md"]),
     "serve_load": (UPSTREAM, ["--out", "{out}/serve-load"], ["serve-load.json", "serve-load.md"]),
     "standin_scaling": (None, ["--out", "{out}"], ["scaling.json", "scaling.md"]),
+    "speech_rate": (None, ["--out", "{out}"], ["speech-rate.json", "speech-rate.md"]),
     "talker_weights": (UPSTREAM, ["--out", "{out}"], ["talker-weights.json", "talker-weights.md"]),
     "threads": (None, ["--out", "{out}"], ["threads.json", "threads.md"]),
     "tune_standin": (None, ["--out", "{out}"], ["tune-standin.json", "tune-standin.md"]),
@@ -84,4 +93,5 @@ def test_the_script_runs_its_smoke_mode(name, tmp_path, monkeypatch, process_sta
     status = importlib.import_module(script).main(
         ["--smoke", *options, *(arg.replace("{out}", str(tmp_path)) for arg in extra)])
     assert status in (None, 0)
+    reports = [report.replace("{class}", cpu_class.cpu_class()) for report in reports]  # a report per CPU class
     assert sorted(report for report in reports if not (tmp_path / report).exists()) == []

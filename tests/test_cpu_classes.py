@@ -2,10 +2,12 @@
 ISA caps, what a class cannot run exactly is refused, the matmuls give a row the same bits in an AR step and in a
 verify call, and the exactness tests pass under a cap too (`test_the_exactness_tests_pass_under_an_isa_cap`).
 
-What is not row-invariant, and why: a verify call holds a tree node's key at a scratch slot after the committed ones,
-where the AR step holds it at its position, so the attention sums the same terms in another order; in bfloat16 and
-float32 that can change a last bit (README, CPU classes). bfloat16's sampled distribution is tested on the fast path
-(test_distribution.py), greedy identity in float64 and quantized (integer GEMM) models."""
+The predictor's attention visits each query's keys in position order on the fast path (`fused.attention_in_order`),
+so a verify call's rows are its AR steps' bits wherever the matmuls are row-invariant (tests/test_bit_exact.py, in
+this capped rerun too). What is not, and why: the plain path (RVQSPEC_FUSED=0, or no kernels) attends through SDPA,
+whose sums depend on the call's shape and on where masked keys lie, and float matmuls without a measured row floor
+differ by row count; in bfloat16 and float32 that can change a last bit. bfloat16's sampled distribution is tested
+on the fast path (test_distribution.py), greedy identity in float64 and quantized (integer GEMM) models."""
 
 import json
 import os
@@ -156,10 +158,10 @@ def test_another_thread_count_reads_its_own_choices(monkeypatch):
 def test_the_exactness_tests_pass_under_an_isa_cap():
     """Greedy identity (float64, quantized), the matmul row invariance and the enumerated G-tests (bfloat16 too),
     rerun as the AVX2 class (ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2): other kernels, fused kernels built without AVX-512,
-    w8a8 on rvqspec's int8 kernel (tests/test_int8.py too)."""
+    w8a8 on rvqspec's int8 kernel (tests/test_int8.py too), bit-exact rounds (tests/test_bit_exact.py)."""
     tests = ["tests/test_cpu_classes.py", "tests/test_speculative.py", "tests/test_distribution.py",
-             "tests/test_quantize.py", "tests/test_int8.py"]
-    chosen = "test_cpu_classes or test_quantize or test_int8 or greedy or matches_enumeration"  # not the G-test's own power tests
+             "tests/test_quantize.py", "tests/test_int8.py", "tests/test_bit_exact.py"]
+    chosen = "test_cpu_classes or test_quantize or test_int8 or test_bit_exact or greedy or matches_enumeration"  # not the G-test's own power tests
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-k", chosen, *tests],
                          env=os.environ | AVX2_CAP | {CAPPED: "1"}, capture_output=True, text=True, cwd=ROOT,
                          timeout=600)

@@ -16,8 +16,10 @@ import torch
 from test_cpu_classes import AVX2_CAP, CAPPED
 
 from rvqspec.bench.floor import SCHEMES, one_row_steps
+import rvqspec.core.quantize as quantize_module
 from rvqspec.core import cpu_class
-from rvqspec.core.quantize import ZERO_POINT, Int8Matmul, int8_kernels, pack_int8, quantize_rows, quantize_tokens
+from rvqspec.core.quantize import (VNNI_ROWS, ZERO_POINT, Int8Matmul, int8_kernels, pack_int8, pack_vnni, quantize_rows,
+                                   quantize_tokens, w8a8_kernel)
 
 from helpers import int8_codes
 
@@ -68,12 +70,77 @@ def test_a_row_holding_nan_gives_nan_alone():
 
 @pytest.mark.skipif(not cpu_class.has_int8_dot(), reason="needs oneDNN's int8 dot products (VNNI, AMX) to compare")
 @pytest.mark.parametrize("rows", [1, 4, 33])
-def test_the_avx2_kernel_gives_onednns_bits(rows):
-    """The same Int8Matmul through oneDNN (this class's w8a8 kernel) and through rvqspec's: every bit equal."""
+def test_the_avx2_kernel_gives_onednns_bits(rows, monkeypatch):
+    """The same Int8Matmul through oneDNN and through rvqspec's AVX2 kernel: every bit equal."""
     weight, x = operands(rows, 1024, 300, seed=3)
     matmul = Int8Matmul(weight, "w8a8")
+    monkeypatch.setattr(quantize_module, "w8a8_kernel", lambda: "onednn")
     with torch.inference_mode():
         assert torch.equal(matmul(x), int8_kernels().int8_linear(x, *pack_int8(*matmul.rows()), 300))
+    assert set(matmul.packed) == {"onednn"}
+
+
+needs_vnni = pytest.mark.skipif(int8_kernels() is None or not int8_kernels().has_vnni_gemm(),
+                                reason="rvqspec's VNNI kernel needs AVX-512 VNNI (and kernels built with it)")
+VNNI_SHAPES = SHAPES + [(5, 16, 16), (7, 1, 17), (8, 3072, 1024), (17, 1024, 33), (12, 33, 4096)]
+
+
+@needs_vnni
+@pytest.mark.parametrize("rows, k, n", VNNI_SHAPES)
+def test_the_vnni_kernel_is_exact_integer_sums_for_every_row_alone_and_in_the_call(rows, k, n):
+    """The int64 reference, as for the AVX2 kernel: 1..66 rows (the tile's 1..8 and their remainders), widths that
+    leave tails of the 16-channel blocks and of the 16-value depth; loud tokens whose byte sums wrap int32 before the
+    zero point's correction."""
+    weight, x = operands(rows, k, n, seed=6)
+    q, scale = quantize_rows(weight)
+    packed = pack_vnni(q, scale)
+    tokens, token_scale = quantize_tokens(x)
+    expected = ((tokens.long() - ZERO_POINT) @ q.long().t()).float() * scale * token_scale
+    whole = int8_kernels().vnni_linear(x, *packed, n)
+    assert torch.equal(whole, expected)
+    assert all(torch.equal(int8_kernels().vnni_linear(x[i:i + 1], *packed, n)[0], whole[i]) for i in range(rows))
+
+
+@needs_vnni
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64], ids=str)
+def test_the_vnni_kernel_gives_the_avx2_kernels_bits_in_every_dtype(dtype):
+    """Both kernels' float steps after the int32 sums are the same: one w8a8 model, the same bits on every class."""
+    weight, x = operands(11, 200, 70, seed=7)
+    q, scale = quantize_rows(weight)
+    x = x.to(dtype)
+    assert torch.equal(int8_kernels().vnni_linear(x, *pack_vnni(q, scale), 70),
+                       int8_kernels().int8_linear(x, *pack_int8(q, scale), 70))
+
+
+@needs_vnni
+def test_a_row_holding_nan_gives_nan_alone_in_the_vnni_kernel():
+    weight, x = operands(4, 64, 12, seed=2)
+    x[2, 5] = float("nan")
+    out = int8_kernels().vnni_linear(x, *pack_vnni(*quantize_rows(weight)), 12)
+    assert out[2].isnan().all() and out[[0, 1, 3]].isfinite().all()
+
+
+@needs_vnni
+@pytest.mark.parametrize("rows", [1, 9, VNNI_ROWS, VNNI_ROWS + 1])
+def test_w8a8_matmuls_take_the_vnni_kernel_up_to_its_rows_and_onednns_past_them(rows):
+    """An Int8Matmul's calls on this class: rvqspec's VNNI kernel up to VNNI_ROWS rows, oneDNN's past them (a
+    prompt's prefill), every bit the same as the other kernel's."""
+    weight, x = operands(rows, 256, 48, seed=8)
+    matmul = Int8Matmul(weight, "w8a8")
+    with torch.inference_mode():
+        out = matmul(x)
+    assert w8a8_kernel() == "vnni" and set(matmul.packed) == ({"vnni"} if rows <= VNNI_ROWS else {"onednn"})
+    assert torch.equal(out, int8_kernels().vnni_linear(x, *pack_vnni(*matmul.rows()), 48))
+
+
+@pytest.mark.parametrize("shape", [(2, 3), (1, 1), (5,)])
+def test_w8a8_matmuls_take_any_leading_shape(shape):
+    """rvqspec's kernels take [..., K] whole (no reshape around the native call): the same bits as the rows."""
+    weight, x = operands(6, 80, 24, seed=9)
+    x = x[:torch.Size(shape).numel()].reshape(*shape, 80)
+    matmul = Int8Matmul(weight, "w8a8")
+    with torch.inference_mode():
+        assert torch.equal(matmul(x), matmul(x.reshape(-1, 80)).reshape(*shape, 24))
 
 
 @pytest.mark.parametrize("rows, k, n", SHAPES)

@@ -3,8 +3,6 @@ imports only the layers below it (the direction rule), counting the imports insi
 cycle or a wrong-way import, they do not cut it)."""
 
 import ast
-import subprocess
-import sys
 from pathlib import Path
 
 import rvqspec
@@ -71,7 +69,6 @@ def test_the_cycle_finder_finds_a_planted_cycle():
 # Which packages each package may import (itself included). The top-level `rvqspec` (its __init__: the public API)
 # is left out, as in the cycle rule.
 ALLOWED = {
-    "engine": {"core"},  # the deprecated alias of core (rvqspec/engine.py): in no other package's set
     "core": {"core"},
     "integrations": {"core", "integrations"},
     "tuning": {"core", "integrations", "tuning"},
@@ -115,25 +112,7 @@ def test_the_direction_rule_names_a_planted_violation():
 
 
 def test_only_the_package_init_stays_at_the_top():
-    assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py", "engine.py"]  # engine.py: an alias
-
-
-def test_the_old_engine_package_imports_as_core_with_a_deprecation_warning():
-    """`rvqspec.engine` (the decoding core's old name) still imports for a release: the very modules of
-    rvqspec.core, with one DeprecationWarning that names the new import (a fresh interpreter: a module warns once)."""
-    code = ("import warnings; warnings.simplefilter('always')\n"
-            "from rvqspec.engine.decode import decode_frames\n"
-            "from rvqspec.engine import policy\n"
-            "import rvqspec.engine.tree, rvqspec.core.decode, rvqspec.core.policy, rvqspec.core.tree\n"
-            "assert decode_frames is rvqspec.core.decode.decode_frames and policy is rvqspec.core.policy\n"
-            "assert rvqspec.engine.tree is rvqspec.core.tree\n"
-            "assert rvqspec.core.tree.__spec__.name == 'rvqspec.core.tree'\n"  # its own spec: importlib.reload works
-            "import pickle, rvqspec.core.quantize\n"  # a model pickled before the rename names rvqspec.engine.*
-            "assert pickle.loads(b'crvqspec.engine.quantize\\nQuantizedLinear\\n.') is "
-            "rvqspec.core.quantize.QuantizedLinear\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stderr.count("DeprecationWarning: rvqspec.engine is now rvqspec.core") == 1, done.stderr
+    assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py"]
 
 
 def test_the_frame_loop_toolkit_keeps_its_old_names_for_a_release():

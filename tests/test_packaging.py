@@ -1,8 +1,13 @@
 """The package installs beside a user's torch with its base dependencies alone (torch, safetensors, numpy: no
-plots, audio, recognisers or progress bars) and decodes a frame from a checkpoint folder."""
+plots, audio, recognisers or progress bars) and decodes a frame from a checkpoint folder.
+
+The install runs with a cache folder of its own and the fused kernels off, so that what it prints does not depend on
+what an earlier run left in ~/.cache (measured kernel choices, built kernels) nor on a compiler being there: the load
+measures this CPU's kernels once, with its one line, and the kernels' sources are checked to be in the package."""
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -14,6 +19,8 @@ SCRIPT = """
 import importlib.util, sys, tempfile, torch
 import rvqspec
 from rvqspec.cli.main import build_parser
+from rvqspec.core import fused
+assert all(path.is_file() for path in (*fused.SOURCES, fused.HEADER)), "the fused kernels' sources are not installed"
 for extra in ("matplotlib", "soundfile", "tqdm", "scipy", "transformers", "faster_whisper", "fastapi", "uvicorn"):
     assert importlib.util.find_spec(extra) is None, extra + " was installed with the base dependencies"
 config = rvqspec.PredictorConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -41,10 +48,22 @@ def test_base_install_decodes_a_frame(tmp_path):
     python = str(venv / "bin" / "python")
     pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     subprocess.run(pip + [*base, torch_build, "setuptools>=68"], check=True)
-    subprocess.run(pip + ["--no-deps", "--no-build-isolation", str(ROOT)], check=True, cwd=tmp_path)
+    source = tmp_path / "source"  # a copy: setuptools' build/ left in the checkout would ship files deleted since
+    shutil.copytree(ROOT / "rvqspec", source / "rvqspec", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    subprocess.run(pip + ["--no-deps", "--no-build-isolation", str(source)], check=True, cwd=tmp_path)
+    cache = tmp_path / "cache"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # a checkout on PYTHONPATH would win
+    env.update(RVQSPEC_CACHE=str(cache), RVQSPEC_FUSED="0")
     done = subprocess.run([python, "-c", SCRIPT], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr
-    assert done.stderr.strip() == "rvqspec serve: error: rvqspec serve needs fastapi, uvicorn, soundfile, scipy: pip " \
-                                  "install 'rvqspec[serve]'"
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 2, done.stderr  # these two lines and nothing else
+    measuring, refused = lines
+    assert re.fullmatch(rf"rvqspec: measuring this CPU's kernels for \S+ \(float32, \d+ thread\(s\); once: kept in "
+                        rf"{re.escape(str(cache / 'kernels.json'))}\)", measuring), measuring
+    assert refused == "rvqspec serve: error: rvqspec serve needs fastapi, uvicorn, soundfile, scipy, " \
+                      "prometheus_client: pip install 'rvqspec[serve]'"
+    assert (cache / "kernels.json").is_file()
     assert "decoded" in done.stdout and str(venv) in done.stdout  # the installed copy, not the checkout

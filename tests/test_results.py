@@ -198,3 +198,22 @@ def test_end_to_end_and_tune_reports_get_their_sections(tmp_path):
     tuning = text.split("## rvqspec tune: drafters", 1)[1].split("## ", 1)[0]
     assert "| setting | whole s |" in streaming and "# End to end" not in streaming
     assert "| drafter | tokens/step |" in tuning and "Not yet measured" not in tuning
+
+
+def test_a_summary_links_every_section_and_names_where_it_was_measured(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "end-to-end.md").write_text("# End to end\n\nOn AMD EPYC: avx512-vnni-bf16 and Intel(R) Xeon(R) "
+                                           "Processor: avx2 (capped: ONEDNN_MAX_CPU_ISA=AVX2).\n\n## 1 thread(s)\n\n"
+                                           "### Detail\n\n| setting | whole s |\n")
+    text = regenerate(results, tmp_path / "none.json", tmp_path / "RESULTS.md")
+    summary, sections = text.split("\n## ", 1)
+    titles = [line[3:] for line in ("## " + sections).splitlines() if line.startswith("## ")]
+    rows = [line for line in summary.splitlines() if line.startswith("| [")]
+    assert len(rows) == len(titles) > 10 and all(f"| [{title}](#" in row for title, row in zip(titles, rows))
+    streaming = next(row for row in rows if "[End to end and streaming" in row)
+    assert streaming.endswith("(#end-to-end-and-streaming-a-whole-qwen-tts-call-at-the-06b-sizes) | Intel Xeon: avx2 "
+                              "(capped); AMD EPYC: avx512-vnni-bf16 |")
+    assert next(row for row in rows if "[Concurrency]" in row).endswith("| not yet measured |")
+    nested = text.split("## End to end and streaming", 1)[1]  # the report's sections nest one level down
+    assert "\n### 1 thread(s)\n" in nested and "\n#### Detail\n" in nested and "\n## 1 thread(s)" not in nested

@@ -10,8 +10,10 @@ import json
 import os
 import re
 import signal
+import socket
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -214,6 +216,32 @@ def test_a_disconnect_mid_stream_frees_the_row_within_frames(server):
     assert server.metrics()["rvqspec_frames_total"] == frames  # nothing decodes any more
 
 
+def test_a_client_that_stops_reading_is_cut_off_and_its_row_freed_while_others_go_on(tmp_path):
+    """A stream whose client stops reading (a small receive buffer, never read) fills the server's socket buffers;
+    within --stall-timeout of the server's write waiting, its request is cancelled (the row freed), the connection
+    closed and the stall counted; the other row serves a request meanwhile."""
+    with fake_server(tmp_path, "--stall-timeout", "1", "--frame-seconds", "0.001") as server:
+        stalled = socket.socket()
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect(("127.0.0.1", int(server.url.rpartition(":")[2])))
+        body = json.dumps({"model": "fake", "input": "x" * 4000}).encode()  # 10 MB of audio, 4 s of frames
+        stalled.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        assert stalled.recv(12) == b"HTTP/1.1 200"
+        server.wait_until(lambda m: m["rvqspec_active_rows"] == 1)
+        assert speak(server, input="hello meanwhile").status_code == 200
+        m = server.wait_until(lambda m: m["rvqspec_stalled_clients_total"] == 1, timeout=30)
+        assert m["rvqspec_stalled_clients_total"] == 1
+        m = server.wait_until(lambda m: m["rvqspec_active_rows"] == 0)
+        assert m["rvqspec_active_rows"] == 0 and m["rvqspec_frames_total"] < 4000  # freed before its end
+        stalled.settimeout(10)
+        while stalled.recv(65536):  # what the buffers held, then the end: the server closed the connection
+            pass
+        stalled.close()
+        assert "a client took no audio for 1 s" in server.log.read_text()
+        assert speak(server, input="hello after").status_code == 200
+
+
 def test_a_failing_row_is_a_500_json_and_a_log_line_and_the_server_lives_on(server):
     response = speak(server, input="explode")
     assert response.status_code == 500
@@ -234,6 +262,24 @@ def test_metrics_are_prometheus_text(server):
         assert f"# TYPE rvqspec_{family} " in text
     assert re.search(r'rvqspec_requests_total\{status="200"\} [1-9]', text)
     assert 'rvqspec_policy_tree{tree="AR"} 1' in text
+
+
+def test_every_answer_says_how_its_request_ended_and_metrics_count_it(server):
+    def ends(reason: str) -> float:
+        text = httpx.get(f"{server.url}/metrics").text
+        return float(re.search(rf'rvqspec_speech_ends_total\{{reason="{reason}"\}} (\S+)', text).group(1))
+
+    before = {reason: ends(reason) for reason in ("eos", "length", "error")}
+    assert speak(server, input="hello", response_format="flac").headers["x-end-reason"] == "eos"
+    cut = speak(server, input="runaway text", response_format="flac")
+    assert cut.status_code == 200 and cut.headers["x-end-reason"] == "length"
+    events = speak(server, input="runaway text", response_format="pcm", stream_format="sse").text
+    done = json.loads(events.strip().splitlines()[-1][6:])
+    assert done == {"type": "speech.audio.done", "end_reason": "length"}
+    assert speak(server, input="explode").status_code == 500
+    assert (ends("eos"), ends("length"), ends("error")) == (before["eos"] + 1, before["length"] + 2,
+                                                            before["error"] + 1)
+    assert "speech request cut at its frame budget (12 frames)" in server.log.read_text()
 
 
 def test_the_api_key_guards_every_endpoint_but_health_and_the_page(keyed):
@@ -326,11 +372,15 @@ def test_sigterm_stops_accepting_drains_and_exits_0(tmp_path, grace, frames, com
         assert time.perf_counter() - start < (10 if complete else grace + 10)
 
 
-@pytest.mark.skipif(chromium() is None, reason="no chromium (apt install chromium-headless-shell)")
-def test_the_page_plays_the_stream_in_headless_chromium(server):
+@pytest.mark.skipif(chromium() is None and not os.environ.get("CI"), reason="no chromium (apt install "
+                    "chromium-headless-shell); in CI (CI set) a missing browser fails instead")
+def test_the_page_plays_the_stream_in_headless_chromium(server, tmp_path):
+    assert chromium(), "no chromium on PATH: apt install chromium-headless-shell (.ci/run does)"
+    shot = Path(os.environ.get("RVQSPEC_ARTIFACTS", tmp_path)) / "page.png"  # kept where CI collects artifacts
     status = page_value(f"{server.url}/?text=hello%20there&autoplay=1", 'document.getElementById("status").textContent',
-                        "done", timeout=60)
+                        "done", timeout=60, screenshot=shot)
     assert status.startswith("done: 0.88 s of audio at 16000 Hz"), status  # 11 frames of 80 ms
+    assert shot.read_bytes().startswith(b"\x89PNG")
 
 
 def test_serve_without_its_extra_names_it_in_one_line(monkeypatch, capsys):

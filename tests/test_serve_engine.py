@@ -89,6 +89,28 @@ def test_a_disconnect_mid_stream_frees_the_row(standin):
     assert standin.wait_until(lambda now: False, timeout=0.3)["rvqspec_frames_total"] == m["rvqspec_frames_total"]
 
 
+def test_a_4000_character_text_streams_sentence_by_sentence(standin):
+    """Past LONG_TEXT bytes the server speaks sentence by sentence (one utterance of it is past the stand-in's
+    positions: refused with "sentences": false); the first audio comes while the rest is decoded."""
+    text = ("The quick brown fox jumps over the lazy dog, again and again. " * 70)[:4000]
+    body = {"model": "standin", "input": text, "voice": "en", "seed": 3, "response_format": "pcm"}
+    whole = httpx.post(f"{standin.url}/v1/audio/speech", json={**body, "sentences": False}, timeout=60)
+    assert whole.status_code == 400 and "split it into sentences" in whole.json()["error"]["message"]
+    with httpx.stream("POST", f"{standin.url}/v1/audio/speech", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        pieces = response.iter_raw()
+        assert len(next(pieces) + next(pieces)) > 0
+    assert standin.wait_until(lambda m: m["rvqspec_active_rows"] == 0)["rvqspec_active_rows"] == 0
+
+
+def test_sentence_mode_is_the_engines_passage(standin, engine):
+    text = "Hello there. How are you today?"
+    body = {"model": "standin", "input": text, "voice": "en", "seed": 4, "response_format": "pcm", "sentences": True}
+    got = np.frombuffer(httpx.post(f"{standin.url}/v1/audio/speech", json=body, timeout=60).content, "<i2")
+    want = to_int16(engine.speech(text, voice="en", seed=4, sentences=True).audio())
+    assert len(got) == len(want) and np.abs(got.astype(int) - want).max() <= 2  # streamed: chunks to float rounding
+
+
 def test_the_stand_in_refuses_voice_registration(standin):
     refused = httpx.post(f"{standin.url}/v1/audio/voices", json={"name": "anna", "audio": clip()})
     assert refused.status_code == 400 and "cannot clone" in refused.json()["error"]["message"]

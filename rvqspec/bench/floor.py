@@ -39,7 +39,8 @@ def copy_bandwidth(gigabytes: float = 1.0, repeats: int = 5) -> float:
 
 def kernels() -> dict[str, str]:
     """Which kernel multiplies each scheme's matmuls here (float32 activations, and bfloat16 where they differ)."""
-    w8a8 = {"onednn": "oneDNN's int8 GEMM (VNNI/AMX dot products)", "avx2": "rvqspec's AVX2 int8 GEMM (int8.cpp)",
+    w8a8 = {"vnni": "rvqspec's AVX-512 VNNI int8 GEMM (int8.cpp)", "onednn": "oneDNN's int8 GEMM (VNNI dot products)",
+            "avx2": "rvqspec's AVX2 int8 GEMM (int8.cpp)",
             None: "refused: no int8 dot products and no AVX2 int8 kernel"}[w8a8_kernel()]
     w8a16 = "rvqspec's AVX2 w8a16 kernel (int8.cpp)" if int8_kernels() is not None else "torch._weight_int8pack_mm"
     bfloat16 = "oneDNN (packed)" if packable(torch.bfloat16) else "ATen (bfloat16 emulated in float32: no bfloat16 " \

@@ -1,5 +1,6 @@
 """What the benchmarks share: the machine's facts (its CPU class included), the report files (JSON, Markdown,
-plot) and where a `--smoke` run writes them, and a base commit's rvqspec run beside this tree's in processes of their own (`sources_at`, `worker_result`).
+plot) and where a `--smoke` run writes them, a base commit's rvqspec run beside this tree's in processes of their own
+(`sources_at`, `worker_result`), and a benchmark run once per CPU class this machine stands in for (`per_class`).
 Clocks, medians and the per-call latency of the AR step and of speculative rounds are in
 `rvqspec.core.latency`, where the decoding policy measures its tables too."""
 
@@ -110,3 +111,21 @@ def worker_result(source: Path, argv: list[str], path: tuple[Path, ...] = (), en
     if out.returncode:
         raise SystemExit(f"the worker in {source} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# The classes a benchmark measures here, as the caps that make this CPU stand in for them (read when torch loads).
+CLASS_CAPS = {"native": {}, "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}}
+
+
+def per_class(script: str, names: list[str], argv: list[str]) -> dict[str, dict]:
+    """Per class name (`CLASS_CAPS`), the JSON object that `python script *argv --one FILE` writes into FILE, each in
+    a process of its own under that class's caps, with OMP_WAIT_POLICY=PASSIVE."""
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")}
+    classes = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            out = Path(tmp) / f"{name}.json"
+            subprocess.run([sys.executable, script, *argv, "--one", str(out)],
+                           env=env | CLASS_CAPS[name] | {"OMP_WAIT_POLICY": "PASSIVE"}, check=True)
+            classes[name] = json.loads(out.read_text())
+    return classes

@@ -13,7 +13,7 @@ from pathlib import Path
 from rvqspec.cli import flags
 from rvqspec.core.errors import RvqspecError
 from rvqspec.core.quantize import SCHEMES
-from rvqspec.serve import BODY_SECONDS, HEADER_SECONDS
+from rvqspec.serve import BODY_SECONDS, HEADER_SECONDS, STALL_SECONDS
 from rvqspec.serve.voices import MAX_VOICES, VOICES_QUOTA
 
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
@@ -69,7 +69,7 @@ def run_serve(args) -> int:
     given = [name for name in RAY_FLAGS if getattr(args, name) is not None]
     if given:
         raise RvqspecError(f"--{given[0].replace('_', '-')} is a flag of Ray serving: add --ray")
-    flags.require_extra("rvqspec serve", "serve", "fastapi", "uvicorn", "soundfile", "scipy")
+    flags.require_extra("rvqspec serve", "serve", "fastapi", "uvicorn", "soundfile", "scipy", "prometheus_client")
     from rvqspec.runtime import Engine
     from rvqspec.serve.server import bind, exiting_on_sigterm, serve
     from rvqspec.serve.voices import VoiceStore
@@ -82,7 +82,8 @@ def run_serve(args) -> int:
         voices = VoiceStore(args.voices_dir or Path.home() / ".cache" / "rvqspec" / "voices" / engine.name,
                             args.max_voices, args.voices_quota * 2 ** 20)
     serve(engine, sock, voices, key, args.grace, threads=args.max_batch + args.max_queue + 16,
-          allowed_hosts=args.allowed_hosts, header_seconds=args.header_timeout, body_seconds=args.body_timeout)
+          allowed_hosts=args.allowed_hosts, header_seconds=args.header_timeout, body_seconds=args.body_timeout,
+          stall_seconds=args.stall_timeout)
     return 0
 
 
@@ -142,10 +143,13 @@ def add_cli(subparsers) -> None:
                    help=f"seconds a request's headers may take to arrive (default {HEADER_SECONDS:g})")
     p.add_argument("--body-timeout", type=flags.positive_float, default=BODY_SECONDS,
                    help=f"seconds a request's body may take to arrive (default {BODY_SECONDS:g}); past it, 408")
+    p.add_argument("--stall-timeout", type=flags.positive_float, default=STALL_SECONDS,
+                   help=f"seconds a streaming client may go without taking audio (default {STALL_SECONDS:g}); past "
+                        "it, its request is cancelled (its row freed) and the connection closed")
     # Ray Serve (`rvqspec[ray]`): replicas on one machine or a cluster.
     p.add_argument("--ray", action="store_true",
-                   help="serve on Ray Serve, one engine per replica (needs rvqspec[ray]; README: Serving on many "
-                        "machines)")
+                   help="serve on Ray Serve, one engine per replica (needs rvqspec[ray]; docs/serving.md: Ray "
+                        "Serve)")
     p.add_argument("--address", metavar="auto|HOST:PORT",
                    help="with --ray: the Ray cluster to join (default: start a local Ray instance)")
     p.add_argument("--replicas", type=replicas, metavar="N", help="with --ray: a fixed number of replicas (default 1)")

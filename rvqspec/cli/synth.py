@@ -1,7 +1,8 @@
 """`rvqspec synth` and `rvqspec corpus from-audio`: real Qwen3-TTS checkpoints, run through upstream qwen-tts.
 
 synth: text -> upstream talker -> code predictor through rvqspec (speculative unless --no-spec) -> upstream
-12 Hz speech tokenizer -> wav. corpus from-audio: recorded speech + transcripts -> 12 Hz codes -> the talker's
+12 Hz speech tokenizer -> wav. `--text -` reads the text from stdin; with --stream, as it arrives (an LLM's output
+piped in), spoken by `rvqspec.Engine` from its first word on (upstream's dual-track prompt: docs/live-speech.md). corpus from-audio: recorded speech + transcripts -> 12 Hz codes -> the talker's
 hidden state per frame by teacher forcing -> a code corpus (`rvqspec.tuning.corpus`) for `train-offsets`; with a
 Sesame CSM checkpoint (transformers), its Mimi codes and the backbone's state instead.
 
@@ -9,12 +10,16 @@ Sesame CSM checkpoint (transformers), its Mimi codes and the backbone's state in
 nothing is ever downloaded.
 """
 
+import codecs
 import errno
 import os
+import sys
 import time
+from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from rvqspec.cli import flags
@@ -90,19 +95,36 @@ def qwen_tts_folder(name: str) -> Path:
     return folder
 
 
-def synthesize(tts, handle, text: str, out: str | Path, **speech_args) -> dict:
-    """Generate `text` with the accelerated `tts`, write `out`; a report of what the predictor did."""
+def synthesize(tts, handle, texts: list[str], out: str | Path, limit: int | None, **speech_args) -> dict:
+    """Generate `texts` (the sentences of a long text, or the one text) in turn with the accelerated `tts`, write
+    their audio to `out`; a report of what the predictor did."""
     handle.stats.reset()
-    start = time.perf_counter()
-    wavs, sample_rate = generate_speech(tts, text, **speech_args)
+    start, wavs, cut = time.perf_counter(), [], []
+    for index, text in enumerate(texts):
+        with frame_budget(tts, handle, text, limit, index, cut) as budget:
+            (wav,), sample_rate = generate_speech(tts, text, max_new_tokens=budget, **speech_args)
+        wavs.append(wav)
     seconds = time.perf_counter() - start
-    write_wav(out, wavs[0], sample_rate)
+    audio = np.concatenate(wavs)
+    write_wav(out, audio, sample_rate)
     stats = handle.stats
     sizes = [n for n in stats.tree_sizes if n]
-    return {"out": str(out), "audio_seconds": len(wavs[0]) / sample_rate, "sample_rate": sample_rate,
+    return {"out": str(out), "audio_seconds": len(audio) / sample_rate, "sample_rate": sample_rate,
             "frames": stats.frames, "calls_per_frame": stats.calls_per_frame, "tokens_per_step": stats.tokens_per_step,
             "speculative": bool(sizes), "tree_nodes": max(sizes, default=0), "decoding": handle.explain(1),
-            "wall_seconds": seconds}
+            "wall_seconds": seconds, "sentences": len(texts), "cut": cut}
+
+
+@contextmanager
+def frame_budget(tts, handle, text: str, limit: int | None, index: int, cut: list) -> Iterator[int]:
+    """The frame budget of one text (`limit`, else its text's: runtime/qwen_tts.py), held while upstream's loop
+    speaks it; (index, budget) goes into `cut` when the loop spent it (its last c0 draw is never decoded)."""
+    from rvqspec.runtime.qwen_tts import upstream_text_budget
+
+    budget, before = limit or upstream_text_budget(tts, text), handle.stats.frames
+    yield budget
+    if handle.stats.frames - before >= budget - 1:
+        cut.append((index, budget))
 
 
 def write_progressively(out: str | Path, chunks, sample_rate: int) -> tuple[int, float | None]:
@@ -129,45 +151,114 @@ def write_progressively(out: str | Path, chunks, sample_rate: int) -> tuple[int,
     return samples, first
 
 
-def stream_synth(tts, handle, args) -> dict:
-    entry_point, arguments = speech_request(tts, args.text, args.language, args.speaker, args.instruct,
-                                            args.ref_audio, args.ref_text)
+def stream_synth(tts, handle, args, texts: list[str]) -> dict:
     sample_rate = int(tts.model.speech_tokenizer.get_output_sample_rate())
     handle.stats.reset()
-    start = time.perf_counter()
+    start, cut = time.perf_counter(), []
+
+    def chunks() -> Iterator[tuple]:
+        for index, text in enumerate(texts):
+            entry_point, arguments = speech_request(tts, text, args.language, args.speaker, args.instruct,
+                                                    args.ref_audio, args.ref_text)
+            with frame_budget(tts, handle, text, args.max_new_tokens, index, cut) as budget:
+                with closing(getattr(handle, f"stream_{entry_point}")(**arguments, chunk_frames=args.chunk_frames,
+                                                                       max_new_tokens=budget)) as sentence:
+                    yield from sentence
+
     with upstream_refusals():
-        chunks = getattr(handle, f"stream_{entry_point}")(**arguments, chunk_frames=args.chunk_frames)
-        samples, first = write_progressively(args.out, chunks, sample_rate)
+        samples, first = write_progressively(args.out, chunks(), sample_rate)
     seconds = time.perf_counter() - start
     return {"out": str(args.out), "audio_seconds": samples / sample_rate, "sample_rate": sample_rate,
             "frames": handle.stats.frames, "wall_seconds": seconds, "first_audio_seconds": first,
             "real_time_factor": seconds / max(samples / sample_rate, 1e-9), "decoding": handle.explain(1),
-            "calls_per_frame": handle.stats.calls_per_frame, "tokens_per_step": handle.stats.tokens_per_step}
+            "calls_per_frame": handle.stats.calls_per_frame, "tokens_per_step": handle.stats.tokens_per_step,
+            "sentences": len(texts), "cut": cut}
+
+
+def stdin_pieces(fd: int | None = None) -> Iterator[str]:
+    """Standard input's text as it arrives (each read's whole characters), until its end."""
+    fd = sys.stdin.fileno() if fd is None else fd
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        while data := os.read(fd, 4096):
+            if piece := decoder.decode(data):
+                yield piece
+        if tail := decoder.decode(b"", final=True):
+            yield tail
+    except UnicodeDecodeError as e:
+        raise RvqspecError(f"standard input is not UTF-8 text ({e.reason}): pipe text into --text -") from None
+
+
+def live_synth(tts, drafter, tree, args) -> dict:
+    """--text - --stream: stdin's text spoken as it arrives, by the engine (text token t at frame t)."""
+    from rvqspec.runtime import Engine
+
+    if args.tuned:
+        raise RvqspecError("--text - --stream decodes with rvqspec.Engine: drop --tuned (or give the text whole)")
+    entry_point, arguments = speech_request(tts, stdin_pieces(), args.language, args.speaker, args.instruct,
+                                            args.ref_audio, args.ref_text)
+    start = time.perf_counter()
+    with Engine(tts, drafter=drafter, tree=tree, weights=args.weights, talker_weights=args.talker_weights,
+                chunk_frames=args.chunk_frames) as engine, upstream_refusals():
+        chunks = getattr(engine, f"stream_{entry_point}")(**arguments, seed=args.seed)
+        samples, first = write_progressively(args.out, chunks, engine.sample_rate)
+        status, decoding = engine.status(), engine.explain(1)
+    seconds = time.perf_counter() - start
+    return {"out": str(args.out), "audio_seconds": samples / engine.sample_rate, "sample_rate": engine.sample_rate,
+            "frames": status["frames"], "wall_seconds": seconds, "first_audio_seconds": first,
+            "real_time_factor": seconds / max(samples / engine.sample_rate, 1e-9), "decoding": decoding,
+            "tokens_per_step": status["tokens_per_step"], "sentences": 1, "cut": []}
 
 
 def run_synth(args) -> int:
     drafter, tree = load_drafting(args)
     if args.stream:
         flags.require_extra("rvqspec synth --stream", "demo", "soundfile")
+    live = args.text == "-" and args.stream
+    if args.text == "-" and not live:
+        args.text = sys.stdin.read()
     device = default_device(args.device)
     tts = load_tts(qwen_tts_folder(args.model), device, default_dtype(args.dtype, device))
+    if live:
+        return print_report(live_synth(tts, drafter, tree, args), args)
     handle = accelerate(tts, drafter=drafter, tree=tree, weights=args.weights, tuned=args.tuned,
                         talker_weights=args.talker_weights)
-    torch.manual_seed(args.seed)
+    torch.manual_seed(args.seed)  # once: the sentences of a long text carry the seed on
+    texts = sentences_of(args.text, args.sentences)
     if args.stream:
-        report = stream_synth(tts, handle, args)
+        report = stream_synth(tts, handle, args, texts)
     else:
-        report = synthesize(tts, handle, args.text, args.out, language=args.language, speaker=args.speaker,
-                            instruct=args.instruct, ref_audio=args.ref_audio, ref_text=args.ref_text)
+        report = synthesize(tts, handle, texts, args.out, args.max_new_tokens, language=args.language,
+                            speaker=args.speaker, instruct=args.instruct, ref_audio=args.ref_audio,
+                            ref_text=args.ref_text)
+    return print_report(report, args)
+
+
+def print_report(report: dict, args) -> int:
     mode = report["decoding"]
     print(f"wrote {report['out']}: {report['audio_seconds']:.2f} s of audio at {report['sample_rate']} Hz, "
           f"{report['frames']} frames in {report['wall_seconds']:.1f} s")
     if args.stream:
         print(f"streamed: first audio after {report['first_audio_seconds']:.2f} s, real-time factor "
               f"{report['real_time_factor']:.2f} (synthesis time / audio time)")
-    print(f"code predictor ({mode}): {report['calls_per_frame']:.2f} calls/frame, "
-          f"{report['tokens_per_step']:.2f} tokens/step")
+    calls = f"{report['calls_per_frame']:.2f} calls/frame, " if "calls_per_frame" in report else ""
+    print(f"code predictor ({mode}): {calls}{report['tokens_per_step']:.2f} tokens/step")
+    if report["sentences"] > 1:
+        print(f"spoken sentence by sentence: {report['sentences']} sentences (--sentences off: one utterance)")
+    for index, budget in report["cut"]:
+        which = f"sentence {index + 1}" if report["sentences"] > 1 else "the text"
+        print(f"{which} cut at its frame budget ({budget} frames, end reason: length): the model did not end the "
+              "speech; pass a larger --max-new-tokens if the text needs it")
     return 0
+
+
+def sentences_of(text: str, mode: str) -> list[str]:
+    """The texts synth speaks in turn: the sentences of `text` (--sentences on, or auto past LONG_TEXT bytes), else
+    the text whole, as upstream speaks it."""
+    from rvqspec.runtime.sentences import is_long, split_sentences
+
+    split = mode == "on" or (mode == "auto" and is_long(text))
+    return (split_sentences(text) if split else []) or [text]
 
 
 def run_from_audio(args) -> int:
@@ -199,7 +290,8 @@ def add_cli(subparsers) -> None:
     p = subparsers.add_parser("synth", help="text to wav with a Qwen3-TTS checkpoint through qwen-tts, "
                                             "code predictor decoded by rvqspec", parents=[model, flags.drafter_flag()])
     add_model_args(p)
-    p.add_argument("--text", required=True)
+    p.add_argument("--text", required=True, help="the text; '-': read it from stdin (with --stream: spoken as it "
+                   "arrives, e.g. an LLM's output piped in)")
     p.add_argument("--out", required=True, type=flags.out_file, help="output .wav (a symlink: written through to "
                                                                      "its target)")
     p.add_argument("--ref-audio", help="Base (voice clone) models: reference recording")
@@ -213,6 +305,10 @@ def add_cli(subparsers) -> None:
                                                              "lossy, opt-in: docs/RESULTS.md gives its cost on c0)")
     p.add_argument("--tuned", help="a folder `rvqspec tune` wrote for this checkpoint (drafter, trees, latency table)")
     p.add_argument("--seed", type=flags.seed, default=0)
+    p.add_argument("--max-new-tokens", type=flags.positive_int, help="frames at most (12.5 a second; default: "
+                   "a budget from the text, docs/limits.md: 8 per text token, at least 125)")
+    p.add_argument("--sentences", choices=("auto", "on", "off"), default="auto", help="speak the text sentence by "
+                   "sentence, one after another (auto: past 200 bytes of UTF-8; docs/limits.md)")
     p.add_argument("--stream", action="store_true", help="write the wav while it is generated (into a hidden "
                    ".<name>.<random>.part.wav beside it, a valid file after every chunk), print time to first audio")
     p.add_argument("--chunk-frames", type=flags.chunk_frames, default=CHUNK_FRAMES,

@@ -97,6 +97,11 @@ def has_int8_dot() -> bool:
     return cpu_class() in INT8_DOT
 
 
+def has_avx512_vnni() -> bool:
+    """AVX-512 VNNI under the caps (the AVX-512 classes with int8 dot products): where rvqspec's VNNI int8 GEMM runs."""
+    return cpu_class() in ("amx", "avx512-vnni-bf16", "avx512-vnni")
+
+
 def has_avx2() -> bool:
     """AVX2 and FMA under the caps (every x86 class above "other"): where rvqspec's int8 kernels run (`int8.cpp`)."""
     return cpu_class() in NEEDS

@@ -19,7 +19,9 @@ also serve training, read `choose(device, dtype)` per call. Nothing else reads a
   many, each where it measured faster; and `pad_rows` / `attention_rows`: calls of fewer rows (queries) are padded
   up to that many where the kernel gives a row other bits alone than inside a larger call (on a Zen 4, oneDNN's
   bfloat16 GEMM at K = 3072 and torch's flash attention both block otherwise for 1-3 rows), so that a verify call
-  computes what the AR step computes.
+  computes what the AR step computes. The predictor's attention on the fast path needs no floor: it visits each
+  query's keys in position order (`fused.attention_in_order`, talker steps too); `attention_rows` serves SDPA (a
+  talker's prefill, the plain path).
 
 On the CPU the last three are measured, not assumed (`measure`): a second or two at the 0.6B predictor's matmul
 shapes and the row counts decoding uses, kept in the user's cache folder (kernels.json) per CPU model, class

@@ -187,6 +187,86 @@ at::Tensor qkv_rope(const at::Tensor& qkv_, const c10::optional<at::Tensor>& q_w
   return q;
 }
 
+
+// Attention whose reductions depend on nothing but the query's own visible keys, in their order: queries q
+// [B, H, T, D] over the cache views k_cache/v_cache [B, KV, S, D] under an additive mask ([T, S] shared or
+// [B, 1, T, S] per row; -inf = not visible; None = all). Each query visits its visible keys in slot order, which is
+// position order (the committed prefix, then its tree ancestors by depth: a verify call's scratch slots follow the
+// committed ones and a node's ancestors precede it), skipping the masked ones rather than adding their zeros; its
+// scores are dot products summed in 16 partial sums by index then pairwise, its softmax and weighted sum of
+// values run over the visible keys in order. So a query gets the same bits in an AR step (its keys at slots 0..p) as
+// in a verify call (at scratch slots), alone or beside any other queries or rows (SDPA's blocks depend on the call's
+// shape and where the masked keys lie). Returns [B, H, T, D] as a view of [B, T, H, D] memory: the layout the output
+// projection reads.
+// A score: q . k in 16 partial sums by index (vectors of every class hold them in the same lanes), then pairwise.
+template <typename T, typename A>
+inline A dot_row(const A* q, const T* k, int64_t d) {
+  A part[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= d; i += 16)
+    for (int64_t j = 0; j < 16; ++j) part[j] += q[i + j] * load<T, A>(k, i + j);
+  for (; i < d; ++i) part[i % 16] += q[i] * load<T, A>(k, i);
+  for (int64_t j = 0; j < 8; ++j) part[j] += part[j + 8];
+  for (int64_t j = 0; j < 4; ++j) part[j] += part[j + 4];
+  for (int64_t j = 0; j < 2; ++j) part[j] += part[j + 2];
+  return part[0] + part[1];
+}
+
+at::Tensor attention(const at::Tensor& q_, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                     const c10::optional<at::Tensor>& mask_) {
+  auto q = q_.contiguous();
+  const int64_t batch = q.size(0), heads = q.size(1), length = q.size(2), d = q.size(3);
+  const int64_t kv_heads = k_cache.size(1), slots = k_cache.size(2), group = heads / kv_heads;
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() && k_cache.size(0) == batch &&
+              k_cache.size(3) == d && heads % kv_heads == 0 && k_cache.stride(-1) == 1 && v_cache.stride(-1) == 1 &&
+              k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type());
+  const bool masked = mask_.has_value() && mask_->defined();
+  at::Tensor mask = masked ? mask_->to(q.scalar_type()).contiguous() : at::Tensor();
+  const bool per_row = masked && mask.dim() == 4;
+  TORCH_CHECK(!masked || (mask.size(-1) == slots && mask.size(-2) == length &&
+                          (mask.dim() == 2 || (per_row && mask.size(0) == batch && mask.size(1) == 1))),
+              "attention mask: [T, S] or [B, 1, T, S] over the cache's slots");
+  auto out = at::empty({batch, length, heads, d}, q.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "attention", [&] {
+    using A = at::opmath_type<scalar_t>;
+    const scalar_t *pq = q.data_ptr<scalar_t>(), *pk = k_cache.data_ptr<scalar_t>(), *pv = v_cache.data_ptr<scalar_t>();
+    const scalar_t* pm = masked ? mask.data_ptr<scalar_t>() : nullptr;
+    scalar_t* po = out.data_ptr<scalar_t>();
+    const auto ks = k_cache.strides(), vs = v_cache.strides();
+    const A scale = static_cast<A>(1.0 / std::sqrt(static_cast<double>(d)));
+    at::parallel_for(0, batch * heads * length, grain(slots * d), [&](int64_t begin, int64_t end) {
+      std::vector<A> query(d), acc(d), score(slots);
+      std::vector<int64_t> visible(slots);
+      for (int64_t job = begin; job < end; ++job) {
+        const int64_t t = job % length, h = (job / length) % heads, b = job / (length * heads);
+        const scalar_t* mrow = masked ? pm + ((per_row ? b : 0) * length + t) * slots : nullptr;
+        const scalar_t *keys = pk + b * ks[0] + (h / group) * ks[1], *values = pv + b * vs[0] + (h / group) * vs[1];
+        for (int64_t i = 0; i < d; ++i) query[i] = load<scalar_t, A>(pq, job * d + i);
+        int64_t n = 0;
+        A top = -std::numeric_limits<A>::infinity();
+        for (int64_t s = 0; s < slots; ++s) {
+          const A bias = masked ? load<scalar_t, A>(mrow, s) : A(0);
+          if (bias == -std::numeric_limits<A>::infinity()) continue;
+          visible[n] = s;
+          score[n] = dot_row<scalar_t, A>(query.data(), keys + s * ks[2], d) * scale + bias;
+          top = std::max(top, score[n++]);
+        }
+        A total = 0;
+        std::fill(acc.begin(), acc.end(), A(0));
+        for (int64_t j = 0; j < n; ++j) {
+          const A weight = vexp(score[j] - top);
+          total += weight;
+          const scalar_t* v = values + visible[j] * vs[2];
+          for (int64_t i = 0; i < d; ++i) acc[i] += weight * load<scalar_t, A>(v, i);
+        }
+        scalar_t* dst = po + ((b * length + t) * heads + h) * d;
+        for (int64_t i = 0; i < d; ++i) store<scalar_t, A>(dst, i, acc[i] / total);
+      }
+    });
+  });
+  return out.permute({0, 2, 1, 3});
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -194,9 +274,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm);
   m.def("silu_mul", &silu_mul);
   m.def("qkv_rope", &qkv_rope);
+  m.def("attention", &attention);
   m.def("quantize_rows", &rvqspec::quantize_rows);
   m.def("scale_rows", &rvqspec::scale_rows);
   m.def("has_int8_gemm", &rvqspec::has_int8_gemm);
   m.def("int8_linear", &rvqspec::int8_linear);
+  m.def("has_vnni_gemm", &rvqspec::has_vnni_gemm);
+  m.def("vnni_linear", &rvqspec::vnni_linear);
   m.def("w8a16_linear", &rvqspec::w8a16_linear);
 }

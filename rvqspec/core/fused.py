@@ -4,8 +4,10 @@ A layer's plain forward runs ~50 small ATen ops besides its matmuls (norms with 
 norms, RoPE's chunk/cat/neg, SiLU x up, residual adds, two cache writes). At the 1..65 rows of decoding
 each costs dispatcher overhead, and their cost grows with the rows of a speculative call
 (benchmarks/results/round-profile.md). Here they are 4 kernels per layer (`fused.cpp`): q/k norm + RoPE +
-cache write, SiLU x up, and residual add + the next RMSNorm (twice); the prepacked matmuls and SDPA stay.
-AR and speculative calls take the same path, so AR keeps being our fastest AR.
+cache write, SiLU x up, and residual add + the next RMSNorm (twice); the prepacked matmuls stay, and the
+predictor's attention over the cache (and a talker step's) is a kernel too (`attention_in_order`: each query's keys
+in position order, so a verify call's rows get their AR steps' bits; faster than SDPA at a frame's 1..33 queries). AR
+and speculative calls take the same path, so AR keeps being our fastest AR.
 
 int8.cpp, built into the same module, holds the integer side of int8 weights (`quantize`: w8a8's token quantization,
 and the int8 GEMMs of x86 CPUs without int8 dot products, which the fast-path switch leaves on: they are the schemes'
@@ -125,7 +127,8 @@ def on() -> bool:
 def layers(model, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache, slots: Tensor | None,
            attention) -> Tensor:
     """model.forward's layer loop and final norm with the fused kernels (same inputs as the plain loop; `attention`:
-    the plain loop's attention over the cache, `packing.attention`). Without a cache (teacher forcing under
+    how queries attend over the cache, `packing.attention` as in the plain loop or `attention_in_order`, which returns
+    the layout the output projection reads). Without a cache (teacher forcing under
     no_grad) the K/V go to a cache of the call's own, attended causally."""
     ops, blocks, eps = kernels(), model.layers, model.config.rms_norm_eps
     length, d = x.shape[1], cos.shape[-1]
@@ -144,6 +147,14 @@ def layers(model, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cach
         after = blocks[i + 1].attn_norm if i + 1 < len(blocks) else model.norm
         x, h = ops.add_rms_norm(x, block.mlp.w_down(ops.silu_mul(block.mlp.w_gate_up(h))), after.weight, eps)
     return h
+
+
+def attention_in_order(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """`packing.attention`'s result (queries q [B, H, T, D] over the cache k, v [B, KV, S, D] under an additive mask)
+    with reductions that depend on nothing but each query's visible keys, visited in position order (`fused.cpp`):
+    a query has the same bits in an AR step as in a verify call, alone or in any batch. For the predictor's calls
+    and the talker's steps (one query per row); a talker's prefill (hundreds of queries) keeps SDPA's blocks."""
+    return kernels().attention(q, k, v, mask)
 
 
 def weight(norm) -> Tensor | None:

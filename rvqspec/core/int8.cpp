@@ -1,6 +1,7 @@
-// The integer side of int8 weights (core/quantize.py): w8a8's per-token activations, and the GEMMs of CPUs without
+// The integer side of int8 weights (core/quantize.py): w8a8's per-token activations, the GEMMs of CPUs without
 // int8 dot-product instructions (AVX2, AVX-512 without VNNI), where oneDNN sums byte products in saturating 16-bit
-// lanes (not exact) and torch's weight-only kernel is slower than float32 (issue 45's table).
+// lanes (not exact) and torch's weight-only kernel is slower than float32 (issue 45's table), and w8a8's GEMM of
+// the AVX-512 VNNI CPUs for decoding's few rows (vnni_linear, below), where oneDNN's costs ~1.8x per call (issue 51).
 //
 // int8_linear (w8a8): activation bytes are widened to int16 once per call, weight bytes on load, and
 // _mm256_madd_epi16 sums pairs of int16 products into int32: every product and sum is an exact integer (|sum| <=
@@ -26,6 +27,9 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define RVQSPEC_INT8_GEMM 1
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define RVQSPEC_VNNI_GEMM 1
 #endif
 
 namespace rvqspec {
@@ -147,6 +151,54 @@ void gemm(const A* a, int64_t rows, int64_t kp, const at::Tensor& packed, const 
   });
 }
 
+
+#ifdef RVQSPEC_VNNI_GEMM
+// The AVX-512 VNNI GEMM of w8a8 (vnni_linear): activations as unsigned bytes q + 128, vpdpbusd sums 4 byte products
+// into each of 16 int32 lanes (no saturation: VPDPBUSD, not VPDPBUSDS), one lane per output channel; subtracting 128 x
+// the channel's weight sum gives sum(q w), the exact integer sum (int32 wraps and unwraps: the total fits). Weights
+// packed once (`pack_vnni` in quantize.py): [ceil(N/16), ceil(K/16) * 4, 16, 4] bytes, a block of 16 channels
+// streaming contiguously, 4 input values per channel and step. The float steps after the sums are the AVX2 kernel's
+// and oneDNN's: float(sum) x weight scale, then x token scale, then the dtype: the same bits on every class.
+constexpr int64_t VCOLS = 16, VDEPTH = 16, VROWS = 8;  // a block's channels; K's padding; a tile's rows
+
+inline int32_t four_bytes(const uint8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// R rows (row stride kp bytes) x one block of 16 channels -> R vectors of int32 sums (with the 128 offset).
+// One row: four chains of sums (integer: their order does not matter), so that the loads, not vpdpbusd's latency, set
+// the pace.
+template <int R>
+inline void vnni_tile(const uint8_t* a, int64_t kp, const int8_t* w, __m512i* sums) {
+  constexpr int CHAINS = R == 1 ? 4 : 1;
+  __m512i acc[R][CHAINS];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < CHAINS; ++c) acc[r][c] = _mm512_setzero_si512();
+  for (int64_t k = 0; k < kp; k += 4 * CHAINS, w += VCOLS * 4 * CHAINS) {
+    for (int c = 0; c < CHAINS; ++c) _mm_prefetch(reinterpret_cast<const char*>(w) + PREFETCH_BYTES + 64 * c, _MM_HINT_T0);
+    for (int c = 0; c < CHAINS; ++c) {
+      const __m512i wv = _mm512_loadu_si512(w + c * VCOLS * 4);
+      for (int r = 0; r < R; ++r)
+        acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], _mm512_set1_epi32(four_bytes(a + r * kp + k + 4 * c)), wv);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    __m512i s = acc[r][0];
+    for (int c = 1; c < CHAINS; ++c) s = _mm512_add_epi32(s, acc[r][c]);
+    sums[r] = s;
+  }
+}
+#endif
+
+// The output's shape: x's [..., K] with N for K.
+std::vector<int64_t> out_sizes(const at::Tensor& x, int64_t n) {
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  return sizes;
+}
+
 void check_packed(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t n) {
   const int64_t k = x.size(-1);
   TORCH_CHECK(packed.scalar_type() == at::kChar && packed.dim() == 4 && packed.size(2) == COLS &&
@@ -202,7 +254,7 @@ bool has_int8_gemm() {
 #endif
 }
 
-// x [M, K] (any float dtype) -> [M, n] in x's dtype: w8a8 with the packed weights and their scales.
+// x [..., K] (any float dtype) -> [..., n] in x's dtype: w8a8 with the packed weights and their scales.
 at::Tensor int8_linear(const at::Tensor& x_, const at::Tensor& packed, const at::Tensor& scale, int64_t n) {
 #ifdef RVQSPEC_INT8_GEMM
   auto x = x_.contiguous();
@@ -210,7 +262,7 @@ at::Tensor int8_linear(const at::Tensor& x_, const at::Tensor& packed, const at:
   const int64_t k = x.size(-1), rows = x.numel() / k, kp = packed.size(1) * DEPTH;
   auto a = at::zeros({rows, kp}, x.options().dtype(at::kShort));
   std::vector<float> token_scale(rows);
-  auto out = at::empty({rows, n}, x.options());
+  auto out = at::empty(out_sizes(x, n), x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "int8_linear", [&] {
     const scalar_t* px = x.data_ptr<scalar_t>();
     int16_t* pa = a.data_ptr<int16_t>();
@@ -226,6 +278,81 @@ at::Tensor int8_linear(const at::Tensor& x_, const at::Tensor& packed, const at:
   return out;
 #else
   TORCH_CHECK(false, "rvqspec's int8 GEMM needs AVX2 and FMA, which this build lacks");
+#endif
+}
+
+bool has_vnni_gemm() {
+#ifdef RVQSPEC_VNNI_GEMM
+  return true;
+#else
+  return false;
+#endif
+}
+
+// x [..., K] (any float dtype) -> [..., n] in x's dtype: w8a8 through the VNNI GEMM, weights packed by pack_vnni (with
+// their scales and 128 x their sums per channel, int32).
+at::Tensor vnni_linear(const at::Tensor& x_, const at::Tensor& packed, const at::Tensor& scale,
+                       const at::Tensor& offsets, int64_t n) {
+#ifdef RVQSPEC_VNNI_GEMM
+  auto x = x_.contiguous();
+  const int64_t k = x.size(-1), rows = x.numel() / k, kp = packed.size(1) * 4, blocks = packed.size(0);
+  TORCH_CHECK(packed.scalar_type() == at::kChar && packed.dim() == 4 && packed.size(2) == VCOLS &&
+              packed.size(3) == 4 && packed.is_contiguous() && kp % VDEPTH == 0,
+              "int8 weights not packed by quantize.pack_vnni");
+  TORCH_CHECK(kp >= k && kp < k + VDEPTH && blocks * VCOLS >= n && blocks * VCOLS < n + VCOLS,
+              "packed int8 weights of another shape than the call's");
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && offsets.scalar_type() == at::kInt && scale.is_contiguous() &&
+              offsets.is_contiguous() && scale.numel() == blocks * VCOLS && offsets.numel() == blocks * VCOLS,
+              "weight scales (float32) and offsets (int32): one per packed channel");
+  TORCH_CHECK(k < 133000, "int8 GEMM: input width ", k, " could overflow int32 sums");
+  auto a = at::empty({rows, kp}, x.options().dtype(at::kByte));
+  std::vector<float> token_scale(rows);
+  auto out = at::empty(out_sizes(x, n), x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "vnni_linear", [&] {
+    const scalar_t* px = x.data_ptr<scalar_t>();
+    uint8_t* pa = a.data_ptr<uint8_t>();
+    for (int64_t r = 0; r < rows; ++r) {
+      token_scale[r] = quantize_row<scalar_t, uint8_t>(px + r * k, k, pa + r * kp, 128);
+      std::memset(pa + r * kp + k, 128, kp - k);  // times zero weights
+    }
+    scalar_t* po = out.data_ptr<scalar_t>();
+    const int8_t* pw = packed.data_ptr<int8_t>();
+    const float* ps = scale.data_ptr<float>();
+    const int32_t* poff = offsets.data_ptr<int32_t>();
+    at::parallel_for(0, blocks, std::max<int64_t>(1, 16 / std::max<int64_t>(rows, 1)), [&](int64_t begin,
+                                                                                           int64_t end) {
+      __m512i sums[VROWS];
+      alignas(64) float values[VCOLS];
+      for (int64_t b = begin; b < end; ++b) {
+        const int8_t* w = pw + b * kp * VCOLS;
+        const __m512i offset = _mm512_loadu_si512(poff + b * VCOLS);
+        const __m512 ws = _mm512_loadu_ps(ps + b * VCOLS);
+        const int64_t cols = std::min(VCOLS, n - b * VCOLS);
+        for (int64_t r = 0; r < rows; r += VROWS) {
+          const int64_t count = std::min(VROWS, rows - r);
+          switch (count) {
+            case 1: vnni_tile<1>(pa + r * kp, kp, w, sums); break;
+            case 2: vnni_tile<2>(pa + r * kp, kp, w, sums); break;
+            case 3: vnni_tile<3>(pa + r * kp, kp, w, sums); break;
+            case 4: vnni_tile<4>(pa + r * kp, kp, w, sums); break;
+            case 5: vnni_tile<5>(pa + r * kp, kp, w, sums); break;
+            case 6: vnni_tile<6>(pa + r * kp, kp, w, sums); break;
+            case 7: vnni_tile<7>(pa + r * kp, kp, w, sums); break;
+            default: vnni_tile<VROWS>(pa + r * kp, kp, w, sums);
+          }
+          for (int64_t i = 0; i < count; ++i) {
+            const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sums[i], offset)), ws);
+            _mm512_store_ps(values, _mm512_mul_ps(v, _mm512_set1_ps(token_scale[r + i])));
+            scalar_t* o = po + (r + i) * n + b * VCOLS;
+            for (int64_t c = 0; c < cols; ++c) store<scalar_t, float>(o, c, values[c]);
+          }
+        }
+      }
+    });
+  });
+  return out;
+#else
+  TORCH_CHECK(false, "rvqspec's VNNI int8 GEMM needs AVX-512 VNNI, which this build lacks");
 #endif
 }
 

@@ -40,7 +40,10 @@ template <typename T, typename A> inline A round_to(A v) {
 std::vector<at::Tensor> quantize_rows(const at::Tensor& x);
 at::Tensor scale_rows(const at::Tensor& acc, const at::Tensor& scale, const at::Tensor& like);
 bool has_int8_gemm();
+bool has_vnni_gemm();
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t out_features);
+at::Tensor vnni_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& offsets,
+                       int64_t out_features);
 at::Tensor w8a16_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t out_features);
 
 }  // namespace rvqspec

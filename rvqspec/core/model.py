@@ -226,17 +226,19 @@ class Block(nn.Module):
 
 
 def run_layers(model: nn.Module, x: Tensor, positions: Tensor, mask: Tensor | None, cache: "KVCache | None",
-               slots: Tensor | None) -> Tensor:
+               slots: Tensor | None, in_order: bool = False) -> Tensor:
     """The decoder stack of `model` (its `layers`, `norm`, `rope`; the predictor's or a talker's) over x [B, T, H]:
     final-norm hidden states. Arguments as `MultiCodeDecoder.forward`; `slots` may also be [B, T] (each row its own,
-    `KVCache.write`). The CPU fast path (`fused.layers`) where `device_path` chose it."""
+    `KVCache.write`). The CPU fast path (`fused.layers`) where `device_path` chose it; there `in_order` attends with
+    `fused.attention_in_order` (each query's keys in position order: the same bits in any call), else SDPA."""
     cos, sin = model.rope(positions, x.dtype)
     if mask is not None and mask.dtype == torch.bool:  # additive, once per call rather than inside every SDPA
         mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
     if mask is not None and mask.dim() == 3:  # per row: [B, 1, T, slots], broadcast over the heads
         mask = mask.unsqueeze(1)
     if device_path.choose(x.device, x.dtype).fused_kernels:
-        return fused.layers(model, x, cos, sin, mask, cache, slots, attention)
+        attend = fused.attention_in_order if in_order else attention
+        return fused.layers(model, x, cos, sin, mask, cache, slots, attend)
     for i, layer in enumerate(model.layers):
         x = layer(x, cos, sin, mask, cache, i, slots)
     return model.norm(x)
@@ -318,7 +320,7 @@ class MultiCodeDecoder(nn.Module):
         ([T, slots] shared, or [B, T, slots] per row; True = attend): this is how one call verifies a
         whole tree. Without: plain causal attention over the T tokens (training).
         """
-        return run_layers(self, x, positions, mask, cache, slots)
+        return run_layers(self, x, positions, mask, cache, slots, in_order=True)
 
     def head_logits(self, hidden: Tensor, codebook: int | list[int] | Tensor, path: DevicePath | None = None
                     ) -> Tensor:

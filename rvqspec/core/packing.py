@@ -63,7 +63,10 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None, pack: PackedWeight) -
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     """SDPA of queries q [B, H, T, D] over the cache k, v under `mask` ([T, S] or [B, 1, T, S]), with fewer queries
     than the measured floor padded by copies of the last (`MatmulChoice.attention_rows`): the AR step's one query
-    then gets the bits it gets inside a verify call."""
+    then gets the bits it gets inside a verify call of the same slots. Its sums still depend on where masked keys lie
+    (a verify call holds a tree node at a scratch slot, the AR step at its position): the predictor's fast path
+    attends with `fused.attention_in_order` instead, and so do talker steps; this serves a talker's prefill and the
+    plain path."""
     choice = device_path.choose(q.device, q.dtype).matmul
     rows, floor = q.shape[-2], choice.attention_rows if choice else 1
     if rows >= floor:

@@ -7,18 +7,22 @@ stay as they are.
   time there, issue 45), the others by torch's (`torch._weight_int8pack_mm`).
 - "w8a8": activations are quantized to int8 per token (symmetric, one scale per row, from that row alone), the
   integer product is exact, and each row is scaled back by its own token scale: exact integer dot products, then
-  float roundings that involve only that row. Where the CPU has int8 dot products (VNNI, AMX) oneDNN multiplies
-  (`onednn.qlinear_pointwise`, input scale 1): the activations go in as unsigned bytes with zero point 128 (q + 128),
-  the form the VNNI instructions multiply, and oneDNN subtracts 128 x the weight's column sums in int32, exactly
-  (signed activations took oneDNN's reference path on AVX-512 CPUs without AMX: 250-1,900x slower than bfloat16,
-  issue 30). Elsewhere on x86 (AVX2; AVX-512 without VNNI), where oneDNN sums byte products in saturating 16-bit
+  float roundings that involve only that row. Where the CPU has AVX-512 VNNI (AMX CPUs too) rvqspec's VNNI kernel
+  multiplies calls of up to VNNI_ROWS rows (`int8.cpp`: vnni_linear, issue 51: 1.7-1.8x oneDNN's one-row call, one
+  native call per matmul): the activations as unsigned bytes q + 128, the form the VNNI instructions multiply, then
+  128 x the weight's channel sums subtracted in int32, exactly. Longer calls there, and every call on AVX-VNNI
+  CPUs, take oneDNN's (`onednn.qlinear_pointwise`, input scale 1, zero point 128: the same form; signed activations
+  took oneDNN's reference path on AVX-512 CPUs without AMX: 250-1,900x slower than bfloat16, issue 30). Elsewhere
+  on x86 (AVX2; AVX-512 without VNNI), where oneDNN sums byte products in saturating 16-bit
   lanes, rvqspec's AVX2 kernel does (`int8.cpp`: int16 products summed into int32): the same int32 sums and the same
   float steps after them, so the same model gives the same bits on every x86 class (`tests/test_int8.py`). CPUs with
   neither (no AVX2, or the kernels not built) refuse w8a8 (`w8a8_kernel`).
 
 A quantized model is a different model (as the paper's W8A16 is): its codes follow its own distribution, and
 speculation is exact relative to it. Both kernels give every row of a call the same bits whatever the other rows
-hold (tests/test_quantize.py checks it), so a verify call computes, per token, exactly what its AR step computes.
+hold (tests/test_quantize.py checks it), and so do the fast path's norms, activation quantization and attention
+(`fused.attention_in_order`), so a verify call computes, per token, exactly what its AR step computes: the w8a8
+model's speculative codes are its AR codes bit for bit, alone and in any batch (tests/test_bit_exact.py).
 What quantization costs against the float model is measured by `benchmarks/quantization_quality.py`.
 
 torch's int8 weight-only kernel reads out of bounds (and crashes) on shapes that are not multiples of 16, so w8a16
@@ -52,7 +56,9 @@ W8A16_MULTIPLE = 16
 W8A16_ACTIVATIONS = (torch.float32, torch.bfloat16, torch.float16)  # what torch's kernel takes
 ZERO_POINT = 128  # w8a8's activations as unsigned bytes: q + 128 (oneDNN)
 DRAFT_SCHEME = "w8a16"  # the int8 copies that rank drafts (`heads`): weights only, activations in the model's dtype
-PACK_COLS, PACK_DEPTH = 4, 16  # rvqspec's int8 kernels read blocks of 4 output channels x 16 input values
+PACK_COLS, PACK_DEPTH = 4, 16  # rvqspec's AVX2 int8 kernels read blocks of 4 output channels x 16 input values
+VNNI_COLS, VNNI_DEPTH = 16, 16  # its VNNI kernel: blocks of 16 channels, K padded to a multiple of 16
+VNNI_ROWS = 64  # calls of more rows take oneDNN's int8 GEMM where the class has one (prefill: AMX's tiles)
 
 
 def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -87,11 +93,15 @@ def check_scheme(scheme: str) -> str:
 
 
 def w8a8_kernel() -> str | None:
-    """Which exact int8 GEMM runs w8a8 here: "onednn" where the class has int8 dot products, "avx2" (rvqspec's) on
-    other x86 classes where the kernels are built, None where neither (w8a8 is refused)."""
+    """Which exact int8 GEMM runs w8a8 here: "vnni" (rvqspec's AVX-512 VNNI kernel) where the class has AVX-512 VNNI
+    and the kernels are built with it, "onednn" on other classes with int8 dot products (AVX-VNNI), "avx2" (rvqspec's)
+    on other x86 classes where the kernels are built, None where neither (w8a8 is refused)."""
+    kernels = int8_kernels()
+    if kernels is not None and cpu_class.has_avx512_vnni() and kernels.has_vnni_gemm():
+        return "vnni"
     if cpu_class.has_int8_dot():
         return "onednn"
-    return "avx2" if int8_kernels() is not None else None
+    return "avx2" if kernels is not None else None
 
 
 def int8_kernels():
@@ -111,8 +121,23 @@ def pack_int8(q: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
     return blocks.contiguous(), F.pad(scale.float(), (0, cols - n), value=1.0)
 
 
+def pack_vnni(q: Tensor, scale: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """int8 rows q [N, K] and their scales [N] in the layout of rvqspec's VNNI kernel (`int8.cpp`: vnni_linear):
+    [ceil(N/16), 4 ceil(K/16), 16, 4] bytes (16 channels x 4 input values per step), float32 scales and int32
+    ZERO_POINT x each channel's sum [16 ceil(N/16)], zero-padded."""
+    n, k = q.shape
+    cols, depth = -(-n // VNNI_COLS) * VNNI_COLS, -(-k // VNNI_DEPTH) * VNNI_DEPTH
+    padded = F.pad(q, (0, depth - k, 0, cols - n))
+    blocks = padded.reshape(cols // VNNI_COLS, VNNI_COLS, depth // 4, 4).permute(0, 2, 1, 3)
+    offsets = (padded.sum(1, dtype=torch.int32) * ZERO_POINT).to(torch.int32)
+    return blocks.contiguous(), F.pad(scale.float(), (0, cols - n), value=1.0), offsets
+
+
+PACKERS = {"avx2": pack_int8, "vnni": pack_vnni, "onednn": lambda q, scale: torch.ops.onednn.qlinear_prepack(q, None)}
+
+
 def check_cpu(x: Tensor, scheme: str) -> None:
-    if x.device.type != "cpu":
+    if not x.is_cpu:  # not x.device.type: that builds a device object, ~1% of a one-row talker step
         raise RvqspecError(f"{scheme} weights run on the CPU only (torch's int8 kernels there); this call is on "
                            f"{x.device}: decode on the CPU, or use the float model on {x.device.type}")
 
@@ -136,7 +161,8 @@ class Int8Matmul:
         self.scale = torch.cat([scale.float(), scale.new_ones(pad, dtype=torch.float32)])
         self.scales = {torch.float32: self.scale}  # w8a16: the scale in each activation dtype (the kernel wants it so)
         self.zero_points = torch.zeros(len(self.scale), dtype=torch.long)
-        self.packed: Tensor | tuple[Tensor, Tensor] | None = None  # the kernel's layout, made on first use
+        self.packed: dict[str, Tensor | tuple[Tensor, ...]] = {}  # per kernel, its layout (`packed_as`)
+        self.kernel: str | None = None  # w8a8: `w8a8_kernel`, asked on the first call (per call it cost ~2 us)
 
     def rows(self) -> tuple[Tensor, Tensor]:
         """(int8 rows [N, K], scales [N]) without w8a16's padding: what a state_dict holds."""
@@ -144,27 +170,38 @@ class Int8Matmul:
 
     def __call__(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
         check_cpu(x, self.scheme)
-        rows = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, self.in_features).contiguous()
-        if self.scheme == "w8a16":
-            rows = rows if rows.dtype in W8A16_ACTIVATIONS else rows.float()
-            kernels = int8_kernels() if rows.dtype == torch.float32 else None
-            if kernels is not None:
-                out = kernels.w8a16_linear(rows, *self.rvqspec_weight(), self.out_features).to(x.dtype)
-            else:
-                if rows.dtype not in self.scales:
-                    self.scales[rows.dtype] = self.scale.to(rows.dtype)
-                out = torch._weight_int8pack_mm(rows, self.q, self.scales[rows.dtype]).to(x.dtype)
-                out = out[:, :self.out_features] if len(self.q) != self.out_features else out
-        elif w8a8_kernel() == "avx2":
-            out = int8_kernels().int8_linear(rows, *self.rvqspec_weight(), self.out_features)
-        else:
-            kernels = fused.kernels() if fused.on() else None  # the same bits as the plain ops, faster
-            q, scale = kernels.quantize_rows(rows) if kernels else quantize_tokens(rows)
-            out = torch.ops.onednn.qlinear_pointwise(q, 1.0, ZERO_POINT, self.onednn_weight(), self.scale,
-                                                     self.zero_points, None, 1.0, 0, torch.float32, "none", [], "")
-            out = kernels.scale_rows(out, scale, x) if kernels else (out * scale).to(x.dtype)
-        out = out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
+        out = self.w8a16(x) if self.scheme == "w8a16" else self.w8a8(x)
         return out if bias is None else out + bias
+
+    def w8a16(self, x: Tensor) -> Tensor:
+        rows = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, self.in_features).contiguous()
+        rows = rows if rows.dtype in W8A16_ACTIVATIONS else rows.float()
+        kernels = int8_kernels() if rows.dtype == torch.float32 else None
+        if kernels is not None:
+            out = kernels.w8a16_linear(rows, *self.packed_as("avx2"), self.out_features).to(x.dtype)
+        else:
+            if rows.dtype not in self.scales:
+                self.scales[rows.dtype] = self.scale.to(rows.dtype)
+            out = torch._weight_int8pack_mm(rows, self.q, self.scales[rows.dtype]).to(x.dtype)
+            out = out[:, :self.out_features] if len(self.q) != self.out_features else out
+        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
+
+    def w8a8(self, x: Tensor) -> Tensor:
+        """x [..., K] -> [..., N] in x's dtype through this class's w8a8 kernel (`w8a8_kernel`; oneDNN's past
+        VNNI_ROWS rows where it has int8 dot products: the same bits, faster on AMX there). rvqspec's kernels take
+        and give any leading shape: a one-row call is one native call and little else (~2 us)."""
+        kernel = self.kernel = self.kernel or w8a8_kernel()
+        if kernel == "vnni" and x.numel() <= VNNI_ROWS * self.in_features:
+            return fused.kernels().vnni_linear(x, *self.packed_as(kernel), self.out_features)
+        if kernel == "avx2":
+            return fused.kernels().int8_linear(x, *self.packed_as(kernel), self.out_features)
+        rows = x.reshape(-1, self.in_features).contiguous()
+        kernels = fused.kernels() if fused.on() else None  # the same bits as the plain ops, faster
+        q, scale = kernels.quantize_rows(rows) if kernels else quantize_tokens(rows)
+        out = torch.ops.onednn.qlinear_pointwise(q, 1.0, ZERO_POINT, self.packed_as("onednn"), self.scale,
+                                                 self.zero_points, None, 1.0, 0, torch.float32, "none", [], "")
+        out = kernels.scale_rows(out, scale, x) if kernels else (out * scale).to(x.dtype)
+        return out.reshape(*x.shape[:-1], self.out_features)
 
     def __getstate__(self) -> dict:
         """Pickles and copies (torch.save, deepcopy) hold the int8 rows and scales; oneDNN's layout (an opaque
@@ -178,18 +215,16 @@ class Int8Matmul:
         self.lock = threading.Lock()
         self.hold(state["q"], state["scale"])
 
-    def onednn_weight(self) -> Tensor:
+    def packed_as(self, kernel: str):
+        """The weight in the layout of `kernel` ("onednn": oneDNN's prepacked tensor; "avx2": `pack_int8`'s; "vnni":
+        `pack_vnni`'s), made on first use."""
+        packed = self.packed.get(kernel)
+        if packed is not None:
+            return packed
         with self.lock:
-            if self.packed is None:
-                self.packed = torch.ops.onednn.qlinear_prepack(self.q, None)
-            return self.packed
-
-    def rvqspec_weight(self) -> tuple[Tensor, Tensor]:
-        """The int8 rows and scales in the layout of rvqspec's kernels (`pack_int8`)."""
-        with self.lock:
-            if self.packed is None:
-                self.packed = pack_int8(*self.rows())
-            return self.packed
+            if kernel not in self.packed:
+                self.packed[kernel] = PACKERS[kernel](*self.rows())
+            return self.packed[kernel]
 
 
 class QuantizedLinear(nn.Module):

@@ -8,6 +8,7 @@ An adapter per model family: `runtime/qwen_tts.py` (qwen-tts 12 Hz), `runtime/cs
 
 import contextlib
 import copy
+import math
 import threading
 from collections.abc import Callable, Iterator
 from typing import Protocol, runtime_checkable
@@ -44,7 +45,9 @@ class ModelAdapter(Protocol):
         """The talker's next inputs [B, H] for decoded frames [B, G] (the trailing text is added by the scheduler)."""
 
     def prompts(self, kind: str, arguments: dict) -> list[Prompt]:
-        """One Prompt per text of a request of `kind` with upstream's `arguments`."""
+        """One Prompt per text of a request of `kind` with upstream's `arguments`. Without an explicit frame limit
+        in them (`max_new_tokens`), a Prompt's `max_new_tokens` is bounded by its text (`frame_budget`), so that a
+        generation whose end code never comes ends with reason "length" within a time its text bounds."""
 
     def new_stream(self, prompt: Prompt) -> AudioStream:
         """A request's frames turned into audio as they come (run by the codec workers)."""
@@ -68,6 +71,13 @@ class ModelAdapter(Protocol):
 
     def entry_point(self, kind: str) -> Callable | None:
         """Upstream's generate function for `kind`, whose signature binds positional arguments (None: by name only)."""
+
+
+def frame_budget(text_tokens: int, frames_per_token: float, floor_frames: int) -> int:
+    """A text's default frame budget: `frames_per_token` (the model's measured speech rate, with a generous margin)
+    per text token, and at least `floor_frames` (a short text's pauses and slow words). docs/limits.md: each model's
+    rule and its margin."""
+    return max(floor_frames, math.ceil(frames_per_token * text_tokens))
 
 
 class TalkerAdapter:

@@ -33,8 +33,11 @@ from rvqspec.core.tree import Tree
 from rvqspec.runtime.adapter import ModelAdapter
 from rvqspec.runtime.capacity import Capacity, frame_scaling
 from rvqspec.runtime.codec_worker import CodecWorker, Cores
+from rvqspec.runtime.live_text import is_live, text_stream
+from rvqspec.runtime.passage import Passage
 from rvqspec.runtime.request import Request
 from rvqspec.runtime.scheduler import PREFILL_CHUNK, Scheduler
+from rvqspec.runtime.sentences import SentenceSplitter, split_sentences
 from rvqspec.runtime.threads import ThreadBudget, fixed_where_bits_vary, quick_gil_handoff
 
 MAX_BATCH, MAX_QUEUE = 8, 32
@@ -122,31 +125,92 @@ class Engine:
 
     # ---------------------------------------------------------------- requests
 
-    def submit(self, kind: str, seed: int | None = None, **arguments) -> Request:
+    def submit(self, kind: str, seed: int | None = None, **arguments) -> Request | Passage:
         """One request, from any thread: `kind` the entry point ("custom_voice", "voice_design", "voice_clone"; the
-        stand-in's "speech"), `arguments` upstream's for it (one text). Iterate the request for its audio."""
+        stand-in's "speech"), `arguments` upstream's for it (one text). Iterate the request for its audio. The text
+        may arrive over time (`live_text.is_live`: a `TextStream`, an iterable or async iterable of pieces)."""
+        if is_live(arguments.get("text")):
+            if self.text_mode == "sentence":
+                return self.submit_sentences(kind, seed, arguments)
+            return self.submit_live(kind, seed, arguments)
         prompts = self.model.prompts(kind, arguments)
         if len(prompts) != 1:
             raise RvqspecError(f"submit takes one text, got {len(prompts)}: submit each (they decode together), or "
                                f"call generate_{kind} with the list")
         return self.enqueue(prompts[0], seed)
 
+    def submit_live(self, kind: str, seed: int | None, arguments: dict) -> Request:
+        """A request whose text arrives over time: upstream's dual-track prompt (`live_prompt`), decoding from its
+        first token, each frame t taking text token t as it comes."""
+        if not getattr(self.model, "dual_track", False):
+            raise RvqspecError(f"{self.name} has no dual-track talker: pass the whole text as a string")
+        text = arguments.pop("text")
+        prompt = self.model.live_prompt(kind, arguments)
+        request = self.enqueue(prompt, seed)
+        text_stream(text, request.cancelled).attach(prompt.live.read)
+        return request
+
+    def submit_sentences(self, kind: str, seed: int | None, arguments: dict) -> Passage:
+        """Text arriving over time on a model without dual-track text: each sentence spoken as it completes
+        (`SentenceSplitter`), one stream with the voice and seed carried on (a `Passage`)."""
+        text, splitter, generator = arguments.pop("text"), SentenceSplitter(), self.generator(seed)
+        passage = Passage([], lambda prompt: self.queue(prompt, generator, first=True), self.sample_rate,
+                          complete=False)
+
+        def read(piece: str | BaseException | None) -> None:
+            try:
+                if isinstance(piece, BaseException):
+                    raise RvqspecError(f"the text's source failed ({type(piece).__name__}: {piece})")
+                for sentence in splitter.end() if piece is None else splitter.feed(piece):
+                    passage.add(self.model.prompts(kind, {**arguments, "text": sentence})[0])
+            except RvqspecError as e:
+                passage.end(e)
+                passage.cancel()
+            if piece is None:
+                passage.end(None if passage.prompts else RvqspecError("the text was empty: send at least one word"))
+
+        text_stream(text, passage.cancelled).attach(read)
+        return passage
+
+    @property
+    def text_mode(self) -> str:
+        """How text that arrives over time is spoken: "token" (dual-track: each text token as it comes), "sentence"
+        (each sentence as it completes), "none" (a model that takes no text: CSM)."""
+        if getattr(self.model, "dual_track", False):
+            return "token"
+        return "sentence" if self.model.kind == "speech" else "none"
+
     def speech(self, text: str, voice: str | None = None, instructions: str | None = None,
                language: str | None = None, clone=None, seed: int | None = None, temperature: float | None = None,
-               top_k: int | None = None, top_p: float | None = None) -> Request:
+               top_k: int | None = None, top_p: float | None = None, sentences: bool = False) -> Request | Passage:
         """A request in one shape for every model (what a server maps OpenAI's fields to): `voice` a built-in voice,
-        `instructions` a voice design or instruct, `clone` a `clone_prompt`; sampling settings for the talker."""
-        if not isinstance(text, str) or not text.strip():
+        `instructions` a voice design or instruct, `clone` a `clone_prompt`; sampling settings for the talker. With
+        `sentences`, a text of several sentences is spoken one sentence after another as one stream (a `Passage`:
+        runtime/passage.py); without, as one utterance, as upstream speaks it. `text` may arrive over time
+        (`submit`)."""
+        live = is_live(text)
+        if not live and (not isinstance(text, str) or not text.strip()):
             raise RvqspecError("text must be a non-empty string: pass the sentence to speak")
-        kind, arguments = self.model.speech(text, voice, instructions, language, clone)
-        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-        return self.submit(kind, seed=seed, **arguments, **{k: v for k, v in sampling.items() if v is not None})
+        kind, arguments = self.model.speech("" if live else text, voice, instructions, language, clone)
+        sampling = {k: v for k, v in dict(temperature=temperature, top_k=top_k, top_p=top_p).items() if v is not None}
+        pieces = split_sentences(text) if sentences and not live else []
+        if len(pieces) < 2:
+            return self.submit(kind, seed=seed, **{**arguments, "text": text}, **sampling)
+        prompts = [self.model.prompts(kind, {**arguments, **sampling, "text": piece})[0] for piece in pieces]
+        generator = self.generator(seed)
+        return Passage(prompts, lambda prompt: self.queue(prompt, generator, first=True), self.sample_rate)
 
     def enqueue(self, prompt, seed: int | None) -> Request:
+        return self.queue(prompt, self.generator(seed))
+
+    def generator(self, seed: int | None) -> torch.Generator:
+        """A request's own generator, seeded with `seed` (None: the engine's next seed)."""
         seed = self.seeds.getrandbits(62) if check_seed(seed) is None else seed
-        request = Request(prompt, self.codec, self.sample_rate, self.chunks,
-                          torch.Generator(self.model.predictor.device).manual_seed(seed))
-        self.scheduler.submit(request)
+        return torch.Generator(self.model.predictor.device).manual_seed(seed)
+
+    def queue(self, prompt, generator: torch.Generator, first: bool = False) -> Request:
+        request = Request(prompt, self.codec, self.sample_rate, self.chunks, generator)
+        self.scheduler.submit(request, first)
         return request
 
     # ---------------------------------------------------------------- upstream's entry points (qwen-tts)
@@ -174,7 +238,15 @@ class Engine:
         return self.stream("voice_clone", args, kwargs, seed)
 
     def whole(self, kind: str, args: tuple, kwargs: dict, seed: int | None) -> tuple[list[np.ndarray], int]:
-        prompts = self.model.prompts(kind, self.named(kind, args, kwargs))
+        arguments = self.named(kind, args, kwargs)
+        if is_live(arguments.get("text")):
+            request = self.submit(kind, seed=seed, **arguments)
+            try:
+                codes = request.wait()
+            finally:
+                request.cancel()  # only if still running (an interrupted wait)
+            return self.model.whole([codes], [request.prompt])
+        prompts = self.model.prompts(kind, arguments)
         requests = []
         try:
             for i, prompt in enumerate(prompts):
@@ -224,7 +296,7 @@ class Engine:
                 "audio_seconds": stats.frames * self.model.frame_seconds, "tokens_per_step": stats.tokens_per_step,
                 "tree": self.explain(max(active, 1)), **self.capacity.report(active),
                 "real_time_factors": self.scheduler.real_time_factors(), "largest_chunk_gap": now,
-                "largest_chunk_gap_ever": ever, "cores": self.budget.cores, "threads": self.budget.loop,
+                "largest_chunk_gap_ever": ever, "text_mode": self.text_mode, "cores": self.budget.cores, "threads": self.budget.loop,
                 "codec_threads": self.budget.codec}
 
     def explain(self, batch: int = 1) -> str:

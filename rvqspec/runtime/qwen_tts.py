@@ -8,11 +8,16 @@ reference codes) is what the engine decodes from, with upstream's settings (gene
 included). From there the loop is ours (`runtime/scheduler.py`), doing what upstream's talker forward does per
 step: c0 through its logits processing, c1..c15 from the predictor, then the next input, the sum of the 16 code
 embeddings plus the trailing text (or the pad embedding once the text is used up).
+
+Text that arrives over time (`live_prompt`) runs upstream's dual-track prompt (`non_streaming_mode=False`): captured
+with a one-token stand-in text, whose rows (the first text token's, or an in-context clone's reference transcript
+and text beside its reference codes) are replaced by the request's own as they arrive (`runtime/live_text.py`).
 """
 
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -22,10 +27,30 @@ from rvqspec.core.errors import RvqspecError
 from rvqspec.core.sampling import Sampler, TalkerRules
 from rvqspec.integrations.qwen_tts import predictor_from_upstream, talker_from_upstream, upstream_refusals
 from rvqspec.integrations.qwen_tts_audio import CodecBatchUnsupported, StreamingCodec, decode_together
-from rvqspec.runtime.adapter import Captured, TalkerAdapter, capture, patched, this_thread
+from rvqspec.runtime.adapter import Captured, TalkerAdapter, capture, frame_budget, patched, this_thread
+from rvqspec.runtime.live_text import LiveText, StableTokens
 from rvqspec.runtime.request import AudioStream, Prompt
 
 ENTRY_POINTS = {"custom_voice": "custom_voice", "voice_design": "voice_design", "base": "voice_clone"}  # type: kind
+# The default frame budget of a text (`frame_budget`; docs/limits.md): 8 frames (0.64 s) per text token, at least
+# 125 frames (10 s). Speech runs at about 3-4 frames per token of Qwen's tokenizer (English words, CJK characters,
+# digits), the slow ones (a digit or symbol spelled out) 5-6; mlx-audio's rule is max(75, 6 per token).
+FRAMES_PER_TOKEN, FLOOR_FRAMES = 8.0, 125
+STAND_IN_TEXT = "a"  # one token: the text a live prompt is captured with (its rows are replaced)
+CHAT_TOKENS = 8  # the tokens around a text in upstream's input_ids: "<|im_start|>assistant\n" and 5 after it
+
+
+def text_budget(input_ids: Tensor) -> int:
+    """The default frame budget (c0 draws, upstream's max_new_tokens) of a text, from upstream's input_ids [1, L]
+    for it (the chat tokens around it included)."""
+    return frame_budget(input_ids.shape[-1] - CHAT_TOKENS, FRAMES_PER_TOKEN, FLOOR_FRAMES)
+
+
+def upstream_text_budget(tts, text: str) -> int:
+    """For upstream's own loop: `text_budget` of `text` tokenized as upstream's generate_* tokenize it, within the
+    checkpoint's own default (generate_config.json's max_new_tokens), as the Engine bounds it."""
+    budget = text_budget(tts._tokenize_texts([tts._build_assistant_text(text)])[0])
+    return min(budget, int(tts.generate_defaults.get("max_new_tokens") or budget))
 
 
 class QwenTTSModel(TalkerAdapter):
@@ -34,6 +59,7 @@ class QwenTTSModel(TalkerAdapter):
     the 0.6B sizes: benchmarks/results/codec-batch-streaming.md)."""
 
     codec_batches = True
+    dual_track = True  # text can arrive over time (`live_prompt`)
 
     def __init__(self, tts, weights: str | None = None, talker_weights: str | None = None):
         self.tts, self.upstream = tts, tts.model.talker
@@ -88,7 +114,11 @@ class QwenTTSModel(TalkerAdapter):
         if kind != self.kind:
             raise RvqspecError(f"this is a {self.tts.model.tts_model_type} model: submit {self.kind!r} requests")
         captured = self.capture(kind, arguments)
-        return [self.prompt(captured, row) for row in range(len(captured["inputs_embeds"]))]
+        prompts = [self.prompt(captured, row) for row in range(len(captured["inputs_embeds"]))]
+        if arguments.get("max_new_tokens") is None:  # an explicit limit always wins
+            for prompt, ids in zip(prompts, captured["input_ids"]):
+                prompt.max_new_tokens = min(prompt.max_new_tokens, text_budget(ids))
+        return prompts
 
     def capture(self, kind: str, arguments: dict) -> dict:
         with upstream_refusals():
@@ -137,6 +167,54 @@ class QwenTTSModel(TalkerAdapter):
                       frame_positions=list(range(len(embeds), len(embeds) + max_new_tokens)), rules=rules,
                       sampler=sampler, max_new_tokens=max_new_tokens, text=captured["trailing_text_hidden"][row],
                       pad=captured["tts_pad_embed"].reshape(-1), prefix=self.reference_codes(captured, row))
+
+    def live_prompt(self, kind: str, arguments: dict) -> Prompt:
+        """The Prompt of `tts.generate_<kind>(**arguments, non_streaming_mode=False)` for a text still to come: its
+        `live` takes the text's pieces (`live.read`), the rows that depend on it filled as they arrive."""
+        captured = self.capture(kind, {**arguments, "text": STAND_IN_TEXT, "non_streaming_mode": False})
+        if len(captured["inputs_embeds"]) != 1:
+            raise RvqspecError("text that arrives over time is one text: submit one request per text")
+        prompt, config = self.prompt(captured, 0), self.tts.model.config
+        bos, eos, pad = self.project(torch.tensor([config.tts_bos_token_id, config.tts_eos_token_id,
+                                                   config.tts_pad_token_id], device=self.upstream.device))
+        tokens = StableTokens(self.tts.processor.tokenizer)
+        reference = self.reference_codes(captured, 0)
+        clone = captured.get("voice_clone_prompt") or {}
+        if reference is not None and clone["icl_mode"][0]:  # the text goes beside the reference codes
+            codes = self.reference_embeds(reference)
+            known = captured["ref_ids"][0][0, 3:-2].tolist()
+            live = LiveText(tokens, self.project, eos, pad, len(codes),
+                            lambda text: torch.stack([text.row(k) for k in range(len(codes))]) + codes, known)
+        else:
+            first = self.upstream.get_input_embeddings()(torch.tensor(
+                [[self.upstream.config.codec_pad_id, self.upstream.config.codec_bos_id]], device=pad.device))[:, -1:]
+            live = LiveText(tokens, self.project, eos, pad, 1, lambda text: self.project_first(text.ids[0]) + first[0])
+        prompt = replace(prompt, text=None, pad=None, live=live)
+        if arguments.get("max_new_tokens") is None:  # the text budget, once the text is known (`text_budget`)
+            live.on_end = lambda tokens: setattr(prompt, "max_new_tokens", min(
+                prompt.max_new_tokens, frame_budget(tokens, FRAMES_PER_TOKEN, FLOOR_FRAMES)))
+        return prompt
+
+    def project(self, ids: Tensor) -> Tensor:
+        """Text ids [n] -> the talker's text rows [n, H], as upstream projects them."""
+        return self.upstream.text_projection(self.upstream.get_text_embeddings()(ids[None].to(self.upstream.device)))[0]
+
+    def project_first(self, token: int) -> Tensor:
+        """The first text token's row [1, H], in a call of one row as upstream's (its `input_id[:, 3:4]`)."""
+        return self.project(torch.tensor([token]))
+
+    def reference_embeds(self, codes: Tensor) -> Tensor:
+        """An in-context clone's codec rows [1 + n, H]: codec BOS, then each reference frame's summed embeddings
+        (upstream's generate_icl_prompt, the same calls)."""
+        talker, device = self.upstream, self.upstream.device
+        codes = codes.to(device)
+        groups = [talker.get_input_embeddings()(codes[:, :1])] + [
+            talker.code_predictor.get_input_embeddings()[i - 1](codes[:, i:i + 1])
+            for i in range(1, talker.config.num_code_groups)]
+        frames = torch.cat(groups, dim=1).sum(1).unsqueeze(0)
+        bos = talker.get_input_embeddings()(torch.tensor([[self.tts.model.config.talker_config.codec_bos_id]],
+                                                         device=device))
+        return torch.cat([bos, frames], dim=1)[0]
 
     def allowed(self, suppressed: list[int]) -> Tensor:
         allowed = torch.ones(self.upstream.config.vocab_size, dtype=torch.bool)

@@ -19,8 +19,10 @@ from torch import Tensor
 from rvqspec.core.errors import RvqspecError
 from rvqspec.core.frame_loop import POLL_SECONDS
 from rvqspec.core.sampling import Sampler, TalkerRules
+from rvqspec.runtime.live_text import LiveText
 
 END = object()  # the last item of a request's audio queue
+END_REASONS = ("eos", "length", "cancelled", "error")  # how a request ended (`Request.end_reason`)
 
 
 class QueueFull(RvqspecError):
@@ -41,6 +43,24 @@ class Prompt:
     pad: Tensor | None = None  # [H] added once the text is used up
     prefix: Tensor | None = None  # [n, G] codes the codec decodes before the request's own (a clone's reference)
     last_frame: Callable[[Tensor], bool] | None = None  # a decoded frame [G] that ends it (CSM's EOS frame)
+    live: LiveText | None = None  # text arriving over time (runtime/live_text.py): in place of `text` and `pad`,
+    # and the last `live.start` rows of `embeds` are its head, filled once it arrived (`fill_head`)
+
+    def ready(self) -> bool:
+        """Whether it can be prefilled: its text head has arrived (always, for a whole text)."""
+        return self.live is None or self.live.ready(self.live.start)
+
+    def fill_head(self) -> None:
+        if self.live is not None:
+            self.embeds = torch.cat([self.embeds[:-self.live.start], self.live.head().to(self.embeds.dtype)])
+
+    def text_input(self, frame: int) -> Tensor | float | None:
+        """What is added to frame `frame`'s talker input: its text row, the pad, or 0.0; None: not arrived yet."""
+        if self.live is not None:
+            return self.live.row(self.live.start + frame)
+        if self.text is None:
+            return 0.0
+        return self.text[frame] if frame < len(self.text) else self.pad
 
     def ends_after(self, decoded: list[Tensor]) -> bool:
         """Whether the last decoded frame ends the request (`last_frame`): its row then leaves at the next frame
@@ -65,7 +85,9 @@ class Request:
     """Iterate for float32 audio chunks (mono, at `sample_rate`) as frames are decoded; `cancel()` (or leaving the
     iteration early) frees its row at the next frame boundary; `audio()` the whole audio; `codes` [T, G] once done.
     An error of its decoding is raised to the caller (iteration, `audio()`, `wait()`), never to the other requests;
-    so is the engine's closing before the request finished (`Engine.close`). `codec`: the Engine's codec worker."""
+    so is the engine's closing before the request finished (`Engine.close`). `end_reason` once it ended: "eos" (the
+    model's end), "length" (its frame budget, `Prompt.max_new_tokens`, was spent: the audio may be cut), "cancelled"
+    or "error". `codec`: the Engine's codec worker."""
 
     def __init__(self, prompt: Prompt, codec, sample_rate: int, chunks: tuple[int, int],
                  generator: torch.Generator):
@@ -75,6 +97,7 @@ class Request:
         self.decoded: list[Tensor] = []
         self.cancelled, self.finished = threading.Event(), threading.Event()
         self.error: BaseException | None = None
+        self.end_reason: str | None = None  # END_REASONS
         self.submitted = time.perf_counter()
         self.started: float | None = None  # when its first frame was decoded
         self.first_audio_seconds: float | None = None
@@ -87,10 +110,12 @@ class Request:
             self.started = time.perf_counter()
         self.decoded.append(frame)
 
-    def finish(self, error: BaseException | None = None) -> None:
+    def finish(self, error: BaseException | None = None, reason: str = "cancelled") -> None:
+        """Decoding ended, for `reason` (an error: "error")."""
         if self.finished.is_set():
             return
         self.error = error
+        self.end_reason = "error" if error is not None else reason
         self.finished.set()
         self.codec.wake()
 
@@ -105,6 +130,7 @@ class Request:
     def deliver_error(self, error: BaseException) -> None:
         if self.error is None:
             self.error = error
+        self.end_reason = "error"
         self.chunks_ready.put(END)
 
     # ---------------------------------------------------------------- the caller's side

@@ -26,6 +26,11 @@ comes from its request's own generator, which moves on by the same amount per fr
 Draws), so a seeded request's codes are the same bits alone and in any batch, joining mid-utterance or not (given the
 same logits bits: greedy or sampled, `core/talker.py`), as per-request seeds are in vLLM.
 
+Text that arrives over time (runtime/live_text.py): a row whose frame t needs text row t that has not arrived is
+parked after step 4 (out of the batch, its cache row moved to `parked_cache`, its next input kept) and rejoins for
+step 5 of the first step after its text comes; it keeps its place toward `max_batch`. A live request waits in the
+queue until its prompt's text has arrived, without holding the requests behind it.
+
 A row fails alone: one whose talker state or logits turn non-finite (inf or nan: a clip or prompt out of range), or
 whose draw or predictor batch raises, leaves with its own error while the others go on with the same bits. Its cache
 row is zeroed first: a masked slot still multiplies its value by 0, and 0 * nan is nan for the next row there.
@@ -45,7 +50,7 @@ from rvqspec.core import policy as policy_choice
 from rvqspec.core import talker as talker_blocks
 from rvqspec.core.decode import MAX_HIDDEN, decode_checked, fit_speculation
 from rvqspec.core.errors import RvqspecError
-from rvqspec.core.frame_loop import Stats
+from rvqspec.core.frame_loop import POLL_SECONDS, Stats
 from rvqspec.core.policy import Policy
 from rvqspec.core.sampling import Sampler
 from rvqspec.core.tree import Tree
@@ -70,6 +75,14 @@ class Row:
     request: Request
     hidden: Tensor  # [H] the talker's last hidden state (emits the next c0)
     c0: list[int] = field(default_factory=list)
+    pending: Tensor | None = None  # a parked row's next talker input, its text row not arrived yet (live text)
+    position: int = 0  # and that input's RoPE id
+
+    @property
+    def text_arrived(self) -> bool:
+        """A parked row's: whether its text row came (or the text ended), or it was cancelled."""
+        live = self.request.prompt.live
+        return self.request.cancelled.is_set() or live.ready(live.start + self.frames)
 
     @property
     def frames(self) -> int:
@@ -87,12 +100,15 @@ class Row:
         self.c0.append(self.request.prompt.rules.draw(logits, earlier, self.request.generator))
 
     @property
-    def ended(self) -> bool:
-        """Step 2 for this row: it leaves after its last c0 (EOS, or the last one allowed), once cancelled, or after
-        a frame that ends its request (`Prompt.ends_after`)."""
+    def ended(self) -> str | None:
+        """Step 2 for this row: why it leaves now, or None. It leaves once cancelled ("cancelled"), after its EOS or a
+        frame that ends its request (`Prompt.ends_after`: "eos"), or after the last c0 its budget allows ("length")."""
         request, prompt = self.request, self.request.prompt
-        return (self.c0[-1] == prompt.rules.eos or len(self.c0) >= prompt.max_new_tokens
-                or request.cancelled.is_set() or prompt.ends_after(request.decoded))
+        if request.cancelled.is_set():
+            return "cancelled"
+        if self.c0[-1] == prompt.rules.eos or prompt.ends_after(request.decoded):
+            return "eos"
+        return "length" if len(self.c0) >= prompt.max_new_tokens else None
 
 
 @dataclass
@@ -118,8 +134,10 @@ class Scheduler:
         self.prefill_chunk = prefill_chunk  # None: whole prompts
         self.waiting: collections.deque[Request] = collections.deque()
         self.rows: list[Row] = []
+        self.parked: list[Row] = []  # rows waiting for their text (module docstring), row b of `parked_cache`
         self.prefilling: Prefill | None = None
         self.cache = talker_blocks.RowCache(model.talker)
+        self.parked_cache = talker_blocks.RowCache(model.talker)
         self.staging = talker_blocks.RowCache(model.talker)  # the prefilling request's row (module docstring)
         self.stats = Stats()
         self.condition = threading.Condition()
@@ -129,29 +147,41 @@ class Scheduler:
 
     # ---------------------------------------------------------------- callers' side (any thread)
 
-    def submit(self, request: Request) -> None:
+    def submit(self, request: Request, first: bool = False) -> None:
+        """Queue `request`; `first`: ahead of the others, queue full or not (a passage's next sentence, whose stream
+        is playing: runtime/passage.py)."""
         with self.condition:
             if not self.accepting:
                 raise RvqspecError("the engine is closed: make a new rvqspec.Engine to decode more")
             for cancelled in [waiting for waiting in self.waiting if waiting.cancelled.is_set()]:
                 self.waiting.remove(cancelled)  # a cancelled request gives its place back at once
                 cancelled.finish()
-            if len(self.waiting) >= self.max_queue:
+            if len(self.waiting) >= self.max_queue and not first:
                 raise QueueFull(f"the engine's queue is full ({self.max_queue} requests waiting): retry later, or make "
                                 "the engine with a larger max_queue")
-            self.waiting.append(request)
+            if first:
+                self.waiting.appendleft(request)
+            else:
+                self.waiting.append(request)
+            if request.prompt.live is not None:
+                request.prompt.live.wake = self.wake
+            self.condition.notify()
+
+    def wake(self) -> None:
+        """Text arrived for a live request: the loop looks again."""
+        with self.condition:
             self.condition.notify()
 
     def counts(self) -> tuple[int, int]:
         """(rows decoding, requests waiting: the one being prefilled included)."""
         with self.condition:
-            return len(self.rows), len(self.waiting) + (self.prefilling is not None)
+            return len(self.rows) + len(self.parked), len(self.waiting) + (self.prefilling is not None)
 
     def real_time_factors(self) -> list[float]:
         """Each decoding row's audio seconds per second since its first frame (above 1: faster than real time)."""
         now = time.perf_counter()
         with self.condition:
-            starts = [(len(row.request.decoded), row.request.started) for row in self.rows]
+            starts = [(len(row.request.decoded), row.request.started) for row in self.rows + self.parked]
         return [frames * self.model.frame_seconds / (now - start) if start else 0.0 for frames, start in starts]
 
     def close(self, grace: float | None) -> None:
@@ -176,7 +206,7 @@ class Scheduler:
                         if torch.get_num_threads() != threads:
                             torch.set_num_threads(threads)  # this thread's own count (runtime/threads.py)
                         self.admit()
-                        if self.rows:
+                        if self.rows or self.parked:
                             self.timed_step()
                     self.codec.wake()
                 except Exception as e:  # an internal error fails the requests of this step, never the engine
@@ -192,23 +222,36 @@ class Scheduler:
         return self.budget.loop if self.codec.pending(ahead=1) else self.budget.loop_most
 
     def next_work(self) -> bool:
-        """Wait for something to do; False once the engine stops."""
+        """Wait for something to do; False once the engine stops (or stops accepting with nothing left). Live
+        requests waiting for their text are looked at as text comes (`wake`), and every POLL_SECONDS for a cancel."""
         with self.condition:
-            while not (self.waiting or self.prefilling or self.rows or self.stopping or not self.accepting):
-                self.condition.wait()
-            busy = bool(self.waiting) or self.prefilling is not None or bool(self.rows)
-            return not self.stopping and (self.accepting or busy)
+            while True:
+                busy = bool(self.waiting or self.prefilling or self.rows or self.parked)
+                if self.stopping or not (self.accepting or busy):
+                    return False
+                if self.actionable():
+                    return True
+                self.condition.wait(POLL_SECONDS if self.parked or self.waiting else None)
+
+    def actionable(self) -> bool:
+        """Whether the loop has work now: rows to step, a prompt to prefill, a parked row or waiting request whose
+        text came (or that was cancelled)."""
+        room = len(self.rows) + len(self.parked) < self.max_batch
+        ready = room and any(r.prompt.ready() or r.cancelled.is_set() for r in self.waiting)
+        return bool(self.rows or self.prefilling or ready or any(row.text_arrived for row in self.parked))
 
     def admit(self) -> None:
         """Prefill waiting requests into rows (up to `max_batch`, while `capacity` admits one more): while rows
         decode, one piece in this gap (module docstring); with none decoding, until every row is taken or nothing
         waits."""
-        while len(self.rows) < self.max_batch:
+        while len(self.rows) + len(self.parked) < self.max_batch:
             if self.prefilling is None:
                 with self.condition:
-                    if not self.waiting or not self.capacity.admits(len(self.rows)):
+                    first = next((r for r in self.waiting if r.prompt.ready() or r.cancelled.is_set()), None)
+                    if first is None or not self.capacity.admits(len(self.rows)):
                         return
-                    self.prefilling = Prefill(self.waiting.popleft())
+                    self.waiting.remove(first)  # the first whose text came: the others wait for theirs
+                    self.prefilling = Prefill(first)
                 self.model.predictor.refresh()  # its derived copies, once per request (`decode_checked`)
             decoding = bool(self.rows)
             self.prefill_piece(self.prefill_chunk if decoding else None)
@@ -224,8 +267,10 @@ class Scheduler:
             return
         if not self.staging.rows:
             self.staging.add()
-        end = len(prompt.embeds) if tokens is None else min(state.done + tokens, len(prompt.embeds))
         try:
+            if state.done == 0:
+                prompt.fill_head()
+            end = len(prompt.embeds) if tokens is None else min(state.done + tokens, len(prompt.embeds))
             hidden = talker_blocks.prefill(self.model.talker, self.staging, 0, prompt.embeds[state.done:end],
                                            prompt.positions[state.done:end])
             state.done = end
@@ -253,20 +298,92 @@ class Scheduler:
     def timed_step(self) -> None:
         batch, start = len(self.rows), time.perf_counter()
         self.frame_step()
-        self.capacity.record(batch, time.perf_counter() - start)
+        if batch:  # a step of rejoining rows alone decodes no frame
+            self.capacity.record(batch, time.perf_counter() - start)
 
     def frame_step(self) -> None:
-        """One frame for every row: the module docstring's steps 1 to 5."""
-        self.draw_c0()
+        """One frame for every row: the module docstring's steps 1 to 5; rows whose text row has not arrived are
+        parked before step 5, and parked rows whose text came rejoin for it."""
+        inputs = self.decode_and_send()
+        inputs = self.rejoin(*inputs)
         if not self.rows:
             return
+        hidden = talker_blocks.step(self.model.talker, self.cache, *inputs)  # step 5
+        for row, state in zip(self.rows, hidden):
+            row.hidden = state
+
+    def decode_and_send(self) -> tuple[list[Tensor], list[int]]:
+        """Steps 1 to 4: the next talker input [H] and RoPE id of each row of `rows` after it (rows waiting for text
+        parked)."""
+        if self.rows:
+            self.draw_c0()
+        if not self.rows:
+            return [], []
         rows, frames = self.decode_rest()
         if not rows:
-            return
+            return [], []
         inputs, positions = self.send_frames(rows, frames)
-        hidden = talker_blocks.step(self.model.talker, self.cache, inputs, positions)  # step 5
-        for row, state in zip(rows, hidden):
-            row.hidden = state
+        for index in reversed(range(len(rows))):
+            if isinstance(inputs[index], Exception):  # its text failed (the tokenizer refused it)
+                self.fail(index, inputs[index])
+            elif inputs[index] is None:
+                self.park(index)
+            else:
+                continue
+            for items in (inputs, positions):  # as the rows moved (`leave`)
+                items[index] = items[-1]
+                items.pop()
+        return inputs, positions
+
+    def park(self, index: int) -> None:
+        """Row `index` waits for its text: out of the batch (its cache row too), its next input kept."""
+        with self.condition:
+            row = self.rows[index]
+            self.parked_cache.adopt(self.cache, index)
+            self.parked.append(row)
+            self.cache.remove(index)
+            self.rows[index] = self.rows[-1]
+            self.rows.pop()
+
+    def rejoin(self, inputs: list[Tensor], positions: list[int]) -> tuple[Tensor, Tensor]:
+        """Parked rows whose text came rejoin the batch for step 5 (cancelled ones leave); the step's inputs [B, H]
+        and RoPE ids [B]."""
+        for index in reversed(range(len(self.parked))):
+            row = self.parked[index]
+            if row.request.cancelled.is_set():
+                with self.condition:
+                    self.unpark(index, finish=True)
+                continue
+            if not row.text_arrived or (text := self.text_row(row, index)) is None:
+                continue
+            inputs.append(row.pending + text)
+            positions.append(row.position)
+            with self.condition:
+                self.cache.adopt(self.parked_cache, index)
+                self.rows.append(row)
+                self.unpark(index)
+        if not inputs:
+            return torch.zeros(0), torch.zeros(0)
+        stacked = torch.stack(inputs)
+        return stacked, torch.tensor(positions, device=stacked.device)
+
+    def text_row(self, row: Row, index: int) -> Tensor | None:
+        """A parked row's text row (None: it left, cancelled or failing on its text)."""
+        try:
+            return row.request.prompt.text_input(row.frames - 1)
+        except Exception as e:
+            with self.condition:
+                self.unpark(index, e if isinstance(e, RvqspecError) else RvqspecError(f"text failed: {e}"))
+            return None
+
+    def unpark(self, index: int, error: BaseException | None = None, finish: bool = False) -> None:
+        """Parked row `index` leaves the parked rows (rejoining, or ending: with `error`, or `finish`)."""
+        row = self.parked[index]
+        self.parked_cache.remove(index)
+        self.parked[index] = self.parked[-1]
+        self.parked.pop()
+        if error is not None or finish:
+            row.request.finish(error)
 
     def draw_c0(self) -> None:
         """Steps 1 and 2: each row draws its c0; then finished, cancelled and failed rows leave."""
@@ -280,8 +397,8 @@ class Scheduler:
             except Exception as e:
                 self.fail(index, e)
                 continue
-            if row.ended:
-                self.leave(index)
+            if reason := row.ended:
+                self.leave(index, reason=reason)
 
     def decode_rest(self) -> tuple[list[Row], Tensor]:
         """Step 3: the rows still decoding and their frames [B, G] (c0, then the predictor's c1..c{G-1}); rows whose
@@ -298,23 +415,23 @@ class Scheduler:
             self.fail(index, failures[index])
         return self.rows, frames[[position[id(row)] for row in self.rows]]
 
-    def send_frames(self, rows: list[Row], frames: Tensor) -> tuple[Tensor, Tensor]:
-        """Step 4: each row's frame goes to its request; the rows' next talker inputs [B, H] (the frame's embedding,
-        plus the trailing text) and their RoPE ids [B]."""
-        inputs, positions = self.model.frame_inputs(frames), []
+    def send_frames(self, rows: list[Row], frames: Tensor) -> tuple[list, list[int]]:
+        """Step 4: each row's frame goes to its request; the rows' next talker inputs [H] (the frame's embedding,
+        plus the trailing text; None: its text row has not arrived, the row keeps the embedding; the error where its
+        text failed) and their RoPE ids."""
+        embeds, inputs, positions = self.model.frame_inputs(frames), [], []
         for b, row in enumerate(rows):
             prompt, t = row.request.prompt, row.frames
-            inputs[b] += self.text_input(prompt, t)
+            try:
+                text = prompt.text_input(t)
+            except Exception as e:
+                text = e
+            inputs.append(text if isinstance(text, Exception) else None if text is None else embeds[b] + text)
+            row.pending, row.position = (embeds[b], prompt.frame_positions[t]) if text is None else (None, 0)
             positions.append(prompt.frame_positions[t])
             row.request.put(frames[b].cpu())
         self.codec.wake()  # a chunk due now decodes beside the talker forward (`step_threads`)
-        return inputs, torch.tensor(positions, device=inputs.device)
-
-    @staticmethod
-    def text_input(prompt, frame: int) -> Tensor | float:
-        if prompt.text is None:
-            return 0.0
-        return prompt.text[frame] if frame < len(prompt.text) else prompt.pad
+        return inputs, positions
 
     def predict(self, hidden: Tensor, c0: Tensor, rows: list[Row]) -> tuple[Tensor, dict[int, Exception]]:
         """c1..c{G-1} [B, G-1]: one `decode_checked` per predictor sampler among the rows; and {row index: error} of
@@ -353,14 +470,15 @@ class Scheduler:
     def tree_for(self, batch: int) -> Tree | None:
         return policy_choice.tree_for(self.drafter, self.tree, self.policy, batch)
 
-    def leave(self, index: int, error: BaseException | None = None) -> None:
-        """Row `index` leaves: its request ends (with `error`), the last row takes its place (in the cache too)."""
+    def leave(self, index: int, error: BaseException | None = None, reason: str = "cancelled") -> None:
+        """Row `index` leaves: its request ends for `reason` (or with `error`), the last row takes its place (in the
+        cache too)."""
         with self.condition:
             row = self.rows[index]
             self.cache.remove(index)
             self.rows[index] = self.rows[-1]
             self.rows.pop()
-        row.request.finish(error)
+        row.request.finish(error, reason)
 
     def fail(self, index: int, error: Exception) -> None:
         """Row `index` fails alone: its request ends with the error; its cache row is zeroed before it is reused."""
@@ -372,8 +490,8 @@ class Scheduler:
         """When the engine stops: what it still holds ends, with an error unless its caller had cancelled it."""
         with self.condition:
             prefilling = [self.prefilling.request] if self.prefilling else []
-            requests = [row.request for row in self.rows] + prefilling + list(self.waiting)
-            self.rows, self.prefilling, self.waiting = [], None, collections.deque()
+            requests = [row.request for row in self.rows + self.parked] + prefilling + list(self.waiting)
+            self.rows, self.parked, self.prefilling, self.waiting = [], [], None, collections.deque()
         for request in requests:
             request.finish(None if request.cancelled.is_set() else RvqspecError(
                 f"the engine was closed after {len(request.decoded)} frames of this request, before it finished: "

@@ -2,6 +2,7 @@
 checks, and the streamed answers; what a request's fields mean and the error shape are protocol.py's.
 
     POST   /v1/audio/speech         text -> audio, streamed as it is decoded (`stream_format`: audio bytes or SSE)
+    WS     /v1/audio/speech/stream  text in as it is written, audio out as it is decoded (stream.py)
     GET    /v1/models               the served model
     GET    /v1/audio/voices         built-in voices and registered clones
     POST   /v1/audio/voices         register a cloned voice (JSON: name, base64 audio clip, transcript)
@@ -12,7 +13,9 @@ checks, and the streamed answers; what a request's fields mean and the error sha
 Every refusal is a JSON body in OpenAI's error shape (protocol.ApiError), the server's own failures included. Against
 pages in a browser: a body is parsed only when its Content-Type is JSON (a cross-site "simple" request, sent without a
 preflight, never is: 415), and the Host header must name this server (an IP address, localhost or an --allowed-hosts
-name: a DNS-rebinding page's Host is its own domain: 421).
+name: a DNS-rebinding page's Host is its own domain: 421). A WebSocket gets the same checks (its API key in the
+Authorization header, or from a browser as the subprotocol "bearer.<key>"), and a browser's Origin must be this
+server's (no CORS protects a WebSocket); a refusal is an `error` message and a close.
 
 The engine's request iterators block, so they are read in worker threads, which only wait for the chunks the
 engine's codec workers make (within its thread budget); the event loop only moves bytes.
@@ -29,16 +32,17 @@ from importlib import resources
 
 import anyio
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from rvqspec.core.errors import RvqspecError
-from rvqspec.runtime import QueueFull
-from rvqspec.serve import BODY_SECONDS
+from rvqspec.serve import BODY_SECONDS, STALL_SECONDS
 from rvqspec.serve.audio import flac_bytes, pcm_bytes, sse_delta, sse_event, wav_header
 from rvqspec.serve.metrics import Metrics
 from rvqspec.serve.protocol import MAX_INPUT, ApiError, Speech, VoiceUpload, json_object, parse_speech, parse_voice
+from rvqspec.serve.stream import Limits, Sessions, next_chunk, refuse_websocket, submit
 from rvqspec.serve.voices import StoreFull, VoiceExists, VoiceStore
 
 log = logging.getLogger("uvicorn.error")  # uvicorn's configured logger: one line per event on the server's stderr
@@ -47,7 +51,6 @@ MAX_SPEECH_BODY = 64 * 1024  # bytes of a speech request
 MAX_VOICE_BODY = 16 * 1024 * 1024  # bytes of a voice registration (a base64 clip of up to 60 s)
 CLOSE = {"Connection": "close"}
 CLIENT_CLOSED = 499  # nginx's status for a client that left before its answer (logs and /metrics)
-RETRY_AFTER_SECONDS = 1  # what a 429 tells the client to wait
 OPEN_PATHS = {"/health", "/"}  # no API key asked: liveness, and the page (static; it asks for the key itself)
 
 
@@ -88,12 +91,6 @@ async def read_json(request: Request, limit: int, seconds: float) -> dict:
 
 # ---------------------------------------------------------------- the audio of one request
 
-async def next_chunk(chunks):
-    """The request's next audio chunk (None at the end), read in a worker thread; cancelling the caller does not
-    wait for the chunk."""
-    return await anyio.to_thread.run_sync(next, chunks, None, abandon_on_cancel=True)
-
-
 async def audio_bytes(synthesis, response_format: str, sample_rate: int, metrics: Metrics) -> AsyncIterator[bytes]:
     """The response body: the format's bytes as chunks are decoded (the wav header leaves with the first)."""
     chunks, start = iter(synthesis), time.perf_counter()
@@ -113,10 +110,24 @@ async def audio_bytes(synthesis, response_format: str, sample_rate: int, metrics
         yield header
 
 
-async def sse(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+async def sse(pieces: AsyncIterator[bytes], synthesis) -> AsyncIterator[bytes]:
     async for data in pieces:
         yield sse_delta(data)
-    yield sse_event({"type": "speech.audio.done"})
+    yield sse_event({"type": "speech.audio.done", "end_reason": end_reason(synthesis)})
+
+
+def end_reason(synthesis) -> str:
+    """How the synthesis ended (runtime/request.py's END_REASONS); one still decoding was cancelled by the server."""
+    return synthesis.end_reason if synthesis.done and synthesis.end_reason else "cancelled"
+
+
+def record_end(synthesis, metrics: Metrics) -> None:
+    """Count the synthesis's end; a cut one (its frame budget spent) is logged."""
+    reason = end_reason(synthesis)
+    metrics.count_end(reason)
+    if reason == "length":
+        log.warning("speech request cut at its frame budget (%d frames): the model did not end it; pass a larger "
+                    "max_tokens if the text needs it", len(synthesis.decoded))
 
 
 async def cancel_on_disconnect(request: Request, synthesis) -> None:
@@ -126,18 +137,20 @@ async def cancel_on_disconnect(request: Request, synthesis) -> None:
     synthesis.cancel()
 
 
-async def respond(request: Request, synthesis, speech: Speech, sample_rate: int,
-                  metrics: Metrics) -> StreamingResponse:
+async def respond(request: Request, synthesis, speech: Speech, sample_rate: int, metrics: Metrics,
+                  stall_seconds: float) -> StreamingResponse:
     """Stream the synthesis's audio (the engine's request). Its first piece is awaited before the response starts, so
-    that a request that fails before any audio gets a JSON error, and the first bytes leave with the first chunk."""
+    that a request that fails before any audio gets a JSON error, and the first bytes leave with the first chunk. A
+    client that takes no piece for `stall_seconds` is cut off (`AudioResponse`)."""
     watcher = asyncio.create_task(cancel_on_disconnect(request, synthesis))
     pieces = audio_bytes(synthesis, speech.response_format, sample_rate, metrics)
     if speech.stream_format == "sse":
-        pieces = sse(pieces)
+        pieces = sse(pieces, synthesis)
 
     def stop() -> None:
         watcher.cancel()
         synthesis.cancel()  # a no-op once it is done; frees its row when the client left or the server stops
+        record_end(synthesis, metrics)
 
     async def body() -> AsyncIterator[bytes]:
         try:
@@ -159,28 +172,75 @@ async def respond(request: Request, synthesis, speech: Speech, sample_rate: int,
     except BaseException:
         stop()
         raise
-    return StreamingResponse(body(), media_type=speech.media_type, headers={"X-Sample-Rate": str(sample_rate)})
+    return AudioResponse(body(), synthesis, metrics, stall_seconds, media_type=speech.media_type,
+                         headers=audio_headers(synthesis, sample_rate))
+
+
+class ClientStalled(Exception):
+    pass
+
+
+class AudioResponse(StreamingResponse):
+    """A synthesis's streamed answer whose client must take each piece within `stall_seconds`: for one that stopped
+    reading (its socket buffer full, uvicorn's write waiting) the synthesis is cancelled (its row freed), the stall
+    logged and counted, and the answer ends unfinished (uvicorn then closes the connection), so that a stalled client
+    holds its row a bounded time."""
+
+    def __init__(self, content, synthesis, metrics: Metrics, stall_seconds: float, **kwargs):
+        super().__init__(content, **kwargs)
+        self.synthesis, self.metrics, self.stall_seconds = synthesis, metrics, stall_seconds
+
+    def on_stall(self) -> None:
+        log.warning("a client took no audio for %g s (it stopped reading): its request is cancelled and its "
+                    "connection closed", self.stall_seconds)
+        self.metrics.stalled.inc()
+        self.synthesis.cancel()
+
+    async def stream_response(self, send) -> None:
+        async def timed(message) -> None:
+            with anyio.move_on_after(self.stall_seconds):
+                return await send(message)
+            raise ClientStalled
+
+        try:
+            await super().stream_response(timed)
+        except ClientStalled:
+            self.on_stall()
+            await self.body_iterator.aclose()
+
+
+def audio_headers(synthesis, sample_rate: int) -> dict:
+    """The sample rate; and `X-End-Reason` where decoding ended before the response starts (flac, which is encoded
+    whole; a short wav or pcm): a stream still decoding cannot know it yet (SSE's done event and /metrics say it)."""
+    headers = {"X-Sample-Rate": str(sample_rate)}
+    if synthesis.done and synthesis.end_reason:
+        headers["X-End-Reason"] = synthesis.end_reason
+    return headers
 
 
 # ---------------------------------------------------------------- the app
 
 def create_app(engine, voices: VoiceStore, api_key: str | None = None, threads: int = 64,
-               allowed_hosts: tuple[str, ...] = (), body_seconds: float = BODY_SECONDS):
+               allowed_hosts: tuple[str, ...] = (), body_seconds: float = BODY_SECONDS,
+               stall_seconds: float = STALL_SECONDS, limits: Limits = Limits()):
     """The ASGI app serving `engine` (an `rvqspec.runtime.Engine`), cloned voices kept in `voices`. `threads`: worker
     threads for reading requests' audio (each decoding or waiting request holds one while it waits for a chunk);
     `allowed_hosts`: host names the Host header may give besides addresses and localhost ("*": any); a body must
-    arrive within `body_seconds`."""
+    arrive within `body_seconds`, a streaming client take each piece of audio within `stall_seconds`; `limits`: the
+    WebSocket sessions' caps (stream.Limits)."""
     @asynccontextmanager
     async def lifespan(app):
         anyio.to_thread.current_default_thread_limiter().total_tokens = threads
         yield
 
     app = FastAPI(title="rvqspec", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
-    metrics = Metrics()
+    metrics = Metrics(engine)
     add_error_handlers(app)
     add_info_routes(app, engine, metrics)
     add_voice_routes(app, engine, voices, body_seconds)
-    add_speech_route(app, engine, voices, metrics, body_seconds)
+    add_speech_route(app, engine, voices, metrics, body_seconds, stall_seconds)
+    sessions = Sessions(engine, voices, metrics, limits)
+    app.add_api_websocket_route("/v1/audio/speech/stream", sessions.serve)
     return Gate(app, metrics, api_key, allowed_hosts)
 
 
@@ -193,7 +253,7 @@ def add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(request, e: HTTPException):
         fix = {404: ": the endpoints are /v1/audio/speech, /v1/audio/voices, /v1/models, /health, /metrics",
-               405: ": see the endpoints' methods in the README"}.get(e.status_code, "")
+               405: ": see the endpoints' methods in docs/serving.md"}.get(e.status_code, "")
         return ApiError(e.status_code, f"{e.detail} ({request.method} {request.url.path}){fix}").response()
 
     @app.exception_handler(Exception)
@@ -216,9 +276,9 @@ def add_info_routes(app: FastAPI, engine, metrics: Metrics) -> None:
     async def health():
         return {"status": "ok", "model": engine.name}
 
-    @app.get("/metrics", response_class=PlainTextResponse)
+    @app.get("/metrics")
     async def prometheus():
-        return PlainTextResponse(metrics.text(engine.status()), media_type="text/plain; version=0.0.4")
+        return Response(metrics.text(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models():
@@ -265,29 +325,14 @@ async def register(voices: VoiceStore, upload: VoiceUpload, engine) -> None:
         raise ApiError(400, str(e), param="audio") from None
 
 
-def add_speech_route(app: FastAPI, engine, voices: VoiceStore, metrics: Metrics, body_seconds: float) -> None:
+def add_speech_route(app: FastAPI, engine, voices: VoiceStore, metrics: Metrics, body_seconds: float,
+                     stall_seconds: float) -> None:
     """POST /v1/audio/speech."""
     @app.post("/v1/audio/speech")
     async def speech(request: Request):
         job = parse_speech(await read_json(request, MAX_SPEECH_BODY, body_seconds), engine, voices)
         synthesis = await submit(engine, voices, job)
-        return await respond(request, synthesis, job, engine.sample_rate, metrics)
-
-
-async def submit(engine, voices: VoiceStore, job: Speech):
-    """The engine's request (a synthesis) for `job`, a registered voice's clone prompt fetched first: 429 when the
-    engine's queue is full, 400 for what the engine refuses."""
-    try:
-        if job.clone:
-            job.args["clone"] = await anyio.to_thread.run_sync(voices.prompt, job.clone, engine)
-        return engine.speech(**job.args)
-    except QueueFull as e:
-        raise ApiError(429, f"{e}", code="queue_full", kind="rate_limit_error",
-                       headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
-    except RvqspecError as e:
-        raise ApiError(400, str(e)) from None
-    except FileNotFoundError:  # deleted since the request was checked
-        raise ApiError(400, f"voice {job.clone!r} was just deleted: register it again", param="voice") from None
+        return await respond(request, synthesis, job, engine.sample_rate, metrics, stall_seconds)
 
 
 class Gate:
@@ -300,6 +345,11 @@ class Gate:
         self.allowed_hosts = {"localhost", *(name.lower() for name in allowed_hosts)}
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "websocket":
+            refusal = self.refusal(scope) or cross_origin(scope, self.allowed_hosts)
+            if refusal is not None:
+                return await refuse_websocket(refusal, scope, receive, send)
+            return await self.app(scope, receive, send)
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
 
@@ -308,18 +358,39 @@ class Gate:
                 self.metrics.count_status(message["status"])
             await send(message)
 
-        host = dict(scope["headers"]).get(b"host")
-        if host is not None and not host_allowed(host.decode("latin-1"), self.allowed_hosts):
-            refusal = ApiError(421, f"Host {host.decode('latin-1')[:80]!r} is not a name of this server: use its "
-                               "address, or start it with --allowed-hosts NAME", code="host_not_allowed")
+        refusal = self.refusal(scope)
+        if refusal is not None:
             return await refusal.response()(scope, receive, counted)
-        if self.expected is not None and scope["path"] not in OPEN_PATHS:
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):  # constant time: no timing hint at the key
-                refusal = ApiError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>' "
-                                   "(the server's --api-key or RVQSPEC_API_KEY)", code="invalid_api_key")
-                return await refusal.response()(scope, receive, counted)
         await self.app(scope, receive, counted)
+
+    def refusal(self, scope) -> ApiError | None:
+        """The Host and API key checks (a WebSocket's key may come as the subprotocol "bearer.<key>")."""
+        headers = dict(scope["headers"])
+        host = headers.get(b"host")
+        if host is not None and not host_allowed(host.decode("latin-1"), self.allowed_hosts):
+            return ApiError(421, f"Host {host.decode('latin-1')[:80]!r} is not a name of this server: use its "
+                            "address, or start it with --allowed-hosts NAME", code="host_not_allowed")
+        if self.expected is not None and scope["path"] not in OPEN_PATHS:
+            given = headers.get(b"authorization", b"")
+            offered = [f"Bearer {p[len('bearer.'):]}".encode() for p in scope.get("subprotocols") or []
+                       if p.startswith("bearer.")]
+            if not any(hmac.compare_digest(key, self.expected) for key in [given, *offered]):  # constant time
+                return ApiError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>' "
+                                "(the server's --api-key or RVQSPEC_API_KEY)", code="invalid_api_key")
+        return None
+
+
+def cross_origin(scope, allowed: set[str]) -> ApiError | None:
+    """A browser's WebSocket from another site's page (its Origin is not this server): refused."""
+    headers = dict(scope["headers"])
+    origin, host = headers.get(b"origin"), headers.get(b"host", b"")
+    if origin is None:
+        return None
+    origin_host = origin.decode("latin-1").partition("://")[2]
+    if origin_host == host.decode("latin-1") or origin_host.rpartition(":")[0] in allowed or "*" in allowed:
+        return None
+    return ApiError(403, f"a page from {origin.decode('latin-1')[:80]!r} may not open this WebSocket: use the "
+                    "server's own page, or a client that is not a browser", code="origin_not_allowed")
 
 
 def host_allowed(host: str, allowed: set[str]) -> bool:

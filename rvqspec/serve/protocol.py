@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from fastapi.responses import JSONResponse
 
 from rvqspec.core.errors import RvqspecError
+from rvqspec.runtime.sentences import is_long
 from rvqspec.serve.audio import FORMATS
 from rvqspec.serve.voices import VoiceStore, check_name
 
 MAX_INPUT = 4096  # characters of `input` (OpenAI's limit), of `instructions` and of a voice's `transcript`
 SPEECH_FIELDS = {"model", "input", "voice", "response_format", "instructions", "speed", "stream_format", "seed",
-                 "temperature", "top_k", "top_p", "language"}
+                 "temperature", "top_k", "top_p", "language", "sentences"}
 VOICE_FIELDS = {"name", "audio", "transcript"}
 UNSUPPORTED_FORMATS = {"mp3", "opus", "aac"}
 
@@ -92,7 +93,7 @@ def optional(body: dict, name: str, kind: type, default=None):
     else:
         ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
     if not ok:
-        word = {str: "a string", int: "an integer", float: "a finite number"}[kind]
+        word = {str: "a string", int: "an integer", float: "a finite number", bool: "true or false"}[kind]
         raise ApiError(400, f"{name} must be {word}, got {json.dumps(value)[:80]}: send {word} (or leave it out)",
                        param=name)
     if kind is str:
@@ -134,7 +135,8 @@ def parse_speech(body: dict, engine, voices: VoiceStore) -> Speech:
     sampling = parse_sampling(body)
     voice, speech.clone = parse_voice_choice(body, engine.voices(), voices)
     speech.args = dict(text=text, voice=voice, instructions=optional(body, "instructions", str),
-                       language=optional(body, "language", str), **sampling)
+                       language=optional(body, "language", str), **sampling,
+                       sentences=optional(body, "sentences", bool, is_long(text)))
     return speech
 
 

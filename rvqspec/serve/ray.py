@@ -30,7 +30,8 @@ from ray.serve.metrics import Gauge
 from rvqspec.core.errors import RvqspecError
 from rvqspec.runtime import Engine
 from rvqspec.serve import BODY_SECONDS
-from rvqspec.serve.app import RETRY_AFTER_SECONDS, create_app
+from rvqspec.serve.app import create_app
+from rvqspec.serve.stream import RETRY_AFTER_SECONDS
 from rvqspec.serve.ray_proxy import PROXY_CALLBACK
 from rvqspec.serve.server import bind
 from rvqspec.serve.voices import MAX_VOICES, VOICES_QUOTA, VoiceStore

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from rvqspec.core.errors import RvqspecError
-from rvqspec.serve import BODY_SECONDS, HEADER_SECONDS
+from rvqspec.serve import BODY_SECONDS, HEADER_SECONDS, STALL_SECONDS
 from rvqspec.serve.app import create_app
 from rvqspec.serve.voices import VoiceStore
 
@@ -62,11 +62,11 @@ def exiting_on_sigterm() -> Iterator[None]:
 
 def serve(engine, sock: socket.socket, voices: VoiceStore, api_key: str | None = None, grace: float = 30.0,
           threads: int = 64, allowed_hosts: tuple[str, ...] = (), header_seconds: float = HEADER_SECONDS,
-          body_seconds: float = BODY_SECONDS) -> None:
+          body_seconds: float = BODY_SECONDS, stall_seconds: float = STALL_SECONDS) -> None:
     """Serve `engine` on `sock` until SIGTERM or Ctrl-C; the engine is closed on the way out."""
     import uvicorn
 
-    app = create_app(engine, voices, api_key, threads, allowed_hosts, body_seconds)
+    app = create_app(engine, voices, api_key, threads, allowed_hosts, body_seconds, stall_seconds)
     server = uvicorn.Server(uvicorn.Config(app, timeout_graceful_shutdown=grace, log_level="info",
                                            http=header_deadline(header_seconds)))
     # From here SIGTERM drains: before uvicorn installs its own handler (and after it puts this one back), this one

@@ -18,7 +18,7 @@ what ships goes to rvqspec/standin/assets (<= 20 MB):
 
 Timings of each stage are written to work/build.json and, with the figures, to assets/report.json.
 Measured on the 2-core development machine (shared with other jobs, one torch thread):
-see `assets/report.json` ("timings_seconds") for the figures of the shipped build, summed up in the README.
+see `assets/report.json` ("timings_seconds") for the figures of the shipped build, summed up in docs/standin.md.
 """
 
 import json
@@ -238,7 +238,7 @@ def build(s: Settings, first: str = "corpus", last: str = "quality", force: tupl
 
 
 def write_report(s: Settings, log: dict) -> None:
-    """assets/report.json: what the demo and the README quote (timings, sizes, confidence, WER)."""
+    """assets/report.json: what the demo and docs/standin.md quote (timings, sizes, confidence, WER)."""
     from rvqspec.standin.speech import read_manifest
 
     stages = log["stages"]

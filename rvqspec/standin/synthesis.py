@@ -50,9 +50,14 @@ class Synthesis:
         return self.frames * (self.codes.shape[1] - 1) / max(self.predictor_calls, 1)
 
 
+DIGIT_FRAMES = 4  # a digit is spoken as a word: ~3.6 frames measured (benchmarks/results/speech-rate.md), not a byte's
+
+
 def max_frames_for(tts: StandinTTS, text: str, lang: str) -> int:
-    """A generous cap (3x the language's mean duration of the text, + 2 s) so a model that never emits eos stops."""
-    return int(3 * len(text.strip().encode()) / tts.config.frame_step(lang)) + 25
+    """The stand-in's frame budget of a text, so that a model that never emits eos stops: 3x the language's mean
+    duration of the text (a byte at the language's mean rate, a digit DIGIT_FRAMES frames), + 2 s."""
+    digits = sum(char.isdigit() for char in text)
+    return int(3 * ((len(text.strip().encode()) - digits) / tts.config.frame_step(lang) + DIGIT_FRAMES * digits)) + 25
 
 
 def sample_c0(tts: StandinTTS, hidden: Tensor, sampler: Sampler, generator, allow_eos: bool) -> int:

@@ -4,6 +4,7 @@ NUL on file descriptors 3 and 4), enough to open a page and read an expression u
     python tests/helpers/browser.py URL EXPRESSION PREFIX   # prints the expression's value once it starts with PREFIX
 """
 
+import base64
 import fcntl
 import json
 import os
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 CHROMIUM = ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome")
 
@@ -79,12 +81,22 @@ class Browser:
         os.close(self.replies)
         shutil.rmtree(self.profile, ignore_errors=True)
 
+    def screenshot(self, path: Path) -> None:
+        """The page as it looks now, as a PNG file."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"]))
 
-def page_value(url: str, expression: str, prefix: str, timeout: float = 30.0) -> str:
+
+def page_value(url: str, expression: str, prefix: str, timeout: float = 30.0, screenshot: Path | None = None) -> str:
+    """The expression's value once it starts with `prefix` (`Browser.wait_for`), and the page then as a PNG file at
+    `screenshot` if given."""
     browser = Browser(chromium() or sys.exit("no chromium: apt install chromium-headless-shell"))
     try:
         browser.open(url)
-        return browser.wait_for(expression, prefix, timeout)
+        value = browser.wait_for(expression, prefix, timeout)
+        if screenshot is not None:
+            browser.screenshot(screenshot)
+        return value
     finally:
         browser.close()
 

@@ -3,11 +3,13 @@
     python tests/helpers/fake_server.py --port 0 --voices-dir DIR [--max-batch 2] [--max-queue 2] [--grace 1]
                                         [--api-key KEY] [--can-clone] [--max-voices N] [--voices-quota MIB]
                                         [--allowed-hosts A,B] [--header-timeout S] [--body-timeout S]
+                                        [--stall-timeout S] [--frame-seconds S]
 
 for the HTTP behaviour tests (429, disconnects, SIGTERM, auth, the JSON fuzz), which need requests that decode as long
-as a test wants: a request of n characters decodes n frames, FRAME_SECONDS each, in one scheduler thread that steps
+as a test wants: a request of n characters decodes n frames, FRAME_SECONDS each (--frame-seconds), in one scheduler thread that steps
 every active row once a frame (at most max_batch rows; the rest wait in the queue). Its audio is random, seeded by the
-request's seed and voice. The text "explode" fails its row before any audio.
+request's seed and voice. The text "explode" fails its row before any audio; a text starting with "runaway" ends with
+reason "length" (as a row whose budget ran out), any other with "eos".
 """
 
 import argparse
@@ -38,6 +40,9 @@ class FakeRequest:
         self.submitted, self.first_audio_seconds = time.perf_counter(), None
         self.cancelled, self.finished = threading.Event(), threading.Event()
         self.error: Exception | None = None
+        self.end_reason: str | None = None
+        self.decoded: list[int] = []  # a frame number per frame, as the engine's request holds its frames
+        self.runaway = text.startswith("runaway")
 
     def step(self) -> None:
         """One frame (the scheduler's thread)."""
@@ -46,6 +51,7 @@ class FakeRequest:
             return
         self.pending.append(self.rng.uniform(-0.5, 0.5, SAMPLES_PER_FRAME).astype(np.float32))
         self.frames_left -= 1
+        self.decoded.append(len(self.decoded))
         if len(self.pending) == CHUNK_FRAMES or self.frames_left == 0:
             self.chunks.put(np.concatenate(self.pending))
             self.pending = []
@@ -54,6 +60,7 @@ class FakeRequest:
 
     def finish(self, error: Exception | None = None) -> None:
         self.error = error
+        self.end_reason = "error" if error else "length" if self.runaway else "eos"
         self.finished.set()
         self.chunks.put(END)
 
@@ -81,8 +88,10 @@ class FakeEngine:
     name = "fake"
     sample_rate = 16000
 
-    def __init__(self, max_batch: int = 2, max_queue: int = 2, can_clone: bool = False):
+    def __init__(self, max_batch: int = 2, max_queue: int = 2, can_clone: bool = False,
+                 frame_seconds: float = FRAME_SECONDS):
         self.max_batch, self.max_queue, self.can_clone = max_batch, max_queue, can_clone
+        self.frame_seconds = frame_seconds
         self.active: list[FakeRequest] = []
         self.waiting: list[FakeRequest] = []
         self.frames, self.closing, self.lock = 0, threading.Event(), threading.Lock()
@@ -101,7 +110,8 @@ class FakeEngine:
 
     def speech(self, text: str, voice: str | None = None, instructions: str | None = None,
                language: str | None = None, clone: object | None = None, seed: int | None = None,
-               temperature: float | None = None, top_k: int | None = None, top_p: float | None = None) -> FakeRequest:
+               temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
+               sentences: bool = False) -> FakeRequest:
         if self.closing.is_set():
             raise RvqspecError("the engine is closed")
         if not text:
@@ -125,21 +135,21 @@ class FakeEngine:
             for row in rows:
                 row.step()
             self.frames += len(rows)
-            time.sleep(FRAME_SECONDS)
+            time.sleep(self.frame_seconds)
 
     def status(self) -> dict:
         with self.lock:
             active = sum(not r.done and not r.cancelled.is_set() for r in self.active)
             return {"active": active, "queued": len(self.waiting), "frames": self.frames,
                     "audio_seconds": self.frames * SAMPLES_PER_FRAME / self.sample_rate, "tokens_per_step": 1.0,
-                    "tree": "AR", "frames_per_second": 1 / FRAME_SECONDS, "realtime_rows": None,
+                    "tree": "AR", "frames_per_second": 1 / self.frame_seconds, "realtime_rows": None,
                     "real_time_factors": [1.0] * active, "largest_chunk_gap": 0.0, "largest_chunk_gap_ever": 0.0}
 
     def close(self, grace: float | None = None) -> None:
         self.closing.set()
         deadline = time.monotonic() + (grace or 0)
         while (self.active or self.waiting) and time.monotonic() < deadline:
-            time.sleep(FRAME_SECONDS)
+            time.sleep(self.frame_seconds)
         with self.lock:
             for row in self.active + self.waiting:
                 row.cancel()
@@ -164,13 +174,15 @@ def main() -> None:
     p.add_argument("--allowed-hosts", default="")
     p.add_argument("--header-timeout", type=float, default=10.0)
     p.add_argument("--body-timeout", type=float, default=30.0)
+    p.add_argument("--stall-timeout", type=float, default=30.0)
+    p.add_argument("--frame-seconds", type=float, default=FRAME_SECONDS)
     args = p.parse_args()
     sock = bind("127.0.0.1", args.port)
-    engine = FakeEngine(args.max_batch, args.max_queue, args.can_clone)
+    engine = FakeEngine(args.max_batch, args.max_queue, args.can_clone, args.frame_seconds)
     voices = VoiceStore(args.voices_dir, args.max_voices, args.voices_quota * 2 ** 20)
     serve(engine, sock, voices, args.api_key, args.grace,
           allowed_hosts=tuple(filter(None, args.allowed_hosts.split(","))),
-          header_seconds=args.header_timeout, body_seconds=args.body_timeout)
+          header_seconds=args.header_timeout, body_seconds=args.body_timeout, stall_seconds=args.stall_timeout)
 
 
 if __name__ == "__main__":

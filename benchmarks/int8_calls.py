@@ -1,0 +1,210 @@
+"""w8a8 per call (issue 51): rvqspec's AVX-512 VNNI int8 GEMM (`core/int8.cpp`: vnni_linear) against oneDNN's, the
+kernel this class took before, in one process, interleaved, 1 thread; under the AVX2 caps (ONEDNN_MAX_CPU_ISA=AVX2
+ATEN_CPU_CAPABILITY=avx2) rvqspec's AVX2 kernel alone (no VNNI there). Each class in a process of its own.
+
+Per kernel, medians of interleaved rounds:
+- matrices: 1, 4, 9, 17, 33 rows through the 0.6B predictor's 20 layer matrices (78 MB of int8, more than any cache:
+  `bench.floor`); one row's fraction of the floor (`bench.floor`'s: the bytes over a copy's bandwidth, here a copy
+  moving as many bytes, read + write) and of a float32 sum reading the same bytes, timed interleaved with the kernels
+  (the machine's bandwidth varies with its other load);
+- predictor: the 0.6B predictor (random weights, w8a8 of bfloat16), one AR frame (15 one-row calls), ms per call;
+- talker: the 0.6B talker (28 layers, w8a8 of bfloat16, after a 100-token prompt), one step with its c0 head;
+- and first what `rvqspec inspect --device` reports for w8a8 (this class's kernel, the default thread count).
+
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/int8_calls.py   # -> results/int8-calls.{json,md}
+    .venv/bin/python benchmarks/int8_calls.py --smoke   # tiny sizes, the native class: seconds, a temporary folder
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from rvqspec.bench.floor import one_row_steps, predictor_shapes
+from rvqspec.bench.systems import SMOKE_PREDICTOR
+from rvqspec.bench.timing import (CLASS_CAPS, SMOKE_HELP, finish_machine, machine, machine_text, per_class,
+                                  report_folder, write_reports)
+from rvqspec.core import cpu_class
+from rvqspec.core.config import QWEN3_TTS_0_6B
+from rvqspec.core.decode import decode_frames
+from rvqspec.core.model import MultiCodeDecoder
+from rvqspec.core.quantize import Int8Matmul, QuantizedLinear, quantize, quantize_linears, w8a8_kernel
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.talker import RowCache, Talker, TalkerConfig, prefill, step
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+ROWS = (1, 4, 9, 17, 33)
+TALKER_0_6B = TalkerConfig(1024, 3072, 28, 16, 8, 128, 3072)
+SMOKE_TALKER = TalkerConfig(64, 128, 2, 4, 2, 16, 3072)
+PROMPT = 100
+
+
+def interleaved(calls: dict, rounds: int, repeats: int) -> dict:
+    """Median ms of each call, `rounds` rounds of `repeats` calls each, the calls' order alternating per round."""
+    times = {name: [] for name in calls}
+    for name, call in calls.items():
+        call()  # warm-up: packed layouts made
+    for i in range(rounds):
+        for name in (list(calls) if i % 2 == 0 else list(calls)[::-1]):
+            for _ in range(repeats):
+                start = time.perf_counter()
+                calls[name]()
+                times[name].append(1e3 * (time.perf_counter() - start))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def with_kernel(kernel: str, matmuls: list[Int8Matmul], call):
+    """`call` with every one of `matmuls` on `kernel` (each keeps the one it was given)."""
+    def run():
+        for matmul in matmuls:
+            matmul.kernel = kernel
+        return call()
+    return run
+
+
+def int8_matmuls(model) -> list[Int8Matmul]:
+    """The layers' matmuls of a quantized model, and its heads' where it has int8 heads."""
+    heads = getattr(model, "head_weights", None)
+    return [m.matmul for m in model.modules() if isinstance(m, QuantizedLinear)] + (heads.matmuls if heads else [])
+
+
+def matrices(kernels: list[str], rounds: int, shapes: list[tuple[int, int]]) -> dict:
+    generator = torch.Generator().manual_seed(0)
+    matmuls = [Int8Matmul(torch.randn(shape, generator=generator) / shape[1] ** 0.5, "w8a8") for shape in shapes]
+    inputs = {n: {k: torch.randn(n, k, generator=generator).bfloat16() for k in {s[1] for s in shapes}} for n in ROWS}
+    nbytes = sum(a * b for a, b in shapes)
+    source, target, read = torch.ones(nbytes // 8), torch.empty(nbytes // 8), torch.ones(nbytes // 4)
+    floor = {"floor: a copy of the bytes": lambda: target.copy_(source), "a sum reading the bytes": read.sum}
+    ms = {}
+    for n in ROWS:
+        calls = {kernel: with_kernel(kernel, matmuls, lambda x=inputs[n]: [m(x[m.in_features]) for m in matmuls])
+                 for kernel in kernels}
+        ms[str(n)] = interleaved(calls | (floor if n == 1 else {}), rounds, 2)
+    one = ms["1"]
+    return {"ms": ms, "bytes": nbytes, "floor_ms": one["floor: a copy of the bytes"],
+            "of_floor": {kernel: one["floor: a copy of the bytes"] / one[kernel] for kernel in kernels},
+            "of_read": {kernel: one["a sum reading the bytes"] / one[kernel] for kernel in kernels}}
+
+
+def predictor(kernels: list[str], rounds: int, config) -> dict:
+    torch.manual_seed(0)
+    model = quantize(MultiCodeDecoder(config).bfloat16().eval(), "w8a8")
+    hidden, c0 = torch.randn(1, config.talker_hidden_size).bfloat16(), torch.tensor([5])
+    sampler = Sampler(do_sample=False)
+    calls = {kernel: with_kernel(kernel, int8_matmuls(model), lambda: decode_frames(model, hidden, c0, sampler))
+             for kernel in kernels}
+    frame = interleaved(calls, rounds, 1)
+    return {"ar_frame_ms": frame, "ar_call_ms": {k: v / 15 for k, v in frame.items()}}
+
+
+def talker(kernels: list[str], rounds: int, config: TalkerConfig) -> dict:
+    torch.manual_seed(0)
+    model = Talker(config).bfloat16().eval()
+    quantize_linears(model, "w8a8")
+    caches = {}
+    for kernel in kernels:
+        caches[kernel] = RowCache(model)
+        prefill(model, caches[kernel], caches[kernel].add(),
+                torch.randn(PROMPT, config.hidden_size).bfloat16() * 0.05, torch.arange(PROMPT))
+    x = torch.randn(1, config.hidden_size).bfloat16() * 0.05
+
+    def one_step(kernel: str):
+        cache = caches[kernel]
+        model.codec_head(step(model, cache, x, torch.tensor(cache.lengths)))
+    calls = {kernel: with_kernel(kernel, int8_matmuls(model), lambda k=kernel: one_step(k)) for kernel in kernels}
+    int8_bytes = sum(m.matmul.in_features * m.matmul.out_features for m in model.modules() if hasattr(m, "matmul"))
+    return {"step_ms": interleaved(calls, rounds, 3), "int8_bytes": int8_bytes}
+
+
+def one_class(args) -> dict:
+    kernels = ["avx2"] if w8a8_kernel() == "avx2" else ["onednn", "vnni"]
+    log = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {cpu_class.cpu_class()}: {text}", flush=True)  # noqa
+    shapes = [(96, 64), (64, 96)] if args.smoke else predictor_shapes("0.6b")
+    smoke = dict(shapes=shapes, gigabytes=0.02, repeats=2) if args.smoke else {}
+    report = {"cpu": cpu_class.describe(), "class": cpu_class.cpu_class(), "kernels": kernels,
+              "inspect": one_row_steps(schemes=("w8a8",), log=log, **smoke)}  # what `rvqspec inspect --device` prints
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with torch.inference_mode():
+        report["matrices"] = matrices(kernels, args.rounds, shapes)
+        log(f"matrices: {json.dumps(report['matrices'])}")
+        report["predictor"] = predictor(kernels, args.rounds, SMOKE_PREDICTOR if args.smoke else QWEN3_TTS_0_6B)
+        log(f"predictor: {json.dumps(report['predictor'])}")
+        report["talker"] = talker(kernels, args.rounds, SMOKE_TALKER if args.smoke else TALKER_0_6B)
+        log(f"talker: {json.dumps(report['talker'])}")
+    torch.set_num_threads(threads)
+    return report
+
+
+def to_markdown(report: dict) -> str:
+    lines = ["# w8a8 per call: rvqspec's VNNI int8 GEMM against oneDNN's (issue 51)", "",
+             f"`{report['command']}`, 1 thread, {machine_text(report['machine'])}. Medians of interleaved rounds "
+             "within one process per class; a capped class is this CPU standing in for another.", ""]
+    for r in report["classes"].values():
+        m, kernels = r["matrices"], r["kernels"]
+        lines += [f"## {r['cpu']}", "", "One call through the 0.6B predictor's 20 layer matrices "
+                  f"({m['bytes'] / 1e6:.0f} MB), ms; one row's floor (a copy moving as many bytes) "
+                  f"{m['floor_ms']:.2f} ms, interleaved", "",
+                  "| rows | " + " | ".join(kernels) + " |", "|---|" + "---|" * len(kernels)]
+        lines += [f"| {n} | " + " | ".join(f"{row[k]:.2f}" for k in kernels) + " |" for n, row in m["ms"].items()]
+        lines += ["| one row, of the floor | " + " | ".join(f"{m['of_floor'][k]:.0%}" for k in kernels) + " |",
+                  "| one row, of a sum reading the bytes | " + " | ".join(f"{m['of_read'][k]:.0%}" for k in kernels)
+                  + " |", "",
+                  "| 0.6B, bfloat16 activations, one row | " + " | ".join(kernels) + " |",
+                  "|---|" + "---|" * len(kernels),
+                  "| predictor AR call, ms | " + " | ".join(f"{r['predictor']['ar_call_ms'][k]:.2f}" for k in kernels)
+                  + " |", "| talker step + c0 head, ms | " + " | ".join(f"{r['talker']['step_ms'][k]:.1f}"
+                                                                        for k in kernels) + " |", ""]
+        lines += summary(r)
+        inspect = r["inspect"]
+        w8a8 = inspect["schemes"]["w8a8"]
+        lines += [f"`rvqspec inspect --device` (its defaults: {inspect['threads']} threads, the floor from a copy's "
+                  f"bandwidth measured before, {inspect['bandwidth_gb_s']:.1f} GB/s): w8a8 one row "
+                  f"{w8a8['ms']['1']:.2f} ms, **{w8a8['of_floor']:.0%} of the floor**; 4 rows "
+                  f"{w8a8['rows_over_one']['4']:.2f}x, 8 rows "
+                  f"{w8a8['rows_over_one']['8']:.2f}x ({inspect['kernels']['w8a8']}).", ""]
+    return "\n".join(lines)
+
+
+def summary(r: dict) -> list[str]:
+    """The talker step against its floor, and the VNNI kernel's speed-up over oneDNN's where both ran."""
+    m, kernels, step_ms = r["matrices"], r["kernels"], r["talker"]["step_ms"]
+    talker_floor = r["talker"]["int8_bytes"] / m["bytes"] * m["floor_ms"]
+    lines = [f"The talker's int8 weights ({r['talker']['int8_bytes'] / 1e6:.0f} MB) at the matrices' copy rate: "
+             f"{talker_floor:.1f} ms; its step reaches "
+             + ", ".join(f"{k} {talker_floor / step_ms[k]:.0%}" for k in kernels) + " of that floor.", ""]
+    if len(kernels) == 2:
+        old, new = kernels
+        ratio = lambda figures: figures[old] / figures[new]  # noqa: E731
+        lines += [f"{new} over {old}: one row through the matrices **{ratio(m['ms']['1']):.2f}x**, 33 rows "
+                  f"{ratio(m['ms']['33']):.2f}x, the predictor's AR call **{ratio(r['predictor']['ar_call_ms']):.2f}x**"
+                  f", the talker step **{ratio(step_ms):.2f}x**.", ""]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP + " (the native class only)")
+    parser.add_argument("--classes", default=None, help="default: " + ",".join(CLASS_CAPS))
+    parser.add_argument("--rounds", type=int, default=None, help="default 6 (--smoke: 1)")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: this process measures its own class into FILE
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    args.rounds = args.rounds or (1 if args.smoke else 6)
+    args.classes = args.classes or ("native" if args.smoke else ",".join(CLASS_CAPS))
+    if args.one:
+        Path(args.one).write_text(json.dumps(one_class(args)))
+        return
+    info = machine()
+    classes = per_class(__file__, args.classes.split(","), ["--rounds", str(args.rounds)] + ["--smoke"] * args.smoke)
+    report = {"classes": classes, "machine": finish_machine(info), "command": " ".join(
+        [".venv/bin/python benchmarks/int8_calls.py", *(sys.argv[1:] if argv is None else argv)])}
+    write_reports(report, report_folder(args.out, args.smoke), "int8-calls", to_markdown)
+
+
+if __name__ == "__main__":
+    main()
