@@ -377,14 +377,41 @@ CONCURRENCY_REPORTS = [  # (heading, report, the command that writes it)
 
 def concurrency_section(bench_dir: Path) -> list[str]:
     """Issue 40's reports (the thread budget, codec workers, chunked prefill, per-row seeds), without their titles."""
-    lines = ["## Concurrency", "",
-             "The thread budget (rvqspec/runtime/threads.py) and the codec workers (runtime/codec_worker.py) against "
-             "decoding one request at a time; whether a codec gains from batching; chunked prefill; per-row draws; "
-             "admission's prior; a frame step's cost across the house's changes."]
-    for heading, name, command in CONCURRENCY_REPORTS:
+    return reports_section(bench_dir, "Concurrency",
+                           "The thread budget (rvqspec/runtime/threads.py) and the codec workers "
+                           "(runtime/codec_worker.py) against decoding one request at a time; whether a codec gains "
+                           "from batching; chunked prefill; per-row draws; admission's prior; a frame step's cost "
+                           "across the house's changes.", CONCURRENCY_REPORTS)
+
+
+def reports_section(bench_dir: Path, title: str, intro: str, reports: list[tuple[str, str, str]]) -> list[str]:
+    """A section of whole reports, each under its own heading (or the command that writes it, where not measured)."""
+    lines = [f"## {title}", "", intro]
+    for heading, name, command in reports:
         text = read_text(bench_dir / name)
         lines += ["", f"### {heading}", "", without_title(text, 4) if text else not_measured(command)]
     return lines
+
+
+REAL_TIME_REPORTS = [  # issue 51: every part of the frame at its floor, two cores
+    ("One stream on one and two cores", "two-cores.md",
+     "OMP_WAIT_POLICY=PASSIVE python benchmarks/two_cores.py --frames 42 --repeats 2"),
+    ("int8 matmuls per call against the memory floor", "int8-calls.md",
+     "OMP_WAIT_POLICY=PASSIVE python benchmarks/int8_calls.py --rounds 7"),
+    ("The streamed 12 Hz decoder against a whole-utterance decode", "decoder-stream.md",
+     "python benchmarks/decoder_stream.py --frames 24 --chunks 1,3,12 --repeats 3"),
+    ("Speculative int8 rounds against AR, bit for bit (avx512-vnni-bf16)", "exact-rounds-avx512-vnni-bf16.md",
+     "python benchmarks/exact_rounds.py"),
+    ("Speculative int8 rounds against AR, bit for bit (avx2, capped)", "exact-rounds-avx2.md",
+     "ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 python benchmarks/exact_rounds.py"),
+    ("Attention in position order against SDPA (avx512-vnni-bf16)", "ordered-attention-avx512-vnni-bf16.md",
+     "python benchmarks/ordered_attention.py"),
+    ("Attention in position order against SDPA (avx2, capped)", "ordered-attention-avx2.md",
+     "ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 python benchmarks/ordered_attention.py")]
+LIVE_REPORTS = [  # issues 52 and 54
+    ("Text streamed in as an LLM writes it", "live-speech.md",
+     "python benchmarks/live_speech.py --frames 30 --repeats 3"),
+    ("The stand-in's speech rate and the frame budget", "speech-rate.md", "python benchmarks/speech_rate.py --seeds 3")]
 
 
 def tune_section(bench_dir: Path) -> list[str]:
@@ -405,7 +432,13 @@ def results_markdown(eval_report: dict | None, calibration: dict | None, calibra
         *csm_section(bench_dir / "csm"), "",
         *profile_section(profile_markdown, read_text(bench_dir / "fused-path.md")), "",
         *weights_section(bench_dir), "", *end_to_end_section(bench_dir), "", *serve_section(bench_dir), "",
-        *concurrency_section(bench_dir), "", *tune_section(bench_dir), "",
+        *concurrency_section(bench_dir), "",
+        *reports_section(bench_dir, "Real time on small CPUs", "Issue 51: the Engine's one stream on one and two "
+                         "cores, each part of the frame against its floor, and int8 rounds bit for bit.",
+                         REAL_TIME_REPORTS), "",
+        *reports_section(bench_dir, "Live speech and frame budgets", "Issues 52 and 54: text that arrives over "
+                         "time, and the default frame budget of a text.", LIVE_REPORTS), "",
+        *tune_section(bench_dir), "",
         *standin_bench_section(standin_bench, bench_dir / "standin", out), ""])
     return "\n".join([
         "# Results", "",
