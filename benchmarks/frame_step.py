@@ -25,7 +25,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 ROWS = 4
 TEXTS = ["hello there, how are you today", "a second sentence for the batch", "the third one is short",
          "four requests decoding together"]
-SMOKE = ["--base", "HEAD", "--rounds", "1", "--frames", "4", "--repeats", "1"]
+# 12 frames: the rows join one prefill apart, so a run of 4 frames can end its first row before its last one joins
+SMOKE = ["--base", "HEAD", "--rounds", "1", "--frames", "12", "--repeats", "1"]
 
 
 def upstream_builders():
@@ -68,6 +69,8 @@ def frame_steps(frames: int, repeats: int) -> dict:
                         for text in TEXTS[:ROWS]]
             for request in requests:
                 request.wait()
+            if not times:
+                raise SystemExit(f"no frame step had all {ROWS} rows: run more --frames")
             medians.append(1e3 * statistics.median(times))
     finally:
         engine.close()
