@@ -20,7 +20,6 @@ Not measured here (yet): the WebSocket against the HTTP route, and sentence mode
 
 import argparse
 import os
-import random
 import statistics
 import sys
 import time
@@ -29,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rvqspec.bench.streams import text_pieces
 from rvqspec.bench.systems import SIZES, system_tts, utterance_request
 from rvqspec.bench.timing import (RESULTS, SMOKE_HELP, cpu_name, finish_machine, machine, machine_text, report_folder,
                                   write_reports)
@@ -36,16 +36,6 @@ from rvqspec.runtime import Engine
 
 RATES = (20, 50, 200)  # pieces a second
 SMOKE = ["--frames", "6", "--repeats", "1", "--cores", "1", "--rates", "200"]
-
-
-def pieces(text: str, seed: int) -> list[str]:
-    """`text` in pieces of 1 to 4 characters (an LLM's tokens)."""
-    rng, out, at = random.Random(seed), [], 0
-    while at < len(text):
-        size = rng.randint(1, 4)
-        out.append(text[at:at + size])
-        at += size
-    return out
 
 
 def first_word_seconds(split: list[str], rate: float) -> float:
@@ -87,7 +77,7 @@ def measure(tts, cores: int, frames: int, rates: list[int], repeats: int, log) -
     """Whole and live runs interleaved per repeat; a row per setting."""
     request = {**utterance_request(frames), "do_sample": False, "subtalker_dosample": False}
     text = request["text"]
-    split = pieces(text, 0)
+    split = text_pieces(text, 0)
     runs = {"whole": []} | {rate: [] for rate in rates}
     with Engine(tts, cores=cores) as engine:
         want = streamed(engine, request, text)["audio"]  # a warm-up run, not counted (first calls, caches)
