@@ -25,11 +25,9 @@ mode) and a tiny random-weight qwen-tts CustomVoice (rvqspec.bench.upstream, tok
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,8 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from rvqspec.bench.streams import text_pieces
-from rvqspec.bench.timing import (RESULTS, SMOKE_HELP, cpu_name, finish_machine, machine, machine_text, report_folder,
-                                  write_reports)
+from rvqspec.bench.timing import RESULTS, SMOKE_HELP, machine, report_folder, run_record, write_reports
 
 SENTENCES = ["Hello there, how are you today?", "The sea is calm tonight.", "A small boat drifts past the harbour "
              "wall.", "We will be home before the rain comes."]
@@ -62,25 +59,13 @@ def build_engine(model: str):
 @contextmanager
 def served(engine) -> Iterator[str]:
     """host:port of `rvqspec serve`'s app for `engine` on loopback, in a thread of this process."""
-    import uvicorn
-
     from rvqspec.serve.app import create_app
-    from rvqspec.serve.server import bind
+    from rvqspec.serve.server import in_thread
     from rvqspec.serve.voices import VoiceStore
 
-    sock = bind("127.0.0.1", 0)
-    with tempfile.TemporaryDirectory(prefix="rvqspec-voices-") as voices:
-        server = uvicorn.Server(uvicorn.Config(create_app(engine, VoiceStore(voices)), log_level="warning",
-                                               ws="websockets"))
-        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-        thread.start()
-        while not server.started:
-            time.sleep(0.01)
-        try:
-            yield f"127.0.0.1:{sock.getsockname()[1]}"
-        finally:
-            server.should_exit = True
-            thread.join(30)
+    with tempfile.TemporaryDirectory(prefix="rvqspec-voices-") as voices, \
+            in_thread(create_app(engine, VoiceStore(voices))) as port:
+        yield f"127.0.0.1:{port}"
 
 
 # ---------------------------------------------------------------- one request over each route
@@ -364,13 +349,9 @@ def main(argv: list[str] | None = None) -> None:
             if model == "standin":
                 mode = sentence_mode(engine, address, " ".join(sentences), args.sessions, log)
                 whole = rows[-1]["websocket_first_audio"]
-    capped = "ONEDNN_MAX_CPU_ISA" in os.environ or "ATEN_CPU_CAPABILITY" in os.environ
-    report = {"cpu": cpu_name(), "native": "capped" if capped else "native", "threads": torch.get_num_threads(),
-              "repeats": args.repeats, "routes": rows, "sentence_mode": mode, "machine": finish_machine(info),
+    report = {"threads": torch.get_num_threads(), "repeats": args.repeats, "routes": rows, "sentence_mode": mode,
               "sentence_summary": sentence_summary(mode, whole) if mode else None,
-              "command": " ".join([".venv/bin/python benchmarks/live_serve.py",
-                                   *(sys.argv[1:] if argv is None else argv)])}
-    report["machine_text"] = machine_text(report["machine"])
+              **run_record("live_serve.py", sys.argv[1:] if argv is None else argv, info)}
     write_reports(report, report_folder(args.out, args.smoke), "live-serve", markdown)
     print(markdown(report))
 

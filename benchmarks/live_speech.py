@@ -19,7 +19,6 @@ Not measured here (yet): the WebSocket against the HTTP route, and sentence mode
 """
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -30,8 +29,7 @@ import torch
 
 from rvqspec.bench.streams import text_pieces
 from rvqspec.bench.systems import SIZES, system_tts, utterance_request
-from rvqspec.bench.timing import (RESULTS, SMOKE_HELP, cpu_name, finish_machine, machine, machine_text, report_folder,
-                                  write_reports)
+from rvqspec.bench.timing import RESULTS, SMOKE_HELP, machine, report_folder, run_record, write_reports
 from rvqspec.runtime import Engine
 
 RATES = (20, 50, 200)  # pieces a second
@@ -141,12 +139,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for cores in [int(c) for c in args.cores.split(",")]:
         rows += measure(tts, cores, args.frames, [int(r) for r in args.rates.split(",")], args.repeats, log)
-    capped = "ONEDNN_MAX_CPU_ISA" in os.environ or "ATEN_CPU_CAPABILITY" in os.environ
-    report = {"cpu": cpu_name(), "native": "capped" if capped else "native", "sizes": sizes, "frames": args.frames,
-              "repeats": args.repeats, "rows": rows, "machine": finish_machine(info),
-              "command": " ".join([".venv/bin/python benchmarks/live_speech.py",
-                                   *(sys.argv[1:] if argv is None else argv)])}
-    report["machine_text"] = machine_text(report["machine"])
+    report = {"sizes": sizes, "frames": args.frames, "repeats": args.repeats, "rows": rows,
+              **run_record("live_speech.py", sys.argv[1:] if argv is None else argv, info)}
     write_reports(report, report_folder(args.out, args.smoke), "live-speech", markdown)
     print(markdown(report))
 
