@@ -33,10 +33,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import numpy as np
+import torch
+from websockets.asyncio.client import connect
 
 from rvqspec.bench.streams import text_pieces
 from rvqspec.bench.timing import RESULTS, SMOKE_HELP, machine, report_folder, run_record, write_reports
+from rvqspec.bench.upstream import tiny_qwen3_tts
+from rvqspec.runtime import Engine
+from rvqspec.runtime.sentences import SentenceSplitter
+from rvqspec.serve.app import create_app
+from rvqspec.serve.audio import pcm_bytes
+from rvqspec.serve.server import in_thread
+from rvqspec.serve.voices import VoiceStore
 
 SENTENCES = ["Hello there, how are you today?", "The sea is calm tonight.", "A small boat drifts past the harbour "
              "wall.", "We will be home before the rain comes."]
@@ -46,23 +56,16 @@ MODELS = {"standin": dict(voice="en"), "tiny-qwen": dict(voice="tiny", language=
 SMOKE = ["--repeats", "1"]
 
 
-def build_engine(model: str):
-    from rvqspec.runtime import Engine
-
+def build_engine(model: str) -> Engine:
+    """The stand-in (`rvqspec serve`'s default), or a tiny random-weight qwen-tts CustomVoice (token mode)."""
     if model == "standin":
         return Engine("standin")
-    from rvqspec.bench.upstream import tiny_qwen3_tts
-
     return Engine(tiny_qwen3_tts(seed=1), drafter=None)
 
 
 @contextmanager
 def served(engine) -> Iterator[str]:
     """host:port of `rvqspec serve`'s app for `engine` on loopback, in a thread of this process."""
-    from rvqspec.serve.app import create_app
-    from rvqspec.serve.server import in_thread
-    from rvqspec.serve.voices import VoiceStore
-
     with tempfile.TemporaryDirectory(prefix="rvqspec-voices-") as voices, \
             in_thread(create_app(engine, VoiceStore(voices))) as port:
         yield f"127.0.0.1:{port}"
@@ -84,8 +87,6 @@ async def audio_frames(websocket, started: float) -> dict:
 
 
 async def over_websocket(address: str, config: dict, text: str) -> dict:
-    from websockets.asyncio.client import connect
-
     async with connect(f"ws://{address}/v1/audio/speech/stream") as websocket:
         started = time.perf_counter()
         await websocket.send(json.dumps(config))
@@ -118,8 +119,6 @@ def requests_of(engine, model: str, text: str) -> tuple[dict, dict]:
 def engine_pcm(engine, model: str, text: str, live: bool) -> bytes:
     """The engine's own audio for the text, seed and voice: `live` as text that arrives over time (what a session
     speaks), else whole (what the HTTP route speaks)."""
-    from rvqspec.serve.audio import pcm_bytes
-
     sentences = not live and engine.text_mode == "sentence"
     return pcm_bytes(engine.speech(iter([text]) if live else text, seed=SEED, sentences=sentences,
                                    **MODELS[model]).audio())
@@ -128,8 +127,6 @@ def engine_pcm(engine, model: str, text: str, live: bool) -> bytes:
 async def routes(engine, model: str, address: str, text: str, repeats: int, log) -> dict:
     """Warm-up, then `repeats` interleaved pairs (the order rotated): each route's median first audio, the ratio;
     each run's audio against the engine's own for its route."""
-    import httpx
-
     config, body = requests_of(engine, model, text)
     want = {"websocket": engine_pcm(engine, model, text, live=True), "http": engine_pcm(engine, model, text, False)}
     runs = {"websocket": [], "http": []}
@@ -173,8 +170,6 @@ async def feed(websocket, split: list[str], sent: list[float]) -> None:
 
 async def fed_session(address: str, config: dict, split: list[str]) -> dict:
     """One session fed `split`: the arrival of each audio frame and the send time of each piece (and input.done)."""
-    from websockets.asyncio.client import connect
-
     sent: list[float] = []
     async with connect(f"ws://{address}/v1/audio/speech/stream") as websocket:
         await websocket.send(json.dumps(config))
@@ -187,8 +182,6 @@ async def fed_session(address: str, config: dict, split: list[str]) -> dict:
 def sentence_ends(split: list[str], sent: list[float]) -> list[float]:
     """When each sentence was complete: the send time of the piece (or input.done) after which the server's splitter
     gives it out."""
-    from rvqspec.runtime.sentences import SentenceSplitter
-
     splitter, ends = SentenceSplitter(), []
     for piece, at in zip(split, sent):
         ends += [at] * len(splitter.feed(piece))
@@ -198,8 +191,6 @@ def sentence_ends(split: list[str], sent: list[float]) -> list[float]:
 def reference(engine, text: str) -> tuple[bytes, list[int], int]:
     """The whole text spoken sentence by sentence (the same seed): its pcm, each sentence's frames, samples a
     frame."""
-    from rvqspec.serve.audio import pcm_bytes
-
     passage = engine.speech(text, voice=MODELS["standin"]["voice"], seed=SEED, sentences=True)
     audio = passage.audio()
     frames = [len(request.decoded) for request in passage.requests]
@@ -338,8 +329,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.smoke:
         args = parser.parse_args([*SMOKE, "--sessions", "1", *(sys.argv[1:] if argv is None else argv)])
-    import torch
-
     log = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)  # noqa: E731
     sentences = SMOKE_SENTENCES if args.smoke else SENTENCES
     info, rows, mode = machine(), [], None

@@ -14,8 +14,7 @@ tokens), or whole; each request streamed as a server streams it. Per setting (me
     .venv/bin/python benchmarks/live_speech.py --smoke    # seconds, tiny sizes, a temporary folder
     # writes benchmarks/results/live-speech.{json,md}
 
-Not measured here (yet): the WebSocket against the HTTP route, and sentence mode on the stand-in
-(tests/test_serve_stream.py and tests/test_runtime_live.py check their behaviour and exactness).
+The WebSocket against the HTTP route, and sentence mode on the stand-in: benchmarks/live_serve.py.
 """
 
 import argparse
