@@ -14,13 +14,10 @@ tokens), or whole; each request streamed as a server streams it. Per setting (me
     .venv/bin/python benchmarks/live_speech.py --smoke    # seconds, tiny sizes, a temporary folder
     # writes benchmarks/results/live-speech.{json,md}
 
-Not measured here (yet): the WebSocket against the HTTP route, and sentence mode on the stand-in
-(tests/test_serve_stream.py and tests/test_runtime_live.py check their behaviour and exactness).
+The WebSocket against the HTTP route, and sentence mode on the stand-in: benchmarks/live_serve.py.
 """
 
 import argparse
-import os
-import random
 import statistics
 import sys
 import time
@@ -29,23 +26,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rvqspec.bench.streams import text_pieces
 from rvqspec.bench.systems import SIZES, system_tts, utterance_request
-from rvqspec.bench.timing import (RESULTS, SMOKE_HELP, cpu_name, finish_machine, machine, machine_text, report_folder,
-                                  write_reports)
+from rvqspec.bench.timing import RESULTS, SMOKE_HELP, machine, report_folder, run_record, write_reports
 from rvqspec.runtime import Engine
 
 RATES = (20, 50, 200)  # pieces a second
 SMOKE = ["--frames", "6", "--repeats", "1", "--cores", "1", "--rates", "200"]
-
-
-def pieces(text: str, seed: int) -> list[str]:
-    """`text` in pieces of 1 to 4 characters (an LLM's tokens)."""
-    rng, out, at = random.Random(seed), [], 0
-    while at < len(text):
-        size = rng.randint(1, 4)
-        out.append(text[at:at + size])
-        at += size
-    return out
 
 
 def first_word_seconds(split: list[str], rate: float) -> float:
@@ -87,7 +74,7 @@ def measure(tts, cores: int, frames: int, rates: list[int], repeats: int, log) -
     """Whole and live runs interleaved per repeat; a row per setting."""
     request = {**utterance_request(frames), "do_sample": False, "subtalker_dosample": False}
     text = request["text"]
-    split = pieces(text, 0)
+    split = text_pieces(text, 0)
     runs = {"whole": []} | {rate: [] for rate in rates}
     with Engine(tts, cores=cores) as engine:
         want = streamed(engine, request, text)["audio"]  # a warm-up run, not counted (first calls, caches)
@@ -151,12 +138,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for cores in [int(c) for c in args.cores.split(",")]:
         rows += measure(tts, cores, args.frames, [int(r) for r in args.rates.split(",")], args.repeats, log)
-    capped = "ONEDNN_MAX_CPU_ISA" in os.environ or "ATEN_CPU_CAPABILITY" in os.environ
-    report = {"cpu": cpu_name(), "native": "capped" if capped else "native", "sizes": sizes, "frames": args.frames,
-              "repeats": args.repeats, "rows": rows, "machine": finish_machine(info),
-              "command": " ".join([".venv/bin/python benchmarks/live_speech.py",
-                                   *(sys.argv[1:] if argv is None else argv)])}
-    report["machine_text"] = machine_text(report["machine"])
+    report = {"sizes": sizes, "frames": args.frames, "repeats": args.repeats, "rows": rows,
+              **run_record("live_speech.py", sys.argv[1:] if argv is None else argv, info)}
     write_reports(report, report_folder(args.out, args.smoke), "live-speech", markdown)
     print(markdown(report))
 

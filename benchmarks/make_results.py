@@ -411,6 +411,7 @@ REAL_TIME_REPORTS = [  # issue 51: every part of the frame at its floor, two cor
 LIVE_REPORTS = [  # issues 52 and 54
     ("Text streamed in as an LLM writes it", "live-speech.md",
      "python benchmarks/live_speech.py --frames 30 --repeats 3"),
+    ("The WebSocket against the HTTP route, and sentence mode", "live-serve.md", "python benchmarks/live_serve.py"),
     ("The stand-in's speech rate and the frame budget", "speech-rate.md", "python benchmarks/speech_rate.py --seeds 3")]
 
 

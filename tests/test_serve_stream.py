@@ -9,8 +9,6 @@ import base64
 import contextlib
 import json
 import os
-import socket
-import threading
 import time
 from pathlib import Path
 
@@ -23,7 +21,6 @@ from helpers.upstream_models import upstream_available
 if not upstream_available():
     pytest.skip("qwen-tts reference not installed: run `make install`", allow_module_level=True)
 
-import uvicorn  # noqa: E402
 from websockets.asyncio.client import connect  # noqa: E402
 from websockets.exceptions import ConnectionClosed  # noqa: E402
 
@@ -31,6 +28,7 @@ from helpers.upstream_tts import tiny_qwen3_tts  # noqa: E402
 from rvqspec.runtime import Engine  # noqa: E402
 from rvqspec.serve.app import create_app  # noqa: E402
 from rvqspec.serve.audio import to_int16  # noqa: E402
+from rvqspec.serve.server import in_thread  # noqa: E402
 from rvqspec.serve.stream import Limits  # noqa: E402
 from rvqspec.serve.voices import VoiceStore  # noqa: E402
 
@@ -44,18 +42,10 @@ LIMITS = Limits(max_text=200, config_seconds=2.0, idle_seconds=1.0, max_sessions
 def serving(engine, voices: Path, limits: Limits = LIMITS):
     """The WebSocket's URL of an app serving `engine` on a loopback port, in a thread."""
     app = create_app(engine, VoiceStore(voices), api_key=KEY, limits=limits)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", ws="websockets"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
     try:
-        yield f"ws://127.0.0.1:{sock.getsockname()[1]}/v1/audio/speech/stream"
+        with in_thread(app) as port:
+            yield f"ws://127.0.0.1:{port}/v1/audio/speech/stream"
     finally:
-        server.should_exit = True
-        thread.join(10)
         engine.close()
 
 

@@ -1,8 +1,20 @@
 """Requests streamed as a server streams them: each submitted to an engine (`rvqspec.Engine` or anything with its
-`submit` and `sample_rate`) and iterated by a thread of its own, the times a listener sees recorded."""
+`submit` and `sample_rate`) and iterated by a thread of its own, the times a listener sees recorded; and text cut
+as an LLM writes it (`text_pieces`)."""
 
+import random
 import threading
 import time
+
+
+def text_pieces(text: str, seed: int) -> list[str]:
+    """`text` in pieces of 1 to 4 characters (an LLM's tokens)."""
+    rng, out, at = random.Random(seed), [], 0
+    while at < len(text):
+        size = rng.randint(1, 4)
+        out.append(text[at:at + size])
+        at += size
+    return out
 
 
 def stream(engine, arguments: dict, start: float, out: dict) -> None:

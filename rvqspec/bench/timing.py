@@ -67,6 +67,15 @@ def machine_text(m: dict) -> str:
             f"{m['load_after'][0]:.1f} after (a shared machine: compare within this run)")
 
 
+def run_record(script: str, argv: list[str], info: dict) -> dict:
+    """A report's common fields, once the measurements are done: the CPU, whether its ISA was capped (to stand in for
+    another class) or native, `machine()`'s record `info` finished and its header clause, the command to rerun."""
+    capped = "ONEDNN_MAX_CPU_ISA" in os.environ or "ATEN_CPU_CAPABILITY" in os.environ
+    record = finish_machine(info)
+    return {"cpu": cpu_name(), "native": "capped" if capped else "native", "machine": record,
+            "machine_text": machine_text(record), "command": " ".join([f".venv/bin/python benchmarks/{script}", *argv])}
+
+
 def cpu_name() -> str:
     """The CPU's model and class, caps included ("AMD EPYC: avx512-vnni-bf16"): every figure names its CPU class."""
     return cpu_class.describe()

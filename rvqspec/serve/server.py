@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -82,6 +83,25 @@ def serve(engine, sock: socket.socket, voices: VoiceStore, api_key: str | None =
         engine.close(grace=0)
         signal.signal(signal.SIGTERM, previous)
         sys.stdout.flush()
+
+
+@contextmanager
+def in_thread(app, host: str = "127.0.0.1") -> Iterator[int]:
+    """`app` served by uvicorn in a thread of this process on a free port of `host` (a test's or a benchmark's
+    server, beside its client), until the block ends; yields the port."""
+    import uvicorn
+
+    sock = bind(host, 0)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", ws="websockets"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(10)
 
 
 def header_deadline(seconds: float):
