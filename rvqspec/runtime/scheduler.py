@@ -338,12 +338,8 @@ class Scheduler:
     def park(self, index: int) -> None:
         """Row `index` waits for its text: out of the batch (its cache row too), its next input kept."""
         with self.condition:
-            row = self.rows[index]
             self.parked_cache.adopt(self.cache, index)
-            self.parked.append(row)
-            self.cache.remove(index)
-            self.rows[index] = self.rows[-1]
-            self.rows.pop()
+            self.parked.append(self.take(index))
 
     def rejoin(self, inputs: list[Tensor], positions: list[int]) -> tuple[Tensor, Tensor]:
         """Parked rows whose text came rejoin the batch for step 5 (cancelled ones leave); the step's inputs [B, H]
@@ -474,11 +470,16 @@ class Scheduler:
         """Row `index` leaves: its request ends for `reason` (or with `error`), the last row takes its place (in the
         cache too)."""
         with self.condition:
-            row = self.rows[index]
-            self.cache.remove(index)
-            self.rows[index] = self.rows[-1]
-            self.rows.pop()
+            row = self.take(index)
         row.request.finish(error, reason)
+
+    def take(self, index: int) -> Row:
+        """Row `index` out of the batch, its cache row too; the last row takes its place (the caller holds the lock)."""
+        row = self.rows[index]
+        self.cache.remove(index)
+        self.rows[index] = self.rows[-1]
+        self.rows.pop()
+        return row
 
     def fail(self, index: int, error: Exception) -> None:
         """Row `index` fails alone: its request ends with the error; its cache row is zeroed before it is reused."""
