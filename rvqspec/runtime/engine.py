@@ -153,9 +153,8 @@ class Engine:
     def submit_sentences(self, kind: str, seed: int | None, arguments: dict) -> Passage:
         """Text arriving over time on a model without dual-track text: each sentence spoken as it completes
         (`SentenceSplitter`), one stream with the voice and seed carried on (a `Passage`)."""
-        text, splitter, generator = arguments.pop("text"), SentenceSplitter(), self.generator(seed)
-        passage = Passage([], lambda prompt: self.queue(prompt, generator, first=True), self.sample_rate,
-                          complete=False)
+        text, splitter = arguments.pop("text"), SentenceSplitter()
+        passage = self.passage([], seed, complete=False)
 
         def read(piece: str | BaseException | None) -> None:
             try:
@@ -197,8 +196,14 @@ class Engine:
         if len(pieces) < 2:
             return self.submit(kind, seed=seed, **{**arguments, "text": text}, **sampling)
         prompts = [self.model.prompts(kind, {**arguments, **sampling, "text": piece})[0] for piece in pieces]
+        return self.passage(prompts, seed)
+
+    def passage(self, prompts: list, seed: int | None, complete: bool = True) -> Passage:
+        """Sentences spoken in turn as one stream: one generator carried across them, each next sentence queued
+        ahead of the others (runtime/passage.py)."""
         generator = self.generator(seed)
-        return Passage(prompts, lambda prompt: self.queue(prompt, generator, first=True), self.sample_rate)
+        return Passage(prompts, lambda prompt: self.queue(prompt, generator, first=True), self.sample_rate,
+                       complete=complete)
 
     def enqueue(self, prompt, seed: int | None) -> Request:
         return self.queue(prompt, self.generator(seed))
