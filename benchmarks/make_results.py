@@ -333,10 +333,13 @@ TUNE = "python benchmarks/tune_standin.py"
 
 
 def end_to_end_section(bench_dir: Path) -> list[str]:
-    """A whole generate call, streamed and not (end-to-end.md), without its title."""
-    report = read_text(bench_dir / "end-to-end.md")
+    """A whole generate call, streamed and not (end-to-end.md; at the 1.7B sizes end-to-end-1.7b.md), without its
+    title."""
+    report, large = read_text(bench_dir / "end-to-end.md"), read_text(bench_dir / "end-to-end-1.7b.md")
     return ["## End to end and streaming: a whole qwen-tts call at the 0.6B sizes", "",
-            without_title(report) if report else not_measured(END_TO_END)]
+            without_title(report) if report else not_measured(END_TO_END), "",
+            "### At the 1.7B sizes (a talker of width 2048)", "",
+            without_title(large, 4) if large else not_measured(f"{END_TO_END} --size 1.7b")]
 
 
 SERVE_LOAD = "python benchmarks/serve_load.py"

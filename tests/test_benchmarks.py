@@ -31,6 +31,8 @@ SMOKE = {
     "decoder_stream": (UPSTREAM, ["--out", "{out}"], ["decoder-stream.json", "decoder-stream.md"]),
     "draft_depth": (None, ["--out", "{out}"], ["draft-depth.json", "draft-depth.md"]),
     "end_to_end": (UPSTREAM, ["--out", "{out}"], ["end-to-end.json", "end-to-end.md"]),
+    "end_to_end --size 1.7b": (UPSTREAM, ["--size", "1.7b", "--out", "{out}"], ["end-to-end-1.7b.json",
+                                                                               "end-to-end-1.7b.md"]),
     "exact_rounds": (None, ["--out", "{out}"], ["exact-rounds-{class}.json", "exact-rounds-{class}.md"]),
     "frame_step": (UPSTREAM, ["--out", "{out}"], ["frame-step.json", "frame-step.md"]),
     "fused_path": (None, ["--out", "{out}"], ["fused-path.json", "fused-path.md"]),

@@ -6,6 +6,10 @@ large tensor copy's (read + write bytes over its time, median), this thread coun
 measured it since issue 32. `one_row_steps` streams one row through the 0.6B predictor's layer matrices per scheme
 (float32, bfloat16, w8a16, w8a8), more than any cache holds, and gives each its fraction of the floor; and the cost
 of 4 and 8 rows against one (a batch's step). `rvqspec inspect --device` prints it with the kernel each scheme takes.
+
+A whole frame's parts get floors from the same measures (benchmarks/end_to_end.py): `matrix_bytes` (a module's weights
+as a scheme stores them), `matmul_peak` (a large matmul's FLOP/s, this thread count: the compute floor's rate) and
+`counted_flops` (a call's matmul and convolution FLOPs).
 """
 
 import statistics
@@ -13,6 +17,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
 from rvqspec.core import cpu_class
 from rvqspec.core.config import ARCHITECTURES
@@ -35,6 +40,44 @@ def copy_bandwidth(gigabytes: float = 1.0, repeats: int = 5) -> float:
         target.copy_(source)
         times.append(time.perf_counter() - start)
     return 2 * source.numel() * 4 / statistics.median(times)
+
+
+def matrix_bytes(modules: list[torch.nn.Module], scheme: str) -> int:
+    """Bytes of the weights of `modules` stored as `scheme` (a float dtype's name, or an int8 scheme: each matrix as
+    int8 rows and a float32 scale per row, `quantize_rows`); vectors (norms, biases) as they are."""
+    total = 0
+    for p in (p for module in modules for p in module.parameters()):
+        if p.dim() < 2:
+            total += p.numel() * p.element_size()
+        elif scheme in ("w8a8", "w8a16"):
+            total += p.numel() + 4 * p.shape[0]
+        else:
+            total += p.numel() * getattr(torch, scheme).itemsize
+    return total
+
+
+def matmul_peak(scheme: str, size: int = 1024, repeats: int = 5) -> float:
+    """FLOP/s of a [size, size] x [size, size] matmul under `scheme` (a float dtype's name, or an int8 scheme through
+    `Int8Matmul`), this thread count, median: the rate a compute floor divides by."""
+    generator = torch.Generator().manual_seed(0)
+    weight, x = (torch.randn(size, size, generator=generator) for _ in range(2))
+    if scheme in ("w8a8", "w8a16"):
+        check_scheme(scheme)
+        call = lambda m=Int8Matmul(weight, scheme): m(x)  # noqa: E731
+    else:
+        dtype = getattr(torch, scheme)
+        call = lambda w=weight.to(dtype), a=x.to(dtype): F.linear(a, w)  # noqa: E731
+    with torch.inference_mode():
+        ms = median_ms({scheme: call}, repeats)[scheme]
+    return 2 * size ** 3 / (ms / 1e3)
+
+
+def counted_flops(call) -> int:
+    """FLOPs of the matmuls, convolutions and attention `call()` runs (torch's FlopCounterMode; elementwise work is
+    not counted)."""
+    with FlopCounterMode(display=False) as counter:
+        call()
+    return counter.get_total_flops()
 
 
 def kernels() -> dict[str, str]:
