@@ -305,7 +305,7 @@ def talker_step(tts, talkers: dict, steps: int, log, copy_gigabytes: float = 1.0
     past = DynamicCache()
     upstream.model(inputs_embeds=prompt.embeds[None], position_ids=prompt.positions[None], past_key_values=past,
                    use_cache=True)
-    base = next(iter(talkers))  # the float engine: its states are compared with upstream's
+    base = next(iter(talkers))  # the float engine where it runs: its states are compared with upstream's
     times = {name: [] for name in [*talkers, "upstream"]}
     differences = []
     for i in range(steps):
@@ -340,7 +340,7 @@ def talker_step(tts, talkers: dict, steps: int, log, copy_gigabytes: float = 1.0
             "upstream_over_engine": ms["upstream"] / ms[base],
             "engine_over_floor": ms[base] / floor_ms,
             "of_floor": {name: 1e3 * layer_bytes[name] / rate / ms[name] for name in talkers},
-            "max_relative_difference_bf16": max(differences)}
+            "compared": base, "max_relative_difference": max(differences)}
 
 
 def weight_bytes(module: torch.nn.Module) -> int:
@@ -563,7 +563,7 @@ def to_markdown(report: dict) -> str:
         lines.append("")
     step = report.get("talker_step")
     if step:
-        lines += ["## The talker step alone (bfloat16, 1 thread, one row)", "",
+        lines += ["## The talker step alone (1 thread, one row)", "",
                   f"One step (28 layers and the c0 head) after the prompt's prefill ({step['context']} tokens), median of "
                   f"{step['steps']} steps interleaved step by step: the core's `talker.step` (the Engine's) on a RowCache, "
                   "upstream's `talker.model` forward with its DynamicCache (the same input embedding and RoPE id), and "
@@ -575,7 +575,8 @@ def to_markdown(report: dict) -> str:
             lines.append(f"| {'upstream (Hugging Face forward)' if name == 'upstream' else 'engine, ' + name} | "
                          f"{value:.1f} | {value / step['floor_ms']:.2f}x | {step['ms']['upstream'] / value:.2f}x |")
         lines += [f"| floor (weights / bandwidth) | {step['floor_ms']:.1f} | 1.00x | |", "",
-                  f"Engine vs upstream hidden state, bfloat16: max relative difference {step['max_relative_difference_bf16']:.2e}.",
+                  f"Engine ({step['compared']}) vs upstream hidden state: max relative difference "
+                  f"{step['max_relative_difference']:.2e}.",
                   ""]
     conc = report.get("concurrency")
     if conc:
