@@ -681,8 +681,10 @@ def main(argv: list[str] | None = None) -> None:
     repeats = args.repeats or (QUICK["repeats"] if args.quick else 3)
     batches = [int(b) for b in (QUICK["batches"] if args.quick and args.batches is None else
                                 "1,2,4,8" if args.batches is None else args.batches).split(",") if b]  # "": none
-    settings = (args.settings or ",".join(QUICK_SETTINGS if args.quick else SETTINGS)).split(",")
-    engine_settings = [s for s in (args.engine_settings or ",".join(ENGINE_SETTINGS)).split(",") if s]
+    settings = [s for s in (",".join(QUICK_SETTINGS if args.quick else SETTINGS) if args.settings is None
+                            else args.settings).split(",") if s]  # "": none
+    engine_settings = [s for s in (",".join(ENGINE_SETTINGS) if args.engine_settings is None
+                                   else args.engine_settings).split(",") if s]
     REQUEST["max_new_tokens"] = frames + 1
     info = machine()
     dtype = torch.bfloat16
