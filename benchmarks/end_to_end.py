@@ -34,7 +34,8 @@ process to one core (a caller thread's vocoding cannot borrow a second one); "2 
     .venv/bin/python benchmarks/end_to_end.py           # the full run (a quiet machine: about 2 hours on 2 cores)
     .venv/bin/python benchmarks/end_to_end.py --quick   # 20 frames, 2 repeats, 1/2/4 requests: ~15-20 minutes
     .venv/bin/python benchmarks/end_to_end.py --smoke   # tiny sizes, seconds: checks that it runs (a temporary folder)
-    .venv/bin/python benchmarks/end_to_end.py --size 1.7b --quick   # the 1.7B sizes (about 6 GB of memory)
+    .venv/bin/python benchmarks/end_to_end.py --size 1.7b --batches "" --settings upstream:whole \
+        --engine-settings engine-w8a8:stream   # the 1.7B sizes: ~13 GB resident (each engine holds its own talker)
     # they write benchmarks/results/end-to-end.{json,md} (1.7B: end-to-end-1.7b.*); python benchmarks/make_results.py
     # then docs/RESULTS.md
 """
