@@ -276,7 +276,8 @@ def measure(dtype: torch.dtype) -> dict:
     figures["batch_invariant"] = {"matmuls": all(ours) or all(pads), "attention": attention_rows > 0}
     matmul = MatmulChoice(packed_one=all(one), packed_many=all(many), pad_rows=max(max(pads), 1),
                           attention_rows=max(attention_rows, 1), bf16_kernel=all(ours))
-    return {"matmul": asdict(matmul), "int8_drafts": int8_drafts_faster(dtype, figures), "figures": figures}
+    return {"matmul": asdict(matmul), "int8_drafts": int8_drafts_faster(dtype, figures, matmul.bf16_kernel),
+            "figures": figures}
 
 
 def matmul_kernels(weight: torch.Tensor) -> dict:
@@ -349,13 +350,14 @@ def attention_floor(dtype: torch.dtype, figures: dict, heads: int = 16, kv_heads
     return 0
 
 
-def int8_drafts_faster(dtype: torch.dtype, figures: dict) -> bool:
+def int8_drafts_faster(dtype: torch.dtype, figures: dict, bf16_kernel: bool = False) -> bool:
     """Whether the int8 draft heads (w8a16: rvqspec's kernel for float32, torch's weight-only one for bfloat16) rank
-    DRAFT_ROWS rows through a head faster than the exact head."""
+    DRAFT_ROWS rows through a head faster than the exact head (through rvqspec's bfloat16 kernel where chosen)."""
     k, n = HEAD_SHAPE
     generator = torch.Generator().manual_seed(1)
     head, x = torch.randn(n, k, generator=generator).to(dtype), torch.randn(DRAFT_ROWS, k, generator=generator).to(dtype)
     matmul = Int8Matmul(head, DRAFT_SCHEME)
-    times = median_ms({"int8 ms": lambda: matmul(x), "exact ms": lambda: F.linear(x, head)})
+    exact = matmul_kernels(head)["bf16"] if bf16_kernel else lambda rows: F.linear(rows, head)
+    times = median_ms({"int8 ms": lambda: matmul(x), "exact ms": lambda: exact(x)})
     figures["draft head"] = {name: round(ms, 4) for name, ms in times.items()}
     return times["int8 ms"] < times["exact ms"]
