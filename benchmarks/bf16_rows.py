@@ -45,6 +45,8 @@ from rvqspec.core.tree import default_tree  # noqa: E402
 ROWS = (1, 2, 4, 8, 9, 16, 17, 33)
 CALL_SIZES = (4, 8, 16, 32)
 FRAME_SIZES = (4, 8, 16)
+SMOKE = {"frames": 2, "repeats": 1, "alternations": 1, "rounds": 1, "calibration_frames": 2,
+         "calibration_iterations": 1}
 KERNELS = ("onednn", "bf16.cpp")  # how decoding's bfloat16 matmuls ran before, and with rvqspec's kernel
 
 
@@ -210,14 +212,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.frames, args.repeats, args.alternations, args.rounds = 2, 1, 1, 1
-        args.calibration_frames, args.calibration_iterations = 2, 1
+        vars(args).update(SMOKE)
     torch.set_num_threads(args.threads)
     report = run(args)
-    out = report_folder(Path(args.out), args.smoke)
+    text, out = markdown(report), report_folder(Path(args.out), args.smoke)
     save_json(out / "bf16-rows.json", report)
-    save_text(out / "bf16-rows.md", markdown(report))
-    print(markdown(report))
+    save_text(out / "bf16-rows.md", text)
+    print(text)
 
 
 if __name__ == "__main__":
