@@ -16,7 +16,8 @@ also serve training, read `choose(device, dtype)` per call. Nothing else reads a
   indexed by device codebooks, exact draft heads.
 - fused_kernels: the layer's elementwise work in the fused C++ kernels (`fused`), where they are built.
 - matmul: how the large matmuls run (`packing`): through oneDNN-prepacked weights or F.linear, for one row and for
-  many, each where it measured faster; and `pad_rows` / `attention_rows`: calls of fewer rows (queries) are padded
+  many, each where it measured faster; bfloat16 through rvqspec's kernel (`bf16.cpp`, AVX-512 BF16, part of the
+  fused kernels: off with them) where it measured faster than both; and `pad_rows` / `attention_rows`: calls of fewer rows (queries) are padded
   up to that many where the kernel gives a row other bits alone than inside a larger call (on a Zen 4, oneDNN's
   bfloat16 GEMM at K = 3072 and torch's flash attention both block otherwise for 1-3 rows), so that a verify call
   computes what the AR step computes. The predictor's attention on the fast path needs no floor: it visits each
