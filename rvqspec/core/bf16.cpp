@@ -8,8 +8,9 @@
 //
 // Weights packed once (`pack_bf16` in packing.py): [ceil(N/16), ceil(K/2), 16, 2] bfloat16, a block of 16 channels
 // streaming contiguously, two input values per channel and step (the pairs vdpbf16ps multiplies); K and N zero-padded.
-// A tile of R rows x C blocks keeps its R x C sums in registers; one row reads C blocks side by side (C chains in
-// flight, so the loads, not the instruction's latency, set the pace).
+// A tile of R rows x C blocks keeps its R x C sums in registers (up to 6 rows x 4 blocks, or 12 rows x 2 blocks: a
+// verify call of up to 12 rows reads each weight byte from memory once); one row reads 4 blocks side by side (4
+// chains in flight, so the loads, not the instruction's latency, set the pace).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -25,11 +26,12 @@ namespace rvqspec {
 namespace {
 
 #ifdef RVQSPEC_BF16_GEMM
-constexpr int64_t BCOLS = 16, GROUP = 4, BROWS = 6;  // a block's channels; blocks per tile; a tile's most rows
+constexpr int64_t BCOLS = 16, GROUP = 4;  // a block's channels; blocks per group (a thread's unit of work)
+constexpr int64_t WIDE_ROWS = 6, BROWS = 12;  // the most rows of a tile of 4 blocks, and of 2 blocks
 constexpr int64_t BF16_PREFETCH = 1024;  // bytes ahead in each block's stream
 
 // R rows of x (as pairs: row stride k2 int32) x C blocks (block stride `stride` bf16 pairs of 16 channels) -> the
-// float32 sums out[r][c] (16 lanes each), each one chain over K.
+// float32 sums out[r * GROUP + c] (16 lanes each), each one chain over K.
 template <int R, int C>
 inline void tile(const int32_t* x, int64_t k2, const uint32_t* w, int64_t stride, __m512* out) {
   __m512 acc[R][C];
@@ -50,15 +52,23 @@ inline void tile(const int32_t* x, int64_t k2, const uint32_t* w, int64_t stride
     for (int c = 0; c < C; ++c) out[r * GROUP + c] = acc[r][c];
 }
 
-template <int C>
+// tile<rows, C> for rows in [R, MAX] (R x C sums stay within the 32 vector registers).
+template <int C, int MAX, int R = 1>
 inline void tile_rows(int64_t rows, const int32_t* x, int64_t k2, const uint32_t* w, int64_t stride, __m512* out) {
-  switch (rows) {
-    case 1: tile<1, C>(x, k2, w, stride, out); break;
-    case 2: tile<2, C>(x, k2, w, stride, out); break;
-    case 3: tile<3, C>(x, k2, w, stride, out); break;
-    case 4: tile<4, C>(x, k2, w, stride, out); break;
-    case 5: tile<5, C>(x, k2, w, stride, out); break;
-    default: tile<BROWS, C>(x, k2, w, stride, out);
+  if constexpr (R < MAX) {
+    if (rows != R) return tile_rows<C, MAX, R + 1>(rows, x, k2, w, stride, out);
+  }
+  tile<R, C>(x, k2, w, stride, out);
+}
+
+// Up to BROWS rows x a group's `blocks` blocks, each weight byte read from memory once: up to WIDE_ROWS rows x 4
+// blocks in one pass, more rows x 2 blocks (then 1) per pass. The order of each sum is the same either way.
+inline void group_tile(int64_t rows, int64_t blocks, const int32_t* x, int64_t k2, const uint32_t* w, int64_t stride,
+                       __m512* out) {
+  if (blocks == GROUP && rows <= WIDE_ROWS) return tile_rows<GROUP, WIDE_ROWS>(rows, x, k2, w, stride, out);
+  for (int64_t b = 0; b < blocks; b += 2) {
+    blocks - b >= 2 ? tile_rows<2, BROWS>(rows, x, k2, w + b * stride, stride, out + b)
+                    : tile_rows<1, BROWS>(rows, x, k2, w + b * stride, stride, out + b);
   }
 }
 #endif
@@ -104,12 +114,9 @@ at::Tensor bf16_linear(const at::Tensor& x_, const at::Tensor& packed, const c10
       const int64_t first = g * GROUP, count = std::min(GROUP, blocks - first);
       const uint32_t* w = pw + first * stride;
       for (int64_t r = 0; r < rows; r += BROWS) {
-        const int64_t tile_rows_ = std::min(BROWS, rows - r);
-        count == GROUP ? tile_rows<GROUP>(tile_rows_, px + r * k2, k2, w, stride, sums)
-                       : tile_rows<1>(tile_rows_, px + r * k2, k2, w, stride, sums);  // the tail, block by block
-        for (int64_t c = 1; c < count && count < GROUP; ++c)
-          tile_rows<1>(tile_rows_, px + r * k2, k2, w + c * stride, stride, sums + c);
-        for (int64_t i = 0; i < tile_rows_; ++i)
+        const int64_t chunk = std::min(BROWS, rows - r);
+        group_tile(chunk, count, px + r * k2, k2, w, stride, sums);
+        for (int64_t i = 0; i < chunk; ++i)
           for (int64_t c = 0; c < count; ++c) {
             const int64_t col = (first + c) * BCOLS, cols = std::min(BCOLS, n - col);
             const __m512 sum = _mm512_add_ps(sums[i * GROUP + c], _mm512_loadu_ps(pb + col));
