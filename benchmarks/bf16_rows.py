@@ -171,8 +171,8 @@ def markdown(report: dict) -> str:
     m = report["matrices"]
     lines += [
              f"## One call through the 0.6B predictor's 20 layer matrices ({m['bytes'] / 1e6:.0f} MB), ms", "",
-             f"Floor: the bytes over the copy bandwidth ({m['bandwidth_gb_s']:.1f} GB/s, a copy of them timed among the "
-             f"calls) = {m['floor_ms']:.2f} ms.", "",
+             f"Floor: the bytes over the copy bandwidth ({m['bandwidth_gb_s']:.1f} GB/s, a copy of them timed among "
+             f"the calls) = {m['floor_ms']:.2f} ms.", "",
              "| kernel | " + " | ".join(f"{r} rows" for r in ROWS) + " | 1 row of floor | 9 rows / 1 | 17 rows / 1 |",
              "|---|" + "---|" * (len(ROWS) + 3)]
     for name, ms in m["ms"].items():
