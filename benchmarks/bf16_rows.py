@@ -32,10 +32,10 @@ sys.path.insert(0, str(ROOT))
 from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor  # noqa: E402
 from rvqspec.bench.floor import predictor_shapes  # noqa: E402
 from rvqspec.bench.systems import smoke_config  # noqa: E402
-from rvqspec.bench.timing import SMOKE_HELP, finish_machine, machine, machine_text, report_folder  # noqa: E402
+from rvqspec.bench.timing import (SMOKE_HELP, finish_machine, machine, machine_text, report_folder,  # noqa: E402
+                                  write_reports)
 from rvqspec.core import cpu_class, device_path, fused  # noqa: E402
 from rvqspec.core.bf16 import pack_bf16  # noqa: E402
-from rvqspec.core.checkpoint import save_json, save_text  # noqa: E402
 from rvqspec.core.config import ARCHITECTURES  # noqa: E402
 from rvqspec.core.decode import decode_frame, tokens_per_step  # noqa: E402
 from rvqspec.core.drafters import ReusedHeads  # noqa: E402
@@ -218,10 +218,8 @@ def main(argv: list[str] | None = None) -> None:
         vars(args).update(SMOKE)
     torch.set_num_threads(args.threads)
     report = run(args)
-    text, out = markdown(report), report_folder(Path(args.out), args.smoke)
-    save_json(out / "bf16-rows.json", report)
-    save_text(out / "bf16-rows.md", text)
-    print(text)
+    write_reports(report, report_folder(Path(args.out), args.smoke), "bf16-rows", markdown)
+    print(markdown(report))
 
 
 if __name__ == "__main__":
