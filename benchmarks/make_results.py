@@ -401,6 +401,8 @@ REAL_TIME_REPORTS = [  # issue 51: every part of the frame at its floor, two cor
      "OMP_WAIT_POLICY=PASSIVE python benchmarks/two_cores.py --frames 42 --repeats 2"),
     ("int8 matmuls per call against the memory floor", "int8-calls.md",
      "OMP_WAIT_POLICY=PASSIVE python benchmarks/int8_calls.py --rounds 7"),
+    ("bfloat16: a verify call of N rows against the one-row call", "bf16-rows.md",
+     "OMP_WAIT_POLICY=PASSIVE python benchmarks/bf16_rows.py --frames 12"),
     ("The streamed 12 Hz decoder against a whole-utterance decode", "decoder-stream.md",
      "python benchmarks/decoder_stream.py --frames 24 --chunks 1,3,12 --repeats 3"),
     ("Speculative int8 rounds against AR, bit for bit (avx512-vnni-bf16)", "exact-rounds-avx512-vnni-bf16.md",

@@ -22,6 +22,7 @@ UPSTREAM = "qwen-tts"  # the `ref` extra: upstream's model classes
 # CPU's class)
 SMOKE = {
     "ar_vs_upstream": (UPSTREAM, ["--out", "{out}/ar_vs_upstream"], ["ar_vs_upstream.json", "ar_vs_upstream.md"]),
+    "bf16_rows": (None, ["--out", "{out}"], ["bf16-rows.json", "bf16-rows.md"]),
     "capacity_prior": (None, ["--out", "{out}"], ["capacity-prior.json", "capacity-prior.md"]),
     "codec_batch": (UPSTREAM, ["--out", "{out}"], ["codec-batch.json", "codec-batch.md"]),
     "codec_batch --streaming": (UPSTREAM, ["--streaming", "--out", "{out}"], ["codec-batch-streaming.md"]),

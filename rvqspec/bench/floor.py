@@ -19,10 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from rvqspec.core import cpu_class
+from rvqspec.core import cpu_class, fused
 from rvqspec.core.config import ARCHITECTURES
-from rvqspec.core.device_path import median_ms, packable
+from rvqspec.core.device_path import known, median_ms, packable
 from rvqspec.core.errors import RvqspecError
+from rvqspec.core.packing import PackedWeight, linear
 from rvqspec.core.quantize import Int8Matmul, check_scheme, int8_kernels, w8a8_kernel
 
 SCHEMES = ("float32", "bfloat16", "w8a16", "w8a8")
@@ -88,6 +89,9 @@ def kernels() -> dict[str, str]:
     w8a16 = "rvqspec's AVX2 w8a16 kernel (int8.cpp)" if int8_kernels() is not None else "torch._weight_int8pack_mm"
     bfloat16 = "oneDNN (packed)" if packable(torch.bfloat16) else "ATen (bfloat16 emulated in float32: no bfloat16 " \
         "instructions on this class)"
+    choice = known(torch.bfloat16)
+    if choice and choice["matmul"]["bf16_kernel"] and fused.on():
+        bfloat16 = "rvqspec's AVX-512 BF16 kernel (bf16.cpp)"
     return {"float32": "MKL / oneDNN", "bfloat16": bfloat16, "w8a16": f"{w8a16}; bfloat16 activations: "
             "torch._weight_int8pack_mm", "w8a8": w8a8}
 
@@ -140,4 +144,8 @@ def step_of(scheme: str, weights: list) -> tuple:
         return (lambda x: [m(x[m.in_features]) for m in matmuls]), sum(w.numel() for w in weights)
     dtype = getattr(torch, scheme)
     cast = [w.to(dtype) for w in weights]
+    if dtype == torch.bfloat16:  # the path decoding takes (`packing.linear`: the measured choice)
+        packs = [PackedWeight() for _ in cast]
+        return (lambda x: [linear(x[w.shape[1]], w, None, p) for w, p in zip(cast, packs)]), \
+            sum(w.numel() * w.element_size() for w in cast)
     return (lambda x: [F.linear(x[w.shape[1]], w) for w in cast]), sum(w.numel() * w.element_size() for w in cast)

@@ -282,4 +282,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("has_vnni_gemm", &rvqspec::has_vnni_gemm);
   m.def("vnni_linear", &rvqspec::vnni_linear);
   m.def("w8a16_linear", &rvqspec::w8a16_linear);
+  m.def("has_bf16_gemm", &rvqspec::has_bf16_gemm);
+  m.def("bf16_linear", &rvqspec::bf16_linear);
 }

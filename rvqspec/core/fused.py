@@ -34,7 +34,7 @@ from torch import Tensor
 
 from rvqspec.core import cpu_class
 
-SOURCES = [Path(__file__).with_name(name) for name in ("fused.cpp", "int8.cpp")]  # + kernels.h, which both include
+SOURCES = [Path(__file__).with_name(name) for name in ("fused.cpp", "int8.cpp", "bf16.cpp")]  # + kernels.h
 HEADER = Path(__file__).with_name("kernels.h")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 

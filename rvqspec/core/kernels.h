@@ -45,5 +45,9 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
 at::Tensor vnni_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& offsets,
                        int64_t out_features);
 at::Tensor w8a16_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t out_features);
+// Defined in bf16.cpp, registered in fused.cpp too.
+bool has_bf16_gemm();
+at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
+                       int64_t out_features);
 
 }  // namespace rvqspec
