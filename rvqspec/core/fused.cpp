@@ -270,6 +270,7 @@ at::Tensor attention(const at::Tensor& q_, const at::Tensor& k_cache, const at::
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("snake", &rvqspec::snake);
   m.def("rms_norm", &rms_norm);
   m.def("add_rms_norm", &add_rms_norm);
   m.def("silu_mul", &silu_mul);
