@@ -31,11 +31,12 @@ inline float sin_squared(float y) {
 }
 
 template <typename T>
-void snake_rows(const T* x, T* out, const float* frequency, const float* scale, int64_t channels, int64_t steps,
-                int64_t begin, int64_t end) {
+void snake_rows(const T* x, int64_t batch_stride, int64_t channel_stride, T* out, const float* frequency,
+                const float* scale, int64_t channels, int64_t steps, int64_t begin, int64_t end) {
   for (int64_t row = begin; row < end; ++row) {
-    const float a = frequency[row % channels], b = scale[row % channels];
-    const T* in = x + row * steps;
+    const int64_t c = row % channels;
+    const float a = frequency[c], b = scale[c];
+    const T* in = x + row / channels * batch_stride + c * channel_stride;
     T* dst = out + row * steps;
 #pragma omp simd
     for (int64_t t = 0; t < steps; ++t) {
@@ -54,18 +55,20 @@ at::Tensor snake(const at::Tensor& x, const at::Tensor& alpha, const at::Tensor&
               "snake: x [B, C, T] with alpha and beta of C values");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "snake: float32 or bfloat16");
   const int64_t channels = x.size(1), steps = x.size(2);
-  const at::Tensor input = x.contiguous(), a = alpha.to(at::kFloat).contiguous(), b = beta.to(at::kFloat).contiguous();
+  const at::Tensor input = x.stride(2) == 1 ? x : x.contiguous();  // rows at any stride (a trimmed convolution's)
+  const at::Tensor a = alpha.to(at::kFloat).contiguous(), b = beta.to(at::kFloat).contiguous();
   std::vector<float> frequency(channels), scale(channels);
   for (int64_t c = 0; c < channels; ++c) {
     frequency[c] = std::exp(a.data_ptr<float>()[c]);
     scale[c] = 1.f / (std::exp(b.data_ptr<float>()[c]) + static_cast<float>(eps));
   }
-  at::Tensor out = at::empty_like(input);
+  at::Tensor out = at::empty(x.sizes(), x.options());
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "snake", [&] {
     const scalar_t* px = input.data_ptr<scalar_t>();
     scalar_t* po = out.data_ptr<scalar_t>();
     at::parallel_for(0, x.size(0) * channels, grain(steps), [&](int64_t begin, int64_t end) {
-      snake_rows<scalar_t>(px, po, frequency.data(), scale.data(), channels, steps, begin, end);
+      snake_rows<scalar_t>(px, input.stride(0), input.stride(1), po, frequency.data(), scale.data(), channels, steps,
+                           begin, end);
     });
   });
   return out;
