@@ -352,10 +352,10 @@ def convolve(conv: torch.nn.Conv1d, padded: Tensor) -> Tensor:
 
 def convolve_to_few(conv: torch.nn.Conv1d, padded: Tensor, steps: int) -> Tensor:
     """`conv(padded)` for a convolution to a few channels (the waveform's one): each tap's outputs at every input as
-    one product ([kernel * out, C] @ [B, C, length]), then the taps' sums (in float32) at their shifts."""
+    one product ([kernel * out, C] @ [B, C, length]), then the taps' sums (in float32 at least) at their shifts."""
     kernel, dilation, out = conv.kernel_size[0], conv.dilation[0], conv.out_channels
     taps = torch.matmul(conv.weight.permute(2, 0, 1).reshape(kernel * out, -1), padded)
-    total = taps[:, :out, :steps].float()
+    total = taps[:, :out, :steps].to(torch.promote_types(taps.dtype, torch.float32))
     for k in range(1, kernel):
         total += taps[:, k * out:(k + 1) * out, k * dilation:k * dilation + steps]
     if conv.bias is not None:
