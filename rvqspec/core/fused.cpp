@@ -270,6 +270,8 @@ at::Tensor attention(const at::Tensor& q_, const at::Tensor& k_cache, const at::
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  // without the GIL: the codec worker's activations let the frame loop's Python run beside them
+  m.def("snake", &rvqspec::snake, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("rms_norm", &rms_norm);
   m.def("add_rms_norm", &add_rms_norm);
   m.def("silu_mul", &silu_mul);

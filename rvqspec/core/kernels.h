@@ -36,6 +36,9 @@ template <typename T, typename A> inline A round_to(A v) {
   return load<T, A>(&t, 0);
 }
 
+// Defined in snake.cpp: the 12 Hz speech decoder's SnakeBeta activation in one pass.
+at::Tensor snake(const at::Tensor& x, const at::Tensor& alpha, const at::Tensor& beta, double eps);
+
 // Defined in int8.cpp, registered with the module in fused.cpp.
 std::vector<at::Tensor> quantize_rows(const at::Tensor& x);
 at::Tensor scale_rows(const at::Tensor& acc, const at::Tensor& scale, const at::Tensor& like);
