@@ -7,7 +7,8 @@ each costs dispatcher overhead, and their cost grows with the rows of a speculat
 cache write, SiLU x up, and residual add + the next RMSNorm (twice); the prepacked matmuls stay, and the
 predictor's attention over the cache (and a talker step's) is a kernel too (`attention_in_order`: each query's keys
 in position order, so a verify call's rows get their AR steps' bits; faster than SDPA at a frame's 1..33 queries). AR
-and speculative calls take the same path, so AR keeps being our fastest AR.
+and speculative calls take the same path, so AR keeps being our fastest AR. Where every layer matrix is w8a8 on
+rvqspec's int8 GEMMs, the whole stack is one native call (`int8_layers`: the same kernels in the same order).
 
 int8.cpp, built into the same module, holds the integer side of int8 weights (`quantize`: w8a8's token quantization,
 and the int8 GEMMs of x86 CPUs without int8 dot products, which the fast-path switch leaves on: they are the schemes'
