@@ -274,7 +274,7 @@ at::Tensor int8_matmul(const at::Tensor& x, const std::vector<at::Tensor>& packe
 
 // fused.layers' loop and final norm in one native call, for a w8a8 model whose layer matrices all run on rvqspec's
 // int8 GEMMs (quantize.Int8Matmul.native) and attend over a cache in order: the same kernels on the same tensors in
-// the same order, without the trip back to Python between them (~10 per layer, ~45 us at one row: issue 51).
+// the same order, without a trip back to Python between them (~10 per layer: issue 51).
 // norms: each layer's attn_norm and mlp_norm weights, then the final norm's; qk_norms: each layer's q and k norm
 // weights (None: none); packed, widths: each layer's qkv, o, gate+up and down matrices; kv: the cache's
 // [layers, 2, B, KV, S, D] (a view); the rest as qkv_rope and attention take them.
