@@ -129,3 +129,14 @@ def test_the_native_call_declines_float_weights_and_onednns_calls(monkeypatch):
         quantized = quantize(model, "w8a8")
         assert fused.int8_stack(quantized, VNNI_ROWS) is not None and fused.int8_stack(quantized, VNNI_ROWS + 1) is None
     assert Int8Matmul(torch.randn(16, 32), "w8a16").native(1) is None
+
+
+@pytest.mark.skipif(w8a8_kernel() not in ("vnni", "avx2"), reason="needs rvqspec's w8a8 GEMM (vnni or avx2)")
+def test_a_hooked_matrix_keeps_the_python_loop(monkeypatch):
+    """A forward hook on a layer matrix (a profiler, an adapter) still runs: the stack is not one native call then."""
+    model = quantize(tiny_model(seed=2, dtype=torch.bfloat16, hidden=64), "w8a8")
+    seen = []
+    model.layers[1].mlp.w_down.register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    native = counted(monkeypatch)
+    predictor_states(model)
+    assert native == [] and len(seen) == 4

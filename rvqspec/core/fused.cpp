@@ -269,7 +269,8 @@ at::Tensor attention(const at::Tensor& q_, const at::Tensor& k_cache, const at::
 
 // A matrix of a w8a8 layer on rvqspec's GEMMs: packed by pack_vnni (3 tensors) or pack_int8 (2), n outputs.
 at::Tensor int8_matmul(const at::Tensor& x, const std::vector<at::Tensor>& packed, int64_t n) {
-  return packed.size() == 3 ? vnni_linear(x, packed[0], packed[1], packed[2], n) : int8_linear(x, packed[0], packed[1], n);
+  return packed.size() == 3 ? vnni_linear(x, packed[0], packed[1], packed[2], n)
+                             : int8_linear(x, packed[0], packed[1], n);
 }
 
 // fused.layers' loop and final norm in one native call, for a w8a8 model whose layer matrices all run on rvqspec's
@@ -284,9 +285,10 @@ at::Tensor int8_layers(at::Tensor x, const std::vector<at::Tensor>& norms,
                        const at::Tensor& cos, const at::Tensor& sin, const c10::optional<at::Tensor>& mask,
                        const at::Tensor& kv, const at::Tensor& slots, double eps, int64_t heads, int64_t kv_heads) {
   const int64_t layers = kv.size(0);
-  TORCH_CHECK(x.dim() == 3 && kv.dim() == 6 && static_cast<int64_t>(norms.size()) == 2 * layers + 1 &&
-              static_cast<int64_t>(qk_norms.size()) == 2 * layers && static_cast<int64_t>(packed.size()) == 4 * layers &&
-              widths.size() == packed.size(), "int8_layers: one entry per layer (fused.int8_stack)");
+  const auto count = [](const auto& list) { return static_cast<int64_t>(list.size()); };
+  TORCH_CHECK(x.dim() == 3 && kv.dim() == 6 && count(norms) == 2 * layers + 1 && count(qk_norms) == 2 * layers &&
+              count(packed) == 4 * layers && count(widths) == 4 * layers,
+              "int8_layers: one entry per layer (fused.int8_stack)");
   auto h = rms_norm(x, norms[0], eps);
   for (int64_t i = 0; i < layers; ++i) {
     const auto k = kv.select(0, i).select(0, 0), v = kv.select(0, i).select(0, 1);

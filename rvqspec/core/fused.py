@@ -164,17 +164,20 @@ def layers(model, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cach
 
 def int8_stack(model, rows: int) -> tuple[list, list, list, list[int]] | None:
     """What `fused.cpp`'s int8_layers takes to run `model`'s decoder stack in one native call (the same kernels, the
-    same bits), where every layer matrix is w8a8 on rvqspec's int8 GEMMs in a call of `rows` rows, without bias
-    (`Int8Matmul.native`): the norms' weights (each layer's attn_norm, mlp_norm, then the final norm), the q/k norms'
-    (None: none), each matrix's packed weights and width (qkv, o, gate+up, down per layer). Else None. Read per call
-    (weights may be swapped or repacked), through the modules' dicts: nn.Module's __getattr__ took ~100 us here."""
+    same bits), where every layer matrix is w8a8 on rvqspec's int8 GEMMs in a call of `rows` rows, without bias or
+    hooks (`Int8Matmul.native`): the norms' weights (each layer's attn_norm, mlp_norm, then the final norm), the q/k
+    norms' (None: none), each matrix's packed weights and width (qkv, o, gate+up, down per layer). Else None. Read
+    per call (weights may be swapped or repacked), through the modules' dicts: nn.Module's __getattr__ took ~100 us
+    here (5 layers)."""
     norms, qk, packed, widths = [], [], [], []
     for block in model.layers:
         parts = block._modules
         attn, mlp = parts["attn"]._modules, parts["mlp"]._modules
         for linear in (attn["wqkv"], attn["wo"], mlp["w_gate_up"], mlp["w_down"]):
             matmul = linear.__dict__.get("matmul")
-            weights = matmul.native(rows) if matmul is not None and linear.bias is None else None
+            hooked = linear._forward_hooks or linear._forward_pre_hooks
+            plain = matmul is not None and linear.bias is None and not hooked
+            weights = matmul.native(rows) if plain else None
             if weights is None:
                 return None
             packed.append(weights)
