@@ -9,7 +9,9 @@ Per kernel, medians of interleaved rounds:
   (the machine's bandwidth varies with its other load);
 - predictor: the 0.6B predictor (random weights, w8a8 of bfloat16), one AR frame (15 one-row calls), ms per call;
 - talker: the 0.6B talker (28 layers, w8a8 of bfloat16, after a 100-token prompt), one step with its c0 head;
-- and first what `rvqspec inspect --device` reports for w8a8 (this class's kernel, the default thread count).
+- and first what `rvqspec inspect --device` reports for w8a8 (this class's kernel, the default thread count);
+- last, rvqspec's kernel of the class on 1 and 2 threads, interleaved: one row through the matrices (the floor: a copy
+  on 2 threads), the predictor's AR call, the talker step.
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/int8_calls.py   # -> results/int8-calls.{json,md}
     .venv/bin/python benchmarks/int8_calls.py --smoke   # tiny sizes, the native class: seconds, a temporary folder
@@ -57,13 +59,21 @@ def interleaved(calls: dict, rounds: int, repeats: int) -> dict:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def with_kernel(kernel: str, matmuls: list[Int8Matmul], call):
-    """`call` with every one of `matmuls` on `kernel` (each keeps the one it was given)."""
+def on_threads(threads: int, call):
+    """`call` on `threads` threads (interleaved runs of several thread counts set theirs each time)."""
+    def run():
+        torch.set_num_threads(threads)
+        return call()
+    return run
+
+
+def with_kernel(kernel: str, matmuls: list[Int8Matmul], call, threads: int = 1):
+    """`call` on `threads` threads with every one of `matmuls` on `kernel` (each keeps the one it was given)."""
     def run():
         for matmul in matmuls:
             matmul.kernel = kernel
         return call()
-    return run
+    return on_threads(threads, run)
 
 
 def int8_matmuls(model) -> list[Int8Matmul]:
@@ -72,50 +82,54 @@ def int8_matmuls(model) -> list[Int8Matmul]:
     return [m.matmul for m in model.modules() if isinstance(m, QuantizedLinear)] + (heads.matmuls if heads else [])
 
 
-def matrices(kernels: list[str], rounds: int, shapes: list[tuple[int, int]]) -> dict:
+def matrices(runs: dict, rounds: int, shapes: list[tuple[int, int]], rows=ROWS) -> dict:
+    """`runs`: name -> (kernel, threads); the floors on the most threads of them."""
     generator = torch.Generator().manual_seed(0)
     matmuls = [Int8Matmul(torch.randn(shape, generator=generator) / shape[1] ** 0.5, "w8a8") for shape in shapes]
     inputs = {n: {k: torch.randn(n, k, generator=generator).bfloat16() for k in {s[1] for s in shapes}} for n in ROWS}
     nbytes = sum(a * b for a, b in shapes)
     source, target, read = torch.ones(nbytes // 8), torch.empty(nbytes // 8), torch.ones(nbytes // 4)
-    floor = {"floor: a copy of the bytes": lambda: target.copy_(source), "a sum reading the bytes": read.sum}
+    most = max(threads for _, threads in runs.values())
+    floor = {"floor: a copy of the bytes": on_threads(most, lambda: target.copy_(source)),
+             "a sum reading the bytes": on_threads(most, read.sum)}
     ms = {}
-    for n in ROWS:
-        calls = {kernel: with_kernel(kernel, matmuls, lambda x=inputs[n]: [m(x[m.in_features]) for m in matmuls])
-                 for kernel in kernels}
+    for n in rows:
+        calls = {name: with_kernel(kernel, matmuls, lambda x=inputs[n]: [m(x[m.in_features]) for m in matmuls], threads)
+                 for name, (kernel, threads) in runs.items()}
         ms[str(n)] = interleaved(calls | (floor if n == 1 else {}), rounds, 2)
     one = ms["1"]
     return {"ms": ms, "bytes": nbytes, "floor_ms": one["floor: a copy of the bytes"],
-            "of_floor": {kernel: one["floor: a copy of the bytes"] / one[kernel] for kernel in kernels},
-            "of_read": {kernel: one["a sum reading the bytes"] / one[kernel] for kernel in kernels}}
+            "of_floor": {name: one["floor: a copy of the bytes"] / one[name] for name in runs},
+            "of_read": {name: one["a sum reading the bytes"] / one[name] for name in runs}}
 
 
-def predictor(kernels: list[str], rounds: int, config) -> dict:
+def predictor(runs: dict, rounds: int, config) -> dict:
     torch.manual_seed(0)
     model = quantize(MultiCodeDecoder(config).bfloat16().eval(), "w8a8")
     hidden, c0 = torch.randn(1, config.talker_hidden_size).bfloat16(), torch.tensor([5])
     sampler = Sampler(do_sample=False)
-    calls = {kernel: with_kernel(kernel, int8_matmuls(model), lambda: decode_frames(model, hidden, c0, sampler))
-             for kernel in kernels}
+    calls = {name: with_kernel(kernel, int8_matmuls(model), lambda: decode_frames(model, hidden, c0, sampler), threads)
+             for name, (kernel, threads) in runs.items()}
     frame = interleaved(calls, rounds, 1)
     return {"ar_frame_ms": frame, "ar_call_ms": {k: v / 15 for k, v in frame.items()}}
 
 
-def talker(kernels: list[str], rounds: int, config: TalkerConfig) -> dict:
+def talker(runs: dict, rounds: int, config: TalkerConfig) -> dict:
     torch.manual_seed(0)
     model = Talker(config).bfloat16().eval()
     quantize_linears(model, "w8a8")
     caches = {}
-    for kernel in kernels:
-        caches[kernel] = RowCache(model)
-        prefill(model, caches[kernel], caches[kernel].add(),
+    for name in runs:
+        caches[name] = RowCache(model)
+        prefill(model, caches[name], caches[name].add(),
                 torch.randn(PROMPT, config.hidden_size).bfloat16() * 0.05, torch.arange(PROMPT))
     x = torch.randn(1, config.hidden_size).bfloat16() * 0.05
 
-    def one_step(kernel: str):
-        cache = caches[kernel]
+    def one_step(name: str):
+        cache = caches[name]
         model.codec_head(step(model, cache, x, torch.tensor(cache.lengths)))
-    calls = {kernel: with_kernel(kernel, int8_matmuls(model), lambda k=kernel: one_step(k)) for kernel in kernels}
+    calls = {name: with_kernel(kernel, int8_matmuls(model), lambda k=name: one_step(k), threads)
+             for name, (kernel, threads) in runs.items()}
     int8_bytes = sum(m.matmul.in_features * m.matmul.out_features for m in model.modules() if hasattr(m, "matmul"))
     return {"step_ms": interleaved(calls, rounds, 3), "int8_bytes": int8_bytes}
 
@@ -127,17 +141,22 @@ def one_class(args) -> dict:
     smoke = dict(shapes=shapes, gigabytes=0.02, repeats=2) if args.smoke else {}
     report = {"cpu": cpu_class.describe(), "class": cpu_class.cpu_class(), "kernels": kernels,
               "inspect": one_row_steps(schemes=("w8a8",), log=log, **smoke)}  # what `rvqspec inspect --device` prints
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    threads, runs = torch.get_num_threads(), {kernel: (kernel, 1) for kernel in kernels}
     with torch.inference_mode():
-        report["matrices"] = matrices(kernels, args.rounds, shapes)
-        log(f"matrices: {json.dumps(report['matrices'])}")
-        report["predictor"] = predictor(kernels, args.rounds, SMOKE_PREDICTOR if args.smoke else QWEN3_TTS_0_6B)
-        log(f"predictor: {json.dumps(report['predictor'])}")
-        report["talker"] = talker(kernels, args.rounds, SMOKE_TALKER if args.smoke else TALKER_0_6B)
-        log(f"talker: {json.dumps(report['talker'])}")
+        report |= sizes(runs, args, shapes, ROWS)
+        log(f"1 thread: {json.dumps(report)}")
+        ours = kernels[-1]  # rvqspec's kernel on this class
+        report["two_threads"] = sizes({f"{n} thread{'s' * (n > 1)}": (ours, n) for n in (1, 2)}, args, shapes, (1,))
+        log(f"1 and 2 threads: {json.dumps(report['two_threads'])}")
     torch.set_num_threads(threads)
     return report
+
+
+def sizes(runs: dict, args, shapes: list[tuple[int, int]], rows) -> dict:
+    """The matrices, the predictor's AR call and the talker step, each of `runs` (name -> (kernel, threads))."""
+    return {"matrices": matrices(runs, args.rounds, shapes, rows),
+            "predictor": predictor(runs, args.rounds, SMOKE_PREDICTOR if args.smoke else QWEN3_TTS_0_6B),
+            "talker": talker(runs, args.rounds, SMOKE_TALKER if args.smoke else TALKER_0_6B)}
 
 
 def to_markdown(report: dict) -> str:
@@ -159,7 +178,7 @@ def to_markdown(report: dict) -> str:
                   "| predictor AR call, ms | " + " | ".join(f"{r['predictor']['ar_call_ms'][k]:.2f}" for k in kernels)
                   + " |", "| talker step + c0 head, ms | " + " | ".join(f"{r['talker']['step_ms'][k]:.1f}"
                                                                         for k in kernels) + " |", ""]
-        lines += summary(r)
+        lines += summary(r) + two_threads(r)
         inspect = r["inspect"]
         w8a8 = inspect["schemes"]["w8a8"]
         lines += [f"`rvqspec inspect --device` (its defaults: {inspect['threads']} threads, the floor from a copy's "
@@ -184,6 +203,20 @@ def summary(r: dict) -> list[str]:
                   f"{ratio(m['ms']['33']):.2f}x, the predictor's AR call **{ratio(r['predictor']['ar_call_ms']):.2f}x**"
                   f", the talker step **{ratio(step_ms):.2f}x**.", ""]
     return lines
+
+
+def two_threads(r: dict) -> list[str]:
+    """rvqspec's kernel of the class on 1 and 2 threads (torch.set_num_threads), interleaved."""
+    t, ours = r["two_threads"], r["kernels"][-1]
+    m, names = t["matrices"], list(t["matrices"]["of_floor"])
+    figures = {"one row through the matrices, ms": m["ms"]["1"], "predictor AR call, ms": t["predictor"]["ar_call_ms"],
+               "talker step + c0 head, ms": t["talker"]["step_ms"]}
+    lines = [f"{ours} on 1 and 2 threads, interleaved (the floor: a copy of the matrices' bytes on 2 threads, "
+             f"{m['floor_ms']:.2f} ms)", "", "| one row | " + " | ".join(names) + " | 1 thread / 2 threads |",
+             "|---|" + "---|" * (len(names) + 1)]
+    lines += [f"| {what} | " + " | ".join(f"{v[n]:.2f}" for n in names) + f" | {v[names[0]] / v[names[1]]:.2f}x |"
+              for what, v in figures.items()]
+    return lines + ["| matrices, of the floor | " + " | ".join(f"{m['of_floor'][n]:.0%}" for n in names) + " | |", ""]
 
 
 def main(argv: list[str] | None = None) -> None:

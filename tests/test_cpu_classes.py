@@ -160,9 +160,9 @@ def test_another_thread_count_reads_its_own_choices(monkeypatch):
 def test_the_exactness_tests_pass_under_an_isa_cap():
     """Greedy identity (float64, quantized), the matmul row invariance and the enumerated G-tests (bfloat16 too),
     rerun as the AVX2 class (ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2): other kernels, fused kernels built without AVX-512,
-    w8a8 on rvqspec's int8 kernel (tests/test_int8.py too), bit-exact rounds (tests/test_bit_exact.py)."""
+    w8a8 on rvqspec's int8 kernel (tests/test_int8.py and test_int8_layers.py too), bit-exact rounds (tests/test_bit_exact.py)."""
     tests = ["tests/test_cpu_classes.py", "tests/test_speculative.py", "tests/test_distribution.py",
-             "tests/test_quantize.py", "tests/test_int8.py", "tests/test_bit_exact.py"]
+             "tests/test_quantize.py", "tests/test_int8.py", "tests/test_int8_layers.py", "tests/test_bit_exact.py"]
     chosen = "test_cpu_classes or test_quantize or test_int8 or test_bit_exact or greedy or matches_enumeration"  # not the G-test's own power tests
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-k", chosen, *tests],
                          env=os.environ | AVX2_CAP | {CAPPED: "1"}, capture_output=True, text=True, cwd=ROOT,

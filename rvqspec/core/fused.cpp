@@ -267,6 +267,45 @@ at::Tensor attention(const at::Tensor& q_, const at::Tensor& k_cache, const at::
   return out.permute({0, 2, 1, 3});
 }
 
+// A matrix of a w8a8 layer on rvqspec's GEMMs: packed by pack_vnni (3 tensors) or pack_int8 (2), n outputs.
+at::Tensor int8_matmul(const at::Tensor& x, const std::vector<at::Tensor>& packed, int64_t n) {
+  return packed.size() == 3 ? vnni_linear(x, packed[0], packed[1], packed[2], n)
+                             : int8_linear(x, packed[0], packed[1], n);
+}
+
+// fused.layers' loop and final norm in one native call, for a w8a8 model whose layer matrices all run on rvqspec's
+// int8 GEMMs (quantize.Int8Matmul.native) and attend over a cache in order: the same kernels on the same tensors in
+// the same order, without a trip back to Python between them (~10 per layer: issue 51).
+// norms: each layer's attn_norm and mlp_norm weights, then the final norm's; qk_norms: each layer's q and k norm
+// weights (None: none); packed, widths: each layer's qkv, o, gate+up and down matrices; kv: the cache's
+// [layers, 2, B, KV, S, D] (a view); the rest as qkv_rope and attention take them.
+at::Tensor int8_layers(at::Tensor x, const std::vector<at::Tensor>& norms,
+                       const std::vector<c10::optional<at::Tensor>>& qk_norms,
+                       const std::vector<std::vector<at::Tensor>>& packed, const std::vector<int64_t>& widths,
+                       const at::Tensor& cos, const at::Tensor& sin, const c10::optional<at::Tensor>& mask,
+                       const at::Tensor& kv, const at::Tensor& slots, double eps, int64_t heads, int64_t kv_heads) {
+  const int64_t layers = kv.size(0);
+  const auto count = [](const auto& list) { return static_cast<int64_t>(list.size()); };
+  TORCH_CHECK(x.dim() == 3 && kv.dim() == 6 && count(norms) == 2 * layers + 1 && count(qk_norms) == 2 * layers &&
+              count(packed) == 4 * layers && count(widths) == 4 * layers,
+              "int8_layers: one entry per layer (fused.int8_stack)");
+  auto h = rms_norm(x, norms[0], eps);
+  for (int64_t i = 0; i < layers; ++i) {
+    const auto k = kv.select(0, i).select(0, 0), v = kv.select(0, i).select(0, 1);
+    const auto* w = &packed[4 * i];
+    const int64_t* n = &widths[4 * i];
+    auto q = qkv_rope(int8_matmul(h, w[0], n[0]), qk_norms[2 * i], qk_norms[2 * i + 1], cos, sin, eps, heads,
+                      kv_heads, k, v, slots);
+    auto y = attention(q, k, v, mask).transpose(1, 2).reshape({x.size(0), x.size(1), -1});
+    auto mid = add_rms_norm(x, int8_matmul(y, w[1], n[1]), norms[2 * i + 1], eps);
+    auto out = add_rms_norm(mid[0], int8_matmul(silu_mul(int8_matmul(mid[1], w[2], n[2])), w[3], n[3]),
+                            norms[2 * i + 2], eps);
+    x = out[0];
+    h = out[1];
+  }
+  return h;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -286,4 +325,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("w8a16_linear", &rvqspec::w8a16_linear);
   m.def("has_bf16_gemm", &rvqspec::has_bf16_gemm);
   m.def("bf16_linear", &rvqspec::bf16_linear);
+  m.def("int8_layers", &int8_layers);
 }

@@ -7,7 +7,8 @@ each costs dispatcher overhead, and their cost grows with the rows of a speculat
 cache write, SiLU x up, and residual add + the next RMSNorm (twice); the prepacked matmuls stay, and the
 predictor's attention over the cache (and a talker step's) is a kernel too (`attention_in_order`: each query's keys
 in position order, so a verify call's rows get their AR steps' bits; faster than SDPA at a frame's 1..33 queries). AR
-and speculative calls take the same path, so AR keeps being our fastest AR.
+and speculative calls take the same path, so AR keeps being our fastest AR. Where every layer matrix is w8a8 on
+rvqspec's int8 GEMMs, the whole stack is one native call (`int8_layers`: the same kernels in the same order).
 
 int8.cpp, built into the same module, holds the integer side of int8 weights (`quantize`: w8a8's token quantization,
 and the int8 GEMMs of x86 CPUs without int8 dot products, which the fast-path switch leaves on: they are the schemes'
@@ -61,13 +62,21 @@ def cflags() -> list[str]:
     """For this CPU under its caps (`cpu_class`): 512-bit vectors where the class has AVX-512 (gcc prefers 256 by
     default), none of its instructions (nor AVX-VNNI's) where a cap (ONEDNN_MAX_CPU_ISA=AVX2...) leaves a CPU that has
     them without."""
-    flags = ["-O3", "-march=native", "-fopenmp-simd"]
+    flags = ["-O3", "-march=native", "-fopenmp-simd", *openmp()]
     if platform.machine() not in ("x86_64", "AMD64"):
         return flags
     cls, has = cpu_class.cpu_class(), cpu_class.cpu_flags()
     if cls.startswith(("avx512", "amx")):
         return flags + ["-mprefer-vector-width=512"]
     return flags + ["-mno-avx512f"] * ("avx512f" in has) + ["-mno-avxvnni"] * ("avx_vnni" in has and cls != "avx2-vnni")
+
+
+def openmp() -> list[str]:
+    """["-fopenmp"] where torch's ATen runs its parallel loops on OpenMP (Linux wheels: its own libgomp.so.1, which
+    the kernels then share by its soname, so torch.set_num_threads sets their thread count too). Without it
+    at::parallel_for compiles to a plain loop: every kernel ran on one thread whatever torch's thread count."""
+    on_openmp = "parallel backend: OpenMP" in torch.__config__.parallel_info()
+    return ["-fopenmp"] if platform.system() == "Linux" and on_openmp else []
 
 
 def kernels():
@@ -80,7 +89,7 @@ def kernels():
                 from torch.utils.cpp_extension import load
                 with ninja_on_path():
                     _state["module"] = load(build_name(), [str(path) for path in SOURCES], extra_cflags=cflags(),
-                                            verbose=False)
+                                            extra_ldflags=openmp(), verbose=False)
             except Exception as e:  # no ninja, no compiler, a read-only cache...: the plain path still works
                 warnings.warn(f"rvqspec: the fused CPU kernels could not be built ({type(e).__name__}: "
                               f"{str(e).strip().splitlines()[-1] if str(e).strip() else e}); decoding takes the "
@@ -138,6 +147,10 @@ def layers(model, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cach
     if cache is None:
         cache, slots = model.new_cache(len(x), length), torch.arange(length, device=x.device)
     cos, sin = cos.reshape(-1, length, d), sin.reshape(-1, length, d)  # [T, D] or [B, 1, T, D] -> [Bc, T, D]
+    native = None if causal or attention is not attention_in_order else int8_stack(model, len(x) * length)
+    if native is not None:
+        return ops.int8_layers(x, *native, cos, sin, mask, cache.kv, slots, eps, blocks[0].attn.heads,
+                               blocks[0].attn.kv_heads)
     h = ops.rms_norm(x, blocks[0].attn_norm.weight, eps)
     for i, block in enumerate(blocks):
         attn = block.attn
@@ -149,6 +162,31 @@ def layers(model, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cach
         after = blocks[i + 1].attn_norm if i + 1 < len(blocks) else model.norm
         x, h = ops.add_rms_norm(x, block.mlp.w_down(ops.silu_mul(block.mlp.w_gate_up(h))), after.weight, eps)
     return h
+
+
+def int8_stack(model, rows: int) -> tuple[list, list, list, list[int]] | None:
+    """What `fused.cpp`'s int8_layers takes to run `model`'s decoder stack in one native call (the same kernels, the
+    same bits), where every layer matrix is w8a8 on rvqspec's int8 GEMMs in a call of `rows` rows, without bias or
+    hooks (`Int8Matmul.native`): the norms' weights (each layer's attn_norm, mlp_norm, then the final norm), the q/k
+    norms' (None: none), each matrix's packed weights and width (qkv, o, gate+up, down per layer). Else None. Read
+    per call (weights may be swapped or repacked), through the modules' dicts: nn.Module's __getattr__ took ~100 us
+    here (5 layers)."""
+    norms, qk, packed, widths = [], [], [], []
+    for block in model.layers:
+        parts = block._modules
+        attn, mlp = parts["attn"]._modules, parts["mlp"]._modules
+        for linear in (attn["wqkv"], attn["wo"], mlp["w_gate_up"], mlp["w_down"]):
+            matmul = linear.__dict__.get("matmul")
+            hooked = linear._forward_hooks or linear._forward_pre_hooks
+            plain = matmul is not None and linear.bias is None and not hooked
+            weights = matmul.native(rows) if plain else None
+            if weights is None:
+                return None
+            packed.append(weights)
+            widths.append(matmul.out_features)
+        norms += [parts["attn_norm"]._parameters["weight"], parts["mlp_norm"]._parameters["weight"]]
+        qk += [attn["q_norm"]._parameters.get("weight"), attn["k_norm"]._parameters.get("weight")]
+    return norms + [model.norm.weight], qk, packed, widths
 
 
 def attention_in_order(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:

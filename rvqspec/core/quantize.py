@@ -190,11 +190,10 @@ class Int8Matmul:
         """x [..., K] -> [..., N] in x's dtype through this class's w8a8 kernel (`w8a8_kernel`; oneDNN's past
         VNNI_ROWS rows where it has int8 dot products: the same bits, faster on AMX there). rvqspec's kernels take
         and give any leading shape: a one-row call is one native call and little else (~2 us)."""
-        kernel = self.kernel = self.kernel or w8a8_kernel()
-        if kernel == "vnni" and x.numel() <= VNNI_ROWS * self.in_features:
-            return fused.kernels().vnni_linear(x, *self.packed_as(kernel), self.out_features)
-        if kernel == "avx2":
-            return fused.kernels().int8_linear(x, *self.packed_as(kernel), self.out_features)
+        packed = self.native(x.numel() // self.in_features)
+        if packed is not None:
+            ops = fused.kernels()
+            return (ops.vnni_linear if len(packed) == 3 else ops.int8_linear)(x, *packed, self.out_features)
         rows = x.reshape(-1, self.in_features).contiguous()
         kernels = fused.kernels() if fused.on() else None  # the same bits as the plain ops, faster
         q, scale = kernels.quantize_rows(rows) if kernels else quantize_tokens(rows)
@@ -202,6 +201,14 @@ class Int8Matmul:
                                                  self.zero_points, None, 1.0, 0, torch.float32, "none", [], "")
         out = kernels.scale_rows(out, scale, x) if kernels else (out * scale).to(x.dtype)
         return out.reshape(*x.shape[:-1], self.out_features)
+
+    def native(self, rows: int) -> tuple[Tensor, ...] | None:
+        """w8a8: the packed weights of rvqspec's kernel where a call of `rows` rows runs on it (`w8a8_kernel`: "avx2";
+        "vnni" up to VNNI_ROWS rows): pack_vnni's three tensors or pack_int8's two. None where oneDNN's runs it."""
+        if self.scheme != "w8a8":
+            return None
+        kernel = self.kernel = self.kernel or w8a8_kernel()
+        return self.packed_as(kernel) if kernel == "avx2" or kernel == "vnni" and rows <= VNNI_ROWS else None
 
     def __getstate__(self) -> dict:
         """Pickles and copies (torch.save, deepcopy) hold the int8 rows and scales; oneDNN's layout (an opaque
