@@ -259,3 +259,22 @@ def test_sentence_mode_speaks_each_sentence_as_it_completes_as_one_stream():
         with pytest.raises(RvqspecError, match="empty"):
             engine.speech(iter([" "]), voice="en").audio()
         assert engine.status()["active"] == 0
+
+
+def test_a_passages_next_sentence_is_decoded_before_its_stream_reaches_it():
+    """Sentence k+1 is queued when sentence k's decoding ends (not when its listener takes a chunk), and while the
+    passage streams its audio is decoded from then on: its first chunk is waiting when the stream reaches it (no
+    wait at the join for all its frames in one chunk). The audio stays the passage's."""
+    text = "Hello there. How are you today?"
+    with Engine("standin") as engine:
+        want = engine.speech(text, voice="en", seed=5, sentences=True).audio()
+        passage = engine.speech(text, voice="en", seed=5, sentences=True)
+        chunks = iter(passage)
+        first = next(chunks)  # then nothing is taken until the next sentence's audio is there
+        deadline = time.monotonic() + 120
+        while len(passage.requests) < 2 or passage.requests[1].chunks_ready.empty():
+            assert time.monotonic() < deadline, "the next sentence was not decoded while the stream waited"
+            time.sleep(0.01)
+        assert passage.requests[0].done and passage.requests[1].attached
+        audio = np.concatenate([first, *chunks])
+        assert len(audio) == len(want) and np.abs(audio - want).max() < 1e-4  # chunks of other sizes: float rounding

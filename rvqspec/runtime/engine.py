@@ -17,7 +17,7 @@ request in one batch that new ones join at frame boundaries. Prompts and setting
 import inspect
 import random
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -218,8 +218,8 @@ class Engine:
         """Sentences spoken in turn as one stream: one generator carried across them, each next sentence queued
         ahead of the others (runtime/passage.py)."""
         generator = self.generator(seed)
-        return Passage(prompts, lambda prompt: self.queue(prompt, generator, first=True), self.sample_rate,
-                       complete=complete)
+        return Passage(prompts, lambda prompt, ended: self.queue(prompt, generator, first=True, on_end=ended),
+                       self.sample_rate, complete=complete)
 
     def enqueue(self, prompt, seed: int | None) -> Request:
         return self.queue(prompt, self.generator(seed))
@@ -229,8 +229,10 @@ class Engine:
         seed = self.seeds.getrandbits(62) if check_seed(seed) is None else seed
         return torch.Generator(self.model.predictor.device).manual_seed(seed)
 
-    def queue(self, prompt, generator: torch.Generator, first: bool = False) -> Request:
+    def queue(self, prompt, generator: torch.Generator, first: bool = False,
+              on_end: Callable[[], None] | None = None) -> Request:
         request = Request(prompt, self.codec, self.sample_rate, self.chunks, generator)
+        request.on_end = on_end
         self.scheduler.submit(request, first)
         return request
 

@@ -25,28 +25,34 @@ WORST_FIRST = ("error", "cancelled", "length", "eos")  # a passage's end reason:
 
 
 class Passage:
-    """Sentences' prompts spoken in turn as one stream; `submit(prompt)` makes and queues a sentence's request (with
-    the passage's generator, ahead of the queue)."""
+    """Sentences' prompts spoken in turn as one stream; `submit(prompt, ended)` makes and queues a sentence's request
+    (with the passage's generator, ahead of the queue), `ended` called once its decoding ended well."""
 
-    def __init__(self, prompts: list[Prompt], submit: Callable[[Prompt], Request], sample_rate: int,
-                 complete: bool = True):
+    def __init__(self, prompts: list[Prompt], submit: Callable[[Prompt, Callable[[], None]], Request],
+                 sample_rate: int, complete: bool = True):
         self.prompts, self.submit, self.sample_rate = prompts, submit, sample_rate
         self.requests: list[Request] = []
         self.lock = threading.Lock()
         self.more = threading.Condition(self.lock)  # a sentence added, or the last one
         self.complete, self.error = complete, None
         self.cancelled = threading.Event()
+        self.streaming = False  # iterated: each sentence's audio is decoded from its submission on
         self.submitted = time.perf_counter()
         self.first_audio_seconds: float | None = None
 
     def next_sentence(self) -> None:
-        """Submit the next sentence once the last one's decoding ended well (its generator is then free)."""
+        """Submit the next sentence once the last one's decoding ended well (its generator is then free): called when
+        it ends, and when a sentence is added. While the passage streams, the codec decodes its chunks at once (not
+        all its frames in one chunk when the stream reaches it: the wait at the join)."""
         with self.lock:
             last = self.requests[-1] if self.requests else None
             if self.cancelled.is_set() or len(self.requests) == len(self.prompts):
                 return
             if last is None or (last.done and last.end_reason in ("eos", "length")):
-                self.requests.append(self.submit(self.prompts[len(self.requests)]))
+                request = self.submit(self.prompts[len(self.requests)], self.next_sentence)
+                if self.streaming:
+                    request.attach()
+                self.requests.append(request)
 
     def add(self, prompt: Prompt) -> None:
         """One more sentence (of a passage made with `complete` False)."""
@@ -69,12 +75,11 @@ class Passage:
         self.next_sentence()
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        index = 0
+        index, self.streaming = 0, True
         try:
             self.await_sentence(0)
             while index < len(self.requests):
                 for audio in self.requests[index]:
-                    self.next_sentence()
                     if self.first_audio_seconds is None:
                         self.first_audio_seconds = time.perf_counter() - self.submitted
                     yield audio
