@@ -18,6 +18,7 @@ import torch
 from rvqspec import ReusedHeads, TextStream, default_tree
 from rvqspec.core.errors import RvqspecError
 from rvqspec.runtime import Engine
+from rvqspec.runtime.passage import Passage
 
 from helpers.upstream_models import upstream_available
 
@@ -278,3 +279,32 @@ def test_a_passages_next_sentence_is_decoded_before_its_stream_reaches_it():
         assert passage.requests[0].done and passage.requests[1].attached
         audio = np.concatenate([first, *chunks])
         assert len(audio) == len(want) and np.abs(audio - want).max() < 1e-4  # chunks of other sizes: float rounding
+
+
+def test_a_passage_whose_engine_closed_before_its_next_sentence_ends_with_that_error():
+    """The next sentence is submitted from the engine's thread (its last one's end): an engine that closed meanwhile
+    refuses it, and the passage's stream ends with that refusal; the engine's thread gets no exception."""
+    class Ended:  # a sentence's request that has decoded, and its audio
+        done, end_reason, attached = True, "eos", False
+
+        def attach(self):
+            self.attached = True
+
+        def __iter__(self):
+            yield np.ones(4, dtype=np.float32)
+
+    submitted = []
+
+    def submit(prompt, ended):
+        if submitted:
+            raise RvqspecError("the engine is closed: make a new rvqspec.Engine to decode more")
+        submitted.append(ended)
+        return Ended()
+
+    passage = Passage(["first", "second"], submit, 16000)
+    chunks = iter(passage)
+    assert len(next(chunks)) == 4
+    submitted[0]()  # the first sentence's end, as the engine's thread reports it: no exception there
+    with pytest.raises(RvqspecError, match="engine is closed"):
+        next(chunks)
+    assert passage.done and passage.end_reason == "error"

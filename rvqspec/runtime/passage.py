@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rvqspec.core.errors import RvqspecError
 from rvqspec.core.frame_loop import POLL_SECONDS
 from rvqspec.runtime.request import Prompt, Request
 
@@ -49,7 +50,13 @@ class Passage:
             if self.cancelled.is_set() or len(self.requests) == len(self.prompts):
                 return
             if last is None or (last.done and last.end_reason in ("eos", "length")):
-                request = self.submit(self.prompts[len(self.requests)], self.next_sentence)
+                try:
+                    request = self.submit(self.prompts[len(self.requests)], self.next_sentence)
+                except RvqspecError as e:  # the engine closed: the stream ends with it (never the engine's thread)
+                    self.complete, self.error = True, self.error or e
+                    self.prompts = self.prompts[:len(self.requests)]
+                    self.more.notify_all()
+                    return
                 if self.streaming:
                     request.attach()
                 self.requests.append(request)
@@ -64,7 +71,7 @@ class Passage:
     def end(self, error: BaseException | None = None) -> None:
         """No more sentences; `error`: the text's source failed (raised to the caller after the sentences so far)."""
         with self.more:
-            self.complete, self.error = True, error
+            self.complete, self.error = True, self.error or error
             self.more.notify_all()
 
     def await_sentence(self, index: int) -> None:
@@ -126,10 +133,11 @@ class Passage:
 
     @property
     def end_reason(self) -> str | None:
-        """The worst of its sentences' end reasons ("cancelled" where it was cancelled before its last sentence)."""
+        """The worst of its sentences' end reasons ("cancelled" where it was cancelled before its last sentence,
+        "error" where its text's source failed or the engine closed before its next sentence)."""
         if not self.done:
             return None
-        reasons = {request.end_reason for request in self.requests}
+        reasons = {request.end_reason for request in self.requests} | ({"error"} if self.error else set())
         if len(self.requests) < len(self.prompts):
             reasons.add("cancelled")
         return next(reason for reason in WORST_FIRST if reason in reasons)
