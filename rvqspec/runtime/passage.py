@@ -37,14 +37,14 @@ class Passage:
         self.more = threading.Condition(self.lock)  # a sentence added, or the last one
         self.complete, self.error = complete, None
         self.cancelled = threading.Event()
-        self.streaming = False  # iterated: each sentence's audio is decoded from its submission on
+        self.streaming = False  # its audio started: each sentence's is decoded from its submission on
         self.submitted = time.perf_counter()
         self.first_audio_seconds: float | None = None
 
     def next_sentence(self) -> None:
         """Submit the next sentence once the last one's decoding ended well (its generator is then free): called when
-        it ends, and when a sentence is added. While the passage streams, the codec decodes its chunks at once (not
-        all its frames in one chunk when the stream reaches it: the wait at the join)."""
+        it ends, and when a sentence is added. Once the passage's audio started, the codec decodes its chunks at once
+        (not all its frames in one chunk when the stream reaches it: the wait at the join)."""
         with self.lock:
             last = self.requests[-1] if self.requests else None
             if self.cancelled.is_set() or len(self.requests) == len(self.prompts):
@@ -82,13 +82,14 @@ class Passage:
         self.next_sentence()
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        index, self.streaming = 0, True
+        index = 0
         try:
             self.await_sentence(0)
             while index < len(self.requests):
                 for audio in self.requests[index]:
                     if self.first_audio_seconds is None:
                         self.first_audio_seconds = time.perf_counter() - self.submitted
+                        self.stream_ahead()
                     yield audio
                 index += 1
                 self.await_sentence(index)
@@ -97,6 +98,15 @@ class Passage:
             raise
         if self.error is not None:
             raise self.error
+
+    def stream_ahead(self) -> None:
+        """From the first audio on, each sentence's chunks are decoded from its submission (before it, a next
+        sentence's would compete with the first chunk for the codec)."""
+        with self.lock:
+            self.streaming = True
+            submitted = list(self.requests)
+        for request in submitted:
+            request.attach()
 
     def wait(self, timeout: float | None = None) -> Tensor:
         """Decode every sentence (without their audio): the codes [T, G] of all of them in turn."""
