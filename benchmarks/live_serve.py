@@ -6,7 +6,8 @@ main thread: both routes share that cost alike), serving the shipped stand-in (`
 mode) and a tiny random-weight qwen-tts CustomVoice (rvqspec.bench.upstream, token mode), seeded requests:
 
 1. Routes: the same text, voice and seed sent whole over the WebSocket (session.config, one input.text, input.done)
-   and over POST /v1/audio/speech (streamed pcm; the stand-in's with `sentences` as the session speaks it), in
+   and over POST /v1/audio/speech (streamed pcm, as the session speaks it: the stand-in's with `sentences`, a
+   token-mode model's with `non_streaming_mode: false`, upstream's dual-track prompt), in
    interleaved repeats (the order rotated) after a warm-up of each: each route's median first audio (from sending
    the request, or the session.config, to the first audio bytes; the WebSocket's handshake before it, the HTTP
    connection kept alive), their ratio (target: within 10%), and the largest difference between their samples (in
@@ -116,15 +117,20 @@ def requests_of(engine, model: str, text: str) -> tuple[dict, dict]:
     config = {"type": "session.config", "model": engine.name, "response_format": "pcm", "seed": SEED,
               **MODELS[model]}
     body = {"model": engine.name, "input": text, "response_format": "pcm", "seed": SEED, **MODELS[model],
-            "sentences": engine.text_mode == "sentence"}  # as the session speaks it
+            **as_session(engine)}
     return config, body
+
+
+def as_session(engine) -> dict:
+    """The HTTP route's fields that speak the text as a session does: the stand-in sentence by sentence, a token-mode
+    model with upstream's dual-track prompt (its default for custom voice is the whole-text prompt)."""
+    return {"sentences": True} if engine.text_mode == "sentence" else {"non_streaming_mode": False}
 
 
 def engine_pcm(engine, model: str, text: str, live: bool) -> bytes:
     """The engine's own audio for the text, seed and voice: `live` as text that arrives over time (what a session
     speaks), else whole (what the HTTP route speaks)."""
-    sentences = not live and engine.text_mode == "sentence"
-    return pcm_bytes(engine.speech(iter([text]) if live else text, seed=SEED, sentences=sentences,
+    return pcm_bytes(engine.speech(iter([text]) if live else text, seed=SEED, **({} if live else as_session(engine)),
                                    **MODELS[model]).audio())
 
 
@@ -305,10 +311,10 @@ def markdown(report: dict) -> str:
                      f"{yes(row['within_tolerance'])} | {steps_text(row['websocket_vs_http'])} | "
                      f"{steps_text(row['websocket_vs_engine_live'])} | {steps_text(row['http_vs_engine_whole'])} |")
     if any(row["mode"] == "token" for row in report["routes"]):
-        lines += ["", "A token-mode model's two routes speak two prompts: the HTTP route upstream's for the whole text "
-                  "(`generate_custom_voice`'s default `non_streaming_mode=True`), the WebSocket upstream's dual-track "
-                  "one (`non_streaming_mode=False`, the text taken a token a frame); each is the engine's own audio "
-                  "for its prompt, the two differ."]
+        lines += ["", "A token-mode model's HTTP request asks for upstream's dual-track prompt "
+                  "(`\"non_streaming_mode\": false`), the prompt the WebSocket runs with the text taken a token a "
+                  "frame as it arrives (without the field, custom voice's default is the whole-text prompt: other "
+                  "audio)."]
     if any(row["model"] == "standin" for row in report["routes"]):
         lines += ["", "A difference of a 16-bit step or so on the stand-in: run after run in one process, the same "
                   "request's codes are the same bits while its waveform may differ by about 5e-6, its codec decoding "

@@ -18,6 +18,7 @@ import torch
 from rvqspec import ReusedHeads, TextStream, default_tree
 from rvqspec.core.errors import RvqspecError
 from rvqspec.runtime import Engine
+from rvqspec.runtime.passage import Passage
 
 from helpers.upstream_models import upstream_available
 
@@ -259,3 +260,51 @@ def test_sentence_mode_speaks_each_sentence_as_it_completes_as_one_stream():
         with pytest.raises(RvqspecError, match="empty"):
             engine.speech(iter([" "]), voice="en").audio()
         assert engine.status()["active"] == 0
+
+
+def test_a_passages_next_sentence_is_decoded_before_its_stream_reaches_it():
+    """Sentence k+1 is queued when sentence k's decoding ends (not when its listener takes a chunk), and while the
+    passage streams its audio is decoded from then on: its first chunk is waiting when the stream reaches it (no
+    wait at the join for all its frames in one chunk). The audio stays the passage's."""
+    text = "Hello there. How are you today?"
+    with Engine("standin") as engine:
+        want = engine.speech(text, voice="en", seed=5, sentences=True).audio()
+        passage = engine.speech(text, voice="en", seed=5, sentences=True)
+        chunks = iter(passage)
+        first = next(chunks)  # then nothing is taken until the next sentence's audio is there
+        deadline = time.monotonic() + 120
+        while len(passage.requests) < 2 or passage.requests[1].chunks_ready.empty():
+            assert time.monotonic() < deadline, "the next sentence was not decoded while the stream waited"
+            time.sleep(0.01)
+        assert passage.requests[0].done and passage.requests[1].attached
+        audio = np.concatenate([first, *chunks])
+        assert len(audio) == len(want) and np.abs(audio - want).max() < 1e-4  # chunks of other sizes: float rounding
+
+
+def test_a_passage_whose_engine_closed_before_its_next_sentence_ends_with_that_error():
+    """The next sentence is submitted from the engine's thread (its last one's end): an engine that closed meanwhile
+    refuses it, and the passage's stream ends with that refusal; the engine's thread gets no exception."""
+    class Ended:  # a sentence's request that has decoded, and its audio
+        done, end_reason, attached = True, "eos", False
+
+        def attach(self):
+            self.attached = True
+
+        def __iter__(self):
+            yield np.ones(4, dtype=np.float32)
+
+    submitted = []
+
+    def submit(prompt, ended):
+        if submitted:
+            raise RvqspecError("the engine is closed: make a new rvqspec.Engine to decode more")
+        submitted.append(ended)
+        return Ended()
+
+    passage = Passage(["first", "second"], submit, 16000)
+    chunks = iter(passage)
+    assert len(next(chunks)) == 4
+    submitted[0]()  # the first sentence's end, as the engine's thread reports it: no exception there
+    with pytest.raises(RvqspecError, match="engine is closed"):
+        next(chunks)
+    assert passage.done and passage.end_reason == "error"

@@ -111,6 +111,17 @@ def test_sentence_mode_is_the_engines_passage(standin, engine):
     assert len(got) == len(want) and np.abs(got.astype(int) - want).max() <= 2  # streamed: chunks to float rounding
 
 
+def test_the_stand_in_takes_non_streaming_mode_true_and_refuses_false(standin, engine):
+    """The stand-in has one prompt, the whole text's (non_streaming_mode true, as upstream's default); false asks for a
+    dual-track prompt it has not: a 400 naming the field."""
+    body = {"model": "standin", "input": TEXT, "voice": "en", "seed": 8, "response_format": "pcm"}
+    same = httpx.post(f"{standin.url}/v1/audio/speech", json={**body, "non_streaming_mode": True}, timeout=60)
+    assert same.content == alone(engine, TEXT, 8, voice="en").tobytes()
+    refused = httpx.post(f"{standin.url}/v1/audio/speech", json={**body, "non_streaming_mode": False}, timeout=60)
+    assert refused.status_code == 400 and "no dual-track prompt" in refused.json()["error"]["message"]
+    assert "non_streaming_mode" in refused.json()["error"]["message"]
+
+
 def test_the_stand_in_refuses_voice_registration(standin):
     refused = httpx.post(f"{standin.url}/v1/audio/voices", json={"name": "anna", "audio": clip()})
     assert refused.status_code == 400 and "cannot clone" in refused.json()["error"]["message"]

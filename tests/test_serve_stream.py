@@ -12,6 +12,7 @@ import os
 import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
@@ -25,6 +26,7 @@ from websockets.asyncio.client import connect  # noqa: E402
 from websockets.exceptions import ConnectionClosed  # noqa: E402
 
 from helpers.upstream_tts import tiny_qwen3_tts  # noqa: E402
+from rvqspec.core.errors import RvqspecError  # noqa: E402
 from rvqspec.runtime import Engine  # noqa: E402
 from rvqspec.serve.app import create_app  # noqa: E402
 from rvqspec.serve.audio import to_int16  # noqa: E402
@@ -104,6 +106,31 @@ def test_a_session_speaks_the_engines_audio_in_vllm_omnis_messages(served):
     assert start["utterance_index"] == start["sentence_index"] == 0
     assert done["total_bytes"] == len(audio) and done["error"] is False and end["total_sentences"] == 1
     assert len(audio) > 0 and audio == expected(engine)
+
+
+def test_the_http_route_with_non_streaming_mode_false_is_the_websockets_audio(served):
+    """POST /v1/audio/speech keeps upstream's default prompt (custom voice: the whole text, non_streaming_mode true);
+    with non_streaming_mode false it runs the dual-track prompt, and its audio is the WebSocket's bit for bit."""
+    url, engine = served
+    speech = url.replace("ws://", "http://").replace("/speech/stream", "/speech")
+    body = {"model": engine.name, "input": TEXT, "voice": "tiny", "language": "English", "response_format": "pcm",
+            "seed": 3}
+
+    def post(**extra) -> bytes:
+        response = httpx.post(speech, json={**body, **extra}, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
+        assert response.status_code == 200, response.text
+        return response.content
+
+    async def run():
+        async with session(url) as websocket:
+            return await speak(websocket, ["hello th", "ere, how are", " you?"])
+
+    live = asyncio.run(run())[1]
+    whole = to_int16(engine.speech(TEXT, voice="tiny", language="English", seed=3).audio()).tobytes()
+    assert len(live) > 0 and post(non_streaming_mode=False) == live
+    assert post() == post(non_streaming_mode=True) == whole != live  # upstream's default: the whole-text prompt
+    with pytest.raises(RvqspecError, match="dual-track prompt"):  # text that arrives over time has no other
+        engine.speech(iter([TEXT]), voice="tiny", non_streaming_mode=True)
 
 
 BAD = {  # case: (what the client sends after connecting, the error's code)

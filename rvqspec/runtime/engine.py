@@ -17,7 +17,7 @@ request in one batch that new ones join at frame boundaries. Prompts and setting
 import inspect
 import random
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -145,6 +145,9 @@ class Engine:
         if not getattr(self.model, "dual_track", False):
             raise RvqspecError(f"{self.name} has no dual-track talker: pass the whole text as a string")
         text = arguments.pop("text")
+        if arguments.pop("non_streaming_mode", False):
+            raise RvqspecError("text that arrives over time is spoken with the dual-track prompt: leave "
+                               "non_streaming_mode out (or false), or pass the whole text as a string")
         prompt = self.model.live_prompt(kind, arguments)
         request = self.enqueue(prompt, seed)
         text_stream(text, request.cancelled).attach(prompt.live.read)
@@ -181,16 +184,19 @@ class Engine:
 
     def speech(self, text: str, voice: str | None = None, instructions: str | None = None,
                language: str | None = None, clone=None, seed: int | None = None, temperature: float | None = None,
-               top_k: int | None = None, top_p: float | None = None, sentences: bool = False) -> Request | Passage:
+               top_k: int | None = None, top_p: float | None = None, sentences: bool = False,
+               non_streaming_mode: bool | None = None) -> Request | Passage:
         """A request in one shape for every model (what a server maps OpenAI's fields to): `voice` a built-in voice,
         `instructions` a voice design or instruct, `clone` a `clone_prompt`; sampling settings for the talker. With
         `sentences`, a text of several sentences is spoken one sentence after another as one stream (a `Passage`:
         runtime/passage.py); without, as one utterance, as upstream speaks it. `text` may arrive over time
-        (`submit`)."""
+        (`submit`). `non_streaming_mode`: upstream's prompt choice on a dual-track model (None: its entry point's
+        default; False: the dual-track prompt, the audio of the same text arriving over time)."""
         live = is_live(text)
         if not live and (not isinstance(text, str) or not text.strip()):
             raise RvqspecError("text must be a non-empty string: pass the sentence to speak")
         kind, arguments = self.model.speech("" if live else text, voice, instructions, language, clone)
+        arguments.update(self.prompt_mode(non_streaming_mode))
         sampling = {k: v for k, v in dict(temperature=temperature, top_k=top_k, top_p=top_p).items() if v is not None}
         pieces = split_sentences(text) if sentences and not live else []
         if len(pieces) < 2:
@@ -198,12 +204,22 @@ class Engine:
         prompts = [self.model.prompts(kind, {**arguments, **sampling, "text": piece})[0] for piece in pieces]
         return self.passage(prompts, seed)
 
+    def prompt_mode(self, non_streaming_mode: bool | None) -> dict:
+        """Upstream's `non_streaming_mode` argument, where the model has that choice; a model without a dual-track
+        talker has only the whole-text prompt (True, or None), and refuses False."""
+        dual_track = self.text_mode == "token"
+        if non_streaming_mode is None or (non_streaming_mode and not dual_track):
+            return {}
+        if not dual_track:
+            raise RvqspecError(f"{self.name} has no dual-track prompt: leave non_streaming_mode out (or true)")
+        return {"non_streaming_mode": non_streaming_mode}
+
     def passage(self, prompts: list, seed: int | None, complete: bool = True) -> Passage:
         """Sentences spoken in turn as one stream: one generator carried across them, each next sentence queued
         ahead of the others (runtime/passage.py)."""
         generator = self.generator(seed)
-        return Passage(prompts, lambda prompt: self.queue(prompt, generator, first=True), self.sample_rate,
-                       complete=complete)
+        return Passage(prompts, lambda prompt, ended: self.queue(prompt, generator, first=True, on_end=ended),
+                       self.sample_rate, complete=complete)
 
     def enqueue(self, prompt, seed: int | None) -> Request:
         return self.queue(prompt, self.generator(seed))
@@ -213,8 +229,10 @@ class Engine:
         seed = self.seeds.getrandbits(62) if check_seed(seed) is None else seed
         return torch.Generator(self.model.predictor.device).manual_seed(seed)
 
-    def queue(self, prompt, generator: torch.Generator, first: bool = False) -> Request:
+    def queue(self, prompt, generator: torch.Generator, first: bool = False,
+              on_end: Callable[[], None] | None = None) -> Request:
         request = Request(prompt, self.codec, self.sample_rate, self.chunks, generator)
+        request.on_end = on_end
         self.scheduler.submit(request, first)
         return request
 

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rvqspec.core.errors import RvqspecError
 from rvqspec.core.frame_loop import POLL_SECONDS
 from rvqspec.runtime.request import Prompt, Request
 
@@ -25,28 +26,40 @@ WORST_FIRST = ("error", "cancelled", "length", "eos")  # a passage's end reason:
 
 
 class Passage:
-    """Sentences' prompts spoken in turn as one stream; `submit(prompt)` makes and queues a sentence's request (with
-    the passage's generator, ahead of the queue)."""
+    """Sentences' prompts spoken in turn as one stream; `submit(prompt, ended)` makes and queues a sentence's request
+    (with the passage's generator, ahead of the queue), `ended` called once its decoding ended well."""
 
-    def __init__(self, prompts: list[Prompt], submit: Callable[[Prompt], Request], sample_rate: int,
-                 complete: bool = True):
+    def __init__(self, prompts: list[Prompt], submit: Callable[[Prompt, Callable[[], None]], Request],
+                 sample_rate: int, complete: bool = True):
         self.prompts, self.submit, self.sample_rate = prompts, submit, sample_rate
         self.requests: list[Request] = []
         self.lock = threading.Lock()
         self.more = threading.Condition(self.lock)  # a sentence added, or the last one
         self.complete, self.error = complete, None
         self.cancelled = threading.Event()
+        self.streaming = False  # its audio started: each sentence's is decoded from its submission on
         self.submitted = time.perf_counter()
         self.first_audio_seconds: float | None = None
 
     def next_sentence(self) -> None:
-        """Submit the next sentence once the last one's decoding ended well (its generator is then free)."""
+        """Submit the next sentence once the last one's decoding ended well (its generator is then free): called when
+        it ends, and when a sentence is added. Once the passage's audio started, the codec decodes its chunks at once
+        (not all its frames in one chunk when the stream reaches it: the wait at the join)."""
         with self.lock:
             last = self.requests[-1] if self.requests else None
             if self.cancelled.is_set() or len(self.requests) == len(self.prompts):
                 return
             if last is None or (last.done and last.end_reason in ("eos", "length")):
-                self.requests.append(self.submit(self.prompts[len(self.requests)]))
+                try:
+                    request = self.submit(self.prompts[len(self.requests)], self.next_sentence)
+                except RvqspecError as e:  # the engine closed: the stream ends with it (never the engine's thread)
+                    self.complete, self.error = True, self.error or e
+                    self.prompts = self.prompts[:len(self.requests)]
+                    self.more.notify_all()
+                    return
+                if self.streaming:
+                    request.attach()
+                self.requests.append(request)
 
     def add(self, prompt: Prompt) -> None:
         """One more sentence (of a passage made with `complete` False)."""
@@ -58,7 +71,7 @@ class Passage:
     def end(self, error: BaseException | None = None) -> None:
         """No more sentences; `error`: the text's source failed (raised to the caller after the sentences so far)."""
         with self.more:
-            self.complete, self.error = True, error
+            self.complete, self.error = True, self.error or error
             self.more.notify_all()
 
     def await_sentence(self, index: int) -> None:
@@ -74,9 +87,9 @@ class Passage:
             self.await_sentence(0)
             while index < len(self.requests):
                 for audio in self.requests[index]:
-                    self.next_sentence()
                     if self.first_audio_seconds is None:
                         self.first_audio_seconds = time.perf_counter() - self.submitted
+                        self.stream_ahead()
                     yield audio
                 index += 1
                 self.await_sentence(index)
@@ -85,6 +98,15 @@ class Passage:
             raise
         if self.error is not None:
             raise self.error
+
+    def stream_ahead(self) -> None:
+        """From the first audio on, each sentence's chunks are decoded from its submission (before it, a next
+        sentence's would compete with the first chunk for the codec)."""
+        with self.lock:
+            self.streaming = True
+            submitted = list(self.requests)
+        for request in submitted:
+            request.attach()
 
     def wait(self, timeout: float | None = None) -> Tensor:
         """Decode every sentence (without their audio): the codes [T, G] of all of them in turn."""
@@ -121,10 +143,11 @@ class Passage:
 
     @property
     def end_reason(self) -> str | None:
-        """The worst of its sentences' end reasons ("cancelled" where it was cancelled before its last sentence)."""
+        """The worst of its sentences' end reasons ("cancelled" where it was cancelled before its last sentence,
+        "error" where its text's source failed or the engine closed before its next sentence)."""
         if not self.done:
             return None
-        reasons = {request.end_reason for request in self.requests}
+        reasons = {request.end_reason for request in self.requests} | ({"error"} if self.error else set())
         if len(self.requests) < len(self.prompts):
             reasons.add("cancelled")
         return next(reason for reason in WORST_FIRST if reason in reasons)

@@ -101,7 +101,8 @@ class Request:
         self.submitted = time.perf_counter()
         self.started: float | None = None  # when its first frame was decoded
         self.first_audio_seconds: float | None = None
-        self.taken = False
+        self.taken = self.attached = False
+        self.on_end: Callable[[], None] | None = None  # called once its decoding ended well (eos or length)
 
     # ---------------------------------------------------------------- the scheduler's side
 
@@ -118,6 +119,8 @@ class Request:
         self.end_reason = "error" if error is not None else reason
         self.finished.set()
         self.codec.wake()
+        if self.on_end is not None and self.end_reason in ("eos", "length"):
+            self.on_end()  # the scheduler's thread, holding none of its locks (an end for eos or length: `leave`)
 
     # ---------------------------------------------------------------- the codec worker's side
 
@@ -169,7 +172,7 @@ class Request:
         if self.taken:
             raise RvqspecError("this request's audio was already read: iterate a request (or call audio()) once")
         self.taken = True
-        self.codec.attach(self)
+        self.attach()
         try:
             while (audio := self.next_chunk()) is not END:
                 if self.first_audio_seconds is None:
@@ -180,6 +183,13 @@ class Request:
             raise
         if not self.cancelled.is_set():
             self.raise_error()
+
+    def attach(self) -> None:
+        """Have the codec worker decode its audio from now on (once): at its iteration, or before (a passage's next
+        sentence, whose first chunks are then ready when the stream reaches it)."""
+        if not self.attached:
+            self.attached = True
+            self.codec.attach(self)
 
     def next_chunk(self):
         while True:

@@ -21,7 +21,7 @@ from rvqspec.serve.voices import VoiceStore, check_name
 
 MAX_INPUT = 4096  # characters of `input` (OpenAI's limit), of `instructions` and of a voice's `transcript`
 SPEECH_FIELDS = {"model", "input", "voice", "response_format", "instructions", "speed", "stream_format", "seed",
-                 "temperature", "top_k", "top_p", "language", "sentences"}
+                 "temperature", "top_k", "top_p", "language", "sentences", "non_streaming_mode"}
 VOICE_FIELDS = {"name", "audio", "transcript"}
 UNSUPPORTED_FORMATS = {"mp3", "opus", "aac"}
 
@@ -136,7 +136,8 @@ def parse_speech(body: dict, engine, voices: VoiceStore) -> Speech:
     voice, speech.clone = parse_voice_choice(body, engine.voices(), voices)
     speech.args = dict(text=text, voice=voice, instructions=optional(body, "instructions", str),
                        language=optional(body, "language", str), **sampling,
-                       sentences=optional(body, "sentences", bool, is_long(text)))
+                       sentences=optional(body, "sentences", bool, is_long(text)),
+                       non_streaming_mode=optional(body, "non_streaming_mode", bool))
     return speech
 
 

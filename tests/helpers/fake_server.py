@@ -111,11 +111,13 @@ class FakeEngine:
     def speech(self, text: str, voice: str | None = None, instructions: str | None = None,
                language: str | None = None, clone: object | None = None, seed: int | None = None,
                temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-               sentences: bool = False) -> FakeRequest:
+               sentences: bool = False, non_streaming_mode: bool | None = None) -> FakeRequest:
         if self.closing.is_set():
             raise RvqspecError("the engine is closed")
         if not text:
             raise RvqspecError("text is empty")
+        if non_streaming_mode is False:
+            raise RvqspecError("fake has no dual-track prompt: leave non_streaming_mode out (or true)")
         if voice is not None and voice not in self.voices():
             raise RvqspecError(f"unknown voice {voice!r}")
         with self.lock:
