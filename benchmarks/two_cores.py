@@ -45,8 +45,8 @@ def build_tts(smoke: bool, log):
 
 
 class Recorder:
-    """Each frame step's (intra-op threads, seconds) and each decode's (seconds, frames) of the engines it wraps
-    (`close` puts StreamingCodec.decode back)."""
+    """Each frame step's (intra-op threads, start, end) and each decode's (start, end, frames, the decoding thread's
+    CPU seconds) of the engines it wraps, on the perf_counter clock (`close` puts StreamingCodec.decode back)."""
 
     def __init__(self):
         self.steps, self.decodes = defaultdict(list), defaultdict(list)
@@ -54,9 +54,9 @@ class Recorder:
         self.decode = decode = StreamingCodec.decode
 
         def timed_decode(codec, codes):
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             out = decode(codec, codes)
-            self.decodes[self.current].append((time.perf_counter() - start, len(codes)))
+            self.decodes[self.current].append((start, time.perf_counter(), len(codes), time.thread_time() - cpu))
             return out
 
         StreamingCodec.decode = timed_decode
@@ -70,7 +70,7 @@ class Recorder:
         def timed_step():
             start = time.perf_counter()
             step()
-            self.steps[name].append((torch.get_num_threads(), time.perf_counter() - start))
+            self.steps[name].append((torch.get_num_threads(), start, time.perf_counter()))
 
         engine.scheduler.frame_step = timed_step
 
@@ -81,7 +81,7 @@ def utterance(engine, request: dict) -> dict:
         first = time.perf_counter() - start if first is None else first
         samples += len(audio)
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "first_audio_seconds": first, "rtf": seconds / (samples / rate)}
+    return {"start": start, "seconds": seconds, "first_audio_seconds": first, "rtf": seconds / (samples / rate)}
 
 
 def run(args, log) -> dict:
@@ -109,31 +109,47 @@ def run(args, log) -> dict:
 
 def summary(runs: list[dict], steps: list[tuple], decodes: list[tuple]) -> dict:
     by_threads = defaultdict(list)
-    for threads, seconds in steps:
-        by_threads[threads].append(seconds)
-    decoded = sum(frames for _, frames in decodes)
+    for threads, start, end in steps:
+        by_threads[threads].append(end - start)
+    decoded, wall = sum(d[2] for d in decodes), sum(d[1] - d[0] for d in decodes)
+    firsts = [next(d for d in decodes if d[0] >= r["start"]) for r in runs]
     return {"rtf": statistics.median(r["rtf"] for r in runs),
             "first_audio_seconds": statistics.median(r["first_audio_seconds"] for r in runs),
+            "first_decode_seconds": [statistics.median(d[0] - r["start"] for d, r in zip(firsts, runs)),
+                                     statistics.median(d[1] - r["start"] for d, r in zip(firsts, runs))],
             "step_ms": {str(t): statistics.median(s) * 1e3 for t, s in sorted(by_threads.items())},
             "steps_at": {str(t): len(s) for t, s in sorted(by_threads.items())},
-            "decoder_ms_per_frame": sum(s for s, _ in decodes) / decoded * 1e3 if decoded else None, "runs": runs}
+            "decoder_ms_per_frame": wall / decoded * 1e3 if decoded else None,
+            "decoder_cpu_share": sum(d[3] for d in decodes) / wall if wall else None,
+            "timeline": timeline(runs[-1], steps, decodes), "runs": runs}
+
+
+def timeline(run: dict, steps: list[tuple], decodes: list[tuple]) -> list[list]:
+    """The last utterance's frame steps ["step", threads, start ms, end ms] and decodes ["decode", frames, start ms,
+    end ms], from its start."""
+    ms = lambda t: round((t - run["start"]) * 1e3, 1)  # noqa: E731
+    events = [["step", threads, ms(start), ms(end)] for threads, start, end in steps if start >= run["start"]]
+    events += [["decode", frames, ms(start), ms(end)] for start, end, frames, _ in decodes if start >= run["start"]]
+    return sorted(events, key=lambda event: event[2])
 
 
 def markdown(report: dict) -> str:
     lines = ["# One stream on two cores", "", f"{machine_text(report['machine'])}; OMP_WAIT_POLICY="
              f"{report['machine']['omp_wait_policy']}; {report['frames']} frames, medians of {report['repeats']} "
              f"interleaved repeats. `{report['command']}`.", "",
-             "| engine | RTF | first audio (s) | frame step ms at 1 thread (steps) | at 2 threads (steps) | "
-             "decoder ms/frame |", "|---|---|---|---|---|---|"]
+             "| engine | RTF | first audio (s) | first chunk decoded (s) | frame step ms at 1 thread (steps) | "
+             "at 2 threads (steps) | decoder ms/frame | decoder CPU share |", "|---|---|---|---|---|---|---|---|"]
     for name, r in report["engines"].items():
         steps = [f"{r['step_ms'][t]:.0f} ({r['steps_at'][t]})" if t in r["step_ms"] else "-" for t in ("1", "2")]
-        decoder = "-" if r["decoder_ms_per_frame"] is None else f"{r['decoder_ms_per_frame']:.0f}"
-        lines.append(f"| {name} | {r['rtf']:.2f} | {r['first_audio_seconds']:.2f} | {steps[0]} | {steps[1]} | "
-                     f"{decoder} |")
+        first = "{:.2f}-{:.2f}".format(*r["first_decode_seconds"])
+        lines.append(f"| {name} | {r['rtf']:.2f} | {r['first_audio_seconds']:.2f} | {first} | {steps[0]} | "
+                     f"{steps[1]} | {r['decoder_ms_per_frame']:.0f} | {r['decoder_cpu_share']:.2f} |")
     lines += ["", "A frame step: the talker's c0, the predictor's c1..c15 (speculative), one talker step. Targets "
               f"(issue 51): RTF <= {TARGETS['1 core']} on 1 core, <= {TARGETS['2 cores, loop takes free cores']} on "
-              f"2, first audio <= {TARGETS['first_audio_seconds']} s on 2. Decoder ms/frame: wall time inside the "
-              "streaming codec (on 2 cores it shares the machine with the frame loop)."]
+              f"2, first audio <= {TARGETS['first_audio_seconds']} s on 2. First chunk decoded: when its decode "
+              "started and ended, from the request. Decoder ms/frame: wall time inside the streaming codec (on 2 cores it shares "
+              "the machine with the frame loop); its CPU share: the decoding thread's CPU time over that wall time "
+              "(the rest it waited: for the GIL, or for a core). The JSON holds each engine's last timeline."]
     return "\n".join(lines) + "\n"
 
 
