@@ -87,14 +87,14 @@ def utterance(engine, request: dict) -> dict:
 def run(args, log) -> dict:
     tts = build_tts(args.smoke, log)
     options = {} if args.smoke else dict(weights="w8a8", talker_weights="w8a8")
-    engines = {name: rvqspec.Engine(tts, drafter=rvqspec.ReusedHeads(), tree="auto", seed=0, **options, **extra)
-               for name, extra in ENGINES.items()}
+    engines = {name: rvqspec.Engine(tts, drafter=rvqspec.ReusedHeads(), tree="auto", seed=0, **options, **ENGINES[name])
+               for name in args.engines}
     recorder, runs, request = Recorder(), defaultdict(list), utterance_request(args.frames)
     try:
         for name, engine in engines.items():
             recorder.wrap(name, engine)
         for repeat in range(args.repeats + 1):  # the first: warm-up
-            for name in list(engines)[repeat % 3:] + list(engines)[:repeat % 3]:
+            for name in list(engines)[repeat % len(engines):] + list(engines)[:repeat % len(engines)]:
                 recorder.current = name
                 result = utterance(engines[name], request)
                 if repeat:
@@ -157,6 +157,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, default=42)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--engines", nargs="+", choices=list(ENGINES), default=list(ENGINES),
+                        help="the engines to run (each holds its own int8 copy of the model: fewer need less memory)")
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
