@@ -17,7 +17,6 @@ Where `process` runs near `alone` and `thread` does not, the GIL is the cause; w
     # -> benchmarks/results/codec-beside.{json,md}
 """
 
-import argparse
 import multiprocessing
 import statistics
 import sys
@@ -26,15 +25,14 @@ import time
 from pathlib import Path
 
 import torch
-from two_cores import build_tts
+from two_cores import build_tts, run_script
 
 import rvqspec
 from rvqspec.bench.systems import SIZES, speech_tokenizer, utterance_request
-from rvqspec.bench.timing import SMOKE_HELP, finish_machine, machine, machine_text, report_folder, write_reports
+from rvqspec.bench.timing import machine_text
 from rvqspec.integrations.qwen_tts_audio import StreamingCodec
 from rvqspec.runtime.threads import GIL_SWITCH_SECONDS
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 CHUNKS = (3, 12, 12, 12, 3)  # an Engine's chunks of a 42-frame utterance
 PARTS = ("wall", "run", "queued", "blocked")
 
@@ -194,25 +192,8 @@ def markdown(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--frames", type=int, default=42)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
-    if args.smoke:
-        args.frames, args.repeats = 4, 1
-    log = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)  # noqa: E731
     sys.setswitchinterval(GIL_SWITCH_SECONDS)  # as an Engine on two cores sets it
-    info = machine()
-    with torch.inference_mode():
-        results = run(args, log)
-    command = ["OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/codec_beside.py",
-               *(sys.argv[1:] if argv is None else argv)]
-    report = {"machine": finish_machine(info), "frames": args.frames, "repeats": args.repeats, "smoke": args.smoke,
-              "results": results, "command": " ".join(command)}
-    write_reports(report, report_folder(args.out, args.smoke), "codec-beside", markdown)
-    print(markdown(report))
+    run_script("codec_beside", "codec-beside", "results", run, markdown, repeats=3, argv=argv)
 
 
 if __name__ == "__main__":

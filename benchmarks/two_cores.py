@@ -147,18 +147,29 @@ def markdown(report: dict) -> str:
     lines += ["", "A frame step: the talker's c0, the predictor's c1..c15 (speculative), one talker step. Targets "
               f"(issue 51): RTF <= {TARGETS['1 core']} on 1 core, <= {TARGETS['2 cores, loop takes free cores']} on "
               f"2, first audio <= {TARGETS['first_audio_seconds']} s on 2. First chunk decoded: when its decode "
-              "started and ended, from the request. Decoder ms/frame: wall time inside the streaming codec (on 2 cores it shares "
-              "the machine with the frame loop); its CPU share: the decoding thread's CPU time over that wall time "
-              "(the rest it waited: for the GIL, or for a core). The JSON holds each engine's last timeline."]
+              "started and ended, from the request. Decoder ms/frame: wall time inside the streaming codec (on 2 "
+              "cores it shares the machine with the frame loop); its CPU share: the decoding thread's CPU time over "
+              "that wall time (the rest it waited: for the GIL, or for a core). The JSON holds each engine's last "
+              "timeline."]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    def engines_option(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--engines", nargs="+", choices=list(ENGINES), default=list(ENGINES),
+                            help="the engines to run (each holds its own int8 copy of the model: fewer, less memory)")
+
+    run_script("two_cores", "two-cores", "engines", run, markdown, repeats=2, argv=argv, options=engines_option)
+
+
+def run_script(script: str, report_name: str, key: str, measure, to_markdown, repeats: int, argv: list[str] | None,
+               options=lambda parser: None) -> None:
+    """A two-cores benchmark's command line (--frames, --repeats, --smoke, --out and `options`), its run (`measure`,
+    in inference mode; its result under `key`) and its reports `report_name`.{json,md}."""
+    parser = argparse.ArgumentParser(description=sys.modules[measure.__module__].__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, default=42)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--engines", nargs="+", choices=list(ENGINES), default=list(ENGINES),
-                        help="the engines to run (each holds its own int8 copy of the model: fewer need less memory)")
+    parser.add_argument("--repeats", type=int, default=repeats)
+    options(parser)
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -167,13 +178,15 @@ def main(argv: list[str] | None = None) -> None:
     log = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)  # noqa: E731
     info = machine()
     with torch.inference_mode():
-        engines = run(args, log)
-    command = ["OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/two_cores.py",
+        result = measure(args, log)
+    command = [f"OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/{script}.py",
                *(sys.argv[1:] if argv is None else argv)]
     report = {"machine": finish_machine(info), "frames": args.frames, "repeats": args.repeats, "smoke": args.smoke,
-              "engines": engines, "targets": TARGETS, "command": " ".join(command)}
-    write_reports(report, report_folder(args.out, args.smoke), "two-cores", markdown)
-    print(markdown(report))
+              key: result, "command": " ".join(command)}
+    if key == "engines":
+        report["targets"] = TARGETS
+    write_reports(report, report_folder(args.out, args.smoke), report_name, to_markdown)
+    print(to_markdown(report))
 
 
 if __name__ == "__main__":
