@@ -10,13 +10,14 @@ Engine's codec workers feed it (their default chunks: 3 frames first, then 12). 
 per repeat, the order turned each repeat) and figures are medians of the calling thread's CPU time (at one thread
 the decoder runs in it; on a shared machine CPU time is what other processes disturb least: wall times are in the
 JSON), so ratios within one run hold on a shared machine; lone times do not. "stream N, oneDNN convs" is the
-stream with every convolution through torch's own (`qwen_tts_audio.GEMM_STEPS` = 0: the stream before short
-chunks became matrix products).
+stream with its kernel > 1 convolutions through torch's own (`qwen_tts_audio.GEMM_STEPS` = 0: the stream before
+short chunks became matrix products); "stream N, upstream SnakeBeta" with upstream's activation module instead of the
+fused kernel (`fused.enabled(False)`).
 
 Where the stream loses: one extra pass per way with forward hooks on the decoder's layers (and timers around the
-stream's own convolutions, `convolve` and `convolve_transposed`), the CPU time inside its transformer, its
-convolutions, its transposed convolutions and the ConvNeXt blocks' linear layers; "other" is the rest
-(activations, copies, the Python around them).
+stream's own convolutions and activation, `convolve`, `convolve_transposed` and `snake`), the CPU time inside its
+transformer, its convolutions, its transposed convolutions, its SnakeBeta activations and the ConvNeXt blocks' linear
+layers; "other" is the rest (codebook lookups, residual adds, copies, the Python around them).
 
     .venv/bin/python benchmarks/decoder_stream.py                 # 48 frames, chunks 1,3,12,24, float32 and bfloat16
     .venv/bin/python benchmarks/decoder_stream.py --smoke         # tiny sizes: the script runs (seconds)
@@ -36,6 +37,7 @@ import torch
 from rvqspec.bench.systems import SIZES, speech_tokenizer
 from rvqspec.bench.timing import SMOKE_HELP, finish_machine, machine, machine_text, report_folder, write_reports
 from rvqspec.bench.upstream import make_audible
+from rvqspec.core import fused
 from rvqspec.integrations import qwen_tts_audio
 from rvqspec.integrations.qwen_tts_audio import StreamingCodec
 
@@ -51,22 +53,29 @@ def audible_decoder(size: str):
     return decoder
 
 
-def decode(decoder, codes: torch.Tensor, way: tuple[int | None, bool]) -> torch.Tensor:
+Way = tuple[int | None, bool, bool]  # (chunk frames or None: whole, short convolutions as products, fused kernels)
+WHOLE: Way = (None, False, False)
+
+
+def decode(decoder, codes: torch.Tensor, way: Way) -> torch.Tensor:
     """[frames, 16] codes -> audio: upstream's whole decode (chunk None) or streamed `chunk` frames a call, short
-    convolutions as matrix products (`gemm`) or not."""
-    chunk, gemm = way
+    convolutions as matrix products (`gemm`) or not, SnakeBeta fused (`fused`) or upstream's."""
+    chunk, gemm, fused_on = way
     if chunk is None:
         return decoder.chunked_decode(codes.T[None]).reshape(-1)
     codec, saved = StreamingCodec(decoder), qwen_tts_audio.GEMM_STEPS
     qwen_tts_audio.GEMM_STEPS = saved if gemm else 0
     try:
-        return torch.cat([codec.decode(codes[start:start + chunk]) for start in range(0, len(codes), chunk)])
+        with fused.enabled(fused_on):
+            return torch.cat([codec.decode(codes[start:start + chunk]) for start in range(0, len(codes), chunk)])
     finally:
         qwen_tts_audio.GEMM_STEPS = saved
 
 
-def all_ways(chunks: list[int]) -> list[tuple[int | None, bool]]:
-    return [(None, False)] + [(chunk, gemm) for chunk in chunks for gemm in (True, False)]
+def all_ways(chunks: list[int]) -> list[Way]:
+    """Whole; each chunk size streamed as shipped, with torch's convolutions, and with upstream's SnakeBeta."""
+    variants = ((True, True), (False, True), (True, False))
+    return [WHOLE] + [(chunk, gemm, fused_on) for chunk in chunks for gemm, fused_on in variants]
 
 
 def timed_ways(decoders: dict, codes: torch.Tensor, chunks: list[int], repeats: int, log) -> dict:
@@ -95,10 +104,12 @@ def part_of(module: torch.nn.Module) -> str | None:
         return "conv"
     if isinstance(module, torch.nn.Linear) and "pwconv" in getattr(module, "_rvqspec_name", ""):
         return "ConvNeXt linear"
+    if name == "SnakeBeta":
+        return "SnakeBeta"
     return None
 
 
-def part_times(decoder, codes: torch.Tensor, way: tuple[int | None, bool]) -> dict:
+def part_times(decoder, codes: torch.Tensor, way: Way) -> dict:
     """CPU seconds inside each part of the decoder during one decode (hooks on its layers, timers around the stream's
     convolutions: a layer inside a timed convolution counts once), and "other"."""
     spent, started, hooks, inside = defaultdict(float), {}, [], []
@@ -113,7 +124,7 @@ def part_times(decoder, codes: torch.Tensor, way: tuple[int | None, bool]) -> di
         if part is not None:
             hooks.append(module.register_forward_pre_hook(lambda m, a: started.__setitem__(m, time.thread_time())))
             hooks.append(module.register_forward_hook(lambda m, a, o, part=part: add(part, started[m])))
-    originals = {name: getattr(qwen_tts_audio, name) for name in ("convolve", "convolve_transposed")}
+    originals = {name: getattr(qwen_tts_audio, name) for name in ("convolve", "convolve_transposed", "snake")}
 
     def timed(name: str, part: str):
         def call(*args):
@@ -128,6 +139,7 @@ def part_times(decoder, codes: torch.Tensor, way: tuple[int | None, bool]) -> di
 
     qwen_tts_audio.convolve, qwen_tts_audio.convolve_transposed = timed("convolve", "conv"), timed(
         "convolve_transposed", "transposed conv")
+    qwen_tts_audio.snake = timed("snake", "SnakeBeta")
     try:
         start = time.thread_time()
         decode(decoder, codes, way)
@@ -149,7 +161,7 @@ def snr_db(audio: torch.Tensor, reference: torch.Tensor) -> float:
 def distances(decoders: dict, codes: torch.Tensor, chunks: list[int]) -> dict:
     """Each way's audio against its dtype's whole decode and against the float32 whole decode: SNR (dB), and the
     largest sample difference from the float32 one."""
-    wholes = {dtype: decode(decoder, codes, (None, False)).float() for dtype, decoder in decoders.items()}
+    wholes = {dtype: decode(decoder, codes, WHOLE).float() for dtype, decoder in decoders.items()}
     reference, out = wholes.get("float32"), {}
     for dtype, decoder in decoders.items():
         for way in all_ways(chunks):
@@ -160,17 +172,19 @@ def distances(decoders: dict, codes: torch.Tensor, chunks: list[int]) -> dict:
     return out
 
 
-def way_name(way: tuple[int | None, bool]) -> str:
-    chunk, gemm = way
-    return "whole" if chunk is None else f"stream {chunk}" + ("" if gemm else ", oneDNN convs")
+def way_name(way: Way) -> str:
+    chunk, gemm, fused_on = way
+    if chunk is None:
+        return "whole"
+    return f"stream {chunk}" + ("" if gemm else ", oneDNN convs") + ("" if fused_on else ", upstream SnakeBeta")
 
 
 def rows(times: dict, parts: dict, frames: int) -> list[dict]:
     out = []
     for (dtype, way), pairs in sorted(times.items(), key=lambda item: (item[0][0], item[0][1][0] or 0)):
         seconds = [cpu for cpu, _ in pairs]
-        ratios = [s / w for s, (w, _) in zip(seconds, times[dtype, (None, False)])]  # each repeat's pair
-        out.append({"dtype": dtype, "way": way_name(way), "chunk": way[0], "gemm": way[1],
+        ratios = [s / w for s, (w, _) in zip(seconds, times[dtype, WHOLE])]  # each repeat's pair
+        out.append({"dtype": dtype, "way": way_name(way), "chunk": way[0], "gemm": way[1], "fused": way[2],
                     "ms_per_frame": statistics.median(seconds) / frames * 1e3,
                     "wall_ms_per_frame": statistics.median(wall for _, wall in pairs) / frames * 1e3,
                     "over_whole": statistics.median(ratios), "over_whole_range": [min(ratios), max(ratios)],
@@ -195,7 +209,7 @@ def run(args, log, argv: list[str]) -> dict:
             "command": " ".join([".venv/bin/python benchmarks/decoder_stream.py", *argv])}
 
 
-PARTS = ["transformer", "conv", "transposed conv", "ConvNeXt linear", "other"]
+PARTS = ["transformer", "conv", "transposed conv", "SnakeBeta", "ConvNeXt linear", "other"]
 
 
 def markdown(report: dict) -> str:

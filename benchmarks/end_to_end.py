@@ -1,13 +1,24 @@
-"""A whole qwen-tts `generate_custom_voice` call at the real 0.6B size, CPU: upstream, accelerated AR, accelerated
-speculative, streamed and not; time to first audio, whole-utterance time, real-time factor, and where a frame's
-time goes (talker, code predictor, speech decoder).
+"""A whole qwen-tts `generate_custom_voice` call at the real 0.6B (or 1.7B) sizes, CPU: upstream, accelerated AR,
+accelerated speculative, streamed and not; time to first audio, whole-utterance time, real-time factor, and where a
+frame's time goes (talker, code predictor, speech decoder), each part beside its floor.
 
 The system is upstream's own code with random weights at the real sizes: a 28-layer talker (hidden 1024, 16 / 8
 heads of 128, MLP 3072), the 5-layer code predictor with acceptance-controlled heads (rvqspec.bench.controlled,
 bisected to the paper's 2.47 tokens/step at N = 32 on random frames; the figure in the report is what the run
 measured), and the released Qwen3-TTS-Tokenizer-12Hz's 12 Hz speech decoder (a transformer 512 wide, not qwen-tts's
-default 1024): rvqspec.bench.systems builds it (SIZES["0.6b"]). Text goes through a character-level tokenizer: the
-text side is a few embedding rows per frame.
+default 1024): rvqspec.bench.systems builds it (SIZES["0.6b"]). `--size 1.7b` builds Qwen3-TTS-12Hz-1.7B's
+(SIZES["1.7b"]: a talker of hidden 2048 and MLP 6144, the same predictor behind a 2048 -> 1024 projection, the same
+decoder) and writes end-to-end-1.7b.{json,md}. Text goes through a character-level tokenizer: the text side is a
+few embedding rows per frame.
+
+Each part's floor, per frame, at the thread count of its table (measured there: the copy bandwidth of
+`floor.copy_bandwidth`, the matmul peaks of `floor.matmul_peak`): the talker's = the bytes of its layers, final norm and
+c0 head as the setting stores them (bfloat16; int8 rows + float32 scales for engine-w8a8) / the bandwidth (one step,
+one row: it reads every weight once); the predictor's = per call the larger of its bytes (layers, final norm, input
+projection) / the bandwidth and its rows' FLOPs (2 per matrix weight per row: 1 row AR, N + 1 for a tree of N) / the
+matmul peak of its scheme, times the calls the run's frames took (15 / tokens per step), plus its 15 heads read once;
+the decoder's = its matmul and convolution FLOPs per frame (a whole decode, torch's FlopCounterMode) / the matmul peak
+of its dtype.
 EOS is made unreachable so that every run decodes FRAMES frames (a 10 s utterance). Timing does not depend on
 weight values (docs/design.md, section 5). Runs are interleaved, each setting once per repeat; figures are medians.
 
@@ -23,7 +34,10 @@ process to one core (a caller thread's vocoding cannot borrow a second one); "2 
     .venv/bin/python benchmarks/end_to_end.py           # the full run (a quiet machine: about 2 hours on 2 cores)
     .venv/bin/python benchmarks/end_to_end.py --quick   # 20 frames, 2 repeats, 1/2/4 requests: ~15-20 minutes
     .venv/bin/python benchmarks/end_to_end.py --smoke   # tiny sizes, seconds: checks that it runs (a temporary folder)
-    # both write benchmarks/results/end-to-end.{json,md}; python benchmarks/make_results.py then docs/RESULTS.md
+    .venv/bin/python benchmarks/end_to_end.py --size 1.7b --batches "" --settings upstream:whole \
+        --engine-settings engine-w8a8:stream   # the 1.7B sizes: ~13 GB resident (each engine holds its own talker)
+    # they write benchmarks/results/end-to-end.{json,md} (1.7B: end-to-end-1.7b.*); python benchmarks/make_results.py
+    # then docs/RESULTS.md
 """
 
 import argparse
@@ -37,9 +51,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 import rvqspec  # noqa: E402
-from rvqspec.bench.floor import copy_bandwidth  # noqa: E402
+from rvqspec.bench.floor import copy_bandwidth, counted_flops, matmul_peak, matrix_bytes  # noqa: E402
 from rvqspec.bench.streams import streamed_together  # noqa: E402
-from rvqspec.bench.systems import SIZES, controlled_heads, system_tts, utterance_request  # noqa: E402
+from rvqspec.bench.systems import SIZES, SMOKE_SIZES, controlled_heads, system_tts, utterance_request  # noqa: E402
 from rvqspec.bench.timing import (ALL_CPUS, SMOKE_HELP, finish_machine, machine, machine_text, pin,  # noqa: E402
                                   report_folder, write_reports)
 from rvqspec.bench.upstream import make_audible  # noqa: E402
@@ -54,6 +68,7 @@ from rvqspec.integrations.qwen_tts_audio import StreamingCodec  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 FRAMES = 125  # 10 s at 12.5 frames a second
 TREE_SIZE = 32
+FLOOR_FRAMES = 24  # frames of the whole decode whose FLOPs give the decoder's per frame
 TARGETS = {"speculative_over_ar": 1.4, "first_audio_over_upstream_whole": 1 / 8, "streamed_over_whole": 1.05}
 
 
@@ -140,7 +155,7 @@ def run_once(tts, setting: str, chunk_frames: int, first_chunk_frames: int, engi
     timers = Timers(tts)
     timers.install()
     torch.manual_seed(0)
-    stats_before = engine_counts(engine) if engine else None
+    stats_before = engine_stats(engine) if engine else None
     try:
         start, first = time.perf_counter(), None
         if streamed == "stream":
@@ -160,26 +175,37 @@ def run_once(tts, setting: str, chunk_frames: int, first_chunk_frames: int, engi
         if handle:
             handle.undo()
     if engine:
-        codes, calls = (now - then for now, then in zip(engine_counts(engine), stats_before))
+        (codes, calls), rows_per_call = engine_counts(engine, stats_before)
         tokens_per_step = codes / calls if calls else float("nan")
     else:
         tokens_per_step = stats.tokens_per_step if stats else 1.0
+        rows_per_call = 1 if mode in ("upstream", "ar") else TREE_SIZE + 1
     frames = samples // 1920
     return {"setting": setting, "seconds": seconds, "first_audio_seconds": first if first is not None else seconds,
             "frames": frames, "audio_seconds": samples / rate, "predictor_seconds": timers.predictor,
             "decoder_seconds": timers.decoder, "talker_seconds": seconds - timers.predictor - timers.decoder,
-            "talker_step_seconds": timers.talker_step, "tokens_per_step": tokens_per_step}
+            "talker_step_seconds": timers.talker_step, "tokens_per_step": tokens_per_step,
+            "rows_per_call": rows_per_call}
 
 
-def engine_counts(engine) -> tuple[int, int]:
-    """(codes, calls seen from one row) the engine's predictor made so far, to difference per run."""
+def engine_stats(engine) -> tuple[int, int, dict]:
+    """(codes, calls seen from one row, frame steps per tree size) the engine's predictor made so far."""
     stats = engine.scheduler.stats
-    return stats.codes, stats.row_calls
+    return stats.codes, stats.row_calls, dict(stats.tree_sizes)
+
+
+def engine_counts(engine, before: tuple) -> tuple[tuple[int, int], float]:
+    """Since `before` (`engine_stats`): (codes, calls seen from one row), and the mean rows of a call (N + 1 for a
+    tree of N, 1 for an AR step)."""
+    codes, calls, sizes = engine_stats(engine)
+    steps = {n: count - before[2].get(n, 0) for n, count in sizes.items()}
+    rows = sum((n + 1) * count for n, count in steps.items()) / max(1, sum(steps.values()))
+    return (codes - before[0], calls - before[1]), rows
 
 
 def summarize(runs: list[dict]) -> dict:
     keys = ["seconds", "first_audio_seconds", "predictor_seconds", "decoder_seconds", "talker_seconds",
-            "talker_step_seconds", "tokens_per_step"]
+            "talker_step_seconds", "tokens_per_step", "rows_per_call"]
     out = {key: statistics.median(run[key] for run in runs) for key in keys}
     frames = runs[0]["frames"]
     out.update(frames=frames, audio_seconds=runs[0]["audio_seconds"], repeats=len(runs),
@@ -214,6 +240,50 @@ def figures(table: dict) -> dict:
     return out
 
 
+# ---------------------------------------------------------------- each part's floor (the module docstring)
+
+
+def floor_inputs(tts, frames: int, schemes: tuple[str, ...]) -> dict:
+    """What the floors are made of, whatever the thread count: per scheme the bytes of the talker's step and of a
+    predictor call and its heads, the matrix weights of a predictor call, and the decoder's FLOPs per frame (a whole
+    decode of `frames` random frames)."""
+    talker, predictor = tts.model.talker, tts.model.talker.code_predictor
+    parts = {"talker": [talker.model.layers, talker.model.norm, talker.codec_head],
+             "predictor_call": [predictor.model.layers, predictor.model.norm, predictor.small_to_mtp_projection],
+             "predictor_heads": [predictor.lm_head]}
+    tokenizer = tts.model.speech_tokenizer
+    codes = torch.randint(0, 2048, (frames, 16), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        decoder_flops = counted_flops(lambda: tokenizer.decode([{"audio_codes": codes}]))
+    return {"bytes": {scheme: {name: matrix_bytes(modules, scheme) for name, modules in parts.items()}
+                      for scheme in schemes},
+            "predictor_call_weights": sum(p.numel() for m in parts["predictor_call"] for p in m.parameters()
+                                          if p.dim() == 2),
+            "codes_per_frame": len(predictor.lm_head), "decoder_flops_per_frame": decoder_flops / frames,
+            "decoder_dtype": str(next(tokenizer.model.parameters()).dtype).removeprefix("torch.")}
+
+
+def floor_rates(inputs: dict, gigabytes: float, peak_size: int) -> dict:
+    """This thread count's copy bandwidth (GB/s) and matmul peak (GFLOP/s) per scheme the floors divide by."""
+    schemes = sorted({*inputs["bytes"], inputs["decoder_dtype"]})
+    return {"bandwidth_gb_s": copy_bandwidth(gigabytes) / 1e9,
+            "peak_gflop_s": {scheme: matmul_peak(scheme, peak_size) / 1e9 for scheme in schemes}}
+
+
+def part_floors(setting: str, row: dict, inputs: dict, rates: dict) -> dict:
+    """ms per frame of each part of `setting`'s run (`row`: its tokens per step and rows per call) at its floor."""
+    mode = setting.split(":")[0]
+    talker_bytes = inputs["bytes"]["w8a8" if mode == "engine-w8a8" else "bfloat16"]["talker"]
+    scheme = "w8a8" if mode.endswith("w8a8") else "bfloat16"
+    predictor_bytes, bandwidth, peak = inputs["bytes"][scheme], rates["bandwidth_gb_s"], rates["peak_gflop_s"]
+    call_ms = max(predictor_bytes["predictor_call"] / bandwidth,
+                  row["rows_per_call"] * 2 * inputs["predictor_call_weights"] / peak[scheme]) / 1e6
+    calls = inputs["codes_per_frame"] / row["tokens_per_step"]
+    return {"talker": talker_bytes / bandwidth / 1e6,
+            "predictor": calls * call_ms + predictor_bytes["predictor_heads"] / bandwidth / 1e6,
+            "decoder": inputs["decoder_flops_per_frame"] / peak[inputs["decoder_dtype"]] / 1e6}
+
+
 # ---------------------------------------------------------------- the talker step alone
 
 
@@ -236,7 +306,7 @@ def talker_step(tts, talkers: dict, steps: int, log, copy_gigabytes: float = 1.0
     past = DynamicCache()
     upstream.model(inputs_embeds=prompt.embeds[None], position_ids=prompt.positions[None], past_key_values=past,
                    use_cache=True)
-    base = next(iter(talkers))  # the float engine: its states are compared with upstream's
+    base = next(iter(talkers))  # the float engine where it runs: its states are compared with upstream's
     times = {name: [] for name in [*talkers, "upstream"]}
     differences = []
     for i in range(steps):
@@ -271,7 +341,7 @@ def talker_step(tts, talkers: dict, steps: int, log, copy_gigabytes: float = 1.0
             "upstream_over_engine": ms["upstream"] / ms[base],
             "engine_over_floor": ms[base] / floor_ms,
             "of_floor": {name: 1e3 * layer_bytes[name] / rate / ms[name] for name in talkers},
-            "max_relative_difference_bf16": max(differences)}
+            "compared": base, "max_relative_difference": max(differences)}
 
 
 def weight_bytes(module: torch.nn.Module) -> int:
@@ -406,14 +476,17 @@ def issue_targets(report: dict) -> list[dict]:
 def setting_row(setting: str, row: dict) -> str:
     ms = row["ms_per_frame"]
     tps = row["tokens_per_step"]
+    floor = row.get("floor_ms_per_frame") or {}
+    at = {part: f"{floor[part]:.1f}" if part in floor else "-" for part in ("talker", "predictor", "decoder")}
     return (f"| {setting} | {row['seconds']:.1f} | {row['first_audio_seconds']:.2f} | {row['real_time_factor']:.2f} | "
-            f"{ms['talker']:.0f} | {ms.get('talker_step', float('nan')):.0f} | {ms['predictor']:.0f} | "
-            f"{ms['decoder']:.0f} | {tps:.2f} |")
+            f"{ms['talker']:.0f} | {ms.get('talker_step', float('nan')):.0f} | {at['talker']} | "
+            f"{ms['predictor']:.0f} | {at['predictor']} | {ms['decoder']:.0f} | {at['decoder']} | {tps:.2f} |")
 
 
 def to_markdown(report: dict) -> str:
     m = report["machine"]
-    lines = [f"# End to end: qwen-tts `generate_custom_voice`, 0.6B sizes, random weights, CPU {report['dtype']}",
+    size = report.get("size", "0.6b").upper()
+    lines = [f"# End to end: qwen-tts `generate_custom_voice`, {size} sizes, random weights, CPU {report['dtype']}",
              "", f"Generated by `{report.get('command', 'benchmarks/end_to_end.py')}` on {machine_text(m)}, "
              f"CPU class {m.get('cpu_class', '?')}.",
              f"{report['frames']} frames ({report['frames'] / 12.5:.1f} s of audio, EOS unreachable), code predictor heads "
@@ -437,16 +510,38 @@ def to_markdown(report: dict) -> str:
               "decoder (the talker and the loop around it, generate's machinery included); talker step = time inside "
               "the talker's transformer alone (upstream's `talker.model` forward; the engine's prefill and step); "
               "predictor = the c1..c15 call; decoder = the 12 Hz speech decoder. In a streamed engine run the decoder "
-              "runs in the engine's codec workers beside the frame loop (before issue 40: in the caller's thread).", ""]
+              "runs in the engine's codec workers beside the frame loop (before issue 40: in the caller's thread).", "",
+              "Floors (ms per frame, measured at each table's thread count): talker = the bytes of its layers, final "
+              "norm and c0 head as the setting stores them (bfloat16; int8 rows and float32 scales for engine-w8a8) / "
+              "the copy bandwidth (a step reads every weight once); predictor = per call the larger of its bytes "
+              "(layers, norm, input projection) / the bandwidth and its rows' FLOPs (1 row AR, N + 1 for a tree of "
+              "N) / the matmul peak of its scheme, times the run's calls per frame (15 / tokens per step), plus its 15 "
+              "heads read once; decoder = its matmul and convolution FLOPs per frame (a whole decode, counted) / the "
+              "matmul peak of its dtype. A floor is what the bytes or the arithmetic cost at this core's measured "
+              "rates; elementwise work (norms, activations, the decoder's Snake) is not in it.", ""]
+    floor = report.get("floor_inputs")
+    if floor:
+        b = floor["bytes"]
+        lines += ["Bytes a frame reads at the floor: talker " + ", ".join(
+                      f"{scheme} {b[scheme]['talker'] / 1e6:.0f} MB" for scheme in b) + "; predictor call "
+                  + ", ".join(f"{scheme} {b[scheme]['predictor_call'] / 1e6:.0f} MB" for scheme in b) + " (heads "
+                  + ", ".join(f"{scheme} {b[scheme]['predictor_heads'] / 1e6:.0f} MB" for scheme in b) + "); decoder "
+                  f"{floor['decoder_flops_per_frame'] / 1e9:.2f} GFLOP per frame ({floor['decoder_dtype']}).", ""]
     if report.get("int8_skipped"):
         lines += [f"int8 (w8a8) skipped on this CPU: {report['int8_skipped']}", ""]
     for threads, block in report["threads"].items():
         lines += [f"## {threads} thread(s)" + (" (the process pinned to one core)" if threads == "1" else ""), "",
-                  "| setting | whole s | first audio s | RTF | talker ms/frame | talker step ms/frame | "
-                  "predictor ms/frame | decoder ms/frame | tokens/step |", "|---|---|---|---|---|---|---|---|---|"]
+                  "| setting | whole s | first audio s | RTF | talker ms/frame | talker step ms/frame | talker floor | "
+                  "predictor ms/frame | predictor floor | decoder ms/frame | decoder floor | tokens/step |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         lines += [setting_row(setting, row) for setting, row in block["table"].items()]
         f = block["figures"]
         lines.append("")
+        rates = block.get("floor_rates")
+        if rates:
+            lines += [f"Floors' rates at {threads} thread(s): copy bandwidth {rates['bandwidth_gb_s']:.1f} GB/s; "
+                      "matmul peak " + ", ".join(f"{scheme} {value:.0f} G{'OP' if 'w8' in scheme else 'FLOP'}/s"
+                                                 for scheme, value in rates["peak_gflop_s"].items()) + ".", ""]
         if "speculative_over_ar" in f:
             lines.append(f"- speculative over accelerated AR, whole utterance: {f['speculative_over_ar']:.2f}x (target "
                          f">= {TARGETS['speculative_over_ar']}x); over upstream: {f['speculative_over_upstream']:.2f}x")
@@ -469,7 +564,7 @@ def to_markdown(report: dict) -> str:
         lines.append("")
     step = report.get("talker_step")
     if step:
-        lines += ["## The talker step alone (bfloat16, 1 thread, one row)", "",
+        lines += ["## The talker step alone (1 thread, one row)", "",
                   f"One step (28 layers and the c0 head) after the prompt's prefill ({step['context']} tokens), median of "
                   f"{step['steps']} steps interleaved step by step: the core's `talker.step` (the Engine's) on a RowCache, "
                   "upstream's `talker.model` forward with its DynamicCache (the same input embedding and RoPE id), and "
@@ -481,7 +576,8 @@ def to_markdown(report: dict) -> str:
             lines.append(f"| {'upstream (Hugging Face forward)' if name == 'upstream' else 'engine, ' + name} | "
                          f"{value:.1f} | {value / step['floor_ms']:.2f}x | {step['ms']['upstream'] / value:.2f}x |")
         lines += [f"| floor (weights / bandwidth) | {step['floor_ms']:.1f} | 1.00x | |", "",
-                  f"Engine vs upstream hidden state, bfloat16: max relative difference {step['max_relative_difference_bf16']:.2e}.",
+                  f"Engine ({step['compared']}) vs upstream hidden state: max relative difference "
+                  f"{step['max_relative_difference']:.2e}.",
                   ""]
     conc = report.get("concurrency")
     if conc:
@@ -552,12 +648,16 @@ def decoder_difference(tts, frames: int = 60, chunk_frames: int = 4) -> dict:
 FULL_COMMAND = ".venv/bin/python benchmarks/end_to_end.py"
 QUICK = dict(frames=20, repeats=2, batches="1,2,4")
 SMOKE = dict(frames=3, repeats=1, batches="1", settings="upstream:whole,speculative:stream", threads="1",
-             engine_settings="engine:whole,engine:stream", step_repeats=4, copy_gigabytes=0.02, decoder_frames=8)
+             engine_settings="engine:whole,engine:stream", step_repeats=4, copy_gigabytes=0.02, decoder_frames=8,
+             peak_size=128)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    parser.add_argument("--size", choices=("0.6b", "1.7b"), default="0.6b",
+                        help="the released Qwen3-TTS-12Hz sizes to build (1.7b: a talker of width 2048; its report is "
+                             "end-to-end-1.7b)")
     parser.add_argument("--quick", action="store_true",
                         help=f"a bounded run: {QUICK['frames']} frames, {QUICK['repeats']} repeats, requests "
                              f"{QUICK['batches']}, fewer accelerate settings (about 15 minutes on 2 cores)")
@@ -580,9 +680,12 @@ def main(argv: list[str] | None = None) -> None:
             setattr(args, name, getattr(args, name, None) or value)
     frames = args.frames or (QUICK["frames"] if args.quick else FRAMES)
     repeats = args.repeats or (QUICK["repeats"] if args.quick else 3)
-    batches = [int(b) for b in (args.batches or (QUICK["batches"] if args.quick else "1,2,4,8")).split(",")]
-    settings = (args.settings or ",".join(QUICK_SETTINGS if args.quick else SETTINGS)).split(",")
-    engine_settings = [s for s in (args.engine_settings or ",".join(ENGINE_SETTINGS)).split(",") if s]
+    batches = [int(b) for b in (QUICK["batches"] if args.quick and args.batches is None else
+                                "1,2,4,8" if args.batches is None else args.batches).split(",") if b]  # "": none
+    settings = [s for s in (",".join(QUICK_SETTINGS if args.quick else SETTINGS) if args.settings is None
+                            else args.settings).split(",") if s]  # "": none
+    engine_settings = [s for s in (",".join(ENGINE_SETTINGS) if args.engine_settings is None
+                                   else args.engine_settings).split(",") if s]
     REQUEST["max_new_tokens"] = frames + 1
     info = machine()
     dtype = torch.bfloat16
@@ -593,10 +696,12 @@ def main(argv: list[str] | None = None) -> None:
         log(f"int8 skipped: {skipped}")
         engine_settings = [s for s in engine_settings if "w8a8" not in s]
         settings = [s for s in settings if "w8a8" not in s]
-    sizes = SIZES["smoke" if args.smoke else "0.6b"]
+    sizes = SIZES[SMOKE_SIZES[args.size] if args.smoke else args.size]
     tts = system_tts(sizes, dtype)
     heads = controlled_heads(tts, sizes, dtype, log, TREE_SIZE, iterations=1 if args.smoke else 6)
-    report = {"dtype": "bfloat16", "frames": frames, "tree_size": TREE_SIZE, "heads": heads, "repeats": repeats,
+    floor_parts = floor_inputs(tts, min(frames, FLOOR_FRAMES), ("bfloat16",) if skipped else ("bfloat16", "w8a8"))
+    report = {"dtype": "bfloat16", "size": args.size, "floor_inputs": floor_parts, "frames": frames,
+              "tree_size": TREE_SIZE, "heads": heads, "repeats": repeats,
               "chunk_frames": args.chunk_frames, "first_chunk_frames": args.first_chunk_frames, "threads": {},
               "targets": TARGETS, "quick": args.quick, "smoke": args.smoke, "batches": batches, "int8_skipped": skipped,
               "command": " ".join([".venv/bin/python benchmarks/end_to_end.py", *(sys.argv[1:] if argv is None
@@ -636,7 +741,10 @@ def main(argv: list[str] | None = None) -> None:
             for engine in engines.values():
                 engine.close()
         table = {setting: summarize(rows) for setting, rows in runs.items()}
-        report["threads"][str(threads)] = {"table": table, "figures": figures(table)}
+        rates = floor_rates(floor_parts, getattr(args, "copy_gigabytes", 1.0), getattr(args, "peak_size", 1024))
+        for setting, row in table.items():
+            row["floor_ms_per_frame"] = part_floors(setting, row, floor_parts, rates)
+        report["threads"][str(threads)] = {"table": table, "figures": figures(table), "floor_rates": rates}
         if threads == 1 and batches:
             report["concurrency"] = concurrency(tts, batches, args.stagger, repeats, table, args.chunk_frames,
                                                 args.first_chunk_frames, log)
@@ -644,7 +752,8 @@ def main(argv: list[str] | None = None) -> None:
     report["issue_targets"] = issue_targets(report)
     report["decoder_difference"] = decoder_difference(tts, getattr(args, "decoder_frames", 60))
     report["machine"] = finish_machine(info)
-    for path in write_reports(report, report_folder(args.out, args.smoke), "end-to-end", to_markdown):
+    name = "end-to-end" if args.size == "0.6b" else f"end-to-end-{args.size}"
+    for path in write_reports(report, report_folder(args.out, args.smoke), name, to_markdown):
         log(f"wrote {path}")
 
 

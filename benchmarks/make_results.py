@@ -333,10 +333,13 @@ TUNE = "python benchmarks/tune_standin.py"
 
 
 def end_to_end_section(bench_dir: Path) -> list[str]:
-    """A whole generate call, streamed and not (end-to-end.md), without its title."""
-    report = read_text(bench_dir / "end-to-end.md")
+    """A whole generate call, streamed and not (end-to-end.md; at the 1.7B sizes end-to-end-1.7b.md), without its
+    title."""
+    report, large = read_text(bench_dir / "end-to-end.md"), read_text(bench_dir / "end-to-end-1.7b.md")
     return ["## End to end and streaming: a whole qwen-tts call at the 0.6B sizes", "",
-            without_title(report) if report else not_measured(END_TO_END)]
+            without_title(report) if report else not_measured(END_TO_END), "",
+            "### At the 1.7B sizes (a talker of width 2048)", "",
+            without_title(large, 4) if large else not_measured(f"{END_TO_END} --size 1.7b")]
 
 
 SERVE_LOAD = "python benchmarks/serve_load.py"
@@ -400,6 +403,8 @@ REAL_TIME_REPORTS = [  # issue 51: every part of the frame at its floor, two cor
      "OMP_WAIT_POLICY=PASSIVE python benchmarks/codec_beside.py --frames 42 --repeats 3"),
     ("int8 matmuls per call against the memory floor", "int8-calls.md",
      "OMP_WAIT_POLICY=PASSIVE python benchmarks/int8_calls.py --rounds 7"),
+    ("bfloat16: a verify call of N rows against the one-row call", "bf16-rows.md",
+     "OMP_WAIT_POLICY=PASSIVE python benchmarks/bf16_rows.py --frames 12"),
     ("The streamed 12 Hz decoder against a whole-utterance decode", "decoder-stream.md",
      "python benchmarks/decoder_stream.py --frames 24 --chunks 1,3,12 --repeats 3"),
     ("Speculative int8 rounds against AR, bit for bit (avx512-vnni-bf16)", "exact-rounds-avx512-vnni-bf16.md",

@@ -22,6 +22,7 @@ UPSTREAM = "qwen-tts"  # the `ref` extra: upstream's model classes
 # CPU's class)
 SMOKE = {
     "ar_vs_upstream": (UPSTREAM, ["--out", "{out}/ar_vs_upstream"], ["ar_vs_upstream.json", "ar_vs_upstream.md"]),
+    "bf16_rows": (None, ["--out", "{out}"], ["bf16-rows.json", "bf16-rows.md"]),
     "capacity_prior": (None, ["--out", "{out}"], ["capacity-prior.json", "capacity-prior.md"]),
     "codec_batch": (UPSTREAM, ["--out", "{out}"], ["codec-batch.json", "codec-batch.md"]),
     "codec_batch --streaming": (UPSTREAM, ["--streaming", "--out", "{out}"], ["codec-batch-streaming.md"]),
@@ -32,6 +33,8 @@ SMOKE = {
     "decoder_stream": (UPSTREAM, ["--out", "{out}"], ["decoder-stream.json", "decoder-stream.md"]),
     "draft_depth": (None, ["--out", "{out}"], ["draft-depth.json", "draft-depth.md"]),
     "end_to_end": (UPSTREAM, ["--out", "{out}"], ["end-to-end.json", "end-to-end.md"]),
+    "end_to_end --size 1.7b": (UPSTREAM, ["--size", "1.7b", "--out", "{out}"], ["end-to-end-1.7b.json",
+                                                                               "end-to-end-1.7b.md"]),
     "exact_rounds": (None, ["--out", "{out}"], ["exact-rounds-{class}.json", "exact-rounds-{class}.md"]),
     "frame_step": (UPSTREAM, ["--out", "{out}"], ["frame-step.json", "frame-step.md"]),
     "fused_path": (None, ["--out", "{out}"], ["fused-path.json", "fused-path.md"]),

@@ -215,10 +215,14 @@ def test_a_requests_audio_does_not_depend_on_what_else_decodes(tts64, monkeypatc
 
 def test_a_codec_that_cannot_batch_ends_that_calls_requests_and_decodes_one_by_one_after(tts64, monkeypatch):
     """Upstream's attention cache not as the batched codec needs it (another transformers than qwen-tts pins): the
-    requests of that call end with an error that names the fix, and the next ones decode one by one."""
-    calls = []
+    requests of that call end with an error that names the fix, and the next ones decode one by one. Only this
+    model's codec calls count (and fail): an engine that another test left to its finalizer may still be decoding in
+    this process, on a machine under load, through the same module function."""
+    decoder, together, calls = tts64.model.speech_tokenizer.model.decoder, qwen_tts_runtime.decode_together, []
 
     def unsupported(codecs, chunks):
+        if any(codec.decoder is not decoder for codec in codecs):
+            return together(codecs, chunks)
         calls.append(len(codecs))
         raise CodecBatchUnsupported("upstream's cache gave other lengths: install transformers==4.57.3")
 

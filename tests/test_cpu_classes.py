@@ -7,7 +7,8 @@ so a verify call's rows are its AR steps' bits wherever the matmuls are row-inva
 this capped rerun too). What is not, and why: the plain path (RVQSPEC_FUSED=0, or no kernels) attends through SDPA,
 whose sums depend on the call's shape and on where masked keys lie, and float matmuls without a measured row floor
 differ by row count; in bfloat16 and float32 that can change a last bit. bfloat16's sampled distribution is tested
-on the fast path (test_distribution.py), greedy identity in float64 and quantized (integer GEMM) models."""
+on the fast path (test_distribution.py), greedy identity in float64 and quantized (integer GEMM) models, and in
+bfloat16 through rvqspec's bfloat16 kernel where the class has AVX-512 BF16 (test_bf16.py)."""
 
 import json
 import os
@@ -128,7 +129,8 @@ def test_the_kernel_choices_are_measured_once_per_cpu_and_kept(tmp_path, monkeyp
     stored = json.loads((tmp_path / "kernels.json").read_text())
     (key,) = stored["entries"]
     assert cpu_class.cpu_class() in key and torch.__version__ in key and f"{torch.get_num_threads()}t" in key
-    assert stored["entries"][key] == first and set(first["matmul"]) == {"packed_one", "packed_many", "pad_rows", "attention_rows"}
+    assert stored["entries"][key] == first
+    assert set(first["matmul"]) == {"packed_one", "packed_many", "pad_rows", "attention_rows", "bf16_kernel"}
     device_path.prepared.clear()
     assert device_path.decided(torch.float32) == first and measured == [torch.float32]  # read, not measured
     (tmp_path / "kernels.json").write_text("{damaged")

@@ -8,7 +8,8 @@ import time
 import pytest
 import torch
 
-from rvqspec.core import fused
+from rvqspec.core import cpu_class, fused
+from rvqspec.core.bf16 import pack_bf16
 from rvqspec.core.quantize import Int8Matmul
 
 CALLS = 50  # a kernel call during which the other thread never ran is retried up to this often
@@ -64,3 +65,12 @@ def test_the_fused_kernels_release_the_gil_while_they_run():
         assert ran_beside(lambda: ops.rms_norm(x, weight, 1e-6))
         assert ran_beside(lambda: ops.add_rms_norm(x, x, weight, 1e-6))
         assert ran_beside(lambda: ops.silu_mul(x))
+
+
+@pytest.mark.skipif(not cpu_class.has_avx512_bf16() or not fused.kernels().has_bf16_gemm(),
+                    reason="the bfloat16 kernel needs AVX-512 BF16")
+def test_the_bfloat16_kernel_releases_the_gil_while_it_runs():
+    weight = torch.randn(8192, 8192).to(torch.bfloat16)
+    packed, x = pack_bf16(weight), torch.randn(1, 8192).to(torch.bfloat16)
+    with torch.inference_mode():
+        assert ran_beside(lambda: fused.kernels().bf16_linear(x, packed, None, 8192))

@@ -6,6 +6,10 @@ large tensor copy's (read + write bytes over its time, median), this thread coun
 measured it since issue 32. `one_row_steps` streams one row through the 0.6B predictor's layer matrices per scheme
 (float32, bfloat16, w8a16, w8a8), more than any cache holds, and gives each its fraction of the floor; and the cost
 of 4 and 8 rows against one (a batch's step). `rvqspec inspect --device` prints it with the kernel each scheme takes.
+
+A whole frame's parts get floors from the same measures (benchmarks/end_to_end.py): `matrix_bytes` (a module's weights
+as a scheme stores them), `matmul_peak` (a large matmul's FLOP/s, this thread count: the compute floor's rate) and
+`counted_flops` (a call's matmul and convolution FLOPs).
 """
 
 import statistics
@@ -13,11 +17,13 @@ import time
 
 import torch
 import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
-from rvqspec.core import cpu_class
+from rvqspec.core import cpu_class, fused
 from rvqspec.core.config import ARCHITECTURES
-from rvqspec.core.device_path import median_ms, packable
+from rvqspec.core.device_path import known, median_ms, packable
 from rvqspec.core.errors import RvqspecError
+from rvqspec.core.packing import PackedWeight, linear
 from rvqspec.core.quantize import Int8Matmul, check_scheme, int8_kernels, w8a8_kernel
 
 SCHEMES = ("float32", "bfloat16", "w8a16", "w8a8")
@@ -37,6 +43,44 @@ def copy_bandwidth(gigabytes: float = 1.0, repeats: int = 5) -> float:
     return 2 * source.numel() * 4 / statistics.median(times)
 
 
+def matrix_bytes(modules: list[torch.nn.Module], scheme: str) -> int:
+    """Bytes of the weights of `modules` stored as `scheme` (a float dtype's name, or an int8 scheme: each matrix as
+    int8 rows and a float32 scale per row, `quantize_rows`); vectors (norms, biases) as they are."""
+    total = 0
+    for p in (p for module in modules for p in module.parameters()):
+        if p.dim() < 2:
+            total += p.numel() * p.element_size()
+        elif scheme in ("w8a8", "w8a16"):
+            total += p.numel() + 4 * p.shape[0]
+        else:
+            total += p.numel() * getattr(torch, scheme).itemsize
+    return total
+
+
+def matmul_peak(scheme: str, size: int = 1024, repeats: int = 5) -> float:
+    """FLOP/s of a [size, size] x [size, size] matmul under `scheme` (a float dtype's name, or an int8 scheme through
+    `Int8Matmul`), this thread count, median: the rate a compute floor divides by."""
+    generator = torch.Generator().manual_seed(0)
+    weight, x = (torch.randn(size, size, generator=generator) for _ in range(2))
+    if scheme in ("w8a8", "w8a16"):
+        check_scheme(scheme)
+        call = lambda m=Int8Matmul(weight, scheme): m(x)  # noqa: E731
+    else:
+        dtype = getattr(torch, scheme)
+        call = lambda w=weight.to(dtype), a=x.to(dtype): F.linear(a, w)  # noqa: E731
+    with torch.inference_mode():
+        ms = median_ms({scheme: call}, repeats)[scheme]
+    return 2 * size ** 3 / (ms / 1e3)
+
+
+def counted_flops(call) -> int:
+    """FLOPs of the matmuls, convolutions and attention `call()` runs (torch's FlopCounterMode; elementwise work is
+    not counted)."""
+    with FlopCounterMode(display=False) as counter:
+        call()
+    return counter.get_total_flops()
+
+
 def kernels() -> dict[str, str]:
     """Which kernel multiplies each scheme's matmuls here (float32 activations, and bfloat16 where they differ)."""
     w8a8 = {"vnni": "rvqspec's AVX-512 VNNI int8 GEMM (int8.cpp)", "onednn": "oneDNN's int8 GEMM (VNNI dot products)",
@@ -45,6 +89,9 @@ def kernels() -> dict[str, str]:
     w8a16 = "rvqspec's AVX2 w8a16 kernel (int8.cpp)" if int8_kernels() is not None else "torch._weight_int8pack_mm"
     bfloat16 = "oneDNN (packed)" if packable(torch.bfloat16) else "ATen (bfloat16 emulated in float32: no bfloat16 " \
         "instructions on this class)"
+    choice = known(torch.bfloat16)
+    if choice and choice["matmul"]["bf16_kernel"] and fused.on():
+        bfloat16 = "rvqspec's AVX-512 BF16 kernel (bf16.cpp)"
     return {"float32": "MKL / oneDNN", "bfloat16": bfloat16, "w8a16": f"{w8a16}; bfloat16 activations: "
             "torch._weight_int8pack_mm", "w8a8": w8a8}
 
@@ -97,4 +144,8 @@ def step_of(scheme: str, weights: list) -> tuple:
         return (lambda x: [m(x[m.in_features]) for m in matmuls]), sum(w.numel() for w in weights)
     dtype = getattr(torch, scheme)
     cast = [w.to(dtype) for w in weights]
+    if dtype == torch.bfloat16:  # the path decoding takes (`packing.linear`: the measured choice)
+        packs = [PackedWeight() for _ in cast]
+        return (lambda x: [linear(x[w.shape[1]], w, None, p) for w, p in zip(cast, packs)]), \
+            sum(w.numel() * w.element_size() for w in cast)
     return (lambda x: [F.linear(x[w.shape[1]], w) for w in cast]), sum(w.numel() * w.element_size() for w in cast)

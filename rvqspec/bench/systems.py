@@ -3,8 +3,13 @@
 heads controlled to the paper's acceptance (rvqspec.bench.controlled), and the request every benchmark times.
 
 `SIZES["0.6b"]` is Qwen3-TTS-12Hz-0.6B: a 28-layer talker (hidden 1024, 16 / 8 heads of 128, MLP 3072), the 5-layer
-code predictor (QWEN3_TTS_0_6B) and the released 12 Hz decoder (RELEASED_DECODER). `SIZES["smoke"]` keeps the
-vocabularies and the structure and shrinks every width and depth: a benchmark's `--smoke` run builds it in a second.
+code predictor (QWEN3_TTS_0_6B) and the released 12 Hz decoder (RELEASED_DECODER). `SIZES["1.7b"]` is
+Qwen3-TTS-12Hz-1.7B (the talker_config of Qwen/Qwen3-TTS-12Hz-1.7B-{Base,CustomVoice,VoiceDesign}'s config.json): a
+28-layer talker of hidden 2048 (16 / 8 heads of 128, MLP 6144) and the same code predictor (1024 wide, 5 layers, MLP
+3072, QWEN3_TTS_1_7B) behind upstream's `small_to_mtp_projection` (a Linear 2048 -> 1024 with a bias, on every input
+of every predictor call), its code tables 2048 wide (upstream makes them at the talker's width); the same decoder.
+`SIZES["smoke"]` keeps the vocabularies and the structure and shrinks every width and depth: a benchmark's `--smoke`
+run builds it in a second; `SIZES["smoke-1.7b"]` is the same with a talker wider than the predictor (the projection).
 Timing does not depend on weight values (docs/design.md, section 5). qwen-tts is imported when a builder runs.
 """
 
@@ -15,7 +20,7 @@ import torch
 from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor
 from rvqspec.bench.upstream import CODEBOOK, tiny_text_processor, tiny_tts_config_dict, upstream_config_dict
 from rvqspec.core.checkpoint import TALKER_C0_TABLE, official_state_dict
-from rvqspec.core.config import QWEN3_TTS_0_6B, PredictorConfig
+from rvqspec.core.config import QWEN3_TTS_0_6B, QWEN3_TTS_1_7B, PredictorConfig
 from rvqspec.core.sampling import Sampler
 from rvqspec.core.tree import default_tree
 from rvqspec.integrations.qwen_tts import import_qwen_tts
@@ -64,15 +69,20 @@ def smoke_config(config: PredictorConfig) -> PredictorConfig:
 
 
 SMOKE_PREDICTOR = smoke_config(QWEN3_TTS_0_6B)
+SMOKE = SystemSizes(talker_hidden=64, talker_intermediate=128, talker_layers=2, talker_heads=4, talker_kv_heads=2,
+                    talker_head_dim=16, text_hidden=32, predictor=SMOKE_PREDICTOR,
+                    decoder=dict(codebook_size=VOCAB, codebook_dim=16, hidden_size=32, latent_dim=32,
+                                 num_attention_heads=2, num_key_value_heads=2, head_dim=16, intermediate_size=64,
+                                 num_hidden_layers=1, decoder_dim=32))
 SIZES = {
     "0.6b": SystemSizes(talker_hidden=1024, talker_intermediate=3072, talker_layers=28, talker_heads=16,
                         talker_kv_heads=8, talker_head_dim=128, text_hidden=2048, predictor=QWEN3_TTS_0_6B),
-    "smoke": SystemSizes(talker_hidden=64, talker_intermediate=128, talker_layers=2, talker_heads=4, talker_kv_heads=2,
-                         talker_head_dim=16, text_hidden=32, predictor=SMOKE_PREDICTOR,
-                         decoder=dict(codebook_size=VOCAB, codebook_dim=16, hidden_size=32, latent_dim=32,
-                                      num_attention_heads=2, num_key_value_heads=2, head_dim=16, intermediate_size=64,
-                                      num_hidden_layers=1, decoder_dim=32)),
+    "1.7b": SystemSizes(talker_hidden=2048, talker_intermediate=6144, talker_layers=28, talker_heads=16,
+                        talker_kv_heads=8, talker_head_dim=128, text_hidden=2048, predictor=QWEN3_TTS_1_7B),
+    "smoke": SMOKE,
+    "smoke-1.7b": replace(SMOKE, talker_hidden=96, predictor=replace(SMOKE_PREDICTOR, talker_hidden_size=96)),
 }
+SMOKE_SIZES = {"0.6b": "smoke", "1.7b": "smoke-1.7b"}  # a real size -> the tiny one of its structure
 
 
 def speech_tokenizer(sizes: SystemSizes, dtype: torch.dtype):
@@ -113,8 +123,12 @@ def system_tts(sizes: SystemSizes, dtype: torch.dtype, seed: int = 0):
     max_new_tokens frames."""
     qwen_tts = import_qwen_tts()
     torch.manual_seed(seed)
-    models = qwen_tts.core.models
-    model = models.Qwen3TTSForConditionalGeneration(models.Qwen3TTSConfig(**system_config(sizes)))
+    models, default = qwen_tts.core.models, torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # made at its dtype: a float32 model first doubles the peak (1.7B: 6.4 GB more)
+    try:
+        model = models.Qwen3TTSForConditionalGeneration(models.Qwen3TTSConfig(**system_config(sizes)))
+    finally:
+        torch.set_default_dtype(default)
     model = model.to(dtype).eval().requires_grad_(False)
     model.load_speech_tokenizer(speech_tokenizer(sizes, dtype))
     model.config.talker_config.codec_eos_token_id = model.config.talker_config.vocab_size  # out of range: never drawn

@@ -58,7 +58,8 @@ def print_device(report: dict) -> None:
     print(f"  fused kernels compiled with {' '.join(report['fused_kernels_cflags'])}")
     for dtype, choice in report["choices"].items():
         m = choice["matmul"]
-        print(f"  {dtype}: matmuls {'packed' if m['packed_one'] else 'plain'} for one row, "
+        matmuls = "rvqspec's bfloat16 kernel for every row count (no padding); else " if m["bf16_kernel"] else ""
+        print(f"  {dtype}: matmuls {matmuls}{'packed' if m['packed_one'] else 'plain'} for one row, "
               f"{'packed' if m['packed_many'] else 'plain'} for more; rows padded to {m['pad_rows']} (matmuls) and "
               f"{m['attention_rows']} (attention queries); int8 draft heads {'on' if choice['int8_drafts'] else 'off'}")
         for what, figures in choice["figures"].items():

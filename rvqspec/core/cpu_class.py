@@ -102,6 +102,11 @@ def has_avx512_vnni() -> bool:
     return cpu_class() in ("amx", "avx512-vnni-bf16", "avx512-vnni")
 
 
+def has_avx512_bf16() -> bool:
+    """AVX-512 BF16 under the caps: where rvqspec's bfloat16 kernel runs (`bf16.cpp`)."""
+    return cpu_class() in ("amx", "avx512-vnni-bf16")
+
+
 def has_avx2() -> bool:
     """AVX2 and FMA under the caps (every x86 class above "other"): where rvqspec's int8 kernels run (`int8.cpp`)."""
     return cpu_class() in NEEDS

@@ -16,7 +16,8 @@ also serve training, read `choose(device, dtype)` per call. Nothing else reads a
   indexed by device codebooks, exact draft heads.
 - fused_kernels: the layer's elementwise work in the fused C++ kernels (`fused`), where they are built.
 - matmul: how the large matmuls run (`packing`): through oneDNN-prepacked weights or F.linear, for one row and for
-  many, each where it measured faster; and `pad_rows` / `attention_rows`: calls of fewer rows (queries) are padded
+  many, each where it measured faster; bfloat16 through rvqspec's kernel (`bf16.cpp`, AVX-512 BF16, part of the
+  fused kernels: off with them) where it measured faster than both; and `pad_rows` / `attention_rows`: calls of fewer rows (queries) are padded
   up to that many where the kernel gives a row other bits alone than inside a larger call (on a Zen 4, oneDNN's
   bfloat16 GEMM at K = 3072 and torch's flash attention both block otherwise for 1-3 rows), so that a verify call
   computes what the AR step computes. The predictor's attention on the fast path needs no floor: it visits each
@@ -50,13 +51,15 @@ import torch
 import torch.nn.functional as F
 
 from rvqspec.core import cpu_class, fused
+from rvqspec.core.bf16 import pack_bf16
 from rvqspec.core.checkpoint import save_json
 from rvqspec.core.device_file import cache_dir
 from rvqspec.core.errors import RvqspecError
 from rvqspec.core.files import read_json
 from rvqspec.core.quantize import DRAFT_SCHEME, Int8Matmul
 
-KERNELS_FORMAT = "rvqspec-kernels/2"  # 2: the int8 draft heads timed through Int8Matmul (rvqspec's float32 kernel)
+KERNELS_FORMAT = "rvqspec-kernels/3"  # 2: the int8 draft heads timed through Int8Matmul (rvqspec's float32 kernel);
+# 3: rvqspec's bfloat16 kernel timed beside oneDNN (MatmulChoice.bf16_kernel)
 SHAPES = ((1024, 3072), (3072, 1024))  # (in, out): the 0.6B predictor's MLP, the widest K and N of a layer
 MANY_ROWS = 33  # a verify call of N = 32
 PADS = (1, 2, 4, 8)  # candidate row floors, cheapest first
@@ -73,6 +76,7 @@ class MatmulChoice:
     packed_many: bool = False  # the same for calls of more rows
     pad_rows: int = 1  # calls of fewer rows are padded up to this many (1: none)
     attention_rows: int = 1  # the same for the queries of an attention call over the cache
+    bf16_kernel: bool = False  # bfloat16 calls of any rows through rvqspec's kernel (`bf16.cpp`, no padding needed)
 
 
 @dataclass(frozen=True)
@@ -118,9 +122,12 @@ def path_of(cpu: bool, static: bool, dtype: torch.dtype, inference: bool, fast: 
             mkldnn: bool, threads: int) -> DevicePath:
     measured = cpu and inference and mkldnn and dtype in MEASURED_DTYPES
     choices = known(dtype) if measured else None  # never measured here: a forward asks (module docstring)
+    matmul = MatmulChoice(**choices["matmul"]) if choices else None
+    if matmul is not None and not built:  # rvqspec's bfloat16 kernel is one of the fused kernels: off with them
+        matmul = replace(matmul, bf16_kernel=False)
     return DevicePath(static_shapes=static, host_walk=fast and not static,
                       int8_drafts=fast and choices is not None and choices["int8_drafts"], fused_kernels=built,
-                      matmul=MatmulChoice(**choices["matmul"]) if choices else None, grouped_heads=cpu)
+                      matmul=matmul, grouped_heads=cpu)
 
 
 def captured(path: DevicePath) -> DevicePath:
@@ -248,18 +255,15 @@ def median_ms(calls: dict, reps: int = 11) -> dict:
 
 @torch.inference_mode()
 def measure(dtype: torch.dtype) -> dict:
-    """Time and compare, at SHAPES: the plain and packed matmuls at 1 and MANY_ROWS rows; the smallest row floor from
-    PADS that gives every row the bits it gets in any larger call, where it costs at most PAD_COST; the int8 draft
-    heads against the exact head."""
+    """Time and compare, at SHAPES: the plain and packed matmuls (and rvqspec's bfloat16 kernel) at 1 and MANY_ROWS
+    rows; the smallest row floor from PADS that gives every row the bits it gets in any larger call, where it costs at
+    most PAD_COST; the int8 draft heads against the exact head."""
     generator = torch.Generator().manual_seed(0)
-    figures, one, many, pads = {}, [], [], []
+    figures, one, many, pads, ours = {}, [], [], [], []
     for k, n in SHAPES:
         weight = torch.randn(n, k, generator=generator).to(dtype) / k ** 0.5
         x = torch.randn(2 * MANY_ROWS, k, generator=generator).to(dtype)
-        kernels = {"plain": lambda rows, w=weight: F.linear(rows, w)}
-        if packable(dtype):
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight, 32)
-            kernels["packed"] = lambda rows, p=packed: torch.ops.mkldnn._linear_pointwise(rows, p, None, "none", [], "")
+        kernels = matmul_kernels(weight)
         times = median_ms({(name, rows): lambda f=f, rows=rows: f(x[:rows]) for name, f in kernels.items()
                            for rows in (1, MANY_ROWS)})
         figures[f"{k}x{n}"] = {f"{name} {rows} rows ms": round(ms, 4) for (name, rows), ms in times.items()}
@@ -267,11 +271,37 @@ def measure(dtype: torch.dtype) -> dict:
         many.append(times.get(("packed", MANY_ROWS), float("inf")) < times[("plain", MANY_ROWS)])
         pads.append(row_floor(kernels["packed" if many[-1] else "plain"], kernels["packed" if one[-1] else "plain"], x,
                               figures[f"{k}x{n}"]))
+        ours.append("bf16" in kernels and bf16_kernel_wins(times) and row_floor(kernels["bf16"], kernels["bf16"], x,
+                                                                                  {}) == 1)
     attention_rows = attention_floor(dtype, figures)
-    figures["batch_invariant"] = {"matmuls": all(pads), "attention": attention_rows > 0}
+    figures["batch_invariant"] = {"matmuls": all(ours) or all(pads), "attention": attention_rows > 0}
     matmul = MatmulChoice(packed_one=all(one), packed_many=all(many), pad_rows=max(max(pads), 1),
-                          attention_rows=max(attention_rows, 1))
-    return {"matmul": asdict(matmul), "int8_drafts": int8_drafts_faster(dtype, figures), "figures": figures}
+                          attention_rows=max(attention_rows, 1), bf16_kernel=all(ours))
+    return {"matmul": asdict(matmul), "int8_drafts": int8_drafts_faster(dtype, figures, matmul.bf16_kernel),
+            "figures": figures}
+
+
+def matmul_kernels(weight: torch.Tensor) -> dict:
+    """The ways to multiply rows by `weight` measured here (name -> function of the rows): "plain" (F.linear),
+    "packed" (oneDNN's prepacked weight) where oneDNN packs the dtype, "bf16" (rvqspec's kernel) for bfloat16 where
+    the class has AVX-512 BF16 and the fused kernels are on and built."""
+    kernels = {"plain": lambda rows: F.linear(rows, weight)}
+    if packable(weight.dtype):
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, 32)
+        kernels["packed"] = lambda rows: torch.ops.mkldnn._linear_pointwise(rows, packed, None, "none", [], "")
+    ops = fused.kernels() if weight.dtype == torch.bfloat16 and cpu_class.has_avx512_bf16() and fused.on() else None
+    if ops is not None and ops.has_bf16_gemm():
+        ours = pack_bf16(weight)
+        kernels["bf16"] = lambda rows: ops.bf16_linear(rows, ours, None, weight.shape[0])
+    return kernels
+
+
+def bf16_kernel_wins(times: dict) -> bool:
+    """Whether rvqspec's bfloat16 kernel beats the others at one row and costs at most PAD_COST times the fastest at
+    MANY_ROWS rows (`times`: (kernel, rows) -> ms)."""
+    def best(rows: int) -> float:
+        return min(ms for (name, r), ms in times.items() if r == rows and name != "bf16")
+    return times[("bf16", 1)] < best(1) and times[("bf16", MANY_ROWS)] <= PAD_COST * best(MANY_ROWS)
 
 
 def row_floor(kernel, one_row_kernel, x: torch.Tensor, figures: dict) -> int:
@@ -321,13 +351,14 @@ def attention_floor(dtype: torch.dtype, figures: dict, heads: int = 16, kv_heads
     return 0
 
 
-def int8_drafts_faster(dtype: torch.dtype, figures: dict) -> bool:
+def int8_drafts_faster(dtype: torch.dtype, figures: dict, bf16_kernel: bool = False) -> bool:
     """Whether the int8 draft heads (w8a16: rvqspec's kernel for float32, torch's weight-only one for bfloat16) rank
-    DRAFT_ROWS rows through a head faster than the exact head."""
+    DRAFT_ROWS rows through a head faster than the exact head (through rvqspec's bfloat16 kernel where chosen)."""
     k, n = HEAD_SHAPE
     generator = torch.Generator().manual_seed(1)
     head, x = torch.randn(n, k, generator=generator).to(dtype), torch.randn(DRAFT_ROWS, k, generator=generator).to(dtype)
     matmul = Int8Matmul(head, DRAFT_SCHEME)
-    times = median_ms({"int8 ms": lambda: matmul(x), "exact ms": lambda: F.linear(x, head)})
+    exact = matmul_kernels(head)["bf16"] if bf16_kernel else lambda rows: F.linear(rows, head)
+    times = median_ms({"int8 ms": lambda: matmul(x), "exact ms": lambda: exact(x)})
     figures["draft head"] = {name: round(ms, 4) for name, ms in times.items()}
     return times["int8 ms"] < times["exact ms"]

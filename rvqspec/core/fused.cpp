@@ -273,6 +273,7 @@ at::Tensor attention(const at::Tensor& q_, const at::Tensor& k_cache, const at::
 // codec worker runs Python between its decoder's ops beside the frame loop's calls (runtime/threads.py).
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto released = py::call_guard<py::gil_scoped_release>();
+  m.def("snake", &rvqspec::snake, released);
   m.def("rms_norm", &rms_norm, released);
   m.def("add_rms_norm", &add_rms_norm, released);
   m.def("silu_mul", &silu_mul, released);
@@ -285,4 +286,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("has_vnni_gemm", &rvqspec::has_vnni_gemm);
   m.def("vnni_linear", &rvqspec::vnni_linear, released);
   m.def("w8a16_linear", &rvqspec::w8a16_linear, released);
+  m.def("has_bf16_gemm", &rvqspec::has_bf16_gemm);
+  m.def("bf16_linear", &rvqspec::bf16_linear, released);
 }

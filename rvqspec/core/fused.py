@@ -17,6 +17,8 @@ they cannot be built, decoding takes the plain path after one warning. `RVQSPEC_
 or `enabled(False)` (for a block, in its own thread or task only) turns the whole CPU fast path off (these
 kernels, the int8 draft heads of `draft_heads` and the early-stopping walk `walk.walk_on_host`; where each applies:
 `device_path`), e.g. to time the plain path side by side (benchmarks/fused_path.py).
+
+snake.cpp, in the same module, holds the 12 Hz speech decoder's activation in one pass (`qwen_tts_audio.snake`).
 """
 
 import contextvars
@@ -34,7 +36,7 @@ from torch import Tensor
 
 from rvqspec.core import cpu_class
 
-SOURCES = [Path(__file__).with_name(name) for name in ("fused.cpp", "int8.cpp")]  # + kernels.h, which both include
+SOURCES = [Path(__file__).with_name(name) for name in ("fused.cpp", "int8.cpp", "bf16.cpp", "snake.cpp")]  # + kernels.h
 HEADER = Path(__file__).with_name("kernels.h")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 

@@ -36,6 +36,9 @@ template <typename T, typename A> inline A round_to(A v) {
   return load<T, A>(&t, 0);
 }
 
+// Defined in snake.cpp: the 12 Hz speech decoder's SnakeBeta activation in one pass.
+at::Tensor snake(const at::Tensor& x, const at::Tensor& alpha, const at::Tensor& beta, double eps);
+
 // Defined in int8.cpp, registered with the module in fused.cpp.
 std::vector<at::Tensor> quantize_rows(const at::Tensor& x);
 at::Tensor scale_rows(const at::Tensor& acc, const at::Tensor& scale, const at::Tensor& like);
@@ -45,5 +48,9 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
 at::Tensor vnni_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& offsets,
                        int64_t out_features);
 at::Tensor w8a16_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t out_features);
+// Defined in bf16.cpp, registered in fused.cpp too.
+bool has_bf16_gemm();
+at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
+                       int64_t out_features);
 
 }  // namespace rvqspec

@@ -7,13 +7,20 @@ Which of the two runs one row and which many is measured on the user's CPU (`dev
 row floor that makes a kernel give each row the same bits in any call (`MatmulChoice.pad_rows`): a call of fewer
 rows is padded with copies of its last row. oneDNN costs a fixed overhead per call, more than small products take,
 hence the size floor.
+
+bfloat16 on CPUs with AVX-512 BF16 takes rvqspec's kernel instead where it measured faster
+(`MatmulChoice.bf16_kernel`; `bf16.cpp`): every output one chain of bfloat16 pair products in float32, in the same
+order whatever the call's rows, so a row has the same bits alone and in any call with no padding; on a Zen 4 it reads
+the weights at ~85% of the copy bandwidth for one row where oneDNN reads them at ~50%
+(benchmarks/results/bf16-rows.md).
 """
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rvqspec.core import device_path
+from rvqspec.core import device_path, fused
+from rvqspec.core.bf16 import pack_bf16
 from rvqspec.core.changes import Derived
 
 PACK_MIN_ELEMENTS = 1 << 20
@@ -26,10 +33,16 @@ def packed_layout(weight: Tensor) -> Tensor:
 
 class PackedWeight(Derived[Tensor]):
     """A oneDNN-prepacked copy of a weight, made again whenever the weight changes (`changes.Derived`: a new tensor or
-    an in-place write on every call; a write through `.data` once per decode, `MultiCodeDecoder.refresh`)."""
+    an in-place write on every call; a write through `.data` once per decode, `MultiCodeDecoder.refresh`); `bf16`: the
+    copy rvqspec's bfloat16 kernel reads, the same way. Each is made on its first use only."""
 
     def __init__(self) -> None:
+        self.bf16 = Derived(pack_bf16)
         super().__init__(packed_layout)
+
+    def forget(self) -> None:
+        super().forget()
+        self.bf16.forget()
 
     def __reduce__(self):
         return PackedWeight, ()
@@ -45,11 +58,13 @@ def matmul_choice(x: Tensor, weight: Tensor) -> device_path.MatmulChoice | None:
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None, pack: PackedWeight) -> Tensor:
-    """F.linear, through the prepacked copy in `pack` where that measured faster, on at least the measured row floor
-    (a smaller call padded, then cut back)."""
+    """F.linear, through rvqspec's bfloat16 kernel or the prepacked copy in `pack` where that measured faster, on at
+    least the measured row floor (a smaller call padded, then cut back; the bfloat16 kernel needs none)."""
     choice = matmul_choice(x, weight)
     if choice is None:
         return F.linear(x, weight, bias)
+    if choice.bf16_kernel:
+        return fused.kernels().bf16_linear(x, pack.bf16.get(weight), bias, weight.shape[0])
     rows = x.numel() // x.shape[-1]
     if rows < choice.pad_rows:
         flat = x.reshape(rows, x.shape[-1])

@@ -15,8 +15,10 @@ context; `StreamingCodec` restarts at the same frames with the same context, so 
 from collections import defaultdict
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
+from rvqspec.core import fused
 from rvqspec.core.errors import RvqspecError
 
 # Upstream's Qwen3TTSTokenizerV2Decoder.chunked_decode defaults, as Qwen3TTSTokenizerV2Model.decode calls it.
@@ -31,6 +33,10 @@ MOST_FRAMES_TOGETHER = 48
 # thread: a 1024 -> 1536 channel, kernel 7 layer took ~10x longer on 12 steps than as a product), on a long one it is
 # the faster (benchmarks/results/decoder-stream.md: streamed against whole, by chunk size)
 GEMM_STEPS = 128
+# Convolutions to at most this many channels (the waveform's last, 96 -> 1) run as one product of their taps: torch's
+# took ~7x longer (Zen 4, bfloat16, one thread: a copy of its input and a kernel made for many outputs)
+FEW_CHANNELS = 8
+FUSED_DTYPES = (torch.float32, torch.bfloat16)  # where `snake` runs the fused kernel (float64 stays upstream's)
 
 
 class IncrementalDecoder:
@@ -55,7 +61,7 @@ class IncrementalDecoder:
         """Upstream's `Qwen3TTSTokenizerV2Decoder.forward` for the next frames, with state carried over."""
         decoder = self.decoder
         weight = decoder.pre_conv.conv.weight
-        hidden = decoder.quantizer.decode(codes.to(weight.device))  # [B, codebook_dim, n]
+        hidden = dequantize(decoder.quantizer, codes.to(weight.device))  # [B, codebook_dim, n]
         hidden = self.conv(decoder.pre_conv, hidden).transpose(1, 2)
         hidden = self.transformer(hidden).permute(0, 2, 1)
         for blocks in decoder.upsample:
@@ -80,10 +86,10 @@ class IncrementalDecoder:
                 hidden = self.block(part, hidden)
             return hidden
         if name == "Qwen3TTSTokenizerV2DecoderDecoderResidualUnit":
-            inner = self.conv(module.conv1, module.act1(hidden))
-            return self.conv(module.conv2, module.act2(inner)) + hidden
+            inner = self.conv(module.conv1, snake(module.act1, hidden))
+            return self.conv(module.conv2, snake(module.act2, inner)) + hidden
         if name == "SnakeBeta":
-            return module(hidden)
+            return snake(module, hidden)
         raise TypeError(f"the incremental 12 Hz codec does not know upstream's {name}: this qwen-tts version "
                         "changed its decoder (tested against qwen-tts 0.1.1)")
 
@@ -296,18 +302,65 @@ def decode_together(codecs: list[StreamingCodec], chunks: list[Tensor]) -> list[
     return audio
 
 
+def dequantize(quantizer: torch.nn.Module, codes: Tensor) -> Tensor:
+    """Upstream's `quantizer.decode(codes)` ([B, 16, n] codes -> [B, codebook_dim, n]) to the bit, each codebook's rows
+    looked up before they are normalised (upstream normalises all rows of all 16 codebooks every call: 2.5 ms a call
+    at the released sizes against 0.6 here, Zen 4, one thread, 1-12 frames)."""
+    semantic = quantizer.n_q_semantic
+    total = None
+    for rvq, group in ((quantizer.rvq_first, codes[:, :semantic]), (quantizer.rvq_rest, codes[:, semantic:])):
+        if group.shape[1] == 0:
+            continue
+        quantized = torch.zeros([1], device=codes.device)[0]  # upstream's start (the sum takes the codebooks' dtype)
+        for layer, layer_codes in zip(rvq.vq.layers, group.transpose(0, 1)):
+            book = layer._codebook
+            usage = book.cluster_usage.clamp(min=book.epsilon)[layer_codes][..., None]
+            rows = F.embedding(layer_codes, book.embedding_sum) / usage
+            quantized = quantized + layer.project_out(rows).transpose(1, 2)
+        quantized = rvq.output_proj(quantized)
+        total = quantized if total is None else total + quantized
+    return total
+
+
+def snake(module: torch.nn.Module, hidden: Tensor) -> Tensor:
+    """Upstream's SnakeBeta activation `module(hidden)` ([B, C, T]), in one pass of the fused CPU kernels where they
+    are built and on (float32 and bfloat16; upstream's five ATen passes took ~10% of a bfloat16 decode)."""
+    kernels = fused.kernels() if hidden.device.type == "cpu" and hidden.dtype in FUSED_DTYPES and fused.on() else None
+    if kernels is None:
+        return module(hidden)
+    return kernels.snake(hidden, module.alpha, module.beta, module.no_div_by_zero)
+
+
 def convolve(conv: torch.nn.Conv1d, padded: Tensor) -> Tensor:
     """`conv(padded)` ([B, C, steps + its span - 1] -> [B, out, steps]; stride 1, no padding of its own), as one matrix
-    product where the chunk is short (`GEMM_STEPS`)."""
+    product where the kernel is 1 or the chunk is short (`GEMM_STEPS`)."""
     kernel, dilation = conv.kernel_size[0], conv.dilation[0]
     batch, channels, length = padded.shape
+    if kernel == 1 and conv.groups == 1:  # in this layout already a product: no copies, ~1.2x torch's convolution
+        weight = conv.weight[None, :, :, 0].expand(batch, -1, -1)
+        return torch.bmm(weight, padded) if conv.bias is None else torch.baddbmm(conv.bias[:, None], weight, padded)
     steps = length - dilation * (kernel - 1)
+    if conv.groups == 1 and conv.out_channels <= FEW_CHANNELS:
+        return convolve_to_few(conv, padded, steps)
     if conv.groups != 1 or steps > GEMM_STEPS:
         return conv(padded)
     windows = padded.unfold(2, dilation * (kernel - 1) + 1, 1)[..., ::dilation]  # [B, C, steps, kernel]
     columns = windows.permute(0, 2, 1, 3).reshape(batch * steps, channels * kernel)
     out = product(columns, conv.weight.reshape(len(conv.weight), -1).T, conv.bias)
     return out.view(batch, steps, -1).transpose(1, 2)
+
+
+def convolve_to_few(conv: torch.nn.Conv1d, padded: Tensor, steps: int) -> Tensor:
+    """`conv(padded)` for a convolution to a few channels (the waveform's one): each tap's outputs at every input as
+    one product ([kernel * out, C] @ [B, C, length]), then the taps' sums (in float32 at least) at their shifts."""
+    kernel, dilation, out = conv.kernel_size[0], conv.dilation[0], conv.out_channels
+    taps = torch.matmul(conv.weight.permute(2, 0, 1).reshape(kernel * out, -1), padded)
+    total = taps[:, :out, :steps].to(torch.promote_types(taps.dtype, torch.float32))
+    for k in range(1, kernel):
+        total += taps[:, k * out:(k + 1) * out, k * dilation:k * dilation + steps]
+    if conv.bias is not None:
+        total += conv.bias[:, None]
+    return total.to(padded.dtype)
 
 
 def convolve_transposed(conv: torch.nn.ConvTranspose1d, padded: Tensor, keep: int) -> Tensor:

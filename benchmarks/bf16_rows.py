@@ -1,0 +1,226 @@
+"""bfloat16 speculation on the CPU: a verify call of N rows against the one-row call, oneDNN against rvqspec's kernel.
+
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/bf16_rows.py [--threads 1] [--frames 12]
+    python benchmarks/bf16_rows.py --smoke   # seconds: a tiny predictor, a temporary folder
+
+Three measurements, 1 thread by default, each interleaved in one process (medians; a shared machine loads all alike):
+1. matrices: one call through the 0.6B predictor's 20 layer matrices (157 MB of bfloat16, more than any cache) at
+   1..33 rows, per kernel: oneDNN's prepacked GEMM as decoding ran it before (`torch.ops.mkldnn._linear_pointwise`,
+   what torch.compile's freezing uses; calls of fewer rows than the measured floor padded), the same unpadded,
+   F.linear (ATen's oneDNN matmul without prepacking), float32 compute on a float32 copy, and rvqspec's bfloat16
+   kernel (`bf16.cpp`); against the floor (the bytes over the copy bandwidth: half a copy of them, timed
+   interleaved with the calls).
+2. calls: the predictor's AR step and its speculative rounds at N = 4, 8, 16, 32 (`latency.call_latency`), oneDNN
+   against rvqspec's kernel: the round's cost over the one-row call, by N.
+3. frames: the 0.6B predictor with heads at the paper's acceptance (`rvqspec bench --weights`'s model), AR and
+   speculative frames at N = 4, 8, 16, each kernel: speculative over its own AR (the yardstick of issue 51).
+Writes bf16-rows.{json,md}.
+"""
+
+import argparse
+import statistics
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor  # noqa: E402
+from rvqspec.bench.floor import predictor_shapes  # noqa: E402
+from rvqspec.bench.systems import smoke_config  # noqa: E402
+from rvqspec.bench.timing import (SMOKE_HELP, finish_machine, machine, machine_text, report_folder,  # noqa: E402
+                                  write_reports)
+from rvqspec.core import cpu_class, device_path, fused  # noqa: E402
+from rvqspec.core.bf16 import pack_bf16  # noqa: E402
+from rvqspec.core.config import ARCHITECTURES  # noqa: E402
+from rvqspec.core.decode import decode_frame, tokens_per_step  # noqa: E402
+from rvqspec.core.drafters import ReusedHeads  # noqa: E402
+from rvqspec.core.latency import call_latency, clocks, elapsed_ms  # noqa: E402
+from rvqspec.core.sampling import Sampler  # noqa: E402
+from rvqspec.core.tree import default_tree  # noqa: E402
+
+ROWS = (1, 2, 4, 8, 9, 16, 17, 33)
+CALL_SIZES = (4, 8, 16, 32)
+FRAME_SIZES = (4, 8, 16)
+SMOKE = {"frames": 2, "repeats": 1, "alternations": 1, "rounds": 1, "calibration_frames": 2,
+         "calibration_iterations": 1}
+KERNELS = ("onednn", "bf16.cpp")  # how decoding's bfloat16 matmuls ran before, and with rvqspec's kernel
+
+
+@contextmanager
+def matmuls(kernel: str):
+    """Decode with oneDNN ("onednn": the measured choice without rvqspec's kernel) or rvqspec's kernel, by editing
+    this process's measured choice (`device_path.prepared`)."""
+    entry = device_path.prepared[device_path.choices_key(torch.bfloat16)]["matmul"]
+    before = entry["bf16_kernel"]
+    entry["bf16_kernel"] = kernel == "bf16.cpp"
+    device_path.path_of.cache_clear()
+    try:
+        yield
+    finally:
+        entry["bf16_kernel"] = before
+        device_path.path_of.cache_clear()
+
+
+@torch.inference_mode()
+def matrix_rows(shapes: list, pad_rows: int, repeats: int) -> dict:
+    """ms of one call through every matrix of `shapes` per kernel and row count, and the floor."""
+    generator = torch.Generator().manual_seed(0)
+    weights = [(torch.randn(s, generator=generator) / s[1] ** 0.5).bfloat16() for s in shapes]
+    packed = [torch.ops.mkldnn._reorder_linear_weight(w, 32) for w in weights]
+    ours = [pack_bf16(w) for w in weights] if fused.kernels() is not None and fused.kernels().has_bf16_gemm() else None
+    wide = [w.float() for w in weights]
+    inputs = {r: {k: torch.randn(r, k, generator=generator).bfloat16() for k in {s[1] for s in shapes}} for r in ROWS}
+
+    def onednn(x: dict, pad: int) -> list:
+        rows = len(next(iter(x.values())))
+        x = {k: torch.cat([v, v[-1:].expand(pad - rows, -1)]) for k, v in x.items()} if rows < pad else x
+        return [torch.ops.mkldnn._linear_pointwise(x[w.shape[1]], p, None, "none", [], "")
+                for w, p in zip(weights, packed)]
+
+    kernels = {f"oneDNN packed, padded to {pad_rows} (before)": lambda x: onednn(x, pad_rows),
+               "oneDNN packed": lambda x: onednn(x, 1),
+               "F.linear": lambda x: [F.linear(x[w.shape[1]], w) for w in weights],
+               "float32 compute": lambda x: [F.linear(x[w.shape[1]].float(), w) for w in wide]}
+    if ours is not None:
+        kernels["rvqspec bf16.cpp"] = lambda x: [fused.kernels().bf16_linear(x[w.shape[1]], p, None, w.shape[0])
+                                                 for w, p in zip(weights, ours)]
+    nbytes = sum(w.numel() * 2 for w in weights)
+    source = torch.ones(nbytes // 2, dtype=torch.bfloat16)
+    target = torch.empty_like(source)
+    calls = {(name, r): lambda f=f, r=r: f(inputs[r]) for name, f in kernels.items() for r in ROWS}
+    ms = device_path.median_ms(calls | {("copy", 0): lambda: target.copy_(source)}, repeats)
+    floor = ms["copy", 0] / 2  # a copy of the weights' bytes reads and writes them: half of it reads them once
+    return {"floor_ms": floor, "bandwidth_gb_s": 2 * nbytes / ms["copy", 0] / 1e6, "bytes": nbytes,
+            "ms": {name: {str(r): ms[name, r] for r in ROWS} for name in kernels}}
+
+
+def call_costs(model, sampler: Sampler, alternations: int, rounds: int) -> dict:
+    """Per kernel: median ms of the AR step and of a speculative round per N (alternating kernels)."""
+    trees = {n: default_tree(n) for n in CALL_SIZES}
+    drafter = ReusedHeads(model)
+    samples = {kernel: {"ar": [], **{n: [] for n in CALL_SIZES}} for kernel in KERNELS}
+    for _ in range(alternations):
+        for kernel in KERNELS:
+            with matmuls(kernel):
+                latency = call_latency(model, drafter, trees, sampler, rounds)
+            samples[kernel]["ar"].append(latency["ar"]["wall_ms"])
+            for n in CALL_SIZES:
+                samples[kernel][n].append(latency["spec"][n]["wall_ms"])
+    return {kernel: {str(key): statistics.median(v) for key, v in s.items()} for kernel, s in samples.items()}
+
+
+@torch.inference_mode()
+def frame_times(predictor, frames: list, sampler: Sampler) -> dict:
+    """Median frame ms and tokens/step per (kernel, mode): mode 0 AR, N speculative; rotating order per frame."""
+    model = predictor.model
+    runs = [(kernel, n) for kernel in KERNELS for n in (0, *FRAME_SIZES)]
+    trees = {n: default_tree(n) for n in FRAME_SIZES}
+    drafter = ReusedHeads(model)
+    times, decoded = {run: [] for run in runs}, {run: [] for run in runs}
+    for i, (h, c0) in enumerate([frames[0]] + frames):  # the first: warm-up
+        for kernel, n in runs[i % len(runs):] + runs[:i % len(runs)]:
+            with matmuls(kernel):
+                start = clocks()
+                result = decode_frame(model, h, c0, sampler, torch.Generator().manual_seed(i),
+                                      drafter=drafter if n else None, tree=trees.get(n))
+                if i:
+                    times[kernel, n].append(elapsed_ms(start)[0])
+                    decoded[kernel, n].append(result)
+    return {kernel: {str(n): {"frame_ms": statistics.median(times[kernel, n]),
+                              "tokens_per_step": tokens_per_step(decoded[kernel, n])} for n in (0, *FRAME_SIZES)}
+            for kernel in KERNELS}
+
+
+def run(args) -> dict:
+    info = machine()
+    config = smoke_config(ARCHITECTURES["0.6b"]) if args.smoke else ARCHITECTURES["0.6b"]
+    sampler = Sampler()
+    predictor = controlled_predictor(config, dtype="bfloat16")
+    device_path.prepare(predictor.model, args.threads, "the 0.6B predictor")
+    choice = device_path.known(torch.bfloat16)
+    if choice is None or not cpu_class.has_avx512_bf16() or not fused.kernels() or not fused.kernels().has_bf16_gemm():
+        return {"machine": finish_machine(info), "settings": vars(args),
+                "skipped": f"needs AVX-512 BF16, oneDNN and the fused kernels; this is {cpu_class.describe()}"}
+    calibrated = calibrate_strength(predictor, default_tree(32), PAPER_ACCEPTANCE[32], sampler,
+                                    predictor.frames(args.calibration_frames, seed=2), args.calibration_iterations)
+    print(f"heads at {calibrated.measured:.2f} tokens/step at N=32 (paper {calibrated.target})", flush=True)
+    report = {"machine": info, "settings": vars(args), "choice": choice["matmul"],
+              "calibration": {"tokens_per_step": calibrated.measured, "target": calibrated.target}}
+    report["matrices"] = matrix_rows(predictor_shapes() if not args.smoke else [(64, 32), (32, 64)],
+                                     choice["matmul"]["pad_rows"], args.repeats)
+    report["calls"] = call_costs(predictor.model, sampler, args.alternations, args.rounds)
+    report["frames"] = frame_times(predictor, predictor.frames(args.frames, seed=1), sampler)
+    finish_machine(info)
+    return report
+
+
+def markdown(report: dict) -> str:
+    s = report["settings"]
+    command = "OMP_WAIT_POLICY=PASSIVE python benchmarks/bf16_rows.py" + (f" --threads {s['threads']}" if s[
+        "threads"] != 1 else "") + f" --frames {s['frames']}"
+    lines = ["# bfloat16: a verify call of N rows against the one-row call", "",
+             f"`{command}`: {machine_text(report['machine'])}; native, {s['threads']} thread(s). "
+             "Medians of interleaved runs; compare within a table.", ""]
+    if "skipped" in report:
+        return "\n".join(lines + [f"Skipped: {report['skipped']}."]) + "\n"
+    m = report["matrices"]
+    lines += [
+             f"## One call through the 0.6B predictor's 20 layer matrices ({m['bytes'] / 1e6:.0f} MB), ms", "",
+             f"Floor: the bytes over the copy bandwidth ({m['bandwidth_gb_s']:.1f} GB/s, a copy of them timed among "
+             f"the calls) = {m['floor_ms']:.2f} ms.", "",
+             "| kernel | " + " | ".join(f"{r} rows" for r in ROWS) + " | 1 row of floor | 9 rows / 1 | 17 rows / 1 |",
+             "|---|" + "---|" * (len(ROWS) + 3)]
+    for name, ms in m["ms"].items():
+        lines.append(f"| {name} | " + " | ".join(f"{ms[str(r)]:.2f}" for r in ROWS) +
+                     f" | {m['floor_ms'] / ms['1']:.0%} | {ms['9'] / ms['1']:.2f}x | {ms['17'] / ms['1']:.2f}x |")
+    calls = report["calls"]
+    lines += ["", "## The predictor's calls: the AR step and a speculative round of N (drafts, verify, walk), ms", "",
+              "| kernel | AR step | " + " | ".join(f"N={n}" for n in CALL_SIZES) + " | " +
+              " | ".join(f"N={n} / AR" for n in CALL_SIZES) + " |", "|---|" + "---|" * (1 + 2 * len(CALL_SIZES))]
+    for kernel, c in calls.items():
+        lines.append(f"| {kernel} | {c['ar']:.2f} | " + " | ".join(f"{c[str(n)]:.2f}" for n in CALL_SIZES) + " | " +
+                     " | ".join(f"{c[str(n)] / c['ar']:.2f}x" for n in CALL_SIZES) + " |")
+    frames, cal = report["frames"], report["calibration"]
+    lines += ["", f"## Frames (15 codes), heads at the paper's acceptance ({cal['tokens_per_step']:.2f} tokens/step at "
+              f"N=32, paper {cal['target']}), ms", "",
+              "| kernel | AR | " + " | ".join(f"N={n}" for n in FRAME_SIZES) + " | best spec over own AR | "
+              "best spec over oneDNN AR |", "|---|" + "---|" * (3 + len(FRAME_SIZES))]
+    base = frames["onednn"]["0"]["frame_ms"]
+    for kernel, f in frames.items():
+        best = min(FRAME_SIZES, key=lambda n: f[str(n)]["frame_ms"])
+        lines.append(f"| {kernel} | {f['0']['frame_ms']:.1f} | " +
+                     " | ".join(f"{f[str(n)]['frame_ms']:.1f} ({f[str(n)]['tokens_per_step']:.2f})"
+                                for n in FRAME_SIZES) +
+                     f" | **{f['0']['frame_ms'] / f[str(best)]['frame_ms']:.2f}x** (N={best}) | "
+                     f"{base / f[str(best)]['frame_ms']:.2f}x |")
+    lines += ["", "Speculative cells: frame ms (tokens/step)."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--frames", type=int, default=12)
+    parser.add_argument("--repeats", type=int, default=9, help="matrix calls per kernel and row count")
+    parser.add_argument("--alternations", type=int, default=5, help="call_latency runs per kernel")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per call_latency run")
+    parser.add_argument("--calibration-frames", type=int, default=8)
+    parser.add_argument("--calibration-iterations", type=int, default=6)
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        vars(args).update(SMOKE)
+    torch.set_num_threads(args.threads)
+    report = run(args)
+    write_reports(report, report_folder(Path(args.out), args.smoke), "bf16-rows", markdown)
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""rvqspec's bfloat16 kernel (`bf16.cpp`, AVX-512 BF16), which `packing.linear` takes where it measured faster than
+oneDNN: within bfloat16's rounding of a float32 reference, a row's bits the same alone, in any call and at any thread
+count, and through it the bfloat16 model's speculative codes are its AR codes, greedy and seeded, alone and in a
+batch, and its sampled distribution is AR's (G-test). The tiny models here run through the kernel because the tests
+lower packing's size floor and force the choice (`kernel_forced`)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rvqspec.core import cpu_class, device_path, fused, packing
+from rvqspec.core.bf16 import pack_bf16
+from rvqspec.core.decode import decode_frames
+from rvqspec.core.drafters import ReusedHeads
+from rvqspec.core.sampling import Sampler
+from rvqspec.core.tree import default_tree
+
+import test_distribution
+from helpers.tiny import random_frames, tiny_model
+from test_bit_exact import ar_states, verify_states
+
+pytestmark = pytest.mark.skipif(not cpu_class.has_avx512_bf16() or fused.kernels() is None
+                                or not fused.kernels().has_bf16_gemm(),
+                                reason="needs AVX-512 BF16 and the fused kernels")
+SHAPES = [(1024, 3072), (3072, 1024), (77, 40), (5, 17)]  # (K, N): the 0.6B's MLP; odd K, N off the 16-block
+
+
+def kernel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return fused.kernels().bf16_linear(x, pack_bf16(weight), bias, weight.shape[0])
+
+
+@pytest.fixture
+def kernel_forced(monkeypatch):
+    """Every bfloat16 linear of a model through the kernel, the tiny ones too (packing's size floor lowered)."""
+    with torch.inference_mode():
+        device_path.prepare(torch.nn.Linear(2, 2).bfloat16())  # the measured choice at this thread count
+    entry = device_path.known(torch.bfloat16)
+    monkeypatch.setitem(device_path.prepared, device_path.choices_key(torch.bfloat16),
+                        entry | {"matmul": entry["matmul"] | {"bf16_kernel": True}})
+    monkeypatch.setattr(packing, "PACK_MIN_ELEMENTS", 0)
+    device_path.path_of.cache_clear()
+    yield
+    device_path.path_of.cache_clear()
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_the_kernel_is_a_float32_reference_within_bfloat16_rounding(shape):
+    k, n = shape
+    g = torch.Generator().manual_seed(0)
+    weight, x = torch.randn(n, k, generator=g).bfloat16(), torch.randn(40, k, generator=g).bfloat16()
+    bias = torch.randn(n, generator=g).bfloat16()
+    for b in (None, bias):
+        reference = F.linear(x.double(), weight.double(), None if b is None else b.double())
+        scale = x.double().abs() @ weight.double().abs().t() + (0 if b is None else b.double().abs())
+        error = (kernel(x, weight, b).double() - reference).abs()
+        assert (error <= 2 ** -8 * reference.abs() + 1e-6 * scale).all()  # one rounding to bfloat16, float32 sums
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_a_row_has_its_bits_alone_in_any_call_and_at_any_thread_count(shape):
+    k, n = shape
+    g = torch.Generator().manual_seed(1)
+    weight, x = torch.randn(n, k, generator=g).bfloat16(), torch.randn(40, k, generator=g).bfloat16()
+    whole = kernel(x, weight)
+    for rows in (1, 2, 5, 6, 7, 13, 33):
+        assert torch.equal(kernel(x[:rows], weight), whole[:rows])
+    assert all(torch.equal(kernel(x[i:i + 1], weight)[0], whole[i]) for i in range(40))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert torch.equal(kernel(x, weight), whole)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_packing_linear_takes_the_kernel_where_chosen_and_oneDNN_with_the_fast_path_off(kernel_forced):
+    g = torch.Generator().manual_seed(2)
+    layer = packing.Linear(64, 48, bias=True).bfloat16()
+    x = torch.randn(3, 5, 64, generator=g).bfloat16()
+    with torch.inference_mode():
+        assert torch.equal(layer(x), kernel(x.reshape(15, 64), layer.weight, layer.bias).reshape(3, 5, 48))
+        with fused.enabled(False):
+            assert not device_path.choose("cpu", torch.bfloat16).matmul.bf16_kernel
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=2e-2, rtol=2 ** -7)
+
+
+def test_a_verify_call_gives_every_node_its_ar_steps_hidden_state(kernel_forced):
+    model, tree = tiny_model(seed=3, dtype=torch.bfloat16, hidden=64, layers=2, vocab=64), default_tree(8)
+    inputs = random_frames(model, 4, seed=1)
+    talker_hidden, c0 = torch.stack([h for h, _ in inputs]), torch.tensor([c for _, c in inputs])
+    codes = decode_frames(model, talker_hidden, c0, Sampler(do_sample=False)).codes
+    ar = ar_states(model, talker_hidden, c0, codes)
+    k = torch.tensor([1, 3, 5, 7])
+    together = verify_states(model, talker_hidden, c0, codes, tree, k)
+    for b in range(4):
+        alone = verify_states(model, talker_hidden[b:b + 1], c0[b:b + 1], codes[b:b + 1], tree, k[b:b + 1])[0]
+        assert torch.equal(alone, together[b])
+        for node, depth in enumerate(tree.depth.tolist()):
+            if k[b] + depth <= model.config.num_code_groups - 2:
+                assert torch.equal(together[b, node], ar[b, k[b] + depth]), (b, node)
+
+
+@pytest.mark.parametrize("budget", [4, 16])
+def test_speculative_codes_are_ars_greedy_and_seeded_alone_and_in_a_batch(kernel_forced, budget):
+    model = tiny_model(seed=3, dtype=torch.bfloat16, hidden=64, layers=2, vocab=64)
+    inputs = random_frames(model, 16, seed=5)
+    talker_hidden, c0 = torch.stack([h for h, _ in inputs]), torch.tensor([c for _, c in inputs])
+    drafter, tree = ReusedHeads(model), default_tree(budget)
+    for sampler in (Sampler(do_sample=False), Sampler(temperature=1.0, top_k=0)):
+        def decode(rows, **speculation):
+            seeds = [torch.Generator().manual_seed(100 + b) for b in rows]
+            return decode_frames(model, talker_hidden[rows], c0[rows], sampler, seeds, **speculation).codes
+
+        ar = decode(list(range(16)))
+        assert torch.equal(decode(list(range(16)), drafter=drafter, tree=tree), ar)
+        for b in (0, 9):
+            assert torch.equal(decode([b], drafter=drafter, tree=tree)[0], ar[b])
+
+
+def test_bfloat16_speculative_sampling_through_the_kernel_matches_enumeration(kernel_forced):
+    test_distribution.test_bfloat16_speculative_sampling_matches_enumeration()  # its G-test, every matmul ours
