@@ -45,8 +45,8 @@ def build_tts(smoke: bool, log):
 
 
 class Recorder:
-    """Each frame step's (intra-op threads, seconds) and each decode's (seconds, frames) of the engines it wraps
-    (`close` puts StreamingCodec.decode back)."""
+    """Each frame step's (intra-op threads, start, end) and each decode's (start, end, frames, the decoding thread's
+    CPU seconds) of the engines it wraps, on the perf_counter clock (`close` puts StreamingCodec.decode back)."""
 
     def __init__(self):
         self.steps, self.decodes = defaultdict(list), defaultdict(list)
@@ -54,9 +54,9 @@ class Recorder:
         self.decode = decode = StreamingCodec.decode
 
         def timed_decode(codec, codes):
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             out = decode(codec, codes)
-            self.decodes[self.current].append((time.perf_counter() - start, len(codes)))
+            self.decodes[self.current].append((start, time.perf_counter(), len(codes), time.thread_time() - cpu))
             return out
 
         StreamingCodec.decode = timed_decode
@@ -70,7 +70,7 @@ class Recorder:
         def timed_step():
             start = time.perf_counter()
             step()
-            self.steps[name].append((torch.get_num_threads(), time.perf_counter() - start))
+            self.steps[name].append((torch.get_num_threads(), start, time.perf_counter()))
 
         engine.scheduler.frame_step = timed_step
 
@@ -81,20 +81,20 @@ def utterance(engine, request: dict) -> dict:
         first = time.perf_counter() - start if first is None else first
         samples += len(audio)
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "first_audio_seconds": first, "rtf": seconds / (samples / rate)}
+    return {"start": start, "seconds": seconds, "first_audio_seconds": first, "rtf": seconds / (samples / rate)}
 
 
 def run(args, log) -> dict:
     tts = build_tts(args.smoke, log)
     options = {} if args.smoke else dict(weights="w8a8", talker_weights="w8a8")
-    engines = {name: rvqspec.Engine(tts, drafter=rvqspec.ReusedHeads(), tree="auto", seed=0, **options, **extra)
-               for name, extra in ENGINES.items()}
+    engines = {name: rvqspec.Engine(tts, drafter=rvqspec.ReusedHeads(), tree="auto", seed=0, **options, **ENGINES[name])
+               for name in args.engines}
     recorder, runs, request = Recorder(), defaultdict(list), utterance_request(args.frames)
     try:
         for name, engine in engines.items():
             recorder.wrap(name, engine)
         for repeat in range(args.repeats + 1):  # the first: warm-up
-            for name in list(engines)[repeat % 3:] + list(engines)[:repeat % 3]:
+            for name in list(engines)[repeat % len(engines):] + list(engines)[:repeat % len(engines)]:
                 recorder.current = name
                 result = utterance(engines[name], request)
                 if repeat:
@@ -109,38 +109,67 @@ def run(args, log) -> dict:
 
 def summary(runs: list[dict], steps: list[tuple], decodes: list[tuple]) -> dict:
     by_threads = defaultdict(list)
-    for threads, seconds in steps:
-        by_threads[threads].append(seconds)
-    decoded = sum(frames for _, frames in decodes)
+    for threads, start, end in steps:
+        by_threads[threads].append(end - start)
+    decoded, wall = sum(d[2] for d in decodes), sum(d[1] - d[0] for d in decodes)
+    firsts = [next(d for d in decodes if d[0] >= r["start"]) for r in runs]
     return {"rtf": statistics.median(r["rtf"] for r in runs),
             "first_audio_seconds": statistics.median(r["first_audio_seconds"] for r in runs),
+            "first_decode_seconds": [statistics.median(d[0] - r["start"] for d, r in zip(firsts, runs)),
+                                     statistics.median(d[1] - r["start"] for d, r in zip(firsts, runs))],
             "step_ms": {str(t): statistics.median(s) * 1e3 for t, s in sorted(by_threads.items())},
             "steps_at": {str(t): len(s) for t, s in sorted(by_threads.items())},
-            "decoder_ms_per_frame": sum(s for s, _ in decodes) / decoded * 1e3 if decoded else None, "runs": runs}
+            "decoder_ms_per_frame": wall / decoded * 1e3 if decoded else None,
+            "decoder_cpu_share": sum(d[3] for d in decodes) / wall if wall else None,
+            "timeline": timeline(runs[-1], steps, decodes), "runs": runs}
+
+
+def timeline(run: dict, steps: list[tuple], decodes: list[tuple]) -> list[list]:
+    """The last utterance's frame steps ["step", threads, start ms, end ms] and decodes ["decode", frames, start ms,
+    end ms], from its start."""
+    ms = lambda t: round((t - run["start"]) * 1e3, 1)  # noqa: E731
+    events = [["step", threads, ms(start), ms(end)] for threads, start, end in steps if start >= run["start"]]
+    events += [["decode", frames, ms(start), ms(end)] for start, end, frames, _ in decodes if start >= run["start"]]
+    return sorted(events, key=lambda event: event[2])
 
 
 def markdown(report: dict) -> str:
     lines = ["# One stream on two cores", "", f"{machine_text(report['machine'])}; OMP_WAIT_POLICY="
              f"{report['machine']['omp_wait_policy']}; {report['frames']} frames, medians of {report['repeats']} "
              f"interleaved repeats. `{report['command']}`.", "",
-             "| engine | RTF | first audio (s) | frame step ms at 1 thread (steps) | at 2 threads (steps) | "
-             "decoder ms/frame |", "|---|---|---|---|---|---|"]
+             "| engine | RTF | first audio (s) | first chunk decoded (s) | frame step ms at 1 thread (steps) | "
+             "at 2 threads (steps) | decoder ms/frame | decoder CPU share |", "|---|---|---|---|---|---|---|---|"]
     for name, r in report["engines"].items():
         steps = [f"{r['step_ms'][t]:.0f} ({r['steps_at'][t]})" if t in r["step_ms"] else "-" for t in ("1", "2")]
-        decoder = "-" if r["decoder_ms_per_frame"] is None else f"{r['decoder_ms_per_frame']:.0f}"
-        lines.append(f"| {name} | {r['rtf']:.2f} | {r['first_audio_seconds']:.2f} | {steps[0]} | {steps[1]} | "
-                     f"{decoder} |")
+        first = "{:.2f}-{:.2f}".format(*r["first_decode_seconds"])
+        lines.append(f"| {name} | {r['rtf']:.2f} | {r['first_audio_seconds']:.2f} | {first} | {steps[0]} | "
+                     f"{steps[1]} | {r['decoder_ms_per_frame']:.0f} | {r['decoder_cpu_share']:.2f} |")
     lines += ["", "A frame step: the talker's c0, the predictor's c1..c15 (speculative), one talker step. Targets "
               f"(issue 51): RTF <= {TARGETS['1 core']} on 1 core, <= {TARGETS['2 cores, loop takes free cores']} on "
-              f"2, first audio <= {TARGETS['first_audio_seconds']} s on 2. Decoder ms/frame: wall time inside the "
-              "streaming codec (on 2 cores it shares the machine with the frame loop)."]
+              f"2, first audio <= {TARGETS['first_audio_seconds']} s on 2. First chunk decoded: when its decode "
+              "started and ended, from the request. Decoder ms/frame: wall time inside the streaming codec (on 2 "
+              "cores it shares the machine with the frame loop); its CPU share: the decoding thread's CPU time over "
+              "that wall time (the rest it waited: for the GIL, or for a core). The JSON holds each engine's last "
+              "timeline."]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    def engines_option(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--engines", nargs="+", choices=list(ENGINES), default=list(ENGINES),
+                            help="the engines to run (each holds its own int8 copy of the model: fewer, less memory)")
+
+    run_script("two_cores", "two-cores", "engines", run, markdown, repeats=2, argv=argv, options=engines_option)
+
+
+def run_script(script: str, report_name: str, key: str, measure, to_markdown, repeats: int, argv: list[str] | None,
+               options=lambda parser: None) -> None:
+    """A two-cores benchmark's command line (--frames, --repeats, --smoke, --out and `options`), its run (`measure`,
+    in inference mode; its result under `key`) and its reports `report_name`.{json,md}."""
+    parser = argparse.ArgumentParser(description=sys.modules[measure.__module__].__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, default=42)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=repeats)
+    options(parser)
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -149,13 +178,15 @@ def main(argv: list[str] | None = None) -> None:
     log = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)  # noqa: E731
     info = machine()
     with torch.inference_mode():
-        engines = run(args, log)
-    command = ["OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/two_cores.py",
+        result = measure(args, log)
+    command = [f"OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/{script}.py",
                *(sys.argv[1:] if argv is None else argv)]
     report = {"machine": finish_machine(info), "frames": args.frames, "repeats": args.repeats, "smoke": args.smoke,
-              "engines": engines, "targets": TARGETS, "command": " ".join(command)}
-    write_reports(report, report_folder(args.out, args.smoke), "two-cores", markdown)
-    print(markdown(report))
+              key: result, "command": " ".join(command)}
+    if key == "engines":
+        report["targets"] = TARGETS
+    write_reports(report, report_folder(args.out, args.smoke), report_name, to_markdown)
+    print(to_markdown(report))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ SMOKE = {
     "codec_batch --streaming": (UPSTREAM, ["--streaming", "--out", "{out}"], ["codec-batch-streaming.md"]),
     "compiled_frames": (None, ["--out", "{out}"], ["bench-compile.json", "bench-compile.md"]),
     "concurrency": (UPSTREAM, ["--out", "{out}"], ["concurrency.json", "concurrency.md"]),
+    "codec_beside": (UPSTREAM, ["--out", "{out}"], ["codec-beside.json", "codec-beside.md"]),
     "cpu_classes": (None, [], []),  # re-renders the committed table into a temporary folder of its own
     "decoder_stream": (UPSTREAM, ["--out", "{out}"], ["decoder-stream.json", "decoder-stream.md"]),
     "draft_depth": (None, ["--out", "{out}"], ["draft-depth.json", "draft-depth.md"]),

@@ -308,22 +308,24 @@ at::Tensor int8_layers(at::Tensor x, const std::vector<at::Tensor>& norms,
 
 }  // namespace
 
+// Every kernel lets go of the GIL while it runs (arguments and result are converted with it held): the Engine's
+// codec worker runs Python between its decoder's ops beside the frame loop's calls (runtime/threads.py).
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  // without the GIL: the codec worker's activations let the frame loop's Python run beside them
-  m.def("snake", &rvqspec::snake, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("rms_norm", &rms_norm);
-  m.def("add_rms_norm", &add_rms_norm);
-  m.def("silu_mul", &silu_mul);
-  m.def("qkv_rope", &qkv_rope);
-  m.def("attention", &attention);
-  m.def("quantize_rows", &rvqspec::quantize_rows);
-  m.def("scale_rows", &rvqspec::scale_rows);
+  const auto released = py::call_guard<py::gil_scoped_release>();
+  m.def("snake", &rvqspec::snake, released);
+  m.def("rms_norm", &rms_norm, released);
+  m.def("add_rms_norm", &add_rms_norm, released);
+  m.def("silu_mul", &silu_mul, released);
+  m.def("qkv_rope", &qkv_rope, released);
+  m.def("attention", &attention, released);
+  m.def("quantize_rows", &rvqspec::quantize_rows, released);
+  m.def("scale_rows", &rvqspec::scale_rows, released);
   m.def("has_int8_gemm", &rvqspec::has_int8_gemm);
-  m.def("int8_linear", &rvqspec::int8_linear);
+  m.def("int8_linear", &rvqspec::int8_linear, released);
   m.def("has_vnni_gemm", &rvqspec::has_vnni_gemm);
-  m.def("vnni_linear", &rvqspec::vnni_linear);
-  m.def("w8a16_linear", &rvqspec::w8a16_linear);
+  m.def("vnni_linear", &rvqspec::vnni_linear, released);
+  m.def("w8a16_linear", &rvqspec::w8a16_linear, released);
   m.def("has_bf16_gemm", &rvqspec::has_bf16_gemm);
-  m.def("bf16_linear", &rvqspec::bf16_linear);
-  m.def("int8_layers", &int8_layers);
+  m.def("bf16_linear", &rvqspec::bf16_linear, released);
+  m.def("int8_layers", &int8_layers, released);
 }

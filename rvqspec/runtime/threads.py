@@ -21,8 +21,9 @@ Both threads run Python between their torch ops and need the GIL for it: at Pyth
 ms) a thread whose op has finished can wait that long for the other to hand it over, once per op, and side by side
 the two ran slower than one after the other (Zen 4, 0.6B sizes, w8a8: the decoder 73 against 45 ms a frame, the
 real-time factor 2.44 on 2 cores against 2.01 on 1). `quick_gil_handoff` shortens the interval for the process
-while an engine has more than one core (`GIL_SWITCH_SECONDS`: then 38 ms a frame beside the frame loop, RTF
-1.46-1.63 on 2 cores against 1.84-1.90 on 1; docs/cpu-fast-path.md, "Two cores").
+while an engine has more than one core (`GIL_SWITCH_SECONDS`). Torch's ops and rvqspec's native kernels
+(`core/fused.cpp`) let go of the GIL while they run, so the two threads share it only for their Python between ops
+(`benchmarks/codec_beside.py` measures what each waits for; docs/cpu-fast-path.md, "Two cores").
 """
 
 import os
