@@ -473,13 +473,19 @@ def issue_targets(report: dict) -> list[dict]:
 # ---------------------------------------------------------------- the report
 
 
+def talker_text(ms: dict) -> str:
+    """The talker column: whole time minus the predictor and the decoder, "-" where that is below the talker's own
+    step (the decoder ran beside the frame loop on another core, so the parts overlapped)."""
+    return "-" if ms["talker"] < ms.get("talker_step", 0.0) else f"{ms['talker']:.0f}"
+
+
 def setting_row(setting: str, row: dict) -> str:
     ms = row["ms_per_frame"]
     tps = row["tokens_per_step"]
     floor = row.get("floor_ms_per_frame") or {}
     at = {part: f"{floor[part]:.1f}" if part in floor else "-" for part in ("talker", "predictor", "decoder")}
     return (f"| {setting} | {row['seconds']:.1f} | {row['first_audio_seconds']:.2f} | {row['real_time_factor']:.2f} | "
-            f"{ms['talker']:.0f} | {ms.get('talker_step', float('nan')):.0f} | {at['talker']} | "
+            f"{talker_text(ms)} | {ms.get('talker_step', float('nan')):.0f} | {at['talker']} | "
             f"{ms['predictor']:.0f} | {at['predictor']} | {ms['decoder']:.0f} | {at['decoder']} | {tps:.2f} |")
 
 
@@ -507,7 +513,8 @@ def to_markdown(report: dict) -> str:
               "talker and predictor: another model, opt-in). `whole`: a whole-utterance call (engine: "
               "`generate_custom_voice`); `stream`: iterating the stream (engine: `stream_custom_voice`, a submitted "
               "request iterated in the caller's thread). Columns per frame: talker = whole time minus predictor and "
-              "decoder (the talker and the loop around it, generate's machinery included); talker step = time inside "
+              "decoder (the talker and the loop around it, generate's machinery included; a dash where the decoder ran beside the "
+              "loop on another core, so the parts overlap); talker step = time inside "
               "the talker's transformer alone (upstream's `talker.model` forward; the engine's prefill and step); "
               "predictor = the c1..c15 call; decoder = the 12 Hz speech decoder. In a streamed engine run the decoder "
               "runs in the engine's codec workers beside the frame loop (before issue 40: in the caller's thread).", "",
