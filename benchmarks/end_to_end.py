@@ -41,6 +41,7 @@ process to one core (a caller thread's vocoding cannot borrow a second one); "2 
 """
 
 import argparse
+import gc
 import statistics
 import sys
 import time
@@ -747,6 +748,9 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             for engine in engines.values():
                 engine.close()
+            # the next thread count builds its own engines: let these go first (the 1.7B sizes ran out of 24 GB)
+            engines, talkers = {}, None
+            gc.collect()
         table = {setting: summarize(rows) for setting, rows in runs.items()}
         rates = floor_rates(floor_parts, getattr(args, "copy_gigabytes", 1.0), getattr(args, "peak_size", 1024))
         for setting, row in table.items():
