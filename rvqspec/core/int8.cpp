@@ -74,9 +74,17 @@ constexpr int64_t COLS = 4, DEPTH = 16;  // the packed block: channels x values 
 template <typename A>
 constexpr int64_t TILE_ROWS = std::is_same_v<A, int16_t> ? 3 : 2;
 // One row: each step reads one 64-byte line of weights; asking for the line 2 KiB ahead keeps enough reads in flight for
-// one core to stream from memory: 7.6 -> 10.6 GB/s (Xeon, AVX2 caps, interleaved runs). More rows than a tile's: the
-// tiles pass over a block several times, and ask for the next block's line at the same place (a block ahead).
+// one core to stream from memory on Intel: 7.6 -> 10.6 GB/s (Xeon, AVX2 caps, interleaved runs). On AMD Zen (gcc's
+// -march=native names it) the hardware prefetcher follows the stream alone and the software one slowed it: one row
+// through the 0.6B predictor's matrices 1.15-1.2x slower (Zen 4 under the AVX2 caps, 1 thread, CPU time; the VNNI
+// tile's finding too), so there a tile asks for the line it reads (0: no prefetch in effect). More rows than a tile's:
+// the tiles pass over a block several times and ask for the next block's line at the same place (a block ahead):
+// 1.1-1.2x faster at 4-33 rows than no prefetch on that Zen 4.
+#if defined(__znver1__) || defined(__znver2__) || defined(__znver3__) || defined(__znver4__) || defined(__znver5__)
+constexpr int64_t PREFETCH_BYTES = 0;
+#else
 constexpr int64_t PREFETCH_BYTES = 2048;
+#endif
 
 // Four vectors of sums -> their four totals, always in this order.
 inline __m128i total4(__m256i a, __m256i b, __m256i c, __m256i d) {
