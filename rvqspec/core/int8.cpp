@@ -14,14 +14,13 @@
 // fixed order, then x the weight scale (as torch's _weight_int8pack_mm): it reads a quarter of float32's bytes.
 //
 // Both read weights packed once (`pack_int8` in quantize.py): [ceil(N/4), ceil(K/16), 4, 16] bytes, so that a
-// block of 4 output channels streams contiguously; K and N are zero-padded. Tiles of up to 3 rows (w8a8; w8a16: 2) x 4
-// channels keep their sums in registers; every row's sums run in the same order whatever the tile or the call's other rows,
+// block of 4 output channels streams contiguously; K and N are zero-padded. Tiles of up to 3 rows x 4 channels keep
+// their sums in registers; every row's sums run in the same order whatever the tile or the call's other rows,
 // so a row has the same bits in a one-row call as inside a verify call of any size.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <cmath>
 #include <limits>
-#include <type_traits>
 
 #include "kernels.h"
 
@@ -69,21 +68,23 @@ inline float quantize_row(const T* x, int64_t d, Q* q, int32_t offset) {
 
 #ifdef RVQSPEC_INT8_GEMM
 constexpr int64_t COLS = 4, DEPTH = 16;  // the packed block: channels x values per step
-// A tile's rows: int16 activations 3 (12 vectors of sums + 3 rows + a weight vector fill the 16 registers; each widened
-// weight vector then feeds 3 rows, and a 9-row verify call passes 3 times over a block, not 5), float32 activations 2.
-template <typename A>
-constexpr int64_t TILE_ROWS = std::is_same_v<A, int16_t> ? 3 : 2;
-// One row: each step reads one 64-byte line of weights; asking for the line 2 KiB ahead keeps enough reads in flight for
-// one core to stream from memory on Intel: 7.6 -> 10.6 GB/s (Xeon, AVX2 caps, interleaved runs). On AMD Zen (gcc's
-// -march=native names it) the hardware prefetcher follows the stream alone and the software one slowed it: one row
-// through the 0.6B predictor's matrices 1.15-1.2x slower (Zen 4 under the AVX2 caps, 1 thread, CPU time; the VNNI
-// tile's finding too), so there a tile asks for the line it reads (0: no prefetch in effect). More rows than a tile's:
-// the tiles pass over a block several times and ask for the next block's line at the same place (a block ahead):
-// 1.1-1.2x faster at 4-33 rows than no prefetch on that Zen 4.
-#if defined(__znver1__) || defined(__znver2__) || defined(__znver3__) || defined(__znver4__) || defined(__znver5__)
-constexpr int64_t PREFETCH_BYTES = 0;
-#else
+// A tile's rows: w8a8's 12 vectors of sums + 3 rows + a weight vector fill the 16 registers (w8a16's 12 + the two
+// halves of a weight vector, its rows read from L1); each widened weight vector then feeds 3 rows, and a 9-row verify
+// call passes 3 times over a block, not 5. Against 2-row tiles (capped avx2 on Zen 4, 1 thread, CPU time): 9-33 rows
+// 0.75-0.88x (w8a8), 0.81-0.86x (w8a16).
+constexpr int64_t ROWS = 3;
+// Each step of a tile reads one 64-byte line of weights; asking for the line 2 KiB ahead keeps enough reads in flight
+// for one core to stream from memory on Intel: 7.6 -> 10.6 GB/s at one row (Xeon, AVX2 caps, interleaved runs). On AMD
+// Zen (gcc's -march=native names it) the hardware prefetcher follows one row's stream alone and the software one
+// slowed it: one row through the 0.6B predictor's matrices 1.15-1.2x slower (Zen 4 under the AVX2 caps, 1 thread, CPU
+// time; the VNNI tile's finding too), so there a one-row tile asks for the line it reads (0: no prefetch in effect).
+// More rows than a tile's: the tiles pass over a block several times and ask for the next block's line at the same
+// place (a block ahead): 1.1-1.2x faster at 4-33 rows than no prefetch on that Zen 4.
 constexpr int64_t PREFETCH_BYTES = 2048;
+#if defined(__znver1__) || defined(__znver2__) || defined(__znver3__) || defined(__znver4__) || defined(__znver5__)
+constexpr int64_t ONE_ROW_PREFETCH_BYTES = 0;
+#else
+constexpr int64_t ONE_ROW_PREFETCH_BYTES = PREFETCH_BYTES;
 #endif
 
 // Four vectors of sums -> their four totals, always in this order.
@@ -162,12 +163,11 @@ inline void tile(const float* a, int64_t kp, const int8_t* w, const float* wscal
 template <typename A, typename Finish>
 __attribute__((noinline)) void block_rows(const A* a, int64_t rows, int64_t kp, const int8_t* w, const float* wscale,
                                           int64_t col, int64_t n, const Finish& finish) {
-  constexpr int64_t R = TILE_ROWS<A>;
-  const int64_t ahead = rows > R ? kp * COLS : PREFETCH_BYTES;
-  float out[R][COLS];
-  for (int64_t r = 0; r < rows; r += R) {
-    const int64_t count = std::min(R, rows - r);
-    if (count == R) tile<R>(a + r * kp, kp, w, wscale, ahead, out);
+  const int64_t ahead = rows > ROWS ? kp * COLS : rows > 1 ? PREFETCH_BYTES : ONE_ROW_PREFETCH_BYTES;
+  float out[ROWS][COLS];
+  for (int64_t r = 0; r < rows; r += ROWS) {
+    const int64_t count = std::min(ROWS, rows - r);
+    if (count == ROWS) tile<ROWS>(a + r * kp, kp, w, wscale, ahead, out);
     else if (count == 2) tile<2>(a + r * kp, kp, w, wscale, ahead, out);
     else tile<1>(a + r * kp, kp, w, wscale, ahead, out);
     for (int64_t i = 0; i < count; ++i)
