@@ -46,7 +46,7 @@ class TreePlan:
       masks[3]      [4, 20]: slots 0..3 (committed) for every query, then each query's ancestors and itself
                     among the scratch slots (node 3 sees slots 16, 17, 19)
       path_slots    [[16, 16, 16], [16, 17, 17], [16, 18, 18], [16, 17, 19]]: root..node, padded with the node
-      path_steps    [1, 2, 3]: a path's entries go to slots k + 1, k + 2, ... (positions 4, 5, 6 at k = 3)
+      destinations[3] [4, 5, 6]: a path's entries go to slots k + 1, k + 2, ... (positions 4, 5, 6)
       children      [[1, 2], [3], [], []]: the host walk's child lists
     """
 
@@ -58,8 +58,23 @@ class TreePlan:
     tables: Tensor  # [G, q] per k: embedding table of each token (clamped past the last code)
     masks: Tensor  # [G, q, G+q] per k: committed slots 0..k, then the tree's ancestors
     path_slots: Tensor  # [q, max_depth+1] per node: scratch slots of root..node, padded with the node's own
-    path_steps: Tensor  # [max_depth+1] 1, 2, ...: where the path goes, counted from the row's k
+    destinations: Tensor  # [G, max_depth+1] per k: k + 1, k + 2, ...: the slots a path's entries go to
     children: list[list[int]]  # per node, its children (host lists, for the host walk)
+
+    def at(self, k: Tensor, k_host: list[int] | None) -> tuple[Tensor, Tensor, Tensor]:
+        """The verify call's (positions, tables, masks) of rows at `k`: gathered per row ([B, q], [B, q], [B, q, G+q]),
+        or, where every row is at the same k on the host, that k's ([q], [q], [q, G+q]: views, which every row of the
+        call shares, as an AR step's)."""
+        if k_host is not None and len(set(k_host)) == 1:
+            return self.positions[k_host[0]], self.tables[k_host[0]], self.masks[k_host[0]]
+        return self.positions[k], self.tables[k], self.masks[k]
+
+    def compaction(self, k: Tensor, k_host: list[int] | None, node: Tensor | list[int]) -> tuple[Tensor, Tensor]:
+        """(source, destination) slots [B, max_depth+1] of the K/V entries that rows at `k`, whose walks reached
+        `node` (host lists on the host walk, with `k_host`; else device tensors), keep (`KVCache.move`)."""
+        if isinstance(node, Tensor):
+            return self.path_slots[node], self.destinations[k]
+        return pick(self.path_slots, node), pick(self.destinations, k_host)
 
 
 @dataclass(frozen=True)
@@ -90,16 +105,19 @@ class RoundContext:
         """Each row's k as the round's steps take it: the device tensor in a captured call, else the host list."""
         return k if self.captured else k_host
 
-    def sample(self, logits: Tensor, codebooks: int | list[int] | Tensor, rows: Tensor | None = None) -> Tensor:
+    def sample(self, logits: Tensor, codebooks: int | list[int] | Tensor, rows: list[int] | None = None) -> Tensor:
         """The draws of `rows` (default: every row) from `logits` [n, V], each of its code c_{codebook} with its noise
-        for that code: `codebooks` one for all (an int) or one per row (a host list, or a device tensor)."""
+        for that code: `codebooks` one for all (an int) or one per row (a host list, then `rows` a host list too, or a
+        device tensor)."""
         if self.noise is None:
             return self.sampler.sample_noise(logits, None)
         if isinstance(codebooks, int):
             return self.sampler.sample_noise(logits, self.noise[:, codebooks - 1])
-        index = torch.as_tensor(codebooks, device=self.noise.device) - 1
-        rows = torch.arange(len(index), device=index.device) if rows is None else rows.to(index.device)
-        return self.sampler.sample_noise(logits, self.noise[rows, index])
+        if isinstance(codebooks, list):
+            rows = list(range(len(codebooks))) if rows is None else rows
+            return self.sampler.sample_noise(logits, pick(self.noise, rows, [c - 1 for c in codebooks]))
+        index = codebooks - 1
+        return self.sampler.sample_noise(logits, self.noise[torch.arange(len(index), device=index.device), index])
 
 
 def new_context(model: MultiCodeDecoder, cache: KVCache, sampler: Sampler, generator: Generators,
@@ -174,4 +192,12 @@ def build_plan(tree: Tree, groups: int, device: torch.device) -> TreePlan:
         scratch=torch.arange(groups, groups + q, device=device),
         positions=(ks + 1 + depth).to(device), tables=(ks + depth).clamp(max=groups - 1).to(device),
         masks=masks.to(device), path_slots=(groups + torch.tensor(paths)).to(device),
-        path_steps=torch.arange(1, tree.max_depth + 2, device=device), children=children)
+        children=children, destinations=(ks + torch.arange(1, tree.max_depth + 2)).to(device))
+
+
+def pick(rows: Tensor, index: list[int], within: list[int] | None = None) -> Tensor:
+    """rows[index[i]] (or rows[index[i], within[i]]) for each i, stacked: host indices, so one index is a view (no
+    copy, no index tensor to make: what a round of one row takes, many times a frame), more an indexing copy."""
+    if len(index) == 1:
+        return (rows[index[0]] if within is None else rows[index[0], within[0]])[None]
+    return rows[index] if within is None else rows[index, within]
