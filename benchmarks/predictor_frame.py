@@ -15,7 +15,7 @@ alternated `--rounds` times; per side the median over rounds of each process's m
 before per round (below 1: faster). The machine is shared: compare within one run.
 
     .venv/bin/python benchmarks/predictor_frame.py [--base 30997a6] [--rounds 5]   # -> results/predictor-frame.*
-    .venv/bin/python benchmarks/predictor_frame.py --smoke   # HEAD against itself, tiny sizes: seconds
+    .venv/bin/python benchmarks/predictor_frame.py --smoke   # this tree against itself, tiny sizes: seconds
 """
 
 import argparse
@@ -24,12 +24,14 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 STRENGTH = 6.13  # the heads' peak that end_to_end's calibration found (end-to-end.json: heads.strength)
-SMOKE = ["--base", "HEAD", "--rounds", "1", "--frames", "6"]
+SMOKE = ["--rounds", "1", "--frames", "6"]
+TINY_TREE = 4  # a tiny predictor has no latency table (no policy's tree): the 0.6B policy's N here
 # (module, owner, attribute, piece): what the split wraps, where a commit has it (innermost pieces are exclusive)
 PIECES = [("rvqspec.core.decode", None, "decode_checked", "frame glue"),
           ("rvqspec.core.model", "MultiCodeDecoder", "forward", "forward: Python around the native stack"),
@@ -88,7 +90,7 @@ class Split:
         fused._state["module"] = Ops()
 
 
-def frames_worker(frames: int, smoke: bool) -> dict:
+def frames_worker(frames: int, tiny: bool) -> dict:
     """This process's rvqspec: per-frame ms (plain), the split per frame (wrapped frames), calls and tokens/step."""
     import torch
 
@@ -100,14 +102,15 @@ def frames_worker(frames: int, smoke: bool) -> dict:
     from rvqspec.core.frame_loop import decoding_policy
     from rvqspec.core.quantize import quantize
     from rvqspec.core.sampling import Sampler
+    from rvqspec.core.tree import default_tree
 
     torch.set_num_threads(1)
-    config = smoke_config(ARCHITECTURES["0.6b"]) if smoke else ARCHITECTURES["0.6b"]
+    config = smoke_config(ARCHITECTURES["0.6b"]) if tiny else ARCHITECTURES["0.6b"]
     predictor = controlled_predictor(config, strength=STRENGTH, dtype="bfloat16")
     model = quantize(predictor.model, "w8a8")
     device_path.prepare(model)
     drafter = ReusedHeads(model)
-    tree = decoding_policy(model, drafter, "auto", None).tree_for(1)
+    tree = decoding_policy(model, drafter, "auto", None).tree_for(1) or default_tree(TINY_TREE)
     decode.fit_speculation(model, drafter, tree)
     split, plain, cpu, calls = Split(), [], [], 0
     split.install()
@@ -130,10 +133,10 @@ def frames_worker(frames: int, smoke: bool) -> dict:
             "tokens_per_step": 15 * frames / calls, "tree": tree.size}
 
 
-def run_worker(source: Path, frames: int, smoke: bool) -> dict:
+def run_worker(source: Path, frames: int, tiny: bool) -> dict:
     from rvqspec.bench.timing import worker_result
 
-    return worker_result(source, [__file__, "--worker", "--frames", str(frames), *["--smoke"] * smoke],
+    return worker_result(source, [__file__, "--worker", "--frames", str(frames), *["--tiny"] * tiny],
                          env={"OMP_WAIT_POLICY": "PASSIVE"})
 
 
@@ -152,7 +155,8 @@ def markdown(report: dict) -> str:
     from rvqspec.bench.timing import machine_text
 
     before, after = report["before"], report["after"]
-    lines = ["# The Engine's speculative predictor frame, split (w8a8, 0.6B, 1 thread)", "",
+    sizes = "the 0.6B's layers at a tiny width: the glue" if report["tiny"] else "0.6B"
+    lines = [f"# The Engine's speculative predictor frame, split (w8a8, {sizes}, 1 thread)", "",
              f"`{report['command']}`: {report['cpu']} ({report['native']}), {machine_text(report['machine'])}; "
              f"base {report['base']}, after {report['after_commit']}.", "",
              f"{report['frames']} random frames per process, the policy's tree for one row (N={after['tree']}), "
@@ -166,7 +170,8 @@ def markdown(report: dict) -> str:
     for piece in sorted(set(before["split_ms"]) | set(after["split_ms"]), key=lambda p: -after["split_ms"].get(p, 0)):
         b, a = before["split_ms"].get(piece, 0.0), after["split_ms"].get(piece, 0.0)
         lines.append(f"| {piece} | {b:.2f} | {a:.2f} | {a / b if b else float('nan'):.2f} |")
-    lines += [f"| split total (wrapped frames, CPU time) | {before['split_total_ms']:.2f} | {after['split_total_ms']:.2f} | |",
+    lines += [f"| split total (wrapped frames, CPU time) | {before['split_total_ms']:.2f} | "
+              f"{after['split_total_ms']:.2f} | |",
               f"| calls per frame | {before['calls_per_frame']:.2f} | {after['calls_per_frame']:.2f} | |",
               f"| tokens per step | {before['tokens_per_step']:.2f} | {after['tokens_per_step']:.2f} | |", "",
               f"Per round, after / before (CPU time): {', '.join(f'{r:.2f}' for r in report['ratios'])}; wall time: "
@@ -176,18 +181,22 @@ def markdown(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="HEAD against itself, tiny: seconds, a temporary folder")
+    parser.add_argument("--smoke", action="store_true", help="this tree against itself, tiny: seconds, a temporary "
+                        "folder")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--base", default="30997a6", help="the commit before the change")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--frames", type=int, default=40)
+    parser.add_argument("--tiny", action="store_true", help="the 0.6B predictor's layers at a tiny width "
+                        "(`smoke_config`): the frame's glue, almost without the matrices' time")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if args.smoke and not args.worker:
         args = parser.parse_args([*SMOKE, *argv])
+    args.tiny = args.tiny or args.smoke
     if args.worker:
-        print(json.dumps(frames_worker(args.frames, args.smoke)))
+        print(json.dumps(frames_worker(args.frames, args.tiny)))
         return
     sys.path.insert(0, str(ROOT))
     from rvqspec.bench.timing import machine, report_folder, run_record, sources_at, write_reports
@@ -196,18 +205,20 @@ def main(argv: list[str] | None = None) -> None:
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     dirty = subprocess.run(["git", "status", "--porcelain", "rvqspec"], cwd=ROOT, capture_output=True, text=True)
     runs = {"before": [], "after": []}
-    with sources_at(args.base, ROOT) as base:
+    with nullcontext(ROOT) if args.smoke else sources_at(args.base, ROOT) as base:  # smoke: no build of its own
         for _ in range(args.rounds):
-            runs["before"].append(run_worker(base, args.frames, args.smoke))
-            runs["after"].append(run_worker(ROOT, args.frames, args.smoke))
+            runs["before"].append(run_worker(base, args.frames, args.tiny))
+            runs["after"].append(run_worker(ROOT, args.frames, args.tiny))
     ratios = {key: [a[key] / b[key] for b, a in zip(runs["before"], runs["after"])]
               for key in ("frame_cpu_ms", "frame_ms")}
     report = {**run_record("predictor_frame.py", argv, info), "base": args.base,
               "after_commit": head.strip() + (" + changes" if dirty.stdout else ""), "rounds": args.rounds,
+              "tiny": args.tiny,
               "frames": args.frames, "before": summary(runs["before"]), "after": summary(runs["after"]),
               "ratios": ratios["frame_cpu_ms"], "ratio": statistics.median(ratios["frame_cpu_ms"]),
               "wall_ratios": ratios["frame_ms"], "wall_ratio": statistics.median(ratios["frame_ms"]), "runs": runs}
-    for path in write_reports(report, report_folder(args.out, args.smoke), "predictor-frame", markdown):
+    name = "predictor-frame-tiny" if args.tiny and not args.smoke else "predictor-frame"
+    for path in write_reports(report, report_folder(args.out, args.smoke), name, markdown):
         print(f"wrote {path}")
     print(markdown(report))
 

@@ -76,7 +76,7 @@ def pieces(model, cache, drafter, tree, sampler, generator) -> dict:
         f"round: forward q={tree.size + 1}": lambda: model(x, plan.positions[k_row], plan.masks[k_row], cache,
                                                            plan.scratch),
         "round: walk": lambda: torch.stack(the_walk()).tolist(),
-        "round: cache move": lambda: cache.move(plan.path_slots[node], k_row[:, None] + plan.path_steps),
+        "round: cache move": lambda: cache.move(*plan.compaction(k_row, ks, node)),
         "round: whole": lambda: speculative_round(ctx, k_row, ks, code, hidden_k),
     }
 
