@@ -21,7 +21,6 @@ before per round (below 1: faster). The machine is shared: compare within one ru
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from contextlib import nullcontext
@@ -199,11 +198,9 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(frames_worker(args.frames, args.tiny)))
         return
     sys.path.insert(0, str(ROOT))
-    from rvqspec.bench.timing import machine, report_folder, run_record, sources_at, write_reports
+    from rvqspec.bench.timing import machine, report_folder, run_record, sources_at, tree_commit, write_reports
 
     info = machine()
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
-    dirty = subprocess.run(["git", "status", "--porcelain", "rvqspec"], cwd=ROOT, capture_output=True, text=True)
     runs = {"before": [], "after": []}
     with nullcontext(ROOT) if args.smoke else sources_at(args.base, ROOT) as base:  # smoke: no build of its own
         for _ in range(args.rounds):
@@ -212,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     ratios = {key: [a[key] / b[key] for b, a in zip(runs["before"], runs["after"])]
               for key in ("frame_cpu_ms", "frame_ms")}
     report = {**run_record("predictor_frame.py", argv, info), "base": args.base,
-              "after_commit": head.strip() + (" + changes" if dirty.stdout else ""), "rounds": args.rounds,
+              "after_commit": tree_commit(ROOT), "rounds": args.rounds,
               "tiny": args.tiny,
               "frames": args.frames, "before": summary(runs["before"]), "after": summary(runs["after"]),
               "ratios": ratios["frame_cpu_ms"], "ratio": statistics.median(ratios["frame_cpu_ms"]),
