@@ -60,6 +60,8 @@ class TreePlan:
     path_slots: Tensor  # [q, max_depth+1] per node: scratch slots of root..node, padded with the node's own
     destinations: Tensor  # [G, max_depth+1] per k: k + 1, k + 2, ...: the slots a path's entries go to
     children: list[list[int]]  # per node, its children (host lists, for the host walk)
+    max_depth: int  # the tree's (read a few times a round: a `Tree` computes it from its paths)
+    top_m: int  # candidates drafted per depth: the tree's top_m, at least 1
 
     def at(self, k: Tensor, k_host: list[int] | None) -> tuple[Tensor, Tensor, Tensor]:
         """The verify call's (positions, tables, masks) of rows at `k`: gathered per row ([B, q], [B, q], [B, q, G+q]),
@@ -192,7 +194,8 @@ def build_plan(tree: Tree, groups: int, device: torch.device) -> TreePlan:
         scratch=torch.arange(groups, groups + q, device=device),
         positions=(ks + 1 + depth).to(device), tables=(ks + depth).clamp(max=groups - 1).to(device),
         masks=masks.to(device), path_slots=(groups + torch.tensor(paths)).to(device),
-        children=children, destinations=(ks + torch.arange(1, tree.max_depth + 2)).to(device))
+        children=children, destinations=(ks + torch.arange(1, tree.max_depth + 2)).to(device),
+        max_depth=tree.max_depth, top_m=max(tree.top_m, 1))
 
 
 def pick(rows: Tensor, index: list[int], within: list[int] | None = None) -> Tensor:

@@ -278,7 +278,7 @@ def decode_speculative(ctx: RoundContext, steps: Steps, talker_hidden: Tensor, c
     `ctx.rows` are padding that starts done."""
     batch, last, tree = ctx.batch, ctx.model.config.num_residual_codes, ctx.plan.tree
     hidden, first = steps.start(ctx, talker_hidden, c0)
-    codes = torch.zeros(batch, last + tree.max_depth + 1, dtype=torch.long, device=first.device)  # + scratch
+    codes = torch.zeros(batch, last + ctx.plan.max_depth + 1, dtype=torch.long, device=first.device)  # + scratch
     codes[:, 0] = first
     k_host = [1] * ctx.rows + [last] * (batch - ctx.rows)  # codes per row
     results, calls_made = [FrameResult(codes[b, :last], 1) for b in range(ctx.rows)], 1

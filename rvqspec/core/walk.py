@@ -42,10 +42,10 @@ def walks_at(k, d: int, last: int):
 def depths(ctx: RoundContext, k_host: list[int] | None) -> int:
     """Depths to visit: the tree's, or fewer where no row can reach them (all of them with static shapes, which a
     captured call, without host values, always takes)."""
-    tree, last = ctx.plan.tree, ctx.model.config.num_residual_codes
+    deepest, last = ctx.plan.max_depth, ctx.model.config.num_residual_codes
     if ctx.path.static_shapes:
-        return tree.max_depth + 1
-    return min(tree.max_depth, last - min(k_host) - 1) + 1
+        return deepest + 1
+    return min(deepest, last - min(k_host) - 1) + 1
 
 
 def walk(ctx: RoundContext, k: Tensor, k_host: list[int] | None, tokens: Tensor, hidden: Tensor) -> Walk:
@@ -91,7 +91,7 @@ def walk_on_device(ctx: RoundContext, k: Tensor, k_host: list[int] | None, token
         codebooks = codebooks_ahead(positions, 1 + d, last, ctx.captured)
         logits = ctx.model.head_logits(hidden[rows, node], codebooks, ctx.path)
         draws.append(ctx.sample(logits, codebooks))
-        if d < tree.max_depth:  # children exist at depth d + 1
+        if d < ctx.plan.max_depth:  # children exist at depth d + 1
             start, end = tree.depth_slices[d + 1]
             match = (ctx.plan.parent[start:end] == node[:, None]) & (tokens[:, start:end] == draws[-1][:, None])
             match &= (alive & walks_at(k, d, last))[:, None]
