@@ -10,8 +10,8 @@ torch.multinomial's draw. So a row's codes and its generator's use depend on not
 bits alone and in any batch, AR or speculative, on every walk and through captured calls; and since each emitted code
 is one draw from p~ given its true prefix with noise no other code uses, the codes keep AR's distribution.
 
-The tree's plan (`TreePlan`) is built here too, once per (tree, code groups, device), and kept in a bounded cache on
-the decoding side (least recently used first out), never on the caller's `Tree`.
+The tree's plan (`TreePlan`) is built here too, once per (tree, code groups, device, dtype), and kept in a bounded
+cache on the decoding side (least recently used first out), never on the caller's `Tree`.
 """
 
 import threading
@@ -32,8 +32,8 @@ PLANS = 64  # trees' plans kept (a plan is a few small tensors)
 
 @dataclass
 class TreePlan:
-    """Everything a round needs about the tree, built once per (tree, groups, device) (`plan_for`). Per-k tables are
-    stacked so that a batch gathers each row's by its k. q = N + 1 query tokens (root + nodes).
+    """Everything a round needs about the tree, built once per (tree, groups, device, dtype) (`plan_for`). Per-k
+    tables are stacked so that a batch gathers each row's by its k. q = N + 1 query tokens (root + nodes).
 
     Worked example: the tree [[0], [1], [0, 0]] (q = 4: root 0; node 1 = rank 0 at depth 1; node 2 = rank 1 at
     depth 1; node 3 = rank 0 at depth 2 under node 1), G = 16 codebooks, a row at k = 3 (c1..c3 emitted):
@@ -57,6 +57,7 @@ class TreePlan:
     positions: Tensor  # [G, q] per k: position ids k+1+depth
     tables: Tensor  # [G, q] per k: embedding table of each token (clamped past the last code)
     masks: Tensor  # [G, q, G+q] per k: committed slots 0..k, then the tree's ancestors
+    additive: Tensor  # the same in the model's dtype as the forward adds a mask (0: attends; -inf: not), made once
     path_slots: Tensor  # [q, max_depth+1] per node: scratch slots of root..node, padded with the node's own
     destinations: Tensor  # [G, max_depth+1] per k: k + 1, k + 2, ...: the slots a path's entries go to
     children: list[list[int]]  # per node, its children (host lists, for the host walk)
@@ -64,12 +65,12 @@ class TreePlan:
     top_m: int  # candidates drafted per depth: the tree's top_m, at least 1
 
     def at(self, k: Tensor, k_host: list[int] | None) -> tuple[Tensor, Tensor, Tensor]:
-        """The verify call's (positions, tables, masks) of rows at `k`: gathered per row ([B, q], [B, q], [B, q, G+q]),
-        or, where every row is at the same k on the host, that k's ([q], [q], [q, G+q]: views, which every row of the
-        call shares, as an AR step's)."""
+        """The verify call's (positions, tables, additive masks) of rows at `k`: gathered per row ([B, q], [B, q],
+        [B, q, G+q]), or, where every row is at the same k on the host, that k's ([q], [q], [q, G+q]: views, which every
+        row of the call shares, as an AR step's)."""
         if k_host is not None and len(set(k_host)) == 1:
-            return self.positions[k_host[0]], self.tables[k_host[0]], self.masks[k_host[0]]
-        return self.positions[k], self.tables[k], self.masks[k]
+            return self.positions[k_host[0]], self.tables[k_host[0]], self.additive[k_host[0]]
+        return self.positions[k], self.tables[k], self.additive[k]
 
     def compaction(self, k: Tensor, k_host: list[int] | None, node: Tensor | list[int]) -> tuple[Tensor, Tensor]:
         """(source, destination) slots [B, max_depth+1] of the K/V entries that rows at `k`, whose walks reached
@@ -166,19 +167,19 @@ _plans_lock = threading.Lock()
 
 
 def plan_for(tree: Tree, model: MultiCodeDecoder) -> TreePlan:
-    """`tree`'s plan for `model`'s code groups and device, built on first use (trees count by value)."""
-    key = (tuple(tree.paths), model.config.num_code_groups, str(model.device))
+    """`tree`'s plan for `model`'s code groups, device and dtype, built on first use (trees count by value)."""
+    key = (tuple(tree.paths), model.config.num_code_groups, str(model.device), model.dtype)
     with _plans_lock:
         if key in _plans:
             _plans.move_to_end(key)
         else:
-            _plans[key] = build_plan(tree, model.config.num_code_groups, model.device)
+            _plans[key] = build_plan(tree, model.config.num_code_groups, model.device, model.dtype)
             while len(_plans) > PLANS:
                 _plans.popitem(last=False)
         return _plans[key]
 
 
-def build_plan(tree: Tree, groups: int, device: torch.device) -> TreePlan:
+def build_plan(tree: Tree, groups: int, device: torch.device, dtype: torch.dtype) -> TreePlan:
     q, depth, ks = tree.size + 1, tree.depth, torch.arange(groups)[:, None]
     committed = torch.arange(groups)[None, :] <= ks  # [k, slot]: slot <= k
     masks = torch.cat([committed[:, None, :].expand(-1, q, -1), tree.ancestors.expand(groups, -1, -1)], dim=2)
@@ -193,9 +194,16 @@ def build_plan(tree: Tree, groups: int, device: torch.device) -> TreePlan:
         draft_index=((depth[1:] - 1) * max(tree.top_m, 1) + tree.rank[1:]).to(device),
         scratch=torch.arange(groups, groups + q, device=device),
         positions=(ks + 1 + depth).to(device), tables=(ks + depth).clamp(max=groups - 1).to(device),
-        masks=masks.to(device), path_slots=(groups + torch.tensor(paths)).to(device),
+        masks=masks.to(device), additive=additive_mask(masks, dtype).to(device),
+        path_slots=(groups + torch.tensor(paths)).to(device),
         children=children, destinations=(ks + torch.arange(1, tree.max_depth + 2)).to(device),
         max_depth=tree.max_depth, top_m=max(tree.top_m, 1))
+
+
+def additive_mask(masks: Tensor, dtype: torch.dtype) -> Tensor:
+    """Boolean `masks` as the forward adds a mask to attention scores in `dtype` (`model.run_layers`: the same
+    values): 0 where a query attends, -inf elsewhere."""
+    return torch.zeros(masks.shape, dtype=dtype).masked_fill_(~masks, float("-inf"))
 
 
 def pick(rows: Tensor, index: list[int], within: list[int] | None = None) -> Tensor:
