@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 STRENGTH = 6.13  # the heads' peak that end_to_end's calibration found (end-to-end.json: heads.strength)
 SMOKE = ["--rounds", "1", "--frames", "6"]
-TINY_TREE = 4  # a tiny predictor has no latency table (no policy's tree): the 0.6B policy's N here
+TINY_TREE = 4  # the 0.6B policy's N at one stream here (a tiny predictor's policy would weigh other latencies)
 # (module, owner, attribute, piece): what the split wraps, where a commit has it (innermost pieces are exclusive)
 PIECES = [("rvqspec.core.decode", None, "decode_checked", "frame glue"),
           ("rvqspec.core.model", "MultiCodeDecoder", "forward", "forward: Python around the native stack"),
@@ -109,7 +109,7 @@ def frames_worker(frames: int, tiny: bool) -> dict:
     model = quantize(predictor.model, "w8a8")
     device_path.prepare(model)
     drafter = ReusedHeads(model)
-    tree = decoding_policy(model, drafter, "auto", None).tree_for(1) or default_tree(TINY_TREE)
+    tree = default_tree(TINY_TREE) if tiny else decoding_policy(model, drafter, "auto", None).tree_for(1)
     decode.fit_speculation(model, drafter, tree)
     split, plain, cpu, calls = Split(), [], [], 0
     split.install()
@@ -156,9 +156,10 @@ def markdown(report: dict) -> str:
     before, after = report["before"], report["after"]
     sizes = "the 0.6B's layers at a tiny width: the glue" if report["tiny"] else "0.6B"
     lines = [f"# The Engine's speculative predictor frame, split (w8a8, {sizes}, 1 thread)", "",
-             f"`{report['command']}`: {report['cpu']} ({report['native']}), {machine_text(report['machine'])}; "
+             f"`{report['command']}` ({report['native']}): {machine_text(report['machine'])}; "
              f"base {report['base']}, after {report['after_commit']}.", "",
-             f"{report['frames']} random frames per process, the policy's tree for one row (N={after['tree']}), "
+             f"{report['frames']} random frames per process, "
+             + ("a tree of" if report["tiny"] else "the policy's tree for one row,") + f" N={after['tree']}, "
              "the deployed sampler; processes alternated "
              f"{report['rounds']} times, medians over rounds.", "",
              "| per frame, ms | before | after | after / before |", "|---|---:|---:|---:|",
