@@ -10,7 +10,7 @@ row's noise for the frame's draws, the drafter and the resolved device path), th
 from captured calls (`graphs.py`), and nothing here knows of it.
 
 Speculative round (docs/design.md, section 2), all in `round_on_device` (which `speculative_round` calls, then reads
-the result on the host once), for every row at once:
+the result on the host once, unless the CPU's walk holds it there already), for every row at once:
  1. drafts: the drafter reads the hidden state that produced the row's last code c_k and proposes the
     top-m codes for c_{k+1}..c_{k+K}; the tree picks N of them;
  2. one model call over [root = c_k, node_1..node_N] per row, with the row's tree mask, positions and
