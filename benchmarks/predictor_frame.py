@@ -5,16 +5,19 @@ The predictor as `benchmarks/end_to_end.py`'s engine-w8a8 runs it: the acceptanc
 (`rvqspec.bench.controlled`, the heads' strength end_to_end calibrated to the paper's 2.47 tokens/step at N = 32) in
 bfloat16, quantized to w8a8, ReusedHeads drafts, the decoding policy's tree for a batch of one, the deployed sampler
 with one seeded generator per frame, and `decode_checked` (the call the Engine's scheduler makes per frame step) on
-random talker states. Each frame is timed whole (no wrappers), then again with the core's pieces wrapped in timers
+random talker states. Each frame is timed whole (no wrappers; wall and the thread's CPU time: on a loaded machine
+wall time mostly measures the wait for a core), then again with the core's pieces wrapped in CPU-time timers
 (exclusive time per piece; "frame glue" is the rest): the native stack (`int8_layers`), the forward's Python around
 it, embeddings, drafts, heads, draws, the walk, the cache move, the frame's noise, the cache, the host read. Frames
-alternate plain and wrapped; the split's total over the plain frame shows what the wrappers add.
+alternate plain and wrapped; the split's total over the plain frame shows what the wrappers add. `--tiny`: the same
+frame with the layers at a tiny width and N = 4 (the glue, almost without the matrices' time).
 
 The base commit's rvqspec and this tree's run in processes of their own (1 intra-op thread, OMP_WAIT_POLICY=PASSIVE),
 alternated `--rounds` times; per side the median over rounds of each process's median frame, and the ratio after /
 before per round (below 1: faster). The machine is shared: compare within one run.
 
     .venv/bin/python benchmarks/predictor_frame.py [--base 30997a6] [--rounds 5]   # -> results/predictor-frame.*
+    .venv/bin/python benchmarks/predictor_frame.py --tiny   # -> results/predictor-frame-tiny.*
     .venv/bin/python benchmarks/predictor_frame.py --smoke   # this tree against itself, tiny sizes: seconds
 """
 
@@ -170,8 +173,10 @@ def markdown(report: dict) -> str:
     for piece in sorted(set(before["split_ms"]) | set(after["split_ms"]), key=lambda p: -after["split_ms"].get(p, 0)):
         b, a = before["split_ms"].get(piece, 0.0), after["split_ms"].get(piece, 0.0)
         lines.append(f"| {piece} | {b:.2f} | {a:.2f} | {a / b if b else float('nan'):.2f} |")
+    glue = [side["split_total_ms"] - side["split_ms"].get(NATIVE, 0.0) for side in (before, after)]
     lines += [f"| split total (wrapped frames, CPU time) | {before['split_total_ms']:.2f} | "
               f"{after['split_total_ms']:.2f} | |",
+              f"| **split total but the native stack** | {glue[0]:.2f} | {glue[1]:.2f} | **{glue[1] / glue[0]:.2f}** |",
               f"| calls per frame | {before['calls_per_frame']:.2f} | {after['calls_per_frame']:.2f} | |",
               f"| tokens per step | {before['tokens_per_step']:.2f} | {after['tokens_per_step']:.2f} | |", "",
               f"Per round, after / before (CPU time): {', '.join(f'{r:.2f}' for r in report['ratios'])}; wall time: "
