@@ -38,7 +38,7 @@ from rvqspec.runtime.passage import Passage
 from rvqspec.runtime.request import Request
 from rvqspec.runtime.scheduler import PREFILL_CHUNK, Scheduler
 from rvqspec.runtime.sentences import SentenceSplitter, split_sentences
-from rvqspec.runtime.threads import ThreadBudget, fixed_where_bits_vary, quick_gil_handoff
+from rvqspec.runtime.threads import ThreadBudget, fixed_where_bits_vary, quick_gil_handoff, warn_if_openmp_spins
 
 MAX_BATCH, MAX_QUEUE = 8, 32
 
@@ -84,6 +84,7 @@ class Engine:
         predictor = self.model.predictor
         self.budget = fixed_where_bits_vary(budget, self.model.talker, predictor)
         quick_gil_handoff(self.budget)
+        warn_if_openmp_spins(self.budget)
         for part in (self.model.talker, predictor):  # before any forward, the policy's latencies' included
             for threads in {self.budget.loop, self.budget.loop_most}:  # a step runs at either (runtime/threads.py)
                 device_path.prepare(part, threads, self.name)

@@ -28,6 +28,7 @@ while an engine has more than one core (`GIL_SWITCH_SECONDS`). Torch's ops and r
 
 import os
 import sys
+import warnings
 from dataclasses import dataclass, replace
 
 import torch
@@ -83,3 +84,14 @@ def quick_gil_handoff(budget: ThreadBudget) -> None:
     (module docstring); never lengthen it (it stays so for the process: another engine may still run)."""
     if budget.cores > 1 and sys.getswitchinterval() > GIL_SWITCH_SECONDS:
         sys.setswitchinterval(GIL_SWITCH_SECONDS)
+
+
+def warn_if_openmp_spins(budget: ThreadBudget) -> None:
+    """Warn where `budget` runs threads side by side while OpenMP's idle workers spin: torch loaded before rvqspec,
+    with no wait policy set (`rvqspec/__init__.py` sets OMP_WAIT_POLICY=PASSIVE when it loads first), so that the
+    frame loop's spinning workers take the codec worker's core. A policy the user set (ACTIVE too) is theirs."""
+    if budget.cores > 1 and "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        warnings.warn("rvqspec.Engine on more than one core with OpenMP's idle threads spinning (torch was imported "
+                      "before rvqspec, with no OMP_WAIT_POLICY): they take the codec worker's core. Set "
+                      "OMP_WAIT_POLICY=PASSIVE in the environment, or import rvqspec before torch",
+                      RuntimeWarning, stacklevel=3)
