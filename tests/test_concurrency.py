@@ -19,6 +19,7 @@ from rvqspec.runtime import Engine
 from rvqspec.runtime import qwen_tts as qwen_tts_runtime
 from rvqspec.runtime.capacity import Capacity
 from rvqspec.runtime.codec_worker import CodecWorker, Cores, Feed
+from rvqspec.runtime.scheduler import Scheduler
 from rvqspec.runtime.threads import GIL_SWITCH_SECONDS, ThreadBudget, fixed_where_bits_vary, quick_gil_handoff
 
 from helpers.engines import GREEDY, bounded, frames_of, never_ending
@@ -43,11 +44,12 @@ def tts64():
 
 def test_the_default_budget_follows_the_cores_the_process_may_use(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
-    assert ThreadBudget.split() == ThreadBudget(cores=1, loop=1, codec=1, loop_most=1)
+    assert ThreadBudget.split() == ThreadBudget(cores=1, loop=1, codec=1, loop_most=1, prefill_most=1)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
-    assert ThreadBudget.split() == ThreadBudget(cores=4, loop=3, codec=4, loop_most=4)  # all 4 while no decode
+    assert ThreadBudget.split() == ThreadBudget(cores=4, loop=3, codec=4, loop_most=4,  # all 4 while no decode
+                                                prefill_most=4)
     assert ThreadBudget.split(cores=2, threads=2, codec_threads=3) == ThreadBudget(cores=2, loop=2, codec=3,
-                                                                                   loop_most=2)  # as asked
+                                                                                   loop_most=2, prefill_most=2)
     assert ThreadBudget.split(threads=6).cores == 6  # a frame loop of 6 threads holds 6 cores
     for bad in (0, -1, 1.5, True, "2"):
         with pytest.raises(RvqspecError, match="whole number >= 1"):
@@ -85,8 +87,36 @@ def test_the_frame_loop_takes_every_core_only_where_its_bits_do_not_depend_on_th
     float32 = torch.nn.Sequential(torch.nn.Linear(4, 4))
     budget = ThreadBudget.split(cores=2)
     assert (budget.loop, budget.loop_most) == (1, 2)
-    assert fixed_where_bits_vary(budget, float32).loop_most == 1  # torch's float32 products split sums by thread count
+    fixed = fixed_where_bits_vary(budget, float32)
+    assert fixed.loop_most == fixed.prefill_most == 1  # torch's float32 products split sums by thread count
     assert fixed_where_bits_vary(budget, float32.to(torch.bfloat16)) == budget
+
+
+def test_two_cores_a_prompt_prefills_on_both_where_the_steps_keep_to_one_thread(monkeypatch):
+    """bfloat16 layers, cores=2, threads=1: the prompt (no row decoding) prefills at 2 threads, every frame step at
+    1; a seeded request's frames are a one-core engine's."""
+    tts = tiny_qwen3_tts(seed=1)
+    tts.model.talker.to(torch.bfloat16)
+    threads, frames = {"prefill": set(), "step": set()}, {}
+    for part, name in (("prefill_piece", "prefill"), ("frame_step", "step")):
+        monkeypatch.setattr(Scheduler, part, counted_threads(getattr(Scheduler, part), threads[name]))
+    assert ThreadBudget.split(cores=2, threads=1).prefill_most == 2
+    for cores in (2, 1):
+        with Engine(tts, drafter=None, cores=cores, threads=1, chunk_frames=4, first_chunk_frames=1) as engine:
+            request = engine.submit("custom_voice", text="two cores here", max_new_tokens=8, seed=3, **QWEN)
+            frames[cores] = request.wait()  # then its audio: no codec worker holds a core during the prefill
+            assert len(request.audio())
+        if cores == 2:
+            assert threads == {"prefill": {2}, "step": {1}}
+    assert torch.equal(frames[2], frames[1])
+
+
+def counted_threads(method, seen: set):
+    """`method`, noting into `seen` the intra-op threads of the thread it runs in."""
+    def counted(self, *args):
+        seen.add(torch.get_num_threads())
+        return method(self, *args)
+    return counted
 
 
 def counted_cores(monkeypatch, noted) -> tuple[list[int], set]:

@@ -86,7 +86,7 @@ class Engine:
         quick_gil_handoff(self.budget)
         warn_if_openmp_spins(self.budget)
         for part in (self.model.talker, predictor):  # before any forward, the policy's latencies' included
-            for threads in {self.budget.loop, self.budget.loop_most}:  # a step runs at either (runtime/threads.py)
+            for threads in {self.budget.loop, self.budget.loop_most, self.budget.prefill_most}:  # runtime/threads.py
                 device_path.prepare(part, threads, self.name)
         if drafter == "auto":
             drafter = Offsets.load(shipped / "offsets.safetensors", predictor) if shipped else ReusedHeads(predictor)
