@@ -1,6 +1,8 @@
 """One stream on two cores: the Engine (w8a8 talker and predictor, streamed, the policy's tree) on one core, on two
-with the frame loop fixed at one thread beside the codec worker (the split before issue 51), and on two with the
-frame loop taking both cores while no chunk waits for the codec (runtime/threads.py).
+with the frame loop fixed at one thread beside the codec worker (also as before the start and tail's fixes: no frames
+decoded ahead of a chunk's boundary, the prompt prefilled at one thread), and on two with the frame loop taking both
+cores while no chunk waits for the codec (runtime/threads.py). Where the first audio's time and the time after the
+last frame go.
 
 The model is upstream's Qwen3TTSModel at the 0.6B sizes with random weights and the released 12 Hz decoder
 (`rvqspec.bench.systems`, bfloat16; the predictor's heads acceptance-controlled to the paper's tokens/step, as
@@ -12,7 +14,7 @@ repeat; figures are medians. Run it with OMP_WAIT_POLICY=PASSIVE (an idle OpenMP
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/two_cores.py [--frames 42] [--repeats 2]
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/two_cores.py --smoke   # tiny sizes: the script runs
-    # -> benchmarks/results/two-cores.{json,md}
+    # -> benchmarks/results/two-cores.{json,md}; with --frames N (not 42): two-cores-N-frames.{json,md}
 """
 
 import argparse
@@ -20,6 +22,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -31,8 +34,11 @@ from rvqspec.integrations.qwen_tts_audio import StreamingCodec
 from rvqspec.runtime.request import Request
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+FRAMES = 42  # the issue's utterance: 3.36 s; --frames 125: 10 s, where the start and the tail weigh less
 ENGINES = {"1 core": dict(cores=1), "2 cores, loop at 1 thread": dict(cores=2, threads=1),
+           "2 cores, loop at 1 thread, as before": dict(cores=2, threads=1),
            "2 cores, loop takes free cores": dict(cores=2)}
+BEFORE = "as before"  # an engine named so runs as before issue 51's start and tail: `as_before`
 TARGETS = {"1 core": 1.2, "2 cores, loop takes free cores": 0.8, "first_audio_seconds": 0.5}
 
 
@@ -99,6 +105,13 @@ class Recorder:
                 "puts": self.puts[name], "ends": self.ends[name]}
 
 
+def as_before(engine) -> None:
+    """`engine` as it ran before: each chunk decoded once its boundary is reached (no frames decoded ahead), the
+    prompt prefilled at the steps' thread count (runtime/codec_worker.py, runtime/threads.py)."""
+    engine.codec.pieces = None
+    engine.scheduler.budget = replace(engine.scheduler.budget, prefill_most=engine.scheduler.budget.loop_most)
+
+
 def utterance(engine, request: dict) -> dict:
     start, first, samples, rate = time.perf_counter(), None, 0, 1
     for audio, rate in engine.stream_custom_voice(**request, seed=0):
@@ -114,6 +127,9 @@ def run(args, log) -> dict:
     options = {} if args.smoke else dict(weights="w8a8", talker_weights="w8a8")
     engines = {name: rvqspec.Engine(tts, drafter=rvqspec.ReusedHeads(), tree="auto", seed=0, **options, **ENGINES[name])
                for name in args.engines}
+    for name, engine in engines.items():
+        if name.endswith(BEFORE):
+            as_before(engine)
     recorder, runs, request = Recorder(), defaultdict(list), utterance_request(args.frames)
     first_chunk = next(iter(engines.values())).chunks[0]
     try:
@@ -168,8 +184,8 @@ def first_audio_split(run: dict, events: dict, first_chunk: int) -> dict:
     `first_chunk` frames, the wait for a decode, the first chunk's decode(s), and its delivery to the caller."""
     prefill_end = max(end for _, _, end in within(run, events["prefills"]))
     frames_end = sorted(within(run, events["puts"]))[first_chunk - 1]
-    decodes = [d for d in events["decodes"] if run["start"] <= d[0] and d[1] <= run["start"] + run["first_audio_seconds"]]
     first_audio = run["start"] + run["first_audio_seconds"]
+    decodes = [d for d in events["decodes"] if run["start"] <= d[0] and d[1] <= first_audio]
     marks = [run["start"], prefill_end, frames_end, max(frames_end, decodes[-1][0]), decodes[-1][1], first_audio]
     return dict(zip(("prefill", "first chunk's frames", "wait for the decode", "decode", "delivery"),
                     ((b - a) * 1e3 for a, b in zip(marks, marks[1:]))))
@@ -226,7 +242,8 @@ def split_tables(engines: dict) -> list[str]:
     """The first audio's and the tail's splits (ms, medians), one row per engine; the frame step at 1 thread beside
     a decode and alone."""
     lines = []
-    for title, key in (("First audio", "first_audio_ms"), ("The tail: from the last frame to the last audio", "tail_ms")):
+    for title, key in (("First audio", "first_audio_ms"),
+                       ("The tail: from the last frame to the last audio", "tail_ms")):
         parts = list(next(iter(engines.values()))[key])
         lines += ["", f"{title} (ms):", "", "| engine | " + " | ".join(parts) + " |", "|---" * (len(parts) + 1) + "|"]
         lines += [f"| {name} | " + " | ".join(f"{r[key][part]:.0f}" for part in parts) + " |"
@@ -253,7 +270,7 @@ def run_script(script: str, report_name: str, key: str, measure, to_markdown, re
     """A two-cores benchmark's command line (--frames, --repeats, --smoke, --out and `options`), its run (`measure`,
     in inference mode; its result under `key`) and its reports `report_name`.{json,md}."""
     parser = argparse.ArgumentParser(description=sys.modules[measure.__module__].__doc__.splitlines()[0])
-    parser.add_argument("--frames", type=int, default=42)
+    parser.add_argument("--frames", type=int, default=FRAMES, help="frames per utterance (12.5 a second of audio)")
     parser.add_argument("--repeats", type=int, default=repeats)
     options(parser)
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
@@ -271,6 +288,8 @@ def run_script(script: str, report_name: str, key: str, measure, to_markdown, re
               key: result, "command": " ".join(command)}
     if key == "engines":
         report["targets"] = TARGETS
+    if args.frames != FRAMES and not args.smoke:  # another length: a report of its own beside the 42-frame one
+        report_name += f"-{args.frames}-frames"
     write_reports(report, report_folder(args.out, args.smoke), report_name, to_markdown)
     print(to_markdown(report))
 

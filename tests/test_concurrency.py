@@ -18,7 +18,8 @@ from rvqspec.integrations.qwen_tts_audio import CodecBatchUnsupported
 from rvqspec.runtime import Engine
 from rvqspec.runtime import qwen_tts as qwen_tts_runtime
 from rvqspec.runtime.capacity import Capacity
-from rvqspec.runtime.codec_worker import CodecWorker, Cores, Feed
+from rvqspec.core.frame_loop import ChunkClock
+from rvqspec.runtime.codec_worker import AHEAD_FRAMES, CodecWorker, Cores, Feed
 from rvqspec.runtime.scheduler import Scheduler
 from rvqspec.runtime.threads import GIL_SWITCH_SECONDS, ThreadBudget, fixed_where_bits_vary, quick_gil_handoff
 
@@ -117,6 +118,58 @@ def counted_threads(method, seen: set):
         seen.add(torch.get_num_threads())
         return method(self, *args)
     return counted
+
+
+def decoded_ahead(pieces: int | None, frames: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """A feed with chunks of 3 then 12 frames (`pieces` ahead, as `CodecWorker` decodes them): its decodes (frames
+    so far, frames decoded up to then) as `frames` frames come one by one and the request ends, and its deliveries'
+    [first, last] frame."""
+    request = SimpleNamespace(decoded=[], done=False)
+    feed, calls, chunks = Feed(request, pieces), [], []
+    feed.stream, feed.clock = object(), ChunkClock(3, 12)
+    for frame in range(frames + 1):
+        if frame == frames:
+            request.done = True
+        else:
+            request.decoded.append(frame)
+        if not feed.has_work():
+            continue
+        end = feed.due()
+        calls.append((len(request.decoded), end))
+        pieces_audio = [np.arange(feed.sent, end)]
+        feed.sent = end
+        chunk = feed.take_audio(pieces_audio, request.done)
+        if chunk is not None:
+            chunks.append((int(chunk[0]), int(chunk[-1])))
+    return calls, chunks
+
+
+def test_frames_are_decoded_ahead_of_their_chunk_boundary_and_delivered_at_it():
+    """With pieces: the first chunk's frames decode one by one, then AHEAD_FRAMES at a time; the audio is delivered
+    at the same boundaries (3, 15, 27 and the end) as without, so that at a boundary and at the end only the last
+    piece is left to decode."""
+    calls, chunks = decoded_ahead(None, 30)
+    assert calls == [(3, 3), (15, 15), (27, 27), (30, 30)]
+    assert chunks == [(0, 2), (3, 14), (15, 26), (27, 29)]
+    calls, ahead_chunks = decoded_ahead(AHEAD_FRAMES, 30)
+    assert ahead_chunks == chunks
+    assert calls[:3] == [(1, 1), (2, 2), (3, 3)] and calls[-1] == (30, 30)
+    assert all(end - start == AHEAD_FRAMES for (_, start), (_, end) in zip(calls[2:-1], calls[3:-1]))
+    assert calls[-2][1] >= 30 - AHEAD_FRAMES  # what the end leaves: less than a piece
+
+
+def test_two_cores_decode_ahead_and_deliver_the_audio_of_one_core(tts64):
+    """cores=2 (frames decoded ahead: the engine's codec has a core of its own) against cores=1 (chunks at their
+    boundaries): the same codes and the same audio to float rounding (the chunks' lengths depend on timing where a
+    worker falls behind: `decoded_ahead` checks them)."""
+    runs = {}
+    for cores in (2, 1):
+        with Engine(tts64, drafter=None, cores=cores, chunk_frames=4, first_chunk_frames=3) as engine:
+            assert (engine.codec.pieces is not None) == (cores == 2)
+            request = engine.submit("custom_voice", text="ahead of time", max_new_tokens=14, **QWEN, **GREEDY)
+            runs[cores] = list(request), request.codes
+    assert torch.equal(runs[2][1], runs[1][1])
+    np.testing.assert_allclose(np.concatenate(runs[2][0]), np.concatenate(runs[1][0]), atol=1e-6, rtol=0)
 
 
 def counted_cores(monkeypatch, noted) -> tuple[list[int], set]:

@@ -98,11 +98,10 @@ class Engine:
             policy = decoding_policy(predictor, drafter, tree, calibration, measure=True)
         self.policy, self.drafter = policy, drafter
         cores = Cores(self.budget.cores)
-        self.codec = CodecWorker(self.model, cores, self.budget.codec)
+        self.codec = CodecWorker(self.model, cores, self.budget)
         self.capacity = Capacity(self.model.frame_seconds, max_batch, realtime, frame_scaling(policy))
-        self.scheduler = Scheduler(self.model, drafter, tree if isinstance(tree, Tree) else None, policy,
-                                   max_batch, max_queue, cores, self.budget,
-                                   self.codec, self.capacity, prefill_chunk)
+        self.scheduler = Scheduler(self.model, drafter, tree if isinstance(tree, Tree) else None, policy, max_batch,
+                                   max_queue, cores, self.budget, self.codec, self.capacity, prefill_chunk)
         # An engine dropped without close(): its threads end with it (cancelling what it still decodes).
         self.finalizer = weakref.finalize(self, shut_down, self.scheduler, self.codec, 0)
 
