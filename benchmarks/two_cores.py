@@ -171,6 +171,8 @@ def summary(runs: list[dict], events: dict, first_chunk: int) -> dict:
             "step_ms_at_1_thread": {k: statistics.median(v) * 1e3 for k, v in sorted(beside.items())},
             "decoder_ms_per_frame": wall / decoded * 1e3 if decoded else None,
             "decoder_cpu_share": sum(d[3] for d in decodes) / wall if wall else None,
+            "decoder_cpu_ms_per_frame": sum(d[3] for d in decodes) / decoded * 1e3 if decoded else None,
+            "decoder_calls_per_frame": len(decodes) / decoded if decoded else None,
             "timeline": timeline(runs[-1], steps, decodes), "runs": runs}
 
 
@@ -221,20 +223,23 @@ def markdown(report: dict) -> str:
              f"{report['machine']['omp_wait_policy']}; {report['frames']} frames, medians of {report['repeats']} "
              f"interleaved repeats. `{report['command']}`.", "",
              "| engine | RTF | first audio (s) | first chunk decoded (s) | frame step ms at 1 thread (steps) | "
-             "at 2 threads (steps) | decoder ms/frame | decoder CPU share |", "|---|---|---|---|---|---|---|---|"]
+             "at 2 threads (steps) | decoder ms/frame | decoder CPU share | decoder CPU ms/frame (calls/frame) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, r in report["engines"].items():
         steps = [f"{r['step_ms'][t]:.0f} ({r['steps_at'][t]})" if t in r["step_ms"] else "-" for t in ("1", "2")]
         first = "{:.2f}-{:.2f}".format(*r["first_decode_seconds"])
         lines.append(f"| {name} | {r['rtf']:.2f} | {r['first_audio_seconds']:.2f} | {first} | {steps[0]} | "
-                     f"{steps[1]} | {r['decoder_ms_per_frame']:.0f} | {r['decoder_cpu_share']:.2f} |")
+                     f"{steps[1]} | {r['decoder_ms_per_frame']:.0f} | {r['decoder_cpu_share']:.2f} | "
+                     f"{r['decoder_cpu_ms_per_frame']:.0f} ({r['decoder_calls_per_frame']:.2f}) |")
     lines += split_tables(report["engines"])
     lines += ["", "A frame step: the talker's c0, the predictor's c1..c15 (speculative), one talker step. Targets "
               f"(issue 51): RTF <= {TARGETS['1 core']} on 1 core, <= {TARGETS['2 cores, loop takes free cores']} on "
               f"2, first audio <= {TARGETS['first_audio_seconds']} s on 2. First chunk decoded: when its decode "
               "started and ended, from the request. Decoder ms/frame: wall time inside the streaming codec (on 2 "
               "cores it shares the machine with the frame loop); its CPU share: the decoding thread's CPU time over "
-              "that wall time (the rest it waited: for the GIL, or for a core). The JSON holds each engine's last "
-              "timeline."]
+              "that wall time (the rest it waited: for the GIL, or for a core); its CPU ms/frame: the decoding thread's "
+              "CPU time per frame (frames decoded ahead in pieces cost more per frame than whole chunks) and its "
+              "calls per frame. The JSON holds each engine's last timeline."]
     return "\n".join(lines) + "\n"
 
 

@@ -105,8 +105,8 @@ def test_two_cores_a_prompt_prefills_on_both_where_the_steps_keep_to_one_thread(
     for cores in (2, 1):
         with Engine(tts, drafter=None, cores=cores, threads=1, chunk_frames=4, first_chunk_frames=1) as engine:
             request = engine.submit("custom_voice", text="two cores here", max_new_tokens=8, seed=3, **QWEN)
-            frames[cores] = request.wait()  # then its audio: no codec worker holds a core during the prefill
-            assert len(request.audio())
+            assert len(request.audio())  # its stream starts with its first frame: the prefill has both cores
+            frames[cores] = request.codes
         if cores == 2:
             assert threads == {"prefill": {2}, "step": {1}}
     assert torch.equal(frames[2], frames[1])
@@ -156,6 +156,17 @@ def test_frames_are_decoded_ahead_of_their_chunk_boundary_and_delivered_at_it():
     assert calls[:3] == [(1, 1), (2, 2), (3, 3)] and calls[-1] == (30, 30)
     assert all(end - start == AHEAD_FRAMES for (_, start), (_, end) in zip(calls[2:-1], calls[3:-1]))
     assert calls[-2][1] >= 30 - AHEAD_FRAMES  # what the end leaves: less than a piece
+
+
+def test_a_stream_starts_with_its_first_frame_unless_it_decodes_a_prefix_beside_the_prefill():
+    request = SimpleNamespace(decoded=[], done=False, prompt=SimpleNamespace(prefix=None))
+    feed = Feed(request)
+    assert not feed.has_work()  # its prompt prefills: no core taken from it
+    request.decoded.append(torch.zeros(16))
+    assert feed.has_work()
+    request.decoded.clear()
+    request.prompt.prefix = torch.zeros(4, 16)  # a clone's reference: decoded beside the prefill
+    assert feed.has_work()
 
 
 def test_two_cores_decode_ahead_and_deliver_the_audio_of_one_core(tts64):

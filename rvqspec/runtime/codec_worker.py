@@ -14,13 +14,13 @@ another's chunk to come due). A request's audio never depends on another's (deco
 Each decode, batched or not, holds one of the budget's cores (`Cores`), the frame loop holds its own per frame step:
 at no time do more threads do torch work than the cores the process may use.
 
-Where a core is left for the codec beside the frame loop (`pieces`: the Engine's budget), a request's frames are
-decoded ahead of its chunk boundaries, one at a time while its first chunk is due and `AHEAD_FRAMES` at a time after,
-and their audio is held till the boundary: the chunks are delivered as before, but at a boundary (and at the end of
-the request) only the last piece is left to decode, not the whole chunk (the first audio and the end come ~0.1 s
-sooner at the 0.6B sizes: benchmarks/results/two-cores.md). The decoder pays a cost per call, so pieces cost it more
-per frame than chunks, on the core the loop leaves; the audio is the same to float rounding (the decoder's state
-carries over between calls).
+Where a core is left for the codec beside the frame loop (`pieces`: the Engine's budget) and the model's codec
+decodes incrementally (`decodes_ahead`: qwen-tts's 12 Hz decoder; not a vocoder that decodes its context again), a
+request's frames are decoded ahead of its chunk boundaries, one at a time while its first chunk is due and
+`AHEAD_FRAMES` at a time after, and their audio is held till the boundary: the chunks are delivered as before, but at
+a boundary (and at the end of the request) only the last piece is left to decode, not the whole chunk
+(benchmarks/results/two-cores.md). The decoder pays a cost per call, so pieces cost it more per frame than chunks,
+on the core the loop leaves; the audio is the same to float rounding (the decoder's state carries over).
 """
 
 import collections
@@ -109,7 +109,9 @@ class Feed:
         """Whether it has frames to decode now (`ahead`: or will have, `ahead` frames from now)."""
         if self.ended or self.busy:
             return False
-        if self.stream is None or self.request.done:
+        if self.stream is None:  # started beside the prefill where it has a prefix to decode, else at its first frame
+            return self.request.prompt.prefix is not None or bool(self.request.decoded) or self.request.done
+        if self.request.done:
             return True
         frames = len(self.request.decoded) + ahead
         return self.clock.due <= frames or (self.pieces is not None and frames - self.sent >= self.piece())
@@ -127,11 +129,12 @@ class Feed:
 class CodecWorker:
     """`budget.codec` worker threads decoding attached requests' chunks, each holding one of `cores` while it
     decodes; `pieces` (AHEAD_FRAMES) ahead of the boundaries where `budget` leaves a core beside the frame loop's
-    steps, else None (module docstring)."""
+    steps and the model's streams decode ahead at no cost but the call's (`decodes_ahead`), else None (module
+    docstring)."""
 
     def __init__(self, model, cores: Cores, budget: ThreadBudget):
         self.model, self.cores = model, cores
-        self.pieces = AHEAD_FRAMES if budget.cores > budget.loop else None
+        self.pieces = AHEAD_FRAMES if budget.cores > budget.loop and model.decodes_ahead else None
         self.feeds: list[Feed] = []
         self.condition = threading.Condition()
         self.closing = False
@@ -255,7 +258,9 @@ class CodecWorker:
         return {feed: (audio[feed], finished[feed]) for feed in feeds}
 
     def start(self, feed: Feed) -> None:
-        """The request's model stream and chunk clock, at its first work."""
+        """The request's model stream and chunk clock, at its first work: at once where the stream decodes a prefix
+        first (a clone's reference: beside the prompt's prefill), else with its first frame (so that a start does not
+        hold a core the prefill could use: `Scheduler.step_threads`)."""
         feed.stream = self.model.new_stream(feed.request.prompt)
         first, every = feed.request.chunks
         feed.clock = ChunkClock(first + feed.stream.lag, every)
