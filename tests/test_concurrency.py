@@ -158,6 +158,30 @@ def test_frames_are_decoded_ahead_of_their_chunk_boundary_and_delivered_at_it():
     assert calls[-2][1] >= 30 - AHEAD_FRAMES  # what the end leaves: less than a piece
 
 
+def test_frames_are_decoded_ahead_only_while_one_stream_is_attached():
+    """Pieces cost the decoder more per frame: a lone stream's spare core pays, a batch's codec does not."""
+    model = SimpleNamespace(decodes_ahead=True, codec_batches=False)
+    worker = CodecWorker(model, Cores(2), ThreadBudget.split(cores=2))
+    try:
+        requests = [SimpleNamespace(cancelled=threading.Event(), decoded=[], done=False,
+                                    prompt=SimpleNamespace(prefix=None)) for _ in range(2)]
+        worker.attach(requests[0])
+        assert [feed.pieces for feed in worker.feeds] == [AHEAD_FRAMES]
+        worker.attach(requests[1])
+        assert [feed.pieces for feed in worker.feeds] == [None, None]
+        requests[1].cancelled.set()
+        worker.wake()
+        deadline = time.monotonic() + WAIT
+        while len(worker.feeds) > 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [feed.pieces for feed in worker.feeds] == [AHEAD_FRAMES]
+    finally:
+        worker.close()
+    one_core = CodecWorker(model, Cores(1), ThreadBudget.split(cores=1))
+    one_core.close()
+    assert one_core.pieces is None  # no core beside the loop's steps
+
+
 def test_a_stream_starts_with_its_first_frame_unless_it_decodes_a_prefix_beside_the_prefill():
     request = SimpleNamespace(decoded=[], done=False, prompt=SimpleNamespace(prefix=None))
     feed = Feed(request)

@@ -15,12 +15,12 @@ Each decode, batched or not, holds one of the budget's cores (`Cores`), the fram
 at no time do more threads do torch work than the cores the process may use.
 
 Where a core is left for the codec beside the frame loop (`pieces`: the Engine's budget) and the model's codec
-decodes incrementally (`decodes_ahead`: qwen-tts's 12 Hz decoder; not a vocoder that decodes its context again), a
-request's frames are decoded ahead of its chunk boundaries, one at a time while its first chunk is due and
-`AHEAD_FRAMES` at a time after, and their audio is held till the boundary: the chunks are delivered as before, but at
-a boundary (and at the end of the request) only the last piece is left to decode, not the whole chunk
-(benchmarks/results/two-cores.md). The decoder pays a cost per call, so pieces cost it more per frame than chunks,
-on the core the loop leaves; the audio is the same to float rounding (the decoder's state carries over).
+decodes incrementally (`decodes_ahead`: qwen-tts's 12 Hz decoder; not a vocoder that decodes its context again), the
+frames of a lone stream (`decode_ahead`) are decoded ahead of its chunk boundaries, one at a time while its first
+chunk is due and `AHEAD_FRAMES` at a time after, and their audio is held till the boundary: the chunks are delivered
+as before, but at a boundary (and at the end of the request) only the last piece is left to decode, not the whole
+chunk (benchmarks/results/two-cores.md). The decoder pays a cost per call, so pieces cost it more per frame than
+chunks, on the core the loop leaves; the audio is the same to float rounding (the decoder's state carries over).
 """
 
 import collections
@@ -147,13 +147,20 @@ class CodecWorker:
 
     def attach(self, request) -> None:
         """Decode `request`'s frames from now on (in this thread at once if the engine is closed: it has ended)."""
-        feed = Feed(request, self.pieces)
+        feed = Feed(request)
         with self.condition:
             if not self.closing:
                 self.feeds.append(feed)
+                self.decode_ahead()
                 self.condition.notify()
                 return
         self.serve([feed])
+
+    def decode_ahead(self) -> None:
+        """Frames are decoded ahead (`pieces`) while one stream is attached: pieces cost the decoder ~1.5x its CPU
+        per frame (benchmarks/results/two-cores.md), which a lone stream's spare core pays, not a batch's codec."""
+        for feed in self.feeds:
+            feed.pieces = self.pieces if len(self.feeds) == 1 else None
 
     def pending(self, ahead: int = 0) -> bool:
         """Whether some started request has a chunk due that no worker is decoding yet (or will have, `ahead` frames
@@ -199,6 +206,7 @@ class CodecWorker:
                     if feed.request.cancelled.is_set() and not feed.busy:
                         feed.ended = True
                 self.feeds = [feed for feed in self.feeds if not (feed.ended and not feed.busy)]
+                self.decode_ahead()
                 ready = [feed for feed in self.feeds if feed.has_work()]
                 if ready:
                     ready = ready[:self.share(len(ready))]
