@@ -161,7 +161,7 @@ def test_frames_are_decoded_ahead_of_their_chunk_boundary_and_delivered_at_it():
 def test_frames_are_decoded_ahead_only_while_one_stream_is_attached():
     """Pieces cost the decoder more per frame: a lone stream's spare core pays, a batch's codec does not."""
     model = SimpleNamespace(decodes_ahead=True, codec_batches=False)
-    worker = CodecWorker(model, Cores(2), ThreadBudget.split(cores=2))
+    worker = CodecWorker(model, Cores(2), ThreadBudget.split(cores=2), ahead=True)
     try:
         requests = [SimpleNamespace(cancelled=threading.Event(), decoded=[], done=False,
                                     prompt=SimpleNamespace(prefix=None)) for _ in range(2)]
@@ -177,7 +177,7 @@ def test_frames_are_decoded_ahead_only_while_one_stream_is_attached():
         assert [feed.pieces for feed in worker.feeds] == [AHEAD_FRAMES]
     finally:
         worker.close()
-    one_core = CodecWorker(model, Cores(1), ThreadBudget.split(cores=1))
+    one_core = CodecWorker(model, Cores(1), ThreadBudget.split(cores=1), ahead=True)
     one_core.close()
     assert one_core.pieces is None  # no core beside the loop's steps
 
@@ -194,12 +194,13 @@ def test_a_stream_starts_with_its_first_frame_unless_it_decodes_a_prefix_beside_
 
 
 def test_two_cores_decode_ahead_and_deliver_the_audio_of_one_core(tts64):
-    """cores=2 (frames decoded ahead: the engine's codec has a core of its own) against cores=1 (chunks at their
+    """decode_ahead, cores=2 (frames decoded ahead: the codec has a core of its own) against cores=1 (at the chunks'
     boundaries): the same codes and the same audio to float rounding (the chunks' lengths depend on timing where a
     worker falls behind: `decoded_ahead` checks them)."""
     runs = {}
     for cores in (2, 1):
-        with Engine(tts64, drafter=None, cores=cores, chunk_frames=4, first_chunk_frames=3) as engine:
+        with Engine(tts64, drafter=None, cores=cores, chunk_frames=4, first_chunk_frames=3,
+                    decode_ahead=True) as engine:
             assert (engine.codec.pieces is not None) == (cores == 2)
             request = engine.submit("custom_voice", text="ahead of time", max_new_tokens=14, **QWEN, **GREEDY)
             runs[cores] = list(request), request.codes

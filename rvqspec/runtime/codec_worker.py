@@ -14,13 +14,14 @@ another's chunk to come due). A request's audio never depends on another's (deco
 Each decode, batched or not, holds one of the budget's cores (`Cores`), the frame loop holds its own per frame step:
 at no time do more threads do torch work than the cores the process may use.
 
-Where a core is left for the codec beside the frame loop (`pieces`: the Engine's budget) and the model's codec
+Opt-in (`Engine(decode_ahead=True)`): where a core is left for the codec beside the frame loop and the model's codec
 decodes incrementally (`decodes_ahead`: qwen-tts's 12 Hz decoder; not a vocoder that decodes its context again), the
 frames of a lone stream (`decode_ahead`) are decoded ahead of its chunk boundaries, one at a time while its first
 chunk is due and `AHEAD_FRAMES` at a time after, and their audio is held till the boundary: the chunks are delivered
 as before, but at a boundary (and at the end of the request) only the last piece is left to decode, not the whole
-chunk (benchmarks/results/two-cores.md). The decoder pays a cost per call, so pieces cost it more per frame than
-chunks, on the core the loop leaves; the audio is the same to float rounding (the decoder's state carries over).
+chunk. The decoder pays a cost per call, so pieces cost it ~1.5x its CPU per frame, on the core the loop leaves; the
+audio is the same to float rounding (the decoder's state carries over). Not the default: on a loaded 2-core machine
+(load 10-12) it made the stream slower, not faster (benchmarks/results/two-cores.md); on a quiet one, unmeasured.
 """
 
 import collections
@@ -128,13 +129,13 @@ class Feed:
 
 class CodecWorker:
     """`budget.codec` worker threads decoding attached requests' chunks, each holding one of `cores` while it
-    decodes; `pieces` (AHEAD_FRAMES) ahead of the boundaries where `budget` leaves a core beside the frame loop's
-    steps and the model's streams decode ahead at no cost but the call's (`decodes_ahead`), else None (module
-    docstring)."""
+    decodes; with `ahead`, `pieces` (AHEAD_FRAMES) ahead of the boundaries where `budget` leaves a core beside the
+    frame loop's steps and the model's streams decode ahead at no cost but the call's (`decodes_ahead`), else None
+    (module docstring)."""
 
-    def __init__(self, model, cores: Cores, budget: ThreadBudget):
+    def __init__(self, model, cores: Cores, budget: ThreadBudget, ahead: bool = False):
         self.model, self.cores = model, cores
-        self.pieces = AHEAD_FRAMES if budget.cores > budget.loop and model.decodes_ahead else None
+        self.pieces = AHEAD_FRAMES if ahead and budget.cores > budget.loop and model.decodes_ahead else None
         self.feeds: list[Feed] = []
         self.condition = threading.Condition()
         self.closing = False
