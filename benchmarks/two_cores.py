@@ -1,7 +1,7 @@
 """One stream on two cores: the Engine (w8a8 talker and predictor, streamed, the policy's tree) on one core, on two
 with the frame loop fixed at one thread beside the codec worker, and on two with the frame loop taking both cores
-while no chunk waits for the codec (runtime/threads.py); each two-core engine also "as before" (the prompt
-prefilled at the steps' thread count), and with frames decoded ahead of their chunk's boundary (`decode_ahead`,
+while no chunk waits for the codec (runtime/threads.py); the first also "as before" (the prompt prefilled at the
+steps' one thread), the second also with frames decoded ahead of their chunk's boundary (`decode_ahead`,
 runtime/codec_worker.py). Where the first audio's time and the time after the last frame go.
 
 The model is upstream's Qwen3TTSModel at the 0.6B sizes with random weights and the released 12 Hz decoder
@@ -37,7 +37,7 @@ RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 FRAMES = 42  # the issue's utterance: 3.36 s; --frames 125: 10 s, where the start and the tail weigh less
 ENGINES = {"1 core": dict(cores=1), "2 cores, loop at 1 thread": dict(cores=2, threads=1),
            "2 cores, loop at 1 thread, as before": dict(cores=2, threads=1),
-           "2 cores, loop takes free cores": dict(cores=2), "2 cores, loop takes free cores, as before": dict(cores=2),
+           "2 cores, loop takes free cores": dict(cores=2),  # as before too: its prefill took both cores already
            "2 cores, loop takes free cores, decoding ahead": dict(cores=2, decode_ahead=True)}
 BEFORE = "as before"  # an engine named so runs as before issue 51's start and tail: `as_before`
 TARGETS = {"1 core": 1.2, "2 cores, loop takes free cores": 0.8, "first_audio_seconds": 0.5}

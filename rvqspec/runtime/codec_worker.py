@@ -21,9 +21,10 @@ chunk is due and `AHEAD_FRAMES` at a time after, and their audio is held till th
 as before, but at a boundary (and at the end of the request) only the last piece is left to decode, not the whole
 chunk. The decoder pays a cost per call, so pieces cost it ~1.5x its CPU per frame, on the core the loop leaves; the
 audio is the same to float rounding (the decoder's state carries over). Not the default: on the shared 2-core
-machine (load 5-12) it cut the time after the last frame ~2-3.6x but made the first audio and the whole stream slower
-(its steps keep to one thread beside the decoder, where a contended machine gives two threads more of its time:
-benchmarks/results/two-cores.md); on a quiet machine, unmeasured.
+machine (load 3-12) it cut the time after the last frame 2-4x but made the first audio and the whole stream slower,
+once (125 frames) 5x slower with the decoder waiting most of its time (benchmarks/results/two-cores*.md: its steps
+keep to one thread beside the decoder, where a contended machine gives two threads more of its time); on a quiet
+machine, unmeasured.
 """
 
 import collections
