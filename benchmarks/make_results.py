@@ -398,7 +398,9 @@ def reports_section(bench_dir: Path, title: str, intro: str, reports: list[tuple
 
 REAL_TIME_REPORTS = [  # issue 51: every part of the frame at its floor, two cores
     ("One stream on one and two cores", "two-cores.md",
-     "OMP_WAIT_POLICY=PASSIVE python benchmarks/two_cores.py --frames 42 --repeats 2"),
+     "OMP_WAIT_POLICY=PASSIVE python benchmarks/two_cores.py --frames 42 --repeats 3"),
+    ("One stream on one and two cores, 10 s of audio", "two-cores-125-frames.md",
+     "OMP_WAIT_POLICY=PASSIVE python benchmarks/two_cores.py --frames 125 --repeats 2"),
     ("The decoder beside the frame loop: GIL or machine", "codec-beside.md",
      "OMP_WAIT_POLICY=PASSIVE python benchmarks/codec_beside.py --frames 42 --repeats 3"),
     ("int8 matmuls per call against the memory floor", "int8-calls.md",

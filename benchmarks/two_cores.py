@@ -1,6 +1,8 @@
 """One stream on two cores: the Engine (w8a8 talker and predictor, streamed, the policy's tree) on one core, on two
-with the frame loop fixed at one thread beside the codec worker (the split before issue 51), and on two with the
-frame loop taking both cores while no chunk waits for the codec (runtime/threads.py).
+with the frame loop fixed at one thread beside the codec worker, and on two with the frame loop taking both cores
+while no chunk waits for the codec (runtime/threads.py); the first also "as before" (the prompt prefilled at the
+steps' one thread), the second also with frames decoded ahead of their chunk's boundary (`decode_ahead`,
+runtime/codec_worker.py). Where the first audio's time and the time after the last frame go.
 
 The model is upstream's Qwen3TTSModel at the 0.6B sizes with random weights and the released 12 Hz decoder
 (`rvqspec.bench.systems`, bfloat16; the predictor's heads acceptance-controlled to the paper's tokens/step, as
@@ -12,7 +14,7 @@ repeat; figures are medians. Run it with OMP_WAIT_POLICY=PASSIVE (an idle OpenMP
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/two_cores.py [--frames 42] [--repeats 2]
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/two_cores.py --smoke   # tiny sizes: the script runs
-    # -> benchmarks/results/two-cores.{json,md}
+    # -> benchmarks/results/two-cores.{json,md}; with --frames N (not 42): two-cores-N-frames.{json,md}
 """
 
 import argparse
@@ -20,6 +22,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -28,10 +31,15 @@ import rvqspec
 from rvqspec.bench.systems import SIZES, controlled_heads, system_tts, utterance_request
 from rvqspec.bench.timing import SMOKE_HELP, finish_machine, machine, machine_text, report_folder, write_reports
 from rvqspec.integrations.qwen_tts_audio import StreamingCodec
+from rvqspec.runtime.request import Request
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+FRAMES = 42  # the issue's utterance: 3.36 s; --frames 125: 10 s, where the start and the tail weigh less
 ENGINES = {"1 core": dict(cores=1), "2 cores, loop at 1 thread": dict(cores=2, threads=1),
-           "2 cores, loop takes free cores": dict(cores=2)}
+           "2 cores, loop at 1 thread, as before": dict(cores=2, threads=1),
+           "2 cores, loop takes free cores": dict(cores=2),  # as before too: its prefill took both cores already
+           "2 cores, loop takes free cores, decoding ahead": dict(cores=2, decode_ahead=True)}
+BEFORE = "as before"  # an engine named so runs as before issue 51's start and tail: `as_before`
 TARGETS = {"1 core": 1.2, "2 cores, loop takes free cores": 0.8, "first_audio_seconds": 0.5}
 
 
@@ -45,13 +53,17 @@ def build_tts(smoke: bool, log):
 
 
 class Recorder:
-    """Each frame step's (intra-op threads, start, end) and each decode's (start, end, frames, the decoding thread's
-    CPU seconds) of the engines it wraps, on the perf_counter clock (`close` puts StreamingCodec.decode back)."""
+    """Each frame step's (intra-op threads, start, end), each prefill piece's (threads, start, end), each frame's put
+    and each request's end (its last frame drawn), and each decode's (start, end, frames, the decoding thread's CPU
+    seconds) of the engines it wraps, on the perf_counter clock (`close` puts what it wrapped back)."""
 
     def __init__(self):
         self.steps, self.decodes = defaultdict(list), defaultdict(list)
+        self.prefills, self.puts, self.ends = defaultdict(list), defaultdict(list), defaultdict(list)
         self.current = None  # the engine whose utterance runs now
-        self.decode = decode = StreamingCodec.decode
+        self.originals = [(StreamingCodec, "decode", StreamingCodec.decode), (Request, "put", Request.put),
+                          (Request, "finish", Request.finish)]
+        decode, put, finish = (original for _, _, original in self.originals)
 
         def timed_decode(codec, codes):
             start, cpu = time.perf_counter(), time.thread_time()
@@ -59,20 +71,44 @@ class Recorder:
             self.decodes[self.current].append((start, time.perf_counter(), len(codes), time.thread_time() - cpu))
             return out
 
-        StreamingCodec.decode = timed_decode
+        def timed_put(request, frame):
+            put(request, frame)
+            self.puts[self.current].append(time.perf_counter())
+
+        def timed_finish(request, *args, **kwargs):
+            self.ends[self.current].append(time.perf_counter())
+            finish(request, *args, **kwargs)
+
+        StreamingCodec.decode, Request.put, Request.finish = timed_decode, timed_put, timed_finish
 
     def close(self) -> None:
-        StreamingCodec.decode = self.decode
+        for owner, name, original in self.originals:
+            setattr(owner, name, original)
 
     def wrap(self, name: str, engine) -> None:
-        step = engine.scheduler.frame_step
+        scheduler = engine.scheduler
+        step, piece = scheduler.frame_step, scheduler.prefill_piece
 
         def timed_step():
             start = time.perf_counter()
             step()
             self.steps[name].append((torch.get_num_threads(), start, time.perf_counter()))
 
-        engine.scheduler.frame_step = timed_step
+        def timed_piece(tokens):
+            start = time.perf_counter()
+            piece(tokens)
+            self.prefills[name].append((torch.get_num_threads(), start, time.perf_counter()))
+
+        scheduler.frame_step, scheduler.prefill_piece = timed_step, timed_piece
+
+    def events(self, name: str) -> dict:
+        return {"steps": self.steps[name], "decodes": self.decodes[name], "prefills": self.prefills[name],
+                "puts": self.puts[name], "ends": self.ends[name]}
+
+
+def as_before(engine) -> None:
+    """`engine` as it ran before: the prompt prefilled at the steps' thread count (runtime/threads.py)."""
+    engine.scheduler.budget = replace(engine.scheduler.budget, prefill_most=engine.scheduler.budget.loop_most)
 
 
 def utterance(engine, request: dict) -> dict:
@@ -80,8 +116,9 @@ def utterance(engine, request: dict) -> dict:
     for audio, rate in engine.stream_custom_voice(**request, seed=0):
         first = time.perf_counter() - start if first is None else first
         samples += len(audio)
-    seconds = time.perf_counter() - start
-    return {"start": start, "seconds": seconds, "first_audio_seconds": first, "rtf": seconds / (samples / rate)}
+    end = time.perf_counter()
+    return {"start": start, "end": end, "seconds": end - start, "first_audio_seconds": first,
+            "rtf": (end - start) / (samples / rate)}
 
 
 def run(args, log) -> dict:
@@ -89,7 +126,11 @@ def run(args, log) -> dict:
     options = {} if args.smoke else dict(weights="w8a8", talker_weights="w8a8")
     engines = {name: rvqspec.Engine(tts, drafter=rvqspec.ReusedHeads(), tree="auto", seed=0, **options, **ENGINES[name])
                for name in args.engines}
+    for name, engine in engines.items():
+        if name.endswith(BEFORE):
+            as_before(engine)
     recorder, runs, request = Recorder(), defaultdict(list), utterance_request(args.frames)
+    first_chunk = next(iter(engines.values())).chunks[0]
     try:
         for name, engine in engines.items():
             recorder.wrap(name, engine)
@@ -104,24 +145,67 @@ def run(args, log) -> dict:
         recorder.close()
         for engine in engines.values():
             engine.close()
-    return {name: summary(runs[name], recorder.steps[name], recorder.decodes[name]) for name in engines}
+    return {name: summary(runs[name], recorder.events(name), first_chunk) for name in engines}
 
 
-def summary(runs: list[dict], steps: list[tuple], decodes: list[tuple]) -> dict:
-    by_threads = defaultdict(list)
+def summary(runs: list[dict], events: dict, first_chunk: int) -> dict:
+    steps, decodes = events["steps"], events["decodes"]
+    by_threads, beside = defaultdict(list), defaultdict(list)
     for threads, start, end in steps:
         by_threads[threads].append(end - start)
+        if threads == 1:
+            overlap = sum(max(0.0, min(end, d[1]) - max(start, d[0])) for d in decodes)
+            beside["beside a decode" if overlap > (end - start) / 2 else "alone"].append(end - start)
     decoded, wall = sum(d[2] for d in decodes), sum(d[1] - d[0] for d in decodes)
     firsts = [next(d for d in decodes if d[0] >= r["start"]) for r in runs]
     return {"rtf": statistics.median(r["rtf"] for r in runs),
             "first_audio_seconds": statistics.median(r["first_audio_seconds"] for r in runs),
             "first_decode_seconds": [statistics.median(d[0] - r["start"] for d, r in zip(firsts, runs)),
                                      statistics.median(d[1] - r["start"] for d, r in zip(firsts, runs))],
+            "first_audio_ms": median_split([first_audio_split(r, events, first_chunk) for r in runs]),
+            "tail_ms": median_split([tail_split(r, events) for r in runs]),
+            "prefill_threads": sorted({threads for threads, _, _ in events["prefills"]}),
             "step_ms": {str(t): statistics.median(s) * 1e3 for t, s in sorted(by_threads.items())},
             "steps_at": {str(t): len(s) for t, s in sorted(by_threads.items())},
+            "step_ms_at_1_thread": {k: statistics.median(v) * 1e3 for k, v in sorted(beside.items())},
             "decoder_ms_per_frame": wall / decoded * 1e3 if decoded else None,
             "decoder_cpu_share": sum(d[3] for d in decodes) / wall if wall else None,
+            "decoder_cpu_ms_per_frame": sum(d[3] for d in decodes) / decoded * 1e3 if decoded else None,
+            "decoder_calls_per_frame": len(decodes) / decoded if decoded else None,
             "timeline": timeline(runs[-1], steps, decodes), "runs": runs}
+
+
+def within(run: dict, times: list) -> list:
+    """The events of `times` (times, or (threads, start, end) tuples: by their start) inside `run`."""
+    return [t for t in times if run["start"] <= (t if isinstance(t, float) else t[1]) <= run["end"]]
+
+
+def first_audio_split(run: dict, events: dict, first_chunk: int) -> dict:
+    """Where the first audio's time went, in ms: the prompt's prefill (request to its last piece's end), its first
+    `first_chunk` frames, the wait for a decode, the first chunk's decode(s), and its delivery to the caller."""
+    prefill_end = max(end for _, _, end in within(run, events["prefills"]))
+    frames_end = sorted(within(run, events["puts"]))[first_chunk - 1]
+    first_audio = run["start"] + run["first_audio_seconds"]
+    decodes = [d for d in events["decodes"] if run["start"] <= d[0] and d[1] <= first_audio]
+    marks = [run["start"], prefill_end, frames_end, max(frames_end, decodes[-1][0]), decodes[-1][1], first_audio]
+    return dict(zip(("prefill", "first chunk's frames", "wait for the decode", "decode", "delivery"),
+                    ((b - a) * 1e3 for a, b in zip(marks, marks[1:]))))
+
+
+def tail_split(run: dict, events: dict) -> dict:
+    """Where the time after the last frame went, in ms: the request's end (the talker step and draw after the last
+    frame), the wait for a decode, the last decode, and the delivery of the last audio and the end."""
+    last_put = max(within(run, events["puts"]))
+    ended = min(t for t in within(run, events["ends"]) if t >= last_put)
+    last = max((d for d in events["decodes"] if run["start"] <= d[0] <= run["end"]), key=lambda d: d[0])
+    marks = [last_put, ended, max(ended, last[0]), last[1], run["end"]]
+    split = dict(zip(("to the end", "wait for the decode", "last decode", "delivery"),
+                     ((b - a) * 1e3 for a, b in zip(marks, marks[1:]))))
+    return split | {"frames in the last decode": last[2], "total": (run["end"] - last_put) * 1e3}
+
+
+def median_split(splits: list[dict]) -> dict:
+    return {key: statistics.median(split[key] for split in splits) for key in splits[0]}
 
 
 def timeline(run: dict, steps: list[tuple], decodes: list[tuple]) -> list[list]:
@@ -138,20 +222,43 @@ def markdown(report: dict) -> str:
              f"{report['machine']['omp_wait_policy']}; {report['frames']} frames, medians of {report['repeats']} "
              f"interleaved repeats. `{report['command']}`.", "",
              "| engine | RTF | first audio (s) | first chunk decoded (s) | frame step ms at 1 thread (steps) | "
-             "at 2 threads (steps) | decoder ms/frame | decoder CPU share |", "|---|---|---|---|---|---|---|---|"]
+             "at 2 threads (steps) | decoder ms/frame | decoder CPU share | decoder CPU ms/frame (calls/frame) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, r in report["engines"].items():
         steps = [f"{r['step_ms'][t]:.0f} ({r['steps_at'][t]})" if t in r["step_ms"] else "-" for t in ("1", "2")]
         first = "{:.2f}-{:.2f}".format(*r["first_decode_seconds"])
         lines.append(f"| {name} | {r['rtf']:.2f} | {r['first_audio_seconds']:.2f} | {first} | {steps[0]} | "
-                     f"{steps[1]} | {r['decoder_ms_per_frame']:.0f} | {r['decoder_cpu_share']:.2f} |")
+                     f"{steps[1]} | {r['decoder_ms_per_frame']:.0f} | {r['decoder_cpu_share']:.2f} | "
+                     f"{r['decoder_cpu_ms_per_frame']:.0f} ({r['decoder_calls_per_frame']:.2f}) |")
+    lines += split_tables(report["engines"])
     lines += ["", "A frame step: the talker's c0, the predictor's c1..c15 (speculative), one talker step. Targets "
               f"(issue 51): RTF <= {TARGETS['1 core']} on 1 core, <= {TARGETS['2 cores, loop takes free cores']} on "
               f"2, first audio <= {TARGETS['first_audio_seconds']} s on 2. First chunk decoded: when its decode "
               "started and ended, from the request. Decoder ms/frame: wall time inside the streaming codec (on 2 "
               "cores it shares the machine with the frame loop); its CPU share: the decoding thread's CPU time over "
-              "that wall time (the rest it waited: for the GIL, or for a core). The JSON holds each engine's last "
-              "timeline."]
+              "that wall time (the rest it waited: for the GIL, or for a core); its CPU ms/frame: the decoding "
+              "thread's CPU time per frame (frames decoded ahead in pieces cost more per frame than chunks) and its "
+              "calls per frame. The JSON holds each engine's last timeline."]
     return "\n".join(lines) + "\n"
+
+
+def split_tables(engines: dict) -> list[str]:
+    """The first audio's and the tail's splits (ms, medians), one row per engine; the frame step at 1 thread beside
+    a decode and alone."""
+    lines = []
+    for title, key in (("First audio", "first_audio_ms"),
+                       ("The tail: from the last frame to the last audio", "tail_ms")):
+        parts = list(next(iter(engines.values()))[key])
+        lines += ["", f"{title} (ms):", "", "| engine | " + " | ".join(parts) + " |", "|---" * (len(parts) + 1) + "|"]
+        lines += [f"| {name} | " + " | ".join(f"{r[key][part]:.0f}" for part in parts) + " |"
+                  for name, r in engines.items()]
+    lines += ["", "Frame step at 1 thread (ms), beside a decode (more than half of it overlapping one) and alone; "
+              "prefill threads:", "", "| engine | beside a decode | alone | prefill threads |", "|---|---|---|---|"]
+    for name, r in engines.items():
+        at = r["step_ms_at_1_thread"]
+        lines.append(f"| {name} | {at.get('beside a decode', float('nan')):.1f} | {at.get('alone', float('nan')):.1f} "
+                     f"| {', '.join(map(str, r['prefill_threads']))} |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -167,7 +274,7 @@ def run_script(script: str, report_name: str, key: str, measure, to_markdown, re
     """A two-cores benchmark's command line (--frames, --repeats, --smoke, --out and `options`), its run (`measure`,
     in inference mode; its result under `key`) and its reports `report_name`.{json,md}."""
     parser = argparse.ArgumentParser(description=sys.modules[measure.__module__].__doc__.splitlines()[0])
-    parser.add_argument("--frames", type=int, default=42)
+    parser.add_argument("--frames", type=int, default=FRAMES, help="frames per utterance (12.5 a second of audio)")
     parser.add_argument("--repeats", type=int, default=repeats)
     options(parser)
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
@@ -185,6 +292,8 @@ def run_script(script: str, report_name: str, key: str, measure, to_markdown, re
               key: result, "command": " ".join(command)}
     if key == "engines":
         report["targets"] = TARGETS
+    if args.frames != FRAMES and not args.smoke:  # another length: a report of its own beside the 42-frame one
+        report_name += f"-{args.frames}-frames"
     write_reports(report, report_folder(args.out, args.smoke), report_name, to_markdown)
     print(to_markdown(report))
 

@@ -18,7 +18,9 @@ from rvqspec.integrations.qwen_tts_audio import CodecBatchUnsupported
 from rvqspec.runtime import Engine
 from rvqspec.runtime import qwen_tts as qwen_tts_runtime
 from rvqspec.runtime.capacity import Capacity
-from rvqspec.runtime.codec_worker import CodecWorker, Cores, Feed
+from rvqspec.core.frame_loop import ChunkClock
+from rvqspec.runtime.codec_worker import AHEAD_FRAMES, CodecWorker, Cores, Feed
+from rvqspec.runtime.scheduler import Scheduler
 from rvqspec.runtime.threads import GIL_SWITCH_SECONDS, ThreadBudget, fixed_where_bits_vary, quick_gil_handoff
 
 from helpers.engines import GREEDY, bounded, frames_of, never_ending
@@ -43,11 +45,12 @@ def tts64():
 
 def test_the_default_budget_follows_the_cores_the_process_may_use(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
-    assert ThreadBudget.split() == ThreadBudget(cores=1, loop=1, codec=1, loop_most=1)
+    assert ThreadBudget.split() == ThreadBudget(cores=1, loop=1, codec=1, loop_most=1, prefill_most=1)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
-    assert ThreadBudget.split() == ThreadBudget(cores=4, loop=3, codec=4, loop_most=4)  # all 4 while no decode
+    assert ThreadBudget.split() == ThreadBudget(cores=4, loop=3, codec=4, loop_most=4,  # all 4 while no decode
+                                                prefill_most=4)
     assert ThreadBudget.split(cores=2, threads=2, codec_threads=3) == ThreadBudget(cores=2, loop=2, codec=3,
-                                                                                   loop_most=2)  # as asked
+                                                                                   loop_most=2, prefill_most=2)
     assert ThreadBudget.split(threads=6).cores == 6  # a frame loop of 6 threads holds 6 cores
     for bad in (0, -1, 1.5, True, "2"):
         with pytest.raises(RvqspecError, match="whole number >= 1"):
@@ -85,8 +88,124 @@ def test_the_frame_loop_takes_every_core_only_where_its_bits_do_not_depend_on_th
     float32 = torch.nn.Sequential(torch.nn.Linear(4, 4))
     budget = ThreadBudget.split(cores=2)
     assert (budget.loop, budget.loop_most) == (1, 2)
-    assert fixed_where_bits_vary(budget, float32).loop_most == 1  # torch's float32 products split sums by thread count
+    fixed = fixed_where_bits_vary(budget, float32)
+    assert fixed.loop_most == fixed.prefill_most == 1  # torch's float32 products split sums by thread count
     assert fixed_where_bits_vary(budget, float32.to(torch.bfloat16)) == budget
+
+
+def test_two_cores_a_prompt_prefills_on_both_where_the_steps_keep_to_one_thread(monkeypatch):
+    """bfloat16 layers, cores=2, threads=1: the prompt (no row decoding) prefills at 2 threads, every frame step at
+    1; a seeded request's frames are a one-core engine's."""
+    tts = tiny_qwen3_tts(seed=1)
+    tts.model.talker.to(torch.bfloat16)
+    threads, frames = {"prefill": set(), "step": set()}, {}
+    for part, name in (("prefill_piece", "prefill"), ("frame_step", "step")):
+        monkeypatch.setattr(Scheduler, part, counted_threads(getattr(Scheduler, part), threads[name]))
+    assert ThreadBudget.split(cores=2, threads=1).prefill_most == 2
+    for cores in (2, 1):
+        with Engine(tts, drafter=None, cores=cores, threads=1, chunk_frames=4, first_chunk_frames=1) as engine:
+            request = engine.submit("custom_voice", text="two cores here", max_new_tokens=8, seed=3, **QWEN)
+            assert len(request.audio())  # its stream starts with its first frame: the prefill has both cores
+            frames[cores] = request.codes
+        if cores == 2:
+            assert threads == {"prefill": {2}, "step": {1}}
+    assert torch.equal(frames[2], frames[1])
+
+
+def counted_threads(method, seen: set):
+    """`method`, noting into `seen` the intra-op threads of the thread it runs in."""
+    def counted(self, *args):
+        seen.add(torch.get_num_threads())
+        return method(self, *args)
+    return counted
+
+
+def decoded_ahead(pieces: int | None, frames: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """A feed with chunks of 3 then 12 frames (`pieces` ahead, as `CodecWorker` decodes them): its decodes (frames
+    so far, frames decoded up to then) as `frames` frames come one by one and the request ends, and its deliveries'
+    [first, last] frame."""
+    request = SimpleNamespace(decoded=[], done=False)
+    feed, calls, chunks = Feed(request, pieces), [], []
+    feed.stream, feed.clock = object(), ChunkClock(3, 12)
+    for frame in range(frames + 1):
+        if frame == frames:
+            request.done = True
+        else:
+            request.decoded.append(frame)
+        if not feed.has_work():
+            continue
+        end = feed.due()
+        calls.append((len(request.decoded), end))
+        pieces_audio = [np.arange(feed.sent, end)]
+        feed.sent = end
+        chunk = feed.take_audio(pieces_audio, request.done)
+        if chunk is not None:
+            chunks.append((int(chunk[0]), int(chunk[-1])))
+    return calls, chunks
+
+
+def test_frames_are_decoded_ahead_of_their_chunk_boundary_and_delivered_at_it():
+    """With pieces: the first chunk's frames decode one by one, then AHEAD_FRAMES at a time; the audio is delivered
+    at the same boundaries (3, 15, 27 and the end) as without, so that at a boundary and at the end only the last
+    piece is left to decode."""
+    calls, chunks = decoded_ahead(None, 30)
+    assert calls == [(3, 3), (15, 15), (27, 27), (30, 30)]
+    assert chunks == [(0, 2), (3, 14), (15, 26), (27, 29)]
+    calls, ahead_chunks = decoded_ahead(AHEAD_FRAMES, 30)
+    assert ahead_chunks == chunks
+    assert calls[:3] == [(1, 1), (2, 2), (3, 3)] and calls[-1] == (30, 30)
+    assert all(end - start == AHEAD_FRAMES for (_, start), (_, end) in zip(calls[2:-1], calls[3:-1]))
+    assert calls[-2][1] >= 30 - AHEAD_FRAMES  # what the end leaves: less than a piece
+
+
+def test_frames_are_decoded_ahead_only_while_one_stream_is_attached():
+    """Pieces cost the decoder more per frame: a lone stream's spare core pays, a batch's codec does not."""
+    model = SimpleNamespace(decodes_ahead=True, codec_batches=False)
+    worker = CodecWorker(model, Cores(2), ThreadBudget.split(cores=2), ahead=True)
+    try:
+        requests = [SimpleNamespace(cancelled=threading.Event(), decoded=[], done=False,
+                                    prompt=SimpleNamespace(prefix=None)) for _ in range(2)]
+        worker.attach(requests[0])
+        assert [feed.pieces for feed in worker.feeds] == [AHEAD_FRAMES]
+        worker.attach(requests[1])
+        assert [feed.pieces for feed in worker.feeds] == [None, None]
+        requests[1].cancelled.set()
+        worker.wake()
+        deadline = time.monotonic() + WAIT
+        while len(worker.feeds) > 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [feed.pieces for feed in worker.feeds] == [AHEAD_FRAMES]
+    finally:
+        worker.close()
+    one_core = CodecWorker(model, Cores(1), ThreadBudget.split(cores=1), ahead=True)
+    one_core.close()
+    assert one_core.pieces is None  # no core beside the loop's steps
+
+
+def test_a_stream_starts_with_its_first_frame_unless_it_decodes_a_prefix_beside_the_prefill():
+    request = SimpleNamespace(decoded=[], done=False, prompt=SimpleNamespace(prefix=None))
+    feed = Feed(request)
+    assert not feed.has_work()  # its prompt prefills: no core taken from it
+    request.decoded.append(torch.zeros(16))
+    assert feed.has_work()
+    request.decoded.clear()
+    request.prompt.prefix = torch.zeros(4, 16)  # a clone's reference: decoded beside the prefill
+    assert feed.has_work()
+
+
+def test_two_cores_decode_ahead_and_deliver_the_audio_of_one_core(tts64):
+    """decode_ahead, cores=2 (frames decoded ahead: the codec has a core of its own) against cores=1 (at the chunks'
+    boundaries): the same codes and the same audio to float rounding (the chunks' lengths depend on timing where a
+    worker falls behind: `decoded_ahead` checks them)."""
+    runs = {}
+    for cores in (2, 1):
+        with Engine(tts64, drafter=None, cores=cores, chunk_frames=4, first_chunk_frames=3,
+                    decode_ahead=True) as engine:
+            assert (engine.codec.pieces is not None) == (cores == 2)
+            request = engine.submit("custom_voice", text="ahead of time", max_new_tokens=14, **QWEN, **GREEDY)
+            runs[cores] = list(request), request.codes
+    assert torch.equal(runs[2][1], runs[1][1])
+    np.testing.assert_allclose(np.concatenate(runs[2][0]), np.concatenate(runs[1][0]), atol=1e-6, rtol=0)
 
 
 def counted_cores(monkeypatch, noted) -> tuple[list[int], set]:

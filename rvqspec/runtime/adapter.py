@@ -33,6 +33,8 @@ class ModelAdapter(Protocol):
     talker: nn.Module  # on the core's blocks, as `core/talker.py` runs them (`Talker`, the stand-in's own)
     predictor: MultiCodeDecoder
     codec_batches: bool  # whether `add_together` decodes in one call: the codec workers then gather streams with work
+    decodes_ahead: bool  # whether its streams decode any frames per call with nothing done again (a causal codec
+    # that keeps its state): the codec workers then decode frames ahead of a chunk's boundary (codec_worker.py)
 
     @property
     def can_clone(self) -> bool:
@@ -87,6 +89,7 @@ class TalkerAdapter:
     `add_together`: each stream in turn, unless an adapter's codec was measured faster batched (qwen-tts)."""
 
     codec_batches = False
+    decodes_ahead = False  # the stand-in's vocoder and CSM's Mimi decode each call with context frames again
 
     def __init__(self, talker: nn.Module, predictor: MultiCodeDecoder, weights: str | None, talker_weights: str | None,
                  shared_talker: bool = False):

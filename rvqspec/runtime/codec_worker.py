@@ -13,6 +13,18 @@ another's chunk to come due). A request's audio never depends on another's (deco
 
 Each decode, batched or not, holds one of the budget's cores (`Cores`), the frame loop holds its own per frame step:
 at no time do more threads do torch work than the cores the process may use.
+
+Opt-in (`Engine(decode_ahead=True)`): where a core is left for the codec beside the frame loop and the model's codec
+decodes incrementally (`decodes_ahead`: qwen-tts's 12 Hz decoder; not a vocoder that decodes its context again), the
+frames of a lone stream (`decode_ahead`) are decoded ahead of its chunk boundaries, one at a time while its first
+chunk is due and `AHEAD_FRAMES` at a time after, and their audio is held till the boundary: the chunks are delivered
+as before, but at a boundary (and at the end of the request) only the last piece is left to decode, not the whole
+chunk. The decoder pays a cost per call, so pieces cost it ~1.5x its CPU per frame, on the core the loop leaves; the
+audio is the same to float rounding (the decoder's state carries over). Not the default: on the shared 2-core
+machine (load 3-12) it cut the time after the last frame 2-4x but made the first audio and the whole stream slower,
+once (125 frames) 5x slower with the decoder waiting most of its time (benchmarks/results/two-cores*.md: its steps
+keep to one thread beside the decoder, where a contended machine gives two threads more of its time); on a quiet
+machine, unmeasured.
 """
 
 import collections
@@ -27,6 +39,13 @@ import torch
 
 from rvqspec.core.errors import RvqspecError
 from rvqspec.core.frame_loop import ChunkClock
+from rvqspec.runtime.threads import ThreadBudget
+
+# Frames decoded ahead of a chunk boundary per call, past the first chunk (module docstring): the 12 Hz decoder at the
+# 0.6B sizes, bfloat16, 1 thread, costs 70 ms a frame in 1-frame calls, 44 in 3, 31 in 12
+# (benchmarks/results/decoder-stream.md) against a frame step of ~63 ms: 2-frame calls keep up with the loop on
+# their core, with at most a frame left at the end.
+AHEAD_FRAMES = 2
 
 
 class Cores:
@@ -57,45 +76,76 @@ class Cores:
 
 
 class Feed:
-    """One attached request on its way to audio: its stream, chunk clock and the frames not yet decoded."""
+    """One attached request on its way to audio: its stream, chunk clock and the frames not yet decoded; with
+    `pieces`, the frames decoded ahead of its chunk boundaries (module docstring) and their audio held till then."""
 
-    def __init__(self, request):
+    def __init__(self, request, pieces: int | None = None):
         self.request, self.stream, self.clock = request, None, None
+        self.pieces = pieces
         self.sent = 0  # frames of request.decoded handed to the stream
+        self.boundary = self.delivered = 0  # frames: the last chunk boundary reached; those whose audio was delivered
+        self.held: list[np.ndarray] = []  # audio decoded ahead of the boundary
         self.busy = self.ended = False
         self.last_chunk: float | None = None  # when its last chunk was delivered
         self.largest_gap = 0.0  # seconds: the longest wait between two of its chunks
 
     def due(self) -> int:
-        """Frames to decode now: up to the last chunk boundary reached (all of them once the request finished)."""
+        """Frames to decode now: up to the last chunk boundary reached, or with `pieces` the most whole pieces
+        decoded (all of them once the request finished)."""
         decoded = len(self.request.decoded)
         if self.request.done:
             return decoded
-        end = self.sent
         while self.clock.frames < decoded:
             if self.clock.tick():
-                end = self.clock.frames
-        return end
+                self.boundary = self.clock.frames
+        end = max(self.sent, self.boundary)
+        if self.pieces is None:
+            return end
+        piece = self.piece()
+        return max(end, self.sent + (decoded - self.sent) // piece * piece)
+
+    def piece(self) -> int:
+        """Frames decoded ahead at a time: one while the first chunk is due (its audio waits for the last of its
+        frames only), `pieces` after (fewer, longer calls: the decoder pays a cost per call)."""
+        return 1 if self.delivered == 0 else self.pieces
 
     def has_work(self, ahead: int = 0) -> bool:
         """Whether it has frames to decode now (`ahead`: or will have, `ahead` frames from now)."""
         if self.ended or self.busy:
             return False
-        return self.stream is None or self.request.done or self.clock.due <= len(self.request.decoded) + ahead
+        if self.stream is None:  # started beside the prefill where it has a prefix to decode, else at its first frame
+            return self.request.prompt.prefix is not None or bool(self.request.decoded) or self.request.done
+        if self.request.done:
+            return True
+        frames = len(self.request.decoded) + ahead
+        return self.clock.due <= frames or (self.pieces is not None and frames - self.sent >= self.piece())
+
+    def take_audio(self, audio: list[np.ndarray], finished: bool) -> np.ndarray | None:
+        """The chunk to deliver now, with `audio` (this decode's) held till a boundary is reached (or the end)."""
+        self.held += audio
+        if not finished and not self.sent >= self.boundary > self.delivered:
+            return None
+        chunk = np.concatenate([np.zeros(0, dtype=np.float32), *self.held])
+        self.held, self.delivered = [], self.sent
+        return chunk
 
 
 class CodecWorker:
-    """`threads` worker threads decoding attached requests' chunks, each holding one of `cores` while it decodes."""
+    """`budget.codec` worker threads decoding attached requests' chunks, each holding one of `cores` while it
+    decodes; with `ahead`, `pieces` (AHEAD_FRAMES) ahead of the boundaries where `budget` leaves a core beside the
+    frame loop's steps and the model's streams decode ahead at no cost but the call's (`decodes_ahead`), else None
+    (module docstring)."""
 
-    def __init__(self, model, cores: Cores, threads: int):
+    def __init__(self, model, cores: Cores, budget: ThreadBudget, ahead: bool = False):
         self.model, self.cores = model, cores
+        self.pieces = AHEAD_FRAMES if ahead and budget.cores > budget.loop and model.decodes_ahead else None
         self.feeds: list[Feed] = []
         self.condition = threading.Condition()
         self.closing = False
         self.idle = 0  # workers waiting for work
         self.largest_gap = 0.0  # seconds, over every request since the engine started
         self.threads = [threading.Thread(target=self.run, name=f"rvqspec-codec-{i}", daemon=True)
-                        for i in range(threads)]
+                        for i in range(budget.codec)]
         for thread in self.threads:
             thread.start()
 
@@ -105,9 +155,16 @@ class CodecWorker:
         with self.condition:
             if not self.closing:
                 self.feeds.append(feed)
+                self.decode_ahead()
                 self.condition.notify()
                 return
         self.serve([feed])
+
+    def decode_ahead(self) -> None:
+        """Frames are decoded ahead (`pieces`) while one stream is attached: pieces cost the decoder ~1.5x its CPU
+        per frame (benchmarks/results/two-cores.md), which a lone stream's spare core pays, not a batch's codec."""
+        for feed in self.feeds:
+            feed.pieces = self.pieces if len(self.feeds) == 1 else None
 
     def pending(self, ahead: int = 0) -> bool:
         """Whether some started request has a chunk due that no worker is decoding yet (or will have, `ahead` frames
@@ -153,6 +210,7 @@ class CodecWorker:
                     if feed.request.cancelled.is_set() and not feed.busy:
                         feed.ended = True
                 self.feeds = [feed for feed in self.feeds if not (feed.ended and not feed.busy)]
+                self.decode_ahead()
                 ready = [feed for feed in self.feeds if feed.has_work()]
                 if ready:
                     ready = ready[:self.share(len(ready))]
@@ -212,14 +270,16 @@ class CodecWorker:
         return {feed: (audio[feed], finished[feed]) for feed in feeds}
 
     def start(self, feed: Feed) -> None:
-        """The request's model stream and chunk clock, at its first work."""
+        """The request's model stream and chunk clock, at its first work: at once where the stream decodes a prefix
+        first (a clone's reference: beside the prompt's prefill), else with its first frame (so that a start does not
+        hold a core the prefill could use: `Scheduler.step_threads`)."""
         feed.stream = self.model.new_stream(feed.request.prompt)
         first, every = feed.request.chunks
         feed.clock = ChunkClock(first + feed.stream.lag, every)
 
     def hand_over(self, feed: Feed, audio: list[np.ndarray], finished: bool) -> None:
-        chunk = np.concatenate([np.zeros(0, dtype=np.float32), *audio])
-        if len(chunk):
+        chunk = feed.take_audio(audio, finished)
+        if chunk is not None and len(chunk):
             self.note_chunk(feed)
             feed.request.deliver(chunk)
         if finished:

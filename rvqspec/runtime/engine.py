@@ -38,7 +38,7 @@ from rvqspec.runtime.passage import Passage
 from rvqspec.runtime.request import Request
 from rvqspec.runtime.scheduler import PREFILL_CHUNK, Scheduler
 from rvqspec.runtime.sentences import SentenceSplitter, split_sentences
-from rvqspec.runtime.threads import ThreadBudget, fixed_where_bits_vary, quick_gil_handoff
+from rvqspec.runtime.threads import ThreadBudget, fixed_where_bits_vary, quick_gil_handoff, warn_if_openmp_spins
 
 MAX_BATCH, MAX_QUEUE = 8, 32
 
@@ -58,8 +58,9 @@ class Engine:
     `threads` / `codec_threads`: the frame loop's intra-op threads / the codec workers (None: the measured split,
     `runtime/threads.py`). While requests decode, a new one's prompt is prefilled `prefill_chunk` tokens
     between two frame steps (`scheduler.PREFILL_CHUNK`: about one talker step's cost); None prefills each prompt
-    whole. Every request draws from its own generator, seeded with its `seed` (its audio is then the same bits
-    alone and in any batch); `seed` here seeds the seeds of the requests submitted without one, in submission order
+    whole. `decode_ahead` (opt-in): a lone stream's frames decoded ahead of its chunk boundaries where a core is
+    left for the codec (`codec_worker.py`). Every request draws from its own generator, seeded with its `seed` (its
+    audio is then the same bits alone and in any batch); `seed` here seeds the seeds of the requests submitted without one, in submission order
     (None: fresh entropy for each), so that a seeded engine repeats a run's audio. Making an engine prepares this
     CPU's kernel choices at the frame loop's thread count (`device_path.prepare`: measured once per CPU, with a
     one-line message), so that no request waits for them."""
@@ -69,7 +70,7 @@ class Engine:
                  max_queue: int = MAX_QUEUE, chunk_frames: int = CHUNK_FRAMES, first_chunk_frames: int | None = None,
                  dtype: str | torch.dtype = "auto", seed: int | None = None, cores: int | None = None,
                  threads: int | None = None, codec_threads: int | None = None, realtime: bool = True,
-                 prefill_chunk: int | None = PREFILL_CHUNK):
+                 prefill_chunk: int | None = PREFILL_CHUNK, decode_ahead: bool = False):
         for name, value in (("max_batch", max_batch), ("max_queue", max_queue), ("prefill_chunk", prefill_chunk)):
             if name == "prefill_chunk" and value is None:
                 continue
@@ -84,8 +85,9 @@ class Engine:
         predictor = self.model.predictor
         self.budget = fixed_where_bits_vary(budget, self.model.talker, predictor)
         quick_gil_handoff(self.budget)
+        warn_if_openmp_spins(self.budget)
         for part in (self.model.talker, predictor):  # before any forward, the policy's latencies' included
-            for threads in {self.budget.loop, self.budget.loop_most}:  # a step runs at either (runtime/threads.py)
+            for threads in {self.budget.loop, self.budget.loop_most, self.budget.prefill_most}:  # runtime/threads.py
                 device_path.prepare(part, threads, self.name)
         if drafter == "auto":
             drafter = Offsets.load(shipped / "offsets.safetensors", predictor) if shipped else ReusedHeads(predictor)
@@ -97,11 +99,10 @@ class Engine:
             policy = decoding_policy(predictor, drafter, tree, calibration, measure=True)
         self.policy, self.drafter = policy, drafter
         cores = Cores(self.budget.cores)
-        self.codec = CodecWorker(self.model, cores, self.budget.codec)
+        self.codec = CodecWorker(self.model, cores, self.budget, decode_ahead)
         self.capacity = Capacity(self.model.frame_seconds, max_batch, realtime, frame_scaling(policy))
-        self.scheduler = Scheduler(self.model, drafter, tree if isinstance(tree, Tree) else None, policy,
-                                   max_batch, max_queue, cores, self.budget,
-                                   self.codec, self.capacity, prefill_chunk)
+        self.scheduler = Scheduler(self.model, drafter, tree if isinstance(tree, Tree) else None, policy, max_batch,
+                                   max_queue, cores, self.budget, self.codec, self.capacity, prefill_chunk)
         # An engine dropped without close(): its threads end with it (cancelling what it still decodes).
         self.finalizer = weakref.finalize(self, shut_down, self.scheduler, self.codec, 0)
 

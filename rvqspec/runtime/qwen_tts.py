@@ -59,6 +59,7 @@ class QwenTTSModel(TalkerAdapter):
     the 0.6B sizes: benchmarks/results/codec-batch-streaming.md)."""
 
     codec_batches = True
+    decodes_ahead = True  # the 12 Hz decoder runs incrementally (`StreamingCodec`): a call pays only its own cost
     dual_track = True  # text can arrive over time (`live_prompt`)
 
     def __init__(self, tts, weights: str | None = None, talker_weights: str | None = None):

@@ -205,8 +205,9 @@ class Scheduler:
                     with self.cores.held(self.budget.loop, self.step_threads()) as threads:
                         if torch.get_num_threads() != threads:
                             torch.set_num_threads(threads)  # this thread's own count (runtime/threads.py)
+                        stepping = bool(self.rows or self.parked)  # else this turn prefills, at its own count
                         self.admit()
-                        if self.rows or self.parked:
+                        if stepping:
                             self.timed_step()
                     self.codec.wake()
                 except Exception as e:  # an internal error fails the requests of this step, never the engine
@@ -218,8 +219,11 @@ class Scheduler:
     def step_threads(self) -> int:
         """The most threads the next step may take: every core of the budget while no chunk waits for a codec worker
         or comes due with this step's frame, the frame loop's own share otherwise, so that the chunk decodes beside
-        the step's talker forward (`send_frames` wakes the workers) and beside the next step (runtime/threads.py)."""
-        return self.budget.loop if self.codec.pending(ahead=1) else self.budget.loop_most
+        the step's talker forward (`send_frames` wakes the workers) and beside the next step (runtime/threads.py);
+        a prompt prefilled while no row decodes takes `prefill_most`."""
+        if self.codec.pending(ahead=1):
+            return self.budget.loop
+        return self.budget.loop_most if self.rows or self.parked else self.budget.prefill_most
 
     def next_work(self) -> bool:
         """Wait for something to do; False once the engine stops (or stops accepting with nothing left). Live

@@ -15,7 +15,9 @@ the loop makes frame t + 1, and the second core is not left idle between chunks 
 A step's thread count then depends on when a chunk came due, so it varies only where the bits do not: torch's
 float32 matrix products split their sums by thread count (Zen 4: a [1, 1024] x [1024, 3072] product differs by
 ~5e-7 at 2 threads), its bfloat16 ones and rvqspec's int8 kernels do not; a frame loop with float32 layers keeps
-one thread count (`fixed_where_bits_vary`), so that a seeded request repeats its codes.
+one thread count (`fixed_where_bits_vary`), so that a seeded request repeats its codes. A prompt prefilled while no
+row decodes computes (~70 tokens through the talker at once) and takes every core no decode holds, also where the
+steps keep to an explicit `threads` (`prefill_most`): the first audio waits for it.
 
 Both threads run Python between their torch ops and need the GIL for it: at Python's default switch interval (5
 ms) a thread whose op has finished can wait that long for the other to hand it over, once per op, and side by side
@@ -28,6 +30,7 @@ while an engine has more than one core (`GIL_SWITCH_SECONDS`). Torch's ops and r
 
 import os
 import sys
+import warnings
 from dataclasses import dataclass, replace
 
 import torch
@@ -48,13 +51,15 @@ def usable_cores() -> int:
 @dataclass(frozen=True)
 class ThreadBudget:
     """`cores` threads may do torch work at once: the frame loop's intra-op threads, `loop` of them while a codec
-    worker decodes and up to `loop_most` while none does, and `codec` workers of one thread each (they take the cores
-    the frame loop leaves free: `codec_worker.Cores`)."""
+    worker decodes and up to `loop_most` while none does (up to `prefill_most` for a prompt prefilled while no row
+    decodes: compute-bound, it gains from every core, also where the steps keep to `threads`), and `codec` workers of
+    one thread each (they take the cores the frame loop leaves free: `codec_worker.Cores`)."""
 
     cores: int
     loop: int
     codec: int
     loop_most: int
+    prefill_most: int
 
     @classmethod
     def split(cls, cores: int | None = None, threads: int | None = None,
@@ -67,7 +72,8 @@ class ThreadBudget:
                 raise RvqspecError(f"{name} must be a whole number >= 1 (or None: this CPU's default), got {value!r}")
         cores = cores or usable_cores()
         loop = threads or max(1, cores - 1)
-        return cls(cores=max(cores, loop), loop=loop, codec=codec_threads or cores, loop_most=threads or cores)
+        return cls(cores=max(cores, loop), loop=loop, codec=codec_threads or cores, loop_most=threads or cores,
+                   prefill_most=max(cores, loop))
 
 
 def fixed_where_bits_vary(budget: ThreadBudget, *modules: torch.nn.Module) -> ThreadBudget:
@@ -75,7 +81,7 @@ def fixed_where_bits_vary(budget: ThreadBudget, *modules: torch.nn.Module) -> Th
     docstring: their results change with the thread count)."""
     varies = any(isinstance(layer, torch.nn.Linear) and layer.weight.dtype == torch.float32
                  for module in modules for layer in module.modules())
-    return replace(budget, loop_most=budget.loop) if varies else budget
+    return replace(budget, loop_most=budget.loop, prefill_most=budget.loop) if varies else budget
 
 
 def quick_gil_handoff(budget: ThreadBudget) -> None:
@@ -83,3 +89,14 @@ def quick_gil_handoff(budget: ThreadBudget) -> None:
     (module docstring); never lengthen it (it stays so for the process: another engine may still run)."""
     if budget.cores > 1 and sys.getswitchinterval() > GIL_SWITCH_SECONDS:
         sys.setswitchinterval(GIL_SWITCH_SECONDS)
+
+
+def warn_if_openmp_spins(budget: ThreadBudget) -> None:
+    """Warn where `budget` runs threads side by side while OpenMP's idle workers spin: torch loaded before rvqspec,
+    with no wait policy set (`rvqspec/__init__.py` sets OMP_WAIT_POLICY=PASSIVE when it loads first), so that the
+    frame loop's spinning workers take the codec worker's core. A policy the user set (ACTIVE too) is theirs."""
+    if budget.cores > 1 and "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        warnings.warn("rvqspec.Engine on more than one core with OpenMP's idle threads spinning (torch was imported "
+                      "before rvqspec, with no OMP_WAIT_POLICY): they take the codec worker's core. Set "
+                      "OMP_WAIT_POLICY=PASSIVE in the environment, or import rvqspec before torch",
+                      RuntimeWarning, stacklevel=3)
