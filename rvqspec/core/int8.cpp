@@ -19,8 +19,16 @@
 // so a row has the same bits in a one-row call as inside a verify call of any size.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <exception>
+#include <functional>
 #include <limits>
+#include <thread>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "kernels.h"
 
@@ -164,6 +172,7 @@ constexpr int64_t VCOLS = 16, VDEPTH = 16, VROWS = 12;  // a block's channels; K
 // and the hardware prefetcher alone then left the loads waiting on memory: 9 rows through the 0.6B predictor's
 // matrices 1.1-1.3x faster with it (Zen 4, 1 thread, interleaved runs on a loaded machine).
 constexpr int64_t VPREFETCH_BYTES = 4096;
+constexpr int64_t VCHUNK = 4;  // blocks per chunk that a stack's threads claim (`Team`)
 
 inline int32_t four_bytes(const uint8_t* p) {
   int32_t v;
@@ -243,6 +252,73 @@ inline void vnni_tile(int64_t count, const uint8_t* a, int64_t kp, const int8_t*
     default: return vnni_tile<VROWS>(a, kp, w, sums);
   }
 }
+}  // namespace
+
+// A stack's threads (`with_team`): thread 0 runs the stack and hands each matrix's chunks of blocks to the team
+// (`run`); the others wait for the next matrix between them, spinning (a few microseconds; a fork-join region per
+// matrix put the second thread to sleep between them under OMP_WAIT_POLICY=PASSIVE and cost its wake-up each time).
+// Chunks are claimed, not assigned: thread 0 never waits for a thread that is not running (the speech decoder on the
+// other core): it takes every chunk left, and waits only for the ones others have started, so 2 threads never cost
+// more than 1 by more than a chunk. A waiting thread spins for SPIN_US, then yields its core at each look.
+class Team {
+ public:
+  // chunk(i) for i in [0, count), on every thread of the team; returns once all are done.
+  void run(int64_t count, const std::function<void(int64_t)>& chunk) {
+    const uint64_t generation = (counter_.load() >> 32) + 1;
+    jobs_[generation & 1] = {count, &chunk};
+    counter_.store(generation << 32);
+    for (uint64_t i; (i = counter_.fetch_add(1) & INDEX) < static_cast<uint64_t>(count);) chunk(static_cast<int64_t>(i));
+    while (busy_.load() != 0) pause();
+  }
+
+  // A worker's loop until stop().
+  void work() {
+    uint64_t seen = 0;
+    for (;;) {
+      const uint64_t generation = wait_after(seen);
+      if (stopped_.load()) return;
+      busy_.fetch_add(1);
+      for (uint64_t now = counter_.load(); now >> 32 == generation; now = counter_.load()) {
+        const Job& job = jobs_[generation & 1];  // stable while this generation is current and we are busy
+        if ((now & INDEX) >= static_cast<uint64_t>(job.count)) break;
+        if (counter_.compare_exchange_weak(now, now + 1)) (*job.chunk)(static_cast<int64_t>(now & INDEX));
+      }
+      busy_.fetch_sub(1);
+      seen = generation;
+    }
+  }
+
+  void stop() { stopped_.store(true); }
+
+ private:
+  struct Job {
+    int64_t count;
+    const std::function<void(int64_t)>* chunk;
+  };
+  static constexpr uint64_t INDEX = 0xffffffffu;
+  static constexpr int64_t SPIN_US = 50;
+
+  static void pause() { _mm_pause(); }
+
+  // The first generation after `seen` (or stop()): spins, then yields its core at each look past SPIN_US.
+  uint64_t wait_after(uint64_t seen) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t looks = 1;; ++looks) {
+      const uint64_t generation = counter_.load() >> 32;
+      if (generation != seen || stopped_.load()) return generation;
+      pause();
+      if (looks % 64 == 0 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(SPIN_US))
+        std::this_thread::yield();
+    }
+  }
+
+  std::atomic<uint64_t> counter_{0};  // generation << 32 | the next chunk to claim
+  std::atomic<int> busy_{0};          // workers inside a generation
+  std::atomic<bool> stopped_{false};
+  Job jobs_[2] = {};                  // by generation's parity: a late worker reads the one it saw
+};
+
+namespace {
 #endif
 
 // The output's shape: x's [..., K] with N for K.
@@ -344,8 +420,14 @@ bool has_vnni_gemm() {
 
 // x [..., K] (any float dtype) -> [..., n] in x's dtype: w8a8 through the VNNI GEMM, weights packed by pack_vnni (with
 // their scales and 128 x their sums per channel, int32).
-at::Tensor vnni_linear(const at::Tensor& x_, const at::Tensor& packed, const at::Tensor& scale,
+at::Tensor vnni_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
                        const at::Tensor& offsets, int64_t n) {
+  return vnni_linear_on(nullptr, x, packed, scale, offsets, n);
+}
+
+// The same on a stack's team (`with_team`; nullptr: at::parallel_for): chunks of VCHUNK blocks.
+at::Tensor vnni_linear_on(Team* team, const at::Tensor& x_, const at::Tensor& packed, const at::Tensor& scale,
+                          const at::Tensor& offsets, int64_t n) {
 #ifdef RVQSPEC_VNNI_GEMM
   auto x = x_.contiguous();
   const int64_t k = x.size(-1), rows = x.numel() / k, kp = packed.size(1) * 4, blocks = packed.size(0);
@@ -374,8 +456,7 @@ at::Tensor vnni_linear(const at::Tensor& x_, const at::Tensor& packed, const at:
     const int8_t* pw = packed.data_ptr<int8_t>();
     const float* ps = scale.data_ptr<float>();
     const int32_t* poff = offsets.data_ptr<int32_t>();
-    at::parallel_for(0, blocks, std::max<int64_t>(1, 16 / std::max<int64_t>(rows, 1)), [&](int64_t begin,
-                                                                                           int64_t end) {
+    const auto span = [&](int64_t begin, int64_t end) {
       __m512i sums[VROWS];
       alignas(64) float values[VCOLS];
       for (int64_t b = begin; b < end; ++b) {
@@ -394,11 +475,39 @@ at::Tensor vnni_linear(const at::Tensor& x_, const at::Tensor& packed, const at:
           }
         }
       }
-    });
+    };
+    if (team == nullptr)
+      return at::parallel_for(0, blocks, std::max<int64_t>(1, 16 / std::max<int64_t>(rows, 1)), span);
+    team->run((blocks + VCHUNK - 1) / VCHUNK,
+              [&](int64_t i) { span(i * VCHUNK, std::min(blocks, (i + 1) * VCHUNK)); });
   });
   return out;
 #else
   TORCH_CHECK(false, "rvqspec's VNNI int8 GEMM needs AVX-512 VNNI, which this build lacks");
+#endif
+}
+
+void with_team(int threads, const std::function<void(Team*)>& body) {
+#if defined(RVQSPEC_VNNI_GEMM) && defined(_OPENMP)
+  if (threads < 2 || at::in_parallel_region()) return body(nullptr);
+  Team team;
+  std::exception_ptr error;
+#pragma omp parallel num_threads(threads)
+  {
+    if (omp_get_thread_num() == 0) {
+      try {
+        body(&team);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      team.stop();
+    } else {
+      team.work();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+#else
+  body(nullptr);
 #endif
 }
 
