@@ -12,8 +12,8 @@ Per kernel, medians of interleaved rounds:
 - talker: the 0.6B talker (28 layers, w8a8 of bfloat16, after a 100-token prompt), one step with its c0 head;
 - and first what `rvqspec inspect --device` reports for w8a8 (this class's kernel, the default thread count);
 - last, rvqspec's kernel of the class on 1 and 2 threads, interleaved: one row through the matrices (the floor: a copy
-  on 2 threads), the predictor's AR call, the talker step; and on 2 threads beside a busy process (a core taken, as
-  by the speech decoder beside the frame loop: 2 threads must not cost more than 1 then).
+  on 2 threads), the predictor's AR call, the talker step; alone and beside a busy process (a core taken, as by the
+  speech decoder beside the frame loop: 2 threads must not cost more than 1 then).
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/int8_calls.py   # -> results/int8-calls.{json,md}
     .venv/bin/python benchmarks/int8_calls.py --smoke   # tiny sizes, the native class: seconds, a temporary folder
@@ -193,7 +193,8 @@ def one_class(args) -> dict:
         spinner = multiprocessing.get_context("spawn").Process(target=spin, args=(busy,), daemon=True)
         spinner.start()
         try:
-            runs = {"1 thread": (ours, 1), "2 threads": (ours, 2), "2 threads, a busy core": (ours, 2, busy)}
+            runs = {"1 thread": (ours, 1), "2 threads": (ours, 2), "1 thread, a busy core": (ours, 1, busy),
+                    "2 threads, a busy core": (ours, 2, busy)}
             report["two_threads"] = sizes(runs, args, shapes, (1,))
         finally:
             busy.value = -1
@@ -266,13 +267,14 @@ def two_threads(r: dict) -> list[str]:
     m, names = t["matrices"], list(t["matrices"]["of_floor"])
     figures = {"one row through the matrices, ms": m["ms"]["1"], "predictor AR call, ms": t["predictor"]["ar_call_ms"],
                "talker step + c0 head, ms": t["talker"]["step_ms"]}
-    ratios = [f"{names[0]} / {n}" for n in names[1:]]
+    pairs = list(zip(names[::2], names[1::2]))  # (1 thread, 2 threads), alone and beside a busy core
+    ratios = [f"{one} / {two}" for one, two in pairs]
     lines = [f"{ours} on 1 and 2 threads, interleaved (the floor: a copy of the matrices' bytes on 2 threads, "
              f"{m['floor_ms']:.2f} ms; a busy core: a process spinning beside the call, as the speech decoder does "
              "beside the frame loop)", "", "| one row | " + " | ".join(names + ratios) + " |",
              "|---|" + "---|" * (len(names) + len(ratios))]
-    lines += [f"| {what} | " + " | ".join([f"{v[n]:.2f}" for n in names] + [f"{v[names[0]] / v[n]:.2f}x"
-                                                                          for n in names[1:]]) + " |"
+    lines += [f"| {what} | " + " | ".join([f"{v[n]:.2f}" for n in names] + [f"{v[one] / v[two]:.2f}x"
+                                                                          for one, two in pairs]) + " |"
               for what, v in figures.items()]
     return lines + ["| matrices, of the floor | " + " | ".join(f"{m['of_floor'][n]:.0%}" for n in names)
                     + " |" * len(ratios) + " |", ""]
