@@ -25,7 +25,6 @@
 #include <exception>
 #include <functional>
 #include <limits>
-#include <thread>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -255,67 +254,81 @@ inline void vnni_tile(int64_t count, const uint8_t* a, int64_t kp, const int8_t*
 }  // namespace
 
 // A stack's threads (`with_team`): thread 0 runs the stack and hands each matrix's chunks of blocks to the team
-// (`run`); the others wait for the next matrix between them, spinning (a few microseconds; a fork-join region per
-// matrix put the second thread to sleep between them under OMP_WAIT_POLICY=PASSIVE and cost its wake-up each time).
-// Chunks are claimed, not assigned: thread 0 never waits for a thread that is not running (the speech decoder on the
-// other core): it takes every chunk left, and waits only for the ones others have started, so 2 threads never cost
-// more than 1 by more than a chunk. A waiting thread spins for SPIN_US, then yields its core at each look.
+// (`run`); the others wait for the next matrix between them (a fork-join region per matrix put the second thread to
+// sleep between matrices under OMP_WAIT_POLICY=PASSIVE and cost its wake-up each time). Chunks are claimed, not
+// assigned: thread 0 never waits for a thread that is not running (the speech decoder on the other core): it takes
+// every chunk left and waits only for chunks others have started. Thread 0 claims from the front, the others from
+// the back, so that on 2 threads each reads one contiguous stream (the hardware prefetcher's ramp once per matrix).
+// Every wait spins for SPIN_US, then sleeps on a futex (std::atomic::wait): a thread sharing a core with the one it
+// waits for must give that core up, and a thread that keeps spinning looks like a CPU hog to the scheduler, which
+// then preempts it mid-chunk under load.
 class Team {
  public:
   // chunk(i) for i in [0, count), on every thread of the team; returns once all are done.
   void run(int64_t count, const std::function<void(int64_t)>& chunk) {
-    const uint64_t generation = (counter_.load() >> 32) + 1;
-    jobs_[generation & 1] = {count, &chunk};
-    counter_.store(generation << 32);
-    for (uint64_t i; (i = counter_.fetch_add(1) & INDEX) < static_cast<uint64_t>(count);) chunk(static_cast<int64_t>(i));
-    while (busy_.load() != 0) pause();
+    TORCH_CHECK(count < SIDE, "int8 stack: too many chunks in one matrix");
+    const uint64_t generation = ((counter_.load() >> GENERATION) + 1) & 0xffffu;  // wraps with the field
+    jobs_[generation & 1] = &chunk;
+    counter_.store((generation << GENERATION) | static_cast<uint64_t>(count));  // front 0, back count
+    counter_.notify_all();  // no system call where no thread sleeps on it
+    for (int64_t i; (i = claim(generation, true)) >= 0;) chunk(i);
+    wait_while(busy_, [&] { return busy_.load() != 0; });
   }
 
   // A worker's loop until stop().
   void work() {
     uint64_t seen = 0;
     for (;;) {
-      const uint64_t generation = wait_after(seen);
+      wait_while(counter_, [&] { return counter_.load() >> GENERATION == seen && !stopped_.load(); });
       if (stopped_.load()) return;
+      const uint64_t generation = counter_.load() >> GENERATION;
       busy_.fetch_add(1);
-      for (uint64_t now = counter_.load(); now >> 32 == generation; now = counter_.load()) {
-        const Job& job = jobs_[generation & 1];  // stable while this generation is current and we are busy
-        if ((now & INDEX) >= static_cast<uint64_t>(job.count)) break;
-        if (counter_.compare_exchange_weak(now, now + 1)) (*job.chunk)(static_cast<int64_t>(now & INDEX));
-      }
-      busy_.fetch_sub(1);
+      // jobs_[generation & 1] is stable while this generation is current and we are busy
+      for (int64_t i; (i = claim(generation, false)) >= 0;) (*jobs_[generation & 1])(i);
+      if (busy_.fetch_sub(1) == 1) busy_.notify_all();
       seen = generation;
     }
   }
 
-  void stop() { stopped_.store(true); }
+  void stop() {
+    stopped_.store(true);
+    counter_.fetch_add(uint64_t{1} << GENERATION);  // a change that sleeping workers wake up to
+    counter_.notify_all();
+  }
 
  private:
-  struct Job {
-    int64_t count;
-    const std::function<void(int64_t)>* chunk;
-  };
-  static constexpr uint64_t INDEX = 0xffffffffu;
-  static constexpr int64_t SPIN_US = 50;
+  // counter_: generation (16 bits) | front (24) | back (24): chunks [front, back) are unclaimed.
+  static constexpr int GENERATION = 48, FRONT = 24;
+  static constexpr int64_t SIDE = int64_t{1} << FRONT;
+  static constexpr int64_t SPIN_US = 20;  // longer than most gaps between a layer's matrices at a few rows
 
-  static void pause() { _mm_pause(); }
-
-  // The first generation after `seen` (or stop()): spins, then yields its core at each look past SPIN_US.
-  uint64_t wait_after(uint64_t seen) {
-    const auto start = std::chrono::steady_clock::now();
-    for (int64_t looks = 1;; ++looks) {
-      const uint64_t generation = counter_.load() >> 32;
-      if (generation != seen || stopped_.load()) return generation;
-      pause();
-      if (looks % 64 == 0 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(SPIN_US))
-        std::this_thread::yield();
+  // The next chunk of `generation` from the front or the back, or -1 where none is left (or the generation is over).
+  int64_t claim(uint64_t generation, bool front) {
+    for (uint64_t now = counter_.load();;) {
+      const int64_t first = (now >> FRONT) & (SIDE - 1), end = now & (SIDE - 1);
+      if (now >> GENERATION != generation || first >= end) return -1;
+      const uint64_t next = front ? now + (uint64_t{1} << FRONT) : now - 1;
+      if (counter_.compare_exchange_weak(now, next)) return front ? first : end - 1;
     }
   }
 
-  std::atomic<uint64_t> counter_{0};  // generation << 32 | the next chunk to claim
-  std::atomic<int> busy_{0};          // workers inside a generation
+  // Waits while waiting() holds: spins for SPIN_US, then sleeps until `word` changes.
+  template <typename T, typename Waiting>
+  static void wait_while(std::atomic<T>& word, const Waiting& waiting) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t looks = 1; waiting(); ++looks) {
+      _mm_pause();
+      if (looks % 64 == 0 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(SPIN_US)) {
+        for (T now = word.load(); waiting(); now = word.load()) word.wait(now);
+        return;
+      }
+    }
+  }
+
+  std::atomic<uint64_t> counter_{0};
+  std::atomic<int> busy_{0};  // workers inside a generation
   std::atomic<bool> stopped_{false};
-  Job jobs_[2] = {};                  // by generation's parity: a late worker reads the one it saw
+  const std::function<void(int64_t)>* jobs_[2] = {};  // by generation's parity: a late worker reads the one it saw
 };
 
 namespace {
