@@ -226,7 +226,8 @@ def to_markdown(report: dict) -> str:
                   "| one row, of a sum reading the bytes | " + " | ".join(f"{m['of_read'][k]:.0%}" for k in kernels)
                   + " |"]
         lines += [f"| {n} rows, of the floor ({m['verify_floor_ms'][n]:.2f} ms) | "
-                  + " | ".join(f"{m['verify_of_floor'][n][k]:.0%}" for k in kernels) + " |" for n in m["verify_of_floor"]]
+                  + " | ".join(f"{m['verify_of_floor'][n][k]:.0%}" for k in kernels) + " |"
+                  for n in m["verify_of_floor"]]
         lines += ["", f"A verify call's floor: max(one row's floor, its products at this class's measured w8a8 peak, "
                   f"{m['peak_gop_s']:.0f} GOP/s: the fastest kernel on {PEAK_ROWS} rows through the matrices).", "",
                   "| 0.6B, bfloat16 activations, one row | " + " | ".join(kernels) + " |",
