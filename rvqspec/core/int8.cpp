@@ -200,13 +200,20 @@ inline void vnni_tile(const uint8_t* a, int64_t kp, const int8_t* w, __m512i* su
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < CHAINS; ++c) acc[r][c] = _mm512_setzero_si512();
   const int8_t* end = w + kp * VCOLS;
-#pragma GCC unroll 1
-  for (; w < end; w += VCOLS * 4 * CHAINS, a += 4 * R * CHAINS) {
-    if (R > 1) _mm_prefetch(reinterpret_cast<const char*>(w) + VPREFETCH_BYTES, _MM_HINT_T1);
+  const auto step = [&](const int8_t* w, const uint8_t* a) {
     for (int c = 0; c < CHAINS; ++c) {
       const __m512i wv = _mm512_loadu_si512(w + c * VCOLS * 4);
       for (int r = 0; r < R; ++r)
         acc[r][c] = dpbusd(acc[r][c], _mm512_set1_epi32(four_bytes(a + 4 * (c * R + r))), wv);
+    }
+  };
+  if constexpr (R == 1) {  // one row: gcc unrolls the loop, as before
+    for (; w < end; w += VCOLS * 4 * CHAINS, a += 4 * CHAINS) step(w, a);
+  } else {  // many rows: not unrolled (gcc then spilled the accumulators)
+#pragma GCC unroll 1
+    for (; w < end; w += VCOLS * 4, a += 4 * R) {
+      _mm_prefetch(reinterpret_cast<const char*>(w) + VPREFETCH_BYTES, _MM_HINT_T1);
+      step(w, a);
     }
   }
   for (int r = 0; r < R; ++r) {
