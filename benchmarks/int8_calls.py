@@ -6,12 +6,14 @@ Per kernel, medians of interleaved rounds:
 - matrices: 1, 4, 9, 17, 33 rows through the 0.6B predictor's 20 layer matrices (78 MB of int8, more than any cache:
   `bench.floor`); one row's fraction of the floor (`bench.floor`'s: the bytes over a copy's bandwidth, here a copy
   moving as many bytes, read + write) and of a float32 sum reading the same bytes, timed interleaved with the kernels
-  (the machine's bandwidth varies with its other load);
+  (the machine's bandwidth varies with its other load); a verify call's (9 and 17 rows) fraction of its floor,
+  max(one row's floor, its products at the class's measured w8a8 peak: the fastest kernel's GOP/s on PEAK_ROWS rows);
 - predictor: the 0.6B predictor (random weights, w8a8 of bfloat16), one AR frame (15 one-row calls), ms per call;
 - talker: the 0.6B talker (28 layers, w8a8 of bfloat16, after a 100-token prompt), one step with its c0 head;
 - and first what `rvqspec inspect --device` reports for w8a8 (this class's kernel, the default thread count);
 - last, rvqspec's kernel of the class on 1 and 2 threads, interleaved: one row through the matrices (the floor: a copy
-  on 2 threads), the predictor's AR call, the talker step.
+  on 2 threads), the predictor's AR call, the talker step; alone and beside a busy process (a core taken, as by the
+  speech decoder beside the frame loop: 2 threads must not cost more than 1 then).
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/int8_calls.py   # -> results/int8-calls.{json,md}
     .venv/bin/python benchmarks/int8_calls.py --smoke   # tiny sizes, the native class: seconds, a temporary folder
@@ -19,6 +21,7 @@ Per kernel, medians of interleaved rounds:
 
 import argparse
 import json
+import multiprocessing
 import statistics
 import sys
 import time
@@ -40,6 +43,8 @@ from rvqspec.core.talker import RowCache, Talker, TalkerConfig, prefill, step
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 ROWS = (1, 4, 9, 17, 33)
+VERIFY_ROWS = (9, 17)  # the rows whose distance from the floor the report states
+PEAK_ROWS = 256  # a call of these rows is bound by its products: the class's w8a8 peak
 TALKER_0_6B = TalkerConfig(1024, 3072, 28, 16, 8, 128, 3072)
 SMOKE_TALKER = TalkerConfig(64, 128, 2, 4, 2, 16, 3072)
 PROMPT = 100
@@ -67,13 +72,36 @@ def on_threads(threads: int, call):
     return run
 
 
-def with_kernel(kernel: str, matmuls: list[Int8Matmul], call, threads: int = 1):
-    """`call` on `threads` threads with every one of `matmuls` on `kernel` (each keeps the one it was given)."""
+def spin(busy) -> None:
+    """A busy process's loop: spins while `busy` is set (a shared flag), else sleeps 1 ms at a time."""
+    while busy.value >= 0:
+        if busy.value:
+            start = time.perf_counter()
+            while time.perf_counter() - start < 1e-3:
+                pass
+        else:
+            time.sleep(1e-3)
+
+
+def beside_busy(busy, call):
+    """`call` while the busy process spins."""
+    def run():
+        busy.value = 1
+        try:
+            return call()
+        finally:
+            busy.value = 0
+    return run
+
+
+def with_kernel(kernel: str, matmuls: list[Int8Matmul], call, threads: int = 1, busy=None):
+    """`call` on `threads` threads with every one of `matmuls` on `kernel` (each keeps the one it was given), beside
+    the busy process where `busy` (its flag) is given."""
     def run():
         for matmul in matmuls:
             matmul.kernel = kernel
         return call()
-    return on_threads(threads, run)
+    return on_threads(threads, run if busy is None else beside_busy(busy, run))
 
 
 def int8_matmuls(model) -> list[Int8Matmul]:
@@ -89,18 +117,33 @@ def matrices(runs: dict, rounds: int, shapes: list[tuple[int, int]], rows=ROWS) 
     inputs = {n: {k: torch.randn(n, k, generator=generator).bfloat16() for k in {s[1] for s in shapes}} for n in ROWS}
     nbytes = sum(a * b for a, b in shapes)
     read = torch.ones(nbytes // 4)
-    most = max(threads for _, threads in runs.values())
+    most = max(threads for _, threads, *_ in runs.values())
     floor = {"floor: a copy of the bytes": on_threads(most, copy_of(nbytes)),
              "a sum reading the bytes": on_threads(most, read.sum)}
     ms = {}
     for n in rows:
-        calls = {name: with_kernel(kernel, matmuls, lambda x=inputs[n]: [m(x[m.in_features]) for m in matmuls], threads)
-                 for name, (kernel, threads) in runs.items()}
+        calls = {name: with_kernel(kernel, matmuls, lambda x=inputs[n]: [m(x[m.in_features]) for m in matmuls], *how)
+                 for name, (kernel, *how) in runs.items()}
         ms[str(n)] = interleaved(calls | (floor if n == 1 else {}), rounds, 2)
     one = ms["1"]
-    return {"ms": ms, "bytes": nbytes, "floor_ms": one["floor: a copy of the bytes"],
-            "of_floor": {name: one["floor: a copy of the bytes"] / one[name] for name in runs},
-            "of_read": {name: one["a sum reading the bytes"] / one[name] for name in runs}}
+    report = {"ms": ms, "bytes": nbytes, "floor_ms": one["floor: a copy of the bytes"],
+              "of_floor": {name: one["floor: a copy of the bytes"] / one[name] for name in runs},
+              "of_read": {name: one["a sum reading the bytes"] / one[name] for name in runs}}
+    return report | verify_floors(report, runs, matmuls, generator) if set(VERIFY_ROWS) <= set(rows) else report
+
+
+def verify_floors(report: dict, runs: dict, matmuls: list[Int8Matmul], generator) -> dict:
+    """The class's w8a8 peak (GOP/s: the fastest of `runs` on PEAK_ROWS rows through the matrices) and each verify
+    call's fraction of its floor, max(one row's floor, its products at that peak)."""
+    x = {k: torch.randn(PEAK_ROWS, k, generator=generator).bfloat16() for k in {m.in_features for m in matmuls}}
+    calls = {name: with_kernel(kernel, matmuls, lambda: [m(x[m.in_features]) for m in matmuls], *how)
+             for name, (kernel, *how) in runs.items()}
+    ops = 2 * PEAK_ROWS * report["bytes"]
+    peak = max(ops / ms / 1e6 for ms in interleaved(calls, 2, 1).values())
+    floors = {n: max(report["floor_ms"], 2 * n * report["bytes"] / peak / 1e6) for n in VERIFY_ROWS}
+    return {"peak_gop_s": peak, "verify_floor_ms": {str(n): f for n, f in floors.items()},
+            "verify_of_floor": {str(n): {name: f / report["ms"][str(n)][name] for name in runs}
+                                for n, f in floors.items()}}
 
 
 def predictor(runs: dict, rounds: int, config) -> dict:
@@ -108,8 +151,8 @@ def predictor(runs: dict, rounds: int, config) -> dict:
     model = quantize(MultiCodeDecoder(config).bfloat16().eval(), "w8a8")
     hidden, c0 = torch.randn(1, config.talker_hidden_size).bfloat16(), torch.tensor([5])
     sampler = Sampler(do_sample=False)
-    calls = {name: with_kernel(kernel, int8_matmuls(model), lambda: decode_frames(model, hidden, c0, sampler), threads)
-             for name, (kernel, threads) in runs.items()}
+    calls = {name: with_kernel(kernel, int8_matmuls(model), lambda: decode_frames(model, hidden, c0, sampler), *how)
+             for name, (kernel, *how) in runs.items()}
     frame = interleaved(calls, rounds, 1)
     return {"ar_frame_ms": frame, "ar_call_ms": {k: v / 15 for k, v in frame.items()}}
 
@@ -128,8 +171,8 @@ def talker(runs: dict, rounds: int, config: TalkerConfig) -> dict:
     def one_step(name: str):
         cache = caches[name]
         model.codec_head(step(model, cache, x, torch.tensor(cache.lengths)))
-    calls = {name: with_kernel(kernel, int8_matmuls(model), lambda k=name: one_step(k), threads)
-             for name, (kernel, threads) in runs.items()}
+    calls = {name: with_kernel(kernel, int8_matmuls(model), lambda k=name: one_step(k), *how)
+             for name, (kernel, *how) in runs.items()}
     int8_bytes = sum(m.matmul.in_features * m.matmul.out_features for m in model.modules() if hasattr(m, "matmul"))
     return {"step_ms": interleaved(calls, rounds, 3), "int8_bytes": int8_bytes}
 
@@ -146,7 +189,16 @@ def one_class(args) -> dict:
         report |= sizes(runs, args, shapes, ROWS)
         log(f"1 thread: {json.dumps(report)}")
         ours = kernels[-1]  # rvqspec's kernel on this class
-        report["two_threads"] = sizes({f"{n} thread{'s' * (n > 1)}": (ours, n) for n in (1, 2)}, args, shapes, (1,))
+        busy = multiprocessing.get_context("spawn").Value("i", 0)
+        spinner = multiprocessing.get_context("spawn").Process(target=spin, args=(busy,), daemon=True)
+        spinner.start()
+        try:
+            runs = {"1 thread": (ours, 1), "2 threads": (ours, 2), "1 thread, a busy core": (ours, 1, busy),
+                    "2 threads, a busy core": (ours, 2, busy)}
+            report["two_threads"] = sizes(runs, args, shapes, (1,))
+        finally:
+            busy.value = -1
+            spinner.join()
         log(f"1 and 2 threads: {json.dumps(report['two_threads'])}")
     torch.set_num_threads(threads)
     return report
@@ -172,7 +224,12 @@ def to_markdown(report: dict) -> str:
         lines += [f"| {n} | " + " | ".join(f"{row[k]:.2f}" for k in kernels) + " |" for n, row in m["ms"].items()]
         lines += ["| one row, of the floor | " + " | ".join(f"{m['of_floor'][k]:.0%}" for k in kernels) + " |",
                   "| one row, of a sum reading the bytes | " + " | ".join(f"{m['of_read'][k]:.0%}" for k in kernels)
-                  + " |", "",
+                  + " |"]
+        lines += [f"| {n} rows, of the floor ({m['verify_floor_ms'][n]:.2f} ms) | "
+                  + " | ".join(f"{m['verify_of_floor'][n][k]:.0%}" for k in kernels) + " |"
+                  for n in m["verify_of_floor"]]
+        lines += ["", f"A verify call's floor: max(one row's floor, its products at this class's measured w8a8 peak, "
+                  f"{m['peak_gop_s']:.0f} GOP/s: the fastest kernel on {PEAK_ROWS} rows through the matrices).", "",
                   "| 0.6B, bfloat16 activations, one row | " + " | ".join(kernels) + " |",
                   "|---|" + "---|" * len(kernels),
                   "| predictor AR call, ms | " + " | ".join(f"{r['predictor']['ar_call_ms'][k]:.2f}" for k in kernels)
@@ -211,12 +268,17 @@ def two_threads(r: dict) -> list[str]:
     m, names = t["matrices"], list(t["matrices"]["of_floor"])
     figures = {"one row through the matrices, ms": m["ms"]["1"], "predictor AR call, ms": t["predictor"]["ar_call_ms"],
                "talker step + c0 head, ms": t["talker"]["step_ms"]}
+    pairs = list(zip(names[::2], names[1::2]))  # (1 thread, 2 threads), alone and beside a busy core
+    ratios = [f"{one} / {two}" for one, two in pairs]
     lines = [f"{ours} on 1 and 2 threads, interleaved (the floor: a copy of the matrices' bytes on 2 threads, "
-             f"{m['floor_ms']:.2f} ms)", "", "| one row | " + " | ".join(names) + " | 1 thread / 2 threads |",
-             "|---|" + "---|" * (len(names) + 1)]
-    lines += [f"| {what} | " + " | ".join(f"{v[n]:.2f}" for n in names) + f" | {v[names[0]] / v[names[1]]:.2f}x |"
+             f"{m['floor_ms']:.2f} ms; a busy core: a process spinning beside the call, as the speech decoder does "
+             "beside the frame loop)", "", "| one row | " + " | ".join(names + ratios) + " |",
+             "|---|" + "---|" * (len(names) + len(ratios))]
+    lines += [f"| {what} | " + " | ".join([f"{v[n]:.2f}" for n in names] + [f"{v[one] / v[two]:.2f}x"
+                                                                          for one, two in pairs]) + " |"
               for what, v in figures.items()]
-    return lines + ["| matrices, of the floor | " + " | ".join(f"{m['of_floor'][n]:.0%}" for n in names) + " | |", ""]
+    return lines + ["| matrices, of the floor | " + " | ".join(f"{m['of_floor'][n]:.0%}" for n in names)
+                    + " |" * len(ratios) + " |", ""]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -82,15 +82,16 @@ def test_the_avx2_kernel_gives_onednns_bits(rows, monkeypatch):
 
 needs_vnni = pytest.mark.skipif(int8_kernels() is None or not int8_kernels().has_vnni_gemm(),
                                 reason="rvqspec's VNNI kernel needs AVX-512 VNNI (and kernels built with it)")
-VNNI_SHAPES = SHAPES + [(5, 16, 16), (7, 1, 17), (8, 3072, 1024), (17, 1024, 33), (12, 33, 4096)]
+VNNI_SHAPES = SHAPES + [(5, 16, 16), (7, 1, 17), (8, 3072, 1024), (17, 1024, 33), (12, 33, 4096), (13, 48, 40),
+                          (25, 200, 20)]
 
 
 @needs_vnni
 @pytest.mark.parametrize("rows, k, n", VNNI_SHAPES)
 def test_the_vnni_kernel_is_exact_integer_sums_for_every_row_alone_and_in_the_call(rows, k, n):
-    """The int64 reference, as for the AVX2 kernel: 1..66 rows (the tile's 1..8 and their remainders), widths that
-    leave tails of the 16-channel blocks and of the 16-value depth; loud tokens whose byte sums wrap int32 before the
-    zero point's correction."""
+    """The int64 reference, as for the AVX2 kernel: 1..66 rows (one tile of 1..12 rows, and calls split into tiles
+    of even sizes: 13 = 7 + 6, 17 = 9 + 8, 25, 33, 66), widths that leave tails of the 16-channel blocks and of the
+    16-value depth; loud tokens whose byte sums wrap int32 before the zero point's correction."""
     weight, x = operands(rows, k, n, seed=6)
     q, scale = quantize_rows(weight)
     packed = pack_vnni(q, scale)

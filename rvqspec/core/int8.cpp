@@ -19,8 +19,15 @@
 // so a row has the same bits in a one-row call as inside a verify call of any size.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <exception>
+#include <functional>
 #include <limits>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "kernels.h"
 
@@ -196,7 +203,12 @@ void gemm(const A* a, int64_t rows, int64_t kp, const at::Tensor& packed, const 
 // packed once (`pack_vnni` in quantize.py): [ceil(N/16), ceil(K/16) * 4, 16, 4] bytes, a block of 16 channels
 // streaming contiguously, 4 input values per channel and step. The float steps after the sums are the AVX2 kernel's
 // and oneDNN's: float(sum) x weight scale, then x token scale, then the dtype: the same bits on every class.
-constexpr int64_t VCOLS = 16, VDEPTH = 16, VROWS = 8;  // a block's channels; K's padding; a tile's rows
+constexpr int64_t VCOLS = 16, VDEPTH = 16, VROWS = 12;  // a block's channels; K's padding; a tile's most rows
+// Rows > 1: each step asks for the weights' line 4 KiB ahead into L2. A tile of many rows spends ~R cycles on a line,
+// and the hardware prefetcher alone then left the loads waiting on memory: 9 rows through the 0.6B predictor's
+// matrices 1.1-1.3x faster with it (Zen 4, 1 thread, interleaved runs on a loaded machine).
+constexpr int64_t VPREFETCH_BYTES = 4096;
+constexpr int64_t VCHUNK = 4;  // blocks per chunk that a stack's threads claim (`Team`)
 
 inline int32_t four_bytes(const uint8_t* p) {
   int32_t v;
@@ -204,22 +216,41 @@ inline int32_t four_bytes(const uint8_t* p) {
   return v;
 }
 
-// R rows (row stride kp bytes) x one block of 16 channels -> R vectors of int32 sums (with the 128 offset).
-// One row: four chains of sums (integer: their order does not matter), so that the loads, not vpdpbusd's latency, set
-// the pace. No software prefetch (the AVX2 tile's): a matrix is one contiguous stream, which the hardware prefetcher
-// follows; asking for the line 2 KiB ahead made one row through the 0.6B predictor's matrices 1.15-1.48x slower (Zen 4,
-// 1 thread, 4 interleaved runs on a loaded machine).
+// acc + the sums of 4 byte products a (unsigned) x b (signed) per lane. In asm: gcc 12 copied every accumulator of
+// _mm512_dpbusd_epi32 between registers (2 extra moves per vpdpbusd, and spills past 8 rows).
+inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b) {
+  asm("vpdpbusd %[b], %[a], %[acc]" : [acc] "+v"(acc) : [a] "v"(a), [b] "v"(b));
+  return acc;
+}
+
+// R rows x one block of 16 channels -> R vectors of int32 sums (with the 128 offset). The tile's activations are
+// interleaved ([kp / 4][R][4] bytes: `interleave`), so one pointer walks them and each row's next 4 bytes are one
+// broadcast; up to 12 rows make one pass over the block's weights (R accumulators + 1 weight + 1 broadcast of 32
+// vector registers), so a verify call of up to 12 rows reads the weights once, and more rows re-read them from L1/L2.
+// One row: four chains of sums (integer: their order does not matter), so that the loads, not vpdpbusd's latency,
+// set the pace; no software prefetch there (a matrix is one contiguous stream, which the hardware prefetcher follows;
+// asking for the line 2 KiB ahead made one row through the 0.6B predictor's matrices 1.15-1.48x slower, Zen 4).
 template <int R>
 inline void vnni_tile(const uint8_t* a, int64_t kp, const int8_t* w, __m512i* sums) {
   constexpr int CHAINS = R == 1 ? 4 : 1;
   __m512i acc[R][CHAINS];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < CHAINS; ++c) acc[r][c] = _mm512_setzero_si512();
-  for (int64_t k = 0; k < kp; k += 4 * CHAINS, w += VCOLS * 4 * CHAINS) {
+  const int8_t* end = w + kp * VCOLS;
+  const auto step = [&](const int8_t* w, const uint8_t* a) {
     for (int c = 0; c < CHAINS; ++c) {
       const __m512i wv = _mm512_loadu_si512(w + c * VCOLS * 4);
       for (int r = 0; r < R; ++r)
-        acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], _mm512_set1_epi32(four_bytes(a + r * kp + k + 4 * c)), wv);
+        acc[r][c] = dpbusd(acc[r][c], _mm512_set1_epi32(four_bytes(a + 4 * (c * R + r))), wv);
+    }
+  };
+  if constexpr (R == 1) {  // one row: gcc unrolls the loop, as before
+    for (; w < end; w += VCOLS * 4 * CHAINS, a += 4 * CHAINS) step(w, a);
+  } else {  // many rows: not unrolled (gcc then spilled the accumulators)
+#pragma GCC unroll 1
+    for (; w < end; w += VCOLS * 4, a += 4 * R) {
+      _mm_prefetch(reinterpret_cast<const char*>(w) + VPREFETCH_BYTES, _MM_HINT_T1);
+      step(w, a);
     }
   }
   for (int r = 0; r < R; ++r) {
@@ -228,6 +259,123 @@ inline void vnni_tile(const uint8_t* a, int64_t kp, const int8_t* w, __m512i* su
     sums[r] = s;
   }
 }
+
+// A call's row tiles: as few as VROWS allows, of even sizes (17 rows: 9 + 8); tile t is rows [first(t), first(t + 1)).
+struct RowTiles {
+  int64_t rows, count;
+  int64_t first(int64_t t) const { return rows * t / count; }
+};
+
+inline RowTiles row_tiles(int64_t rows) { return {rows, (rows + VROWS - 1) / VROWS}; }
+
+// Rows [rows, kp] of bytes -> each tile's rows as [kp / 4][R][4] at the tile's first row's offset (vnni_tile's order).
+void interleave(const uint8_t* rows, int64_t kp, const RowTiles& tiles, uint8_t* out) {
+  for (int64_t t = 0; t < tiles.count; ++t) {
+    const int64_t r0 = tiles.first(t), count = tiles.first(t + 1) - r0;
+    uint8_t* o = out + r0 * kp;
+    for (int64_t r = 0; r < count; ++r)
+      for (int64_t k = 0; k < kp; k += 4) std::memcpy(o + (k * count + 4 * r), rows + (r0 + r) * kp + k, 4);
+  }
+}
+
+// One tile of `count` rows (1..VROWS) with its interleaved activations.
+inline void vnni_tile(int64_t count, const uint8_t* a, int64_t kp, const int8_t* w, __m512i* sums) {
+  switch (count) {
+    case 1: return vnni_tile<1>(a, kp, w, sums);
+    case 2: return vnni_tile<2>(a, kp, w, sums);
+    case 3: return vnni_tile<3>(a, kp, w, sums);
+    case 4: return vnni_tile<4>(a, kp, w, sums);
+    case 5: return vnni_tile<5>(a, kp, w, sums);
+    case 6: return vnni_tile<6>(a, kp, w, sums);
+    case 7: return vnni_tile<7>(a, kp, w, sums);
+    case 8: return vnni_tile<8>(a, kp, w, sums);
+    case 9: return vnni_tile<9>(a, kp, w, sums);
+    case 10: return vnni_tile<10>(a, kp, w, sums);
+    case 11: return vnni_tile<11>(a, kp, w, sums);
+    default: return vnni_tile<VROWS>(a, kp, w, sums);
+  }
+}
+}  // namespace
+
+// A stack's threads (`with_team`): thread 0 runs the stack and hands each matrix's chunks of blocks to the team
+// (`run`); the others wait for the next matrix between them (a fork-join region per matrix put the second thread to
+// sleep between matrices under OMP_WAIT_POLICY=PASSIVE and cost its wake-up each time). Chunks are claimed, not
+// assigned: thread 0 never waits for a thread that is not running (the speech decoder on the other core): it takes
+// every chunk left and waits only for chunks others have started. Thread 0 claims from the front, the others from
+// the back, so that on 2 threads each reads one contiguous stream (the hardware prefetcher's ramp once per matrix).
+// Every wait spins for SPIN_US, then sleeps on a futex (std::atomic::wait): a thread sharing a core with the one it
+// waits for must give that core up, and a thread that keeps spinning looks like a CPU hog to the scheduler, which
+// then preempts it mid-chunk under load.
+class Team {
+ public:
+  // chunk(i) for i in [0, count), on every thread of the team; returns once all are done.
+  void run(int64_t count, const std::function<void(int64_t)>& chunk) {
+    TORCH_CHECK(count < SIDE, "int8 stack: too many chunks in one matrix");
+    const uint64_t generation = ((counter_.load() >> GENERATION) + 1) & 0xffffu;  // wraps with the field
+    jobs_[generation & 1] = &chunk;
+    counter_.store((generation << GENERATION) | static_cast<uint64_t>(count));  // front 0, back count
+    counter_.notify_all();  // no system call where no thread sleeps on it
+    for (int64_t i; (i = claim(generation, true)) >= 0;) chunk(i);
+    wait_while(busy_, [&] { return busy_.load() != 0; });
+  }
+
+  // A worker's loop until stop().
+  void work() {
+    uint64_t seen = 0;
+    for (;;) {
+      wait_while(counter_, [&] { return counter_.load() >> GENERATION == seen && !stopped_.load(); });
+      if (stopped_.load()) return;
+      const uint64_t generation = counter_.load() >> GENERATION;
+      busy_.fetch_add(1);
+      // jobs_[generation & 1] is stable while this generation is current and we are busy
+      for (int64_t i; (i = claim(generation, false)) >= 0;) (*jobs_[generation & 1])(i);
+      if (busy_.fetch_sub(1) == 1) busy_.notify_all();
+      seen = generation;
+    }
+  }
+
+  void stop() {
+    stopped_.store(true);
+    counter_.fetch_add(uint64_t{1} << GENERATION);  // a change that sleeping workers wake up to
+    counter_.notify_all();
+  }
+
+ private:
+  // counter_: generation (16 bits) | front (24) | back (24): chunks [front, back) are unclaimed.
+  static constexpr int GENERATION = 48, FRONT = 24;
+  static constexpr int64_t SIDE = int64_t{1} << FRONT;
+  static constexpr int64_t SPIN_US = 20;  // longer than most gaps between a layer's matrices at a few rows
+
+  // The next chunk of `generation` from the front or the back, or -1 where none is left (or the generation is over).
+  int64_t claim(uint64_t generation, bool front) {
+    for (uint64_t now = counter_.load();;) {
+      const int64_t first = (now >> FRONT) & (SIDE - 1), end = now & (SIDE - 1);
+      if (now >> GENERATION != generation || first >= end) return -1;
+      const uint64_t next = front ? now + (uint64_t{1} << FRONT) : now - 1;
+      if (counter_.compare_exchange_weak(now, next)) return front ? first : end - 1;
+    }
+  }
+
+  // Waits while waiting() holds: spins for SPIN_US, then sleeps until `word` changes.
+  template <typename T, typename Waiting>
+  static void wait_while(std::atomic<T>& word, const Waiting& waiting) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t looks = 1; waiting(); ++looks) {
+      _mm_pause();
+      if (looks % 64 == 0 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(SPIN_US)) {
+        for (T now = word.load(); waiting(); now = word.load()) word.wait(now);
+        return;
+      }
+    }
+  }
+
+  std::atomic<uint64_t> counter_{0};
+  std::atomic<int> busy_{0};  // workers inside a generation
+  std::atomic<bool> stopped_{false};
+  const std::function<void(int64_t)>* jobs_[2] = {};  // by generation's parity: a late worker reads the one it saw
+};
+
+namespace {
 #endif
 
 // The output's shape: x's [..., K] with N for K.
@@ -329,8 +477,14 @@ bool has_vnni_gemm() {
 
 // x [..., K] (any float dtype) -> [..., n] in x's dtype: w8a8 through the VNNI GEMM, weights packed by pack_vnni (with
 // their scales and 128 x their sums per channel, int32).
-at::Tensor vnni_linear(const at::Tensor& x_, const at::Tensor& packed, const at::Tensor& scale,
+at::Tensor vnni_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
                        const at::Tensor& offsets, int64_t n) {
+  return vnni_linear_on(nullptr, x, packed, scale, offsets, n);
+}
+
+// The same on a stack's team (`with_team`; nullptr: at::parallel_for): chunks of VCHUNK blocks.
+at::Tensor vnni_linear_on(Team* team, const at::Tensor& x_, const at::Tensor& packed, const at::Tensor& scale,
+                          const at::Tensor& offsets, int64_t n) {
 #ifdef RVQSPEC_VNNI_GEMM
   auto x = x_.contiguous();
   const int64_t k = x.size(-1), rows = x.numel() / k, kp = packed.size(1) * 4, blocks = packed.size(0);
@@ -343,22 +497,23 @@ at::Tensor vnni_linear(const at::Tensor& x_, const at::Tensor& packed, const at:
               offsets.is_contiguous() && scale.numel() == blocks * VCOLS && offsets.numel() == blocks * VCOLS,
               "weight scales (float32) and offsets (int32): one per packed channel");
   TORCH_CHECK(k < 133000, "int8 GEMM: input width ", k, " could overflow int32 sums");
-  auto a = at::empty({rows, kp}, x.options().dtype(at::kByte));
+  auto a = at::empty({2, rows, kp}, x.options().dtype(at::kByte));  // the rows' bytes, then interleaved per tile
   std::vector<float> token_scale(rows);
   auto out = at::empty(out_sizes(x, n), x.options());
+  const RowTiles tiles = row_tiles(rows);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "vnni_linear", [&] {
     const scalar_t* px = x.data_ptr<scalar_t>();
-    uint8_t* pa = a.data_ptr<uint8_t>();
+    uint8_t *pq = a.data_ptr<uint8_t>(), *pa = pq + rows * kp;
     for (int64_t r = 0; r < rows; ++r) {
-      token_scale[r] = quantize_row<scalar_t, uint8_t>(px + r * k, k, pa + r * kp, 128);
-      std::memset(pa + r * kp + k, 128, kp - k);  // times zero weights
+      token_scale[r] = quantize_row<scalar_t, uint8_t>(px + r * k, k, pq + r * kp, 128);
+      std::memset(pq + r * kp + k, 128, kp - k);  // times zero weights
     }
+    interleave(pq, kp, tiles, pa);
     scalar_t* po = out.data_ptr<scalar_t>();
     const int8_t* pw = packed.data_ptr<int8_t>();
     const float* ps = scale.data_ptr<float>();
     const int32_t* poff = offsets.data_ptr<int32_t>();
-    at::parallel_for(0, blocks, std::max<int64_t>(1, 16 / std::max<int64_t>(rows, 1)), [&](int64_t begin,
-                                                                                           int64_t end) {
+    const auto span = [&](int64_t begin, int64_t end) {
       __m512i sums[VROWS];
       alignas(64) float values[VCOLS];
       for (int64_t b = begin; b < end; ++b) {
@@ -366,18 +521,9 @@ at::Tensor vnni_linear(const at::Tensor& x_, const at::Tensor& packed, const at:
         const __m512i offset = _mm512_loadu_si512(poff + b * VCOLS);
         const __m512 ws = _mm512_loadu_ps(ps + b * VCOLS);
         const int64_t cols = std::min(VCOLS, n - b * VCOLS);
-        for (int64_t r = 0; r < rows; r += VROWS) {
-          const int64_t count = std::min(VROWS, rows - r);
-          switch (count) {
-            case 1: vnni_tile<1>(pa + r * kp, kp, w, sums); break;
-            case 2: vnni_tile<2>(pa + r * kp, kp, w, sums); break;
-            case 3: vnni_tile<3>(pa + r * kp, kp, w, sums); break;
-            case 4: vnni_tile<4>(pa + r * kp, kp, w, sums); break;
-            case 5: vnni_tile<5>(pa + r * kp, kp, w, sums); break;
-            case 6: vnni_tile<6>(pa + r * kp, kp, w, sums); break;
-            case 7: vnni_tile<7>(pa + r * kp, kp, w, sums); break;
-            default: vnni_tile<VROWS>(pa + r * kp, kp, w, sums);
-          }
+        for (int64_t t = 0; t < tiles.count; ++t) {
+          const int64_t r = tiles.first(t), count = tiles.first(t + 1) - r;
+          vnni_tile(count, pa + r * kp, kp, w, sums);
           for (int64_t i = 0; i < count; ++i) {
             const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sums[i], offset)), ws);
             _mm512_store_ps(values, _mm512_mul_ps(v, _mm512_set1_ps(token_scale[r + i])));
@@ -386,11 +532,39 @@ at::Tensor vnni_linear(const at::Tensor& x_, const at::Tensor& packed, const at:
           }
         }
       }
-    });
+    };
+    if (team == nullptr)
+      return at::parallel_for(0, blocks, std::max<int64_t>(1, 16 / std::max<int64_t>(rows, 1)), span);
+    team->run((blocks + VCHUNK - 1) / VCHUNK,
+              [&](int64_t i) { span(i * VCHUNK, std::min(blocks, (i + 1) * VCHUNK)); });
   });
   return out;
 #else
   TORCH_CHECK(false, "rvqspec's VNNI int8 GEMM needs AVX-512 VNNI, which this build lacks");
+#endif
+}
+
+void with_team(int threads, const std::function<void(Team*)>& body) {
+#if defined(RVQSPEC_VNNI_GEMM) && defined(_OPENMP)
+  if (threads < 2 || at::in_parallel_region()) return body(nullptr);
+  Team team;
+  std::exception_ptr error;
+#pragma omp parallel num_threads(threads)
+  {
+    if (omp_get_thread_num() == 0) {
+      try {
+        body(&team);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      team.stop();
+    } else {
+      team.work();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+#else
+  body(nullptr);
 #endif
 }
 

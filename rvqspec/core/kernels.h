@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 namespace rvqspec {
@@ -47,6 +48,13 @@ bool has_vnni_gemm();
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t out_features);
 at::Tensor vnni_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& offsets,
                        int64_t out_features);
+// A stack's threads (int8.cpp): with_team runs body on thread 0 of a parallel region of `threads` threads, the
+// others taking chunks of each vnni_linear_on(team, ...) until body returns; body(nullptr) where there is no team
+// (1 thread, no OpenMP or no VNNI GEMM, already inside a parallel region). vnni_linear_on(nullptr, ...) = vnni_linear.
+class Team;
+void with_team(int threads, const std::function<void(Team*)>& body);
+at::Tensor vnni_linear_on(Team* team, const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
+                          const at::Tensor& offsets, int64_t out_features);
 at::Tensor w8a16_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t out_features);
 // Defined in bf16.cpp, registered in fused.cpp too.
 bool has_bf16_gemm();
