@@ -7,11 +7,13 @@ stay as they are.
   time there, issue 45), the others by torch's (`torch._weight_int8pack_mm`).
 - "w8a8": activations are quantized to int8 per token (symmetric, one scale per row, from that row alone), the
   integer product is exact, and each row is scaled back by its own token scale: exact integer dot products, then
-  float roundings that involve only that row. Where the CPU has AVX-512 VNNI (AMX CPUs too) rvqspec's VNNI kernel
-  multiplies every call (`int8.cpp`: vnni_linear, issue 51: 1.7-1.8x oneDNN's one-row call, one native call per
-  matmul; 128-512 rows, a prompt's prefill, took 0.1-0.4x oneDNN's time on a Zen 4): the activations as unsigned
-  bytes q + 128, the form the VNNI instructions multiply, then 128 x the weight's channel sums subtracted in int32,
-  exactly. On AMX CPUs calls of more than VNNI_ROWS rows, and every call on AVX-VNNI CPUs, take oneDNN's (`onednn.qlinear_pointwise`, input scale 1, zero point 128: the same form; signed activations
+  float roundings that involve only that row. Where the CPU has AVX-512 VNNI rvqspec's VNNI kernel multiplies every
+  call (`int8.cpp`: vnni_linear, issue 51: 1.7-1.8x oneDNN's one-row call, one native call per matmul; a 0.6B
+  talker's 120-token prefill took 0.99x oneDNN's time on a Zen 4, one thread, so no second copy of the weights is
+  kept for prompts) but AMX CPUs' calls of more than VNNI_ROWS rows: the
+  activations as unsigned bytes q + 128, the form the VNNI instructions multiply, then 128 x the weight's channel
+  sums subtracted in int32, exactly. Those long calls on AMX, and every call on AVX-VNNI CPUs, take oneDNN's
+  (`onednn.qlinear_pointwise`, input scale 1, zero point 128: the same form; signed activations
   took oneDNN's reference path on AVX-512 CPUs without AMX: 250-1,900x slower than bfloat16, issue 30). Elsewhere
   on x86 (AVX2; AVX-512 without VNNI), where oneDNN sums byte products in saturating 16-bit
   lanes, rvqspec's AVX2 kernel does (`int8.cpp`: int16 products summed into int32): the same int32 sums and the same
