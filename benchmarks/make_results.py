@@ -403,6 +403,8 @@ REAL_TIME_REPORTS = [  # issue 51: every part of the frame at its floor, two cor
      "OMP_WAIT_POLICY=PASSIVE python benchmarks/codec_beside.py --frames 42 --repeats 3"),
     ("int8 matmuls per call against the memory floor", "int8-calls.md",
      "OMP_WAIT_POLICY=PASSIVE python benchmarks/int8_calls.py --rounds 7"),
+    ("Resident memory of an Engine, bfloat16 and int8, 0.6B and 1.7B", "memory.md",
+     "python benchmarks/memory.py --base 30997a6"),
     ("bfloat16: a verify call of N rows against the one-row call", "bf16-rows.md",
      "OMP_WAIT_POLICY=PASSIVE python benchmarks/bf16_rows.py --frames 12"),
     ("The streamed 12 Hz decoder against a whole-utterance decode", "decoder-stream.md",
