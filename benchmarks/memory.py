@@ -16,6 +16,7 @@ Each (size, setting) runs in a process of its own (RSS and its peak start clean)
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,6 +24,14 @@ SETTINGS = {"bfloat16": {}, "w8a8": {"weights": "w8a8", "talker_weights": "w8a8"
 FRAMES = 8
 MB = 1e6
 NEEDS_GB = {"0.6b": 6.0, "1.7b": 12.0}  # the most a run takes (main before this report, w8a8), with a margin
+
+
+def room_for(needs: float, wait: float) -> float:
+    """The GB available once `needs` are, or after `wait` seconds (the machine's other users come and go)."""
+    deadline = time.monotonic() + wait
+    while available_gb() < needs and time.monotonic() < deadline:
+        time.sleep(5)
+    return available_gb()
 
 
 def available_gb() -> float:
@@ -94,13 +103,13 @@ def run(size: str, setting: str, smoke: bool, source: Path) -> dict:
 
 def markdown(report: dict) -> str:
     lines = ["# Resident memory of an Engine (talker + predictor, and the speech decoder)", "",
-             f"`{report['command']}` on {report['machine_text']}; {report['cpu']} ({report['native']}). "
+             f"`{'`, then `'.join(report.get('commands', [report['command']]))}` on {report['machine_text']}; {report['cpu']} ({report['native']}). "
              f"Random weights at the real sizes (upstream's model as benchmarks/end_to_end.py builds it), one request "
              f"of {FRAMES} frames decoded; each row a process of its own. MB = 10^6 bytes.", "",
              "| code | size | setting | upstream built: RSS | engine built: RSS | after a request: RSS | peak RSS | "
              "engine talker | engine predictor | upstream talker (float) | speech decoder |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for row in report["runs"]:
+    for row in sorted(report["runs"], key=lambda r: (r["size"], r["setting"], r["code"] == "this tree")):
         if "skipped" in row:
             lines.append(f"| {row['code']} | {row['size']} | {row['setting']} | skipped: {row['skipped']} |")
             continue
@@ -124,6 +133,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--base", help="a commit whose rvqspec runs too, after this tree's (e.g. main: before a change)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (a temporary folder)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--needs-gb", type=float, help="run only with this much memory available (default: NEEDS_GB)")
+    parser.add_argument("--wait", type=float, default=0.0, help="seconds to wait for that memory before skipping a run")
+    parser.add_argument("--append", action="store_true", help="keep the report's other runs, replacing the ones "
+                        "measured now")
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -138,7 +151,8 @@ def main(argv: list[str] | None = None) -> None:
     for size in sizes:
         for code in codes:
             for setting in settings:
-                room, needs = available_gb(), NEEDS_GB[size] if not args.smoke else 1.0
+                needs = args.needs_gb or (NEEDS_GB[size] if not args.smoke else 1.0)
+                room = room_for(needs, args.wait)
                 if room < needs:  # a shared machine: never push another user's processes out of memory
                     row = {"size": size, "setting": setting, "skipped": f"{room:.1f} GB available, needs ~{needs} GB"}
                 elif code == "this tree":
@@ -148,9 +162,20 @@ def main(argv: list[str] | None = None) -> None:
                         row = run(size, setting, args.smoke, source)
                 runs.append({"code": code, **row})
                 print(json.dumps(runs[-1]), flush=True)
+    out = report_folder(args.out, args.smoke)
+    commands = []
+    if args.append and (out / "memory.json").is_file():
+        key = lambda r: (r["code"], r["size"], r["setting"])  # noqa: E731
+        measured, now = {key(r) for r in runs if "skipped" not in r}, {key(r) for r in runs}
+        before = json.loads((out / "memory.json").read_text())
+        commands = before.get("commands", [before["command"]])
+        kept = [r for r in before["runs"]
+                if key(r) not in measured and not ("skipped" in r and key(r) in now)]
+        runs = kept + [r for r in runs if "skipped" not in r or key(r) not in {key(k) for k in kept}]
     report = {**run_record("memory.py", argv if argv is not None else sys.argv[1:], info), "frames": FRAMES,
               "runs": runs}
-    write_reports(report, report_folder(args.out, args.smoke), "memory", markdown)
+    report["commands"] = commands + [report["command"]]
+    write_reports(report, out, "memory", markdown)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from rvqspec import Sampler, decode_frames, default_tree, quantize
+import rvqspec.core.quantize as quantize_module
 from rvqspec.core import cpu_class
 from rvqspec.core.drafters import ReusedHeads
 from rvqspec.core.quantize import SCHEMES, VNNI_ROWS, Int8Matmul, QuantizedLinear, quantize_linears, w8a8_kernel
@@ -55,10 +56,10 @@ def call_every_matmul(root, dtype: torch.dtype) -> None:
             matmul(torch.randn(rows, matmul.in_features).to(dtype))
 
 
-def check_held_once(root, dtype: torch.dtype, scheme: str) -> None:
+def check_held_once(root, dtype: torch.dtype, scheme: str, copies: int | None = None) -> None:
     """One copy of the int8 rows (shapes with no padding: multiples of 16), two only where the class keeps oneDNN's
     form beside the VNNI kernel's (AMX's long calls); no float tensor of a quantized matrix's shape."""
-    copies = 2 if scheme == "w8a8" and cpu_class.cpu_class() == "amx" else 1
+    copies = copies or (2 if scheme == "w8a8" and w8a8_kernel() == "vnni" and cpu_class.cpu_class() == "amx" else 1)
     weights = matmuls(root)
     assert held_bytes(root, torch.int8) == copies * sum(m.out_features * m.in_features for m in weights)
     shapes = {(m.out_features, m.in_features) for m in weights}
@@ -78,6 +79,22 @@ def test_a_quantized_predictor_holds_each_weight_once(scheme, dtype):
     check_held_once(model, dtype, scheme)
     int8_rows = sum(t.numel() for t in model.state_dict().values() if t.dtype == torch.int8)
     assert int8_rows == sum(m.out_features * m.in_features for m in matmuls(model))  # unpacked again for saving
+
+
+@pytest.mark.skipif(not cpu_class.has_int8_dot(), reason="needs oneDNN's int8 dot products (VNNI, AMX)")
+def test_on_onednns_classes_its_prepacked_weight_is_the_only_copy_and_saves_the_same_rows(monkeypatch):
+    """AVX-VNNI CPUs (oneDNN's kernel for every call): the opaque prepacked tensor is the one copy, and the rows a
+    state_dict holds come back out of it bit for bit."""
+    model = tiny_model(seed=3, dtype=torch.bfloat16, hidden=64, vocab=64)
+    expected = quantize(model, "w8a8").state_dict()
+    monkeypatch.setattr(quantize_module, "w8a8_kernel", lambda: "onednn")
+    quantized = quantize(model, "w8a8")
+    with torch.inference_mode():
+        call_every_matmul(quantized, torch.bfloat16)
+    assert all(set(m.forms) == {"onednn"} for m in matmuls(quantized))
+    check_held_once(quantized, torch.bfloat16, "w8a8", copies=1)
+    state = quantized.state_dict()
+    assert set(state) == set(expected) and all(torch.equal(state[k], expected[k]) for k in state)
 
 
 @needs_w8a8
