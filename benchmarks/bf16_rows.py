@@ -14,12 +14,15 @@ Three measurements, 1 thread by default, each interleaved in one process (median
    against rvqspec's kernel: the round's cost over the one-row call, by N.
 3. frames: the 0.6B predictor with heads at the paper's acceptance (`rvqspec bench --weights`'s model), AR and
    speculative frames at N = 4, 8, 16, each kernel: speculative over its own AR (the yardstick of issue 51).
+Times are the process's CPU time at 1 thread (`--clock cpu`, the default there: on a shared machine the time the
+process waits for a core is not counted; waiting for memory is), wall time otherwise.
 Writes bf16-rows.{json,md}.
 """
 
 import argparse
 import statistics
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -67,7 +70,7 @@ def matmuls(kernel: str):
 
 
 @torch.inference_mode()
-def matrix_rows(shapes: list, pad_rows: int, repeats: int) -> dict:
+def matrix_rows(shapes: list, pad_rows: int, repeats: int, clock: str) -> dict:
     """ms of one call through every matrix of `shapes` per kernel and row count, and the floor."""
     generator = torch.Generator().manual_seed(0)
     weights = [(torch.randn(s, generator=generator) / s[1] ** 0.5).bfloat16() for s in shapes]
@@ -93,13 +96,14 @@ def matrix_rows(shapes: list, pad_rows: int, repeats: int) -> dict:
     source = torch.ones(nbytes // 2, dtype=torch.bfloat16)
     target = torch.empty_like(source)
     calls = {(name, r): lambda f=f, r=r: f(inputs[r]) for name, f in kernels.items() for r in ROWS}
-    ms = device_path.median_ms(calls | {("copy", 0): lambda: target.copy_(source)}, repeats)
+    ms = device_path.median_ms(calls | {("copy", 0): lambda: target.copy_(source)}, repeats,
+                               time.process_time if clock == "cpu" else time.perf_counter)
     floor = ms["copy", 0] / 2  # a copy of the weights' bytes reads and writes them: half of it reads them once
     return {"floor_ms": floor, "bandwidth_gb_s": 2 * nbytes / ms["copy", 0] / 1e6, "bytes": nbytes,
             "ms": {name: {str(r): ms[name, r] for r in ROWS} for name in kernels}}
 
 
-def call_costs(model, sampler: Sampler, alternations: int, rounds: int) -> dict:
+def call_costs(model, sampler: Sampler, alternations: int, rounds: int, clock: str) -> dict:
     """Per kernel: median ms of the AR step and of a speculative round per N (alternating kernels)."""
     trees = {n: default_tree(n) for n in CALL_SIZES}
     drafter = ReusedHeads(model)
@@ -108,14 +112,14 @@ def call_costs(model, sampler: Sampler, alternations: int, rounds: int) -> dict:
         for kernel in KERNELS:
             with matmuls(kernel):
                 latency = call_latency(model, drafter, trees, sampler, rounds)
-            samples[kernel]["ar"].append(latency["ar"]["wall_ms"])
+            samples[kernel]["ar"].append(latency["ar"][f"{clock}_ms"])
             for n in CALL_SIZES:
-                samples[kernel][n].append(latency["spec"][n]["wall_ms"])
+                samples[kernel][n].append(latency["spec"][n][f"{clock}_ms"])
     return {kernel: {str(key): statistics.median(v) for key, v in s.items()} for kernel, s in samples.items()}
 
 
 @torch.inference_mode()
-def frame_times(predictor, frames: list, sampler: Sampler) -> dict:
+def frame_times(predictor, frames: list, sampler: Sampler, clock: str) -> dict:
     """Median frame ms and tokens/step per (kernel, mode): mode 0 AR, N speculative; rotating order per frame."""
     model = predictor.model
     runs = [(kernel, n) for kernel in KERNELS for n in (0, *FRAME_SIZES)]
@@ -129,7 +133,7 @@ def frame_times(predictor, frames: list, sampler: Sampler) -> dict:
                 result = decode_frame(model, h, c0, sampler, torch.Generator().manual_seed(i),
                                       drafter=drafter if n else None, tree=trees.get(n))
                 if i:
-                    times[kernel, n].append(elapsed_ms(start)[0])
+                    times[kernel, n].append(elapsed_ms(start)[clock == "cpu"])
                     decoded[kernel, n].append(result)
     return {kernel: {str(n): {"frame_ms": statistics.median(times[kernel, n]),
                               "tokens_per_step": tokens_per_step(decoded[kernel, n])} for n in (0, *FRAME_SIZES)}
@@ -152,9 +156,9 @@ def run(args) -> dict:
     report = {"machine": info, "settings": vars(args), "choice": choice["matmul"],
               "calibration": {"tokens_per_step": calibrated.measured, "target": calibrated.target}}
     report["matrices"] = matrix_rows(predictor_shapes() if not args.smoke else [(64, 32), (32, 64)],
-                                     choice["matmul"]["pad_rows"], args.repeats)
-    report["calls"] = call_costs(predictor.model, sampler, args.alternations, args.rounds)
-    report["frames"] = frame_times(predictor, predictor.frames(args.frames, seed=1), sampler)
+                                     choice["matmul"]["pad_rows"], args.repeats, args.clock)
+    report["calls"] = call_costs(predictor.model, sampler, args.alternations, args.rounds, args.clock)
+    report["frames"] = frame_times(predictor, predictor.frames(args.frames, seed=1), sampler, args.clock)
     finish_machine(info)
     return report
 
@@ -162,10 +166,12 @@ def run(args) -> dict:
 def markdown(report: dict) -> str:
     s = report["settings"]
     command = "OMP_WAIT_POLICY=PASSIVE python benchmarks/bf16_rows.py" + (f" --threads {s['threads']}" if s[
-        "threads"] != 1 else "") + f" --frames {s['frames']}"
+        "threads"] != 1 else "") + f" --frames {s['frames']}" + (f" --clock {s['clock']}" if s.get("clock") not in (
+        None, "cpu" if s["threads"] == 1 else "wall") else "")
+    clock = "the process's CPU time" if s.get("clock") == "cpu" else "wall time"
     lines = ["# bfloat16: a verify call of N rows against the one-row call", "",
              f"`{command}`: {machine_text(report['machine'])}; native, {s['threads']} thread(s). "
-             "Medians of interleaved runs; compare within a table.", ""]
+             f"Medians of interleaved runs, {clock}; compare within a table.", ""]
     if "skipped" in report:
         return "\n".join(lines + [f"Skipped: {report['skipped']}."]) + "\n"
     m = report["matrices"]
@@ -212,8 +218,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds per call_latency run")
     parser.add_argument("--calibration-frames", type=int, default=8)
     parser.add_argument("--calibration-iterations", type=int, default=6)
+    parser.add_argument("--clock", choices=("cpu", "wall"), help="cpu: the process's CPU time (the default at 1 "
+                        "thread); wall: wall time (the default with more threads)")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
+    args.clock = args.clock or ("cpu" if args.threads == 1 else "wall")
     if args.smoke:
         vars(args).update(SMOKE)
     torch.set_num_threads(args.threads)

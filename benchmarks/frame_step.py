@@ -15,7 +15,6 @@ import argparse
 import importlib.util
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -118,12 +117,10 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(frame_steps(args.frames, args.repeats)))
         return
     sys.path.insert(0, str(ROOT))
-    from rvqspec.bench.timing import finish_machine, machine, report_folder, sources_at, write_reports
+    from rvqspec.bench.timing import finish_machine, machine, report_folder, sources_at, tree_commit, write_reports
 
     info = machine()
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
-    dirty = subprocess.run(["git", "status", "--porcelain", "rvqspec"], cwd=ROOT, capture_output=True, text=True)
-    report = {"machine": info, "base": args.base, "after_commit": head.strip() + (" + changes" if dirty.stdout else ""),
+    report = {"machine": info, "base": args.base, "after_commit": tree_commit(ROOT),
               "rounds": args.rounds, "frames": args.frames, "repeats": args.repeats, "before": [], "after": []}
     with sources_at(args.base, ROOT) as base:
         for _ in range(args.rounds):

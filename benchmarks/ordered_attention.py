@@ -38,7 +38,7 @@ def shapes(groups: int) -> dict:
     talker steps (one query per row over its own length, rows of different lengths)."""
     out = {"AR": (torch.arange(groups)[None, :] <= K + 1)[None]}
     for budget in (4, 16, 32):
-        out[f"N={budget}"] = build_plan(default_tree(budget), groups, torch.device("cpu")).masks[K][None]
+        out[f"N={budget}"] = build_plan(default_tree(budget), groups, torch.device("cpu"), torch.float32).masks[K][None]
     for rows, slots in ((1, 128), (1, 1024), (4, 512)):
         lengths = slots - 10 - 7 * torch.arange(rows)
         out[f"talker step, {rows} row(s), {slots} slots"] = torch.arange(slots)[None, None, :] < lengths[:, None, None]

@@ -58,25 +58,25 @@ def pieces(model, cache, drafter, tree, sampler, generator) -> dict:
     ks, k_row = [k], torch.tensor([k])
     top = drafter.candidates(ctx, hidden_k, ks)
     tokens = torch.cat([code[:, None], top.flatten(1)[:, plan.draft_index]], dim=1)
-    x = model.embed_codes(tokens, plan.tables[k_row])
+    positions, tables, tree_mask = plan.at(k_row, ks)
+    x = model.embed_codes(tokens, tables)
     position = slots[k + 1:k + 2]
     x1 = model.embed_codes(code, position - 1)[:, None]
-    hidden = model(x, plan.positions[k_row], plan.masks[k_row], cache, plan.scratch)
-    node = torch.zeros(1, dtype=torch.long)
+    hidden = model(x, positions, tree_mask, cache, plan.scratch)
+    node = [0]  # the host walk's (a host list)
 
-    def the_walk():  # the core's, as `speculative_round` calls it
+    def the_walk():  # the core's, as `speculative_round` calls it, and its result on the host
         path = walk(ctx, k_row, ks, tokens, hidden)
-        return [path.node, path.found]
+        return [path.node, path.found] if isinstance(path.node, list) else torch.stack([path.node, path.found]).tolist()
 
     return {
         "ar: forward q=1": lambda: model(x1, position, masks[k + 1:k + 2], cache, position),
         "ar: head + sample": lambda: sampler.sample(model.head_logits(hidden[:, 0], k + 1), generator),
         "ar: whole step": lambda: autoregressive_step(ctx, code, k + 1, slots, masks),
         "round: drafts": lambda: drafter.candidates(ctx, hidden_k, ks),
-        f"round: forward q={tree.size + 1}": lambda: model(x, plan.positions[k_row], plan.masks[k_row], cache,
-                                                           plan.scratch),
-        "round: walk": lambda: torch.stack(the_walk()).tolist(),
-        "round: cache move": lambda: cache.move(plan.path_slots[node], k_row[:, None] + plan.path_steps),
+        f"round: forward q={tree.size + 1}": lambda: model(x, positions, tree_mask, cache, plan.scratch),
+        "round: walk": the_walk,
+        "round: cache move": lambda: cache.move(*plan.compaction(k_row, ks, node)),
         "round: whole": lambda: speculative_round(ctx, k_row, ks, code, hidden_k),
     }
 

@@ -50,6 +50,7 @@ SMOKE = {
                           ["ordered-attention-{class}.json", "ordered-attention-{class}.md"]),
     "packed_linear": (None, [], []),  # prints its table
     "prefill_gap": (UPSTREAM, ["--out", "{out}"], ["prefill-gap.json", "prefill-gap.md"]),
+    "predictor_frame": (None, ["--out", "{out}"], ["predictor-frame.json", "predictor-frame.md"]),
     "quantization_quality": (None, ["--out", "{out}"], ["quantization-quality.json", "quantization-quality.md"]),
     "round_profile": (None, ["--out", "{out}"], ["round-profile.json", "round-profile.md"]),
     "row_draws": (None, ["--out", "{out}"], ["row-draws.json", "row-draws.md"]),

@@ -181,9 +181,10 @@ def test_one_w8a8_model_decodes_alike_natively_and_under_the_avx2_caps(tmp_path)
 
 def test_the_floor_report_names_each_schemes_kernel_and_its_fraction():
     """What `rvqspec inspect --device` prints, on small matrices: every scheme timed against its bytes."""
-    report = one_row_steps(shapes=[(96, 64), (64, 96)], repeats=2, gigabytes=0.01, log=lambda line: None)
-    assert set(report["schemes"]) == set(SCHEMES) == set(report["kernels"]) and report["bandwidth_gb_s"] > 0
+    report = one_row_steps(shapes=[(96, 64), (64, 96)], repeats=2, log=lambda line: None)
+    assert set(report["schemes"]) == set(SCHEMES) == set(report["kernels"])
     assert "rvqspec's AVX2" in report["kernels"]["w8a16"]
     for scheme, figures in report["schemes"].items():
         assert figures["bytes"] == 2 * 96 * 64 * (4 if scheme == "float32" else 2 if scheme == "bfloat16" else 1)
         assert figures["of_floor"] > 0 and set(figures["rows_over_one"]) == {"4", "8"}
+        assert figures["bandwidth_gb_s"] == pytest.approx(figures["bytes"] / figures["floor_ms"] / 1e6)

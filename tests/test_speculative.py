@@ -220,7 +220,8 @@ def test_codes_outside_the_target_top_k_top_p_are_never_emitted(sampler):
 @pytest.mark.parametrize("accelerator", [True, False], ids=["accelerator", "cpu"])
 def test_the_round_reads_the_device_once(monkeypatch, accelerator):
     """Item 5: on an accelerator the acceptance walk is the round's only device-to-host read (Python-level reads
-    counted); the CPU's walk reads the candidates, then each depth it visits (`host_walk`: free on the CPU)."""
+    counted); the CPU's walk reads the candidates, then each depth it visits (`host_walk`: free on the CPU), and
+    nothing else: its result is on the host already (issue 51)."""
     if accelerator:
         monkeypatch.setattr(device_path, "static_shapes", lambda device: True)
     m, tree = model(16), default_tree(32)
@@ -245,9 +246,9 @@ def test_the_round_reads_the_device_once(monkeypatch, accelerator):
     result = decode_frame(m, h, c0, Sampler(), drafter=ReusedHeads(m), tree=tree)
     if accelerator:
         assert per_round and set(per_round) == {1}
-    else:  # candidates, one read per visited depth (accepted + 1, or fewer at the frame end), the result
+    else:  # candidates, one read per visited depth (accepted + 1, or fewer at the frame end)
         assert len(per_round) == len(result.rounds)
-        assert all(reads <= 3 + r.accepted for reads, r in zip(per_round, result.rounds))
+        assert all(reads <= 2 + r.accepted for reads, r in zip(per_round, result.rounds))
 
 
 def test_speculative_input_errors():

@@ -4,8 +4,11 @@ A one-row step (the AR predictor step, the talker step) multiplies every layer m
 the weights and does little else, so its floor is the weight bytes over the memory bandwidth. The bandwidth is a
 large tensor copy's (read + write bytes over its time, median), this thread count, as benchmarks/end_to_end.py has
 measured it since issue 32. `one_row_steps` streams one row through the 0.6B predictor's layer matrices per scheme
-(float32, bfloat16, w8a16, w8a8), more than any cache holds, and gives each its fraction of the floor; and the cost
-of 4 and 8 rows against one (a batch's step). `rvqspec inspect --device` prints it with the kernel each scheme takes.
+(float32, bfloat16, w8a16, w8a8), more than any cache holds, and gives each its fraction of the floor: a copy moving
+as many bytes as the scheme's weights (`copy_of`: the same footprint), timed between the kernels' calls on their
+thread count, so that both see the same machine (a 1 GB copy timed once before the calls read 42.8 GB/s where a copy
+of the matrices' bytes between them read 32, capped avx2, issue 51: a shared machine's bandwidth swings); and the cost
+of 4 and 8 rows against one (a batch's step). `rvqspec inspect --device` prints it with each scheme's kernel.
 
 A whole frame's parts get floors from the same measures (benchmarks/end_to_end.py): `matrix_bytes` (a module's weights
 as a scheme stores them), `matmul_peak` (a large matmul's FLOP/s, this thread count: the compute floor's rate) and
@@ -41,6 +44,14 @@ def copy_bandwidth(gigabytes: float = 1.0, repeats: int = 5) -> float:
         target.copy_(source)
         times.append(time.perf_counter() - start)
     return 2 * source.numel() * 4 / statistics.median(times)
+
+
+def copy_of(nbytes: int):
+    """A call copying a tensor of nbytes / 2 bytes into another (nbytes read + written): timed beside a call reading
+    nbytes of weights, the floor of that call at this thread count."""
+    source = torch.ones(max(nbytes // 8, 1), dtype=torch.float32)
+    target = torch.empty_like(source)
+    return lambda: target.copy_(source)
 
 
 def matrix_bytes(modules: list[torch.nn.Module], scheme: str) -> int:
@@ -107,17 +118,16 @@ def predictor_shapes(arch: str = "0.6b") -> list[tuple[int, int]]:
 
 @torch.inference_mode()
 def one_row_steps(schemes=SCHEMES, arch: str = "0.6b", repeats: int = 7, rows=ROWS, log=print,
-                  shapes: list[tuple[int, int]] | None = None, gigabytes: float = 1.0) -> dict:
+                  shapes: list[tuple[int, int]] | None = None) -> dict:
     """Per scheme: ms of one row (and of `rows` rows) through the layer matrices of `arch`'s predictor (or `shapes`),
-    their bytes, the floor (bytes / copy bandwidth of `gigabytes`) and the fraction of it reached; schemes this CPU
-    refuses are reported with why."""
+    their bytes, the floor (a copy moving as many bytes, timed between the calls: `copy_of`), the bandwidth it reads
+    and the fraction of the floor reached; schemes this CPU refuses are reported with why."""
     generator = torch.Generator().manual_seed(0)
     shapes = shapes or predictor_shapes(arch)
     weights = [torch.randn(shape, generator=generator) / shape[1] ** 0.5 for shape in shapes]
     inputs = {n: {k: torch.randn(n, k, generator=generator) for k in {s[1] for s in shapes}} for n in rows}
-    bandwidth = copy_bandwidth(gigabytes)
-    report = {"cpu": cpu_class.describe(), "threads": torch.get_num_threads(), "arch": arch,
-              "bandwidth_gb_s": bandwidth / 1e9, "kernels": kernels(), "schemes": {}}
+    report = {"cpu": cpu_class.describe(), "threads": torch.get_num_threads(), "arch": arch, "kernels": kernels(),
+              "schemes": {}}
     for scheme in schemes:
         try:
             step, nbytes = step_of(scheme, weights)
@@ -126,10 +136,11 @@ def one_row_steps(schemes=SCHEMES, arch: str = "0.6b", repeats: int = 7, rows=RO
             continue
         cast = {n: {k: v.to(torch.bfloat16) if scheme == "bfloat16" else v for k, v in inputs[n].items()}
                 for n in rows}
-        ms = median_ms({n: lambda x=cast[n]: step(x) for n in rows}, repeats)  # a warm-up each: packed layouts made
-        floor = 1e3 * nbytes / bandwidth
+        calls = {n: lambda x=cast[n]: step(x) for n in rows} | {"floor": copy_of(nbytes)}
+        ms = median_ms(calls, repeats)  # a warm-up each: packed layouts made
+        floor = ms.pop("floor")
         report["schemes"][scheme] = {"ms": {str(n): v for n, v in ms.items()}, "bytes": nbytes, "floor_ms": floor,
-                                     "of_floor": floor / ms[rows[0]],
+                                     "bandwidth_gb_s": nbytes / floor / 1e6, "of_floor": floor / ms[rows[0]],
                                      "rows_over_one": {str(n): ms[n] / ms[rows[0]] for n in rows[1:]}}
         log(f"{scheme}: one row {ms[rows[0]]:.2f} ms, floor {floor:.2f} ms ({floor / ms[rows[0]]:.0%}); "
             + ", ".join(f"{n} rows {ms[n] / ms[rows[0]]:.2f}x" for n in rows[1:]))

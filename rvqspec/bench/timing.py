@@ -111,6 +111,16 @@ def sources_at(commit: str, repository: Path) -> Iterator[Path]:
         yield Path(folder)
 
 
+def tree_commit(repository: Path) -> str:
+    """`repository`'s HEAD (short hash), with " + changes" where its rvqspec/ differs from it: what the after side of a
+    before/after benchmark ran."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=repository, capture_output=True, text=True).stdout
+
+    changed = git("status", "--porcelain", "rvqspec")
+    return git("rev-parse", "--short", "HEAD").strip() + (" + changes" if changed else "")
+
+
 def worker_result(source: Path, argv: list[str], path: tuple[Path, ...] = (), env: dict | None = None) -> dict:
     """The JSON object on the last line `python argv` prints, run in `source` with its rvqspec first on the import
     path (then `path`), one OpenMP thread and `env`'s variables; its failure ends the benchmark with the end of its

@@ -66,10 +66,11 @@ def print_device(report: dict) -> None:
             print(f"    {what}: {json.dumps(figures)}")
     steps = report["weights"]
     print(f"  weights schemes, one row through the {steps['arch']} predictor's layer matrices ({steps['threads']} "
-          f"thread(s); floor = their bytes / the copy bandwidth, {steps['bandwidth_gb_s']:.1f} GB/s):")
+          f"thread(s); floor = a copy moving as many bytes, timed between the calls):")
     for scheme, kernel in steps["kernels"].items():
         r = steps["schemes"][scheme]
-        figures = r.get("refused") or (f"{r['ms']['1']:.2f} ms, {r['of_floor']:.0%} of the floor; "
+        figures = r.get("refused") or (f"{r['ms']['1']:.2f} ms, {r['of_floor']:.0%} of the floor ({r['floor_ms']:.2f} "
+                                       f"ms, {r['bandwidth_gb_s']:.1f} GB/s); "
                                        + ", ".join(f"{n} rows {x:.2f}x" for n, x in r["rows_over_one"].items()))
         print(f"    {scheme}: {kernel}: {figures}")
 

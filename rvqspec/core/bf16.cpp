@@ -9,8 +9,15 @@
 // Weights packed once (`pack_bf16` in packing.py): [ceil(N/16), ceil(K/2), 16, 2] bfloat16, a block of 16 channels
 // streaming contiguously, two input values per channel and step (the pairs vdpbf16ps multiplies); K and N zero-padded.
 // A tile of R rows x C blocks keeps its R x C sums in registers (up to 6 rows x 4 blocks, or 12 rows x 2 blocks: a
-// verify call of up to 12 rows reads each weight byte from memory once); one row reads 4 blocks side by side (4
-// chains in flight, so the loads, not the instruction's latency, set the pace).
+// call of up to 12 rows reads each weight byte from memory once, more rows go in balanced chunks of at most 12, the
+// later chunks reading a group's weights from L2); one row reads 4 blocks side by side (4 chains in flight, so the
+// loads, not the instruction's latency, set the pace).
+//
+// Prefetching: from about 6 rows on, a call does as much vdpbf16ps work as it reads bytes (a Zen 4 runs one 512-bit
+// vdpbf16ps a cycle), and the two overlap only when the weights arrive in L2 ahead of the tile: the tile prefetches
+// the blocks its next pass will read (PREFETCHT1, into L2) at its own pace. A prefetch into L1 holds one of the few
+// L1 miss buffers for a whole DRAM round trip and costs more than it gives; a tile of up to 4 rows leaves the
+// stream to the hardware prefetcher, which keeps one row at the copy bandwidth.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -28,19 +35,20 @@ namespace {
 #ifdef RVQSPEC_BF16_GEMM
 constexpr int64_t BCOLS = 16, GROUP = 4;  // a block's channels; blocks per group (a thread's unit of work)
 constexpr int64_t WIDE_ROWS = 6, BROWS = 12;  // the most rows of a tile of 4 blocks, and of 2 blocks
-constexpr int64_t BF16_PREFETCH = 1024;  // bytes ahead in each block's stream
+constexpr int64_t STREAM_ROWS = 4;  // a 4-block tile of at most this many rows leaves prefetching to the hardware
 
 // R rows of x (as pairs: row stride k2 int32) x C blocks (block stride `stride` bf16 pairs of 16 channels) -> the
-// float32 sums out[r * GROUP + c] (16 lanes each), each one chain over K.
+// float32 sums out[r * GROUP + c] (16 lanes each), each one chain over K. `ahead` > 0: each step also prefetches into
+// L2 the line `ahead` blocks further on of each of its blocks (the next pass's weights).
 template <int R, int C>
-inline void tile(const int32_t* x, int64_t k2, const uint32_t* w, int64_t stride, __m512* out) {
+inline void tile(const int32_t* x, int64_t k2, const uint32_t* w, int64_t stride, int64_t ahead, __m512* out) {
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   for (int64_t k = 0; k < k2; ++k, w += BCOLS) {
     __m512i wv[C];
     for (int c = 0; c < C; ++c) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + c * stride) + BF16_PREFETCH, _MM_HINT_T0);
+      if (ahead) _mm_prefetch(reinterpret_cast<const char*>(w + (c + ahead) * stride), _MM_HINT_T1);
       wv[c] = _mm512_loadu_si512(w + c * stride);
     }
     for (int r = 0; r < R; ++r) {
@@ -54,21 +62,27 @@ inline void tile(const int32_t* x, int64_t k2, const uint32_t* w, int64_t stride
 
 // tile<rows, C> for rows in [R, MAX] (R x C sums stay within the 32 vector registers).
 template <int C, int MAX, int R = 1>
-inline void tile_rows(int64_t rows, const int32_t* x, int64_t k2, const uint32_t* w, int64_t stride, __m512* out) {
+inline void tile_rows(int64_t rows, const int32_t* x, int64_t k2, const uint32_t* w, int64_t stride, int64_t ahead,
+                      __m512* out) {
   if constexpr (R < MAX) {
-    if (rows != R) return tile_rows<C, MAX, R + 1>(rows, x, k2, w, stride, out);
+    if (rows != R) return tile_rows<C, MAX, R + 1>(rows, x, k2, w, stride, ahead, out);
   }
-  tile<R, C>(x, k2, w, stride, out);
+  tile<R, C>(x, k2, w, stride, ahead, out);
 }
 
-// Up to BROWS rows x a group's `blocks` blocks, each weight byte read from memory once: up to WIDE_ROWS rows x 4
-// blocks in one pass, more rows x 2 blocks (then 1) per pass. The order of each sum is the same either way.
+// Up to BROWS rows x a group's `blocks` blocks: up to WIDE_ROWS rows x 4 blocks in one pass, more rows x 2 blocks
+// (then 1) per pass. `prefetch`: the passes prefetch the next pass's blocks into L2 (the next group's after the
+// last). The order of each sum is the same either way.
 inline void group_tile(int64_t rows, int64_t blocks, const int32_t* x, int64_t k2, const uint32_t* w, int64_t stride,
-                       __m512* out) {
-  if (blocks == GROUP && rows <= WIDE_ROWS) return tile_rows<GROUP, WIDE_ROWS>(rows, x, k2, w, stride, out);
+                       bool prefetch, __m512* out) {
+  if (blocks == GROUP && rows <= WIDE_ROWS) {
+    const int64_t ahead = prefetch && rows > STREAM_ROWS ? GROUP : 0;
+    return tile_rows<GROUP, WIDE_ROWS>(rows, x, k2, w, stride, ahead, out);
+  }
+  const int64_t ahead = prefetch ? 2 : 0;
   for (int64_t b = 0; b < blocks; b += 2) {
-    blocks - b >= 2 ? tile_rows<2, BROWS>(rows, x, k2, w + b * stride, stride, out + b)
-                    : tile_rows<1, BROWS>(rows, x, k2, w + b * stride, stride, out + b);
+    blocks - b >= 2 ? tile_rows<2, BROWS>(rows, x, k2, w + b * stride, stride, ahead, out + b)
+                    : tile_rows<1, BROWS>(rows, x, k2, w + b * stride, stride, ahead, out + b);
   }
 }
 #endif
@@ -107,15 +121,15 @@ at::Tensor bf16_linear(const at::Tensor& x_, const at::Tensor& packed, const c10
   const int32_t* px = reinterpret_cast<const int32_t*>(x.data_ptr<at::BFloat16>());
   const uint32_t* pw = reinterpret_cast<const uint32_t*>(packed.data_ptr<at::BFloat16>());
   uint16_t* po = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-  const int64_t stride = k2 * BCOLS, groups = (blocks + GROUP - 1) / GROUP;
+  const int64_t stride = k2 * BCOLS, groups = (blocks + GROUP - 1) / GROUP, chunks = (rows + BROWS - 1) / BROWS;
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
     __m512 sums[BROWS * GROUP];
     for (int64_t g = begin; g < end; ++g) {
       const int64_t first = g * GROUP, count = std::min(GROUP, blocks - first);
       const uint32_t* w = pw + first * stride;
-      for (int64_t r = 0; r < rows; r += BROWS) {
-        const int64_t chunk = std::min(BROWS, rows - r);
-        group_tile(chunk, count, px + r * k2, k2, w, stride, sums);
+      for (int64_t j = 0; j < chunks; ++j) {  // balanced chunks of rows: the first reads the weights from memory
+        const int64_t r = rows * j / chunks, chunk = rows * (j + 1) / chunks - r;
+        group_tile(chunk, count, px + r * k2, k2, w, stride, j == 0, sums);
         for (int64_t i = 0; i < chunk; ++i)
           for (int64_t c = 0; c < count; ++c) {
             const int64_t col = (first + c) * BCOLS, cols = std::min(BCOLS, n - col);

@@ -10,8 +10,8 @@ torch.multinomial's draw. So a row's codes and its generator's use depend on not
 bits alone and in any batch, AR or speculative, on every walk and through captured calls; and since each emitted code
 is one draw from p~ given its true prefix with noise no other code uses, the codes keep AR's distribution.
 
-The tree's plan (`TreePlan`) is built here too, once per (tree, code groups, device), and kept in a bounded cache on
-the decoding side (least recently used first out), never on the caller's `Tree`.
+The tree's plan (`TreePlan`) is built here too, once per (tree, code groups, device, dtype), and kept in a bounded
+cache on the decoding side (least recently used first out), never on the caller's `Tree`.
 """
 
 import threading
@@ -32,8 +32,8 @@ PLANS = 64  # trees' plans kept (a plan is a few small tensors)
 
 @dataclass
 class TreePlan:
-    """Everything a round needs about the tree, built once per (tree, groups, device) (`plan_for`). Per-k tables are
-    stacked so that a batch gathers each row's by its k. q = N + 1 query tokens (root + nodes).
+    """Everything a round needs about the tree, built once per (tree, groups, device, dtype) (`plan_for`). Per-k
+    tables are stacked so that a batch gathers each row's by its k. q = N + 1 query tokens (root + nodes).
 
     Worked example: the tree [[0], [1], [0, 0]] (q = 4: root 0; node 1 = rank 0 at depth 1; node 2 = rank 1 at
     depth 1; node 3 = rank 0 at depth 2 under node 1), G = 16 codebooks, a row at k = 3 (c1..c3 emitted):
@@ -46,7 +46,7 @@ class TreePlan:
       masks[3]      [4, 20]: slots 0..3 (committed) for every query, then each query's ancestors and itself
                     among the scratch slots (node 3 sees slots 16, 17, 19)
       path_slots    [[16, 16, 16], [16, 17, 17], [16, 18, 18], [16, 17, 19]]: root..node, padded with the node
-      path_steps    [1, 2, 3]: a path's entries go to slots k + 1, k + 2, ... (positions 4, 5, 6 at k = 3)
+      destinations[3] [4, 5, 6]: a path's entries go to slots k + 1, k + 2, ... (positions 4, 5, 6)
       children      [[1, 2], [3], [], []]: the host walk's child lists
     """
 
@@ -57,9 +57,27 @@ class TreePlan:
     positions: Tensor  # [G, q] per k: position ids k+1+depth
     tables: Tensor  # [G, q] per k: embedding table of each token (clamped past the last code)
     masks: Tensor  # [G, q, G+q] per k: committed slots 0..k, then the tree's ancestors
+    additive: Tensor  # the same in the model's dtype as the forward adds a mask (0: attends; -inf: not), made once
     path_slots: Tensor  # [q, max_depth+1] per node: scratch slots of root..node, padded with the node's own
-    path_steps: Tensor  # [max_depth+1] 1, 2, ...: where the path goes, counted from the row's k
+    destinations: Tensor  # [G, max_depth+1] per k: k + 1, k + 2, ...: the slots a path's entries go to
     children: list[list[int]]  # per node, its children (host lists, for the host walk)
+    max_depth: int  # the tree's (read a few times a round: a `Tree` computes it from its paths)
+    top_m: int  # candidates drafted per depth: the tree's top_m, at least 1
+
+    def at(self, k: Tensor, k_host: list[int] | None) -> tuple[Tensor, Tensor, Tensor]:
+        """The verify call's (positions, tables, additive masks) of rows at `k`: gathered per row ([B, q], [B, q],
+        [B, q, G+q]), or, where every row is at the same k on the host, that k's ([q], [q], [q, G+q]: views, which every
+        row of the call shares, as an AR step's)."""
+        if k_host is not None and len(set(k_host)) == 1:
+            return self.positions[k_host[0]], self.tables[k_host[0]], self.additive[k_host[0]]
+        return self.positions[k], self.tables[k], self.additive[k]
+
+    def compaction(self, k: Tensor, k_host: list[int] | None, node: Tensor | list[int]) -> tuple[Tensor, Tensor]:
+        """(source, destination) slots [B, max_depth+1] of the K/V entries that rows at `k`, whose walks reached
+        `node` (host lists on the host walk, with `k_host`; else device tensors), keep (`KVCache.move`)."""
+        if isinstance(node, Tensor):
+            return self.path_slots[node], self.destinations[k]
+        return pick(self.path_slots, node), pick(self.destinations, k_host)
 
 
 @dataclass(frozen=True)
@@ -90,16 +108,19 @@ class RoundContext:
         """Each row's k as the round's steps take it: the device tensor in a captured call, else the host list."""
         return k if self.captured else k_host
 
-    def sample(self, logits: Tensor, codebooks: int | list[int] | Tensor, rows: Tensor | None = None) -> Tensor:
+    def sample(self, logits: Tensor, codebooks: int | list[int] | Tensor, rows: list[int] | None = None) -> Tensor:
         """The draws of `rows` (default: every row) from `logits` [n, V], each of its code c_{codebook} with its noise
-        for that code: `codebooks` one for all (an int) or one per row (a host list, or a device tensor)."""
+        for that code: `codebooks` one for all (an int) or one per row (a host list, then `rows` a host list too, or a
+        device tensor)."""
         if self.noise is None:
             return self.sampler.sample_noise(logits, None)
         if isinstance(codebooks, int):
             return self.sampler.sample_noise(logits, self.noise[:, codebooks - 1])
-        index = torch.as_tensor(codebooks, device=self.noise.device) - 1
-        rows = torch.arange(len(index), device=index.device) if rows is None else rows.to(index.device)
-        return self.sampler.sample_noise(logits, self.noise[rows, index])
+        if isinstance(codebooks, list):
+            rows = list(range(len(codebooks))) if rows is None else rows
+            return self.sampler.sample_noise(logits, pick(self.noise, rows, [c - 1 for c in codebooks]))
+        index = codebooks - 1
+        return self.sampler.sample_noise(logits, self.noise[torch.arange(len(index), device=index.device), index])
 
 
 def new_context(model: MultiCodeDecoder, cache: KVCache, sampler: Sampler, generator: Generators,
@@ -146,19 +167,19 @@ _plans_lock = threading.Lock()
 
 
 def plan_for(tree: Tree, model: MultiCodeDecoder) -> TreePlan:
-    """`tree`'s plan for `model`'s code groups and device, built on first use (trees count by value)."""
-    key = (tuple(tree.paths), model.config.num_code_groups, str(model.device))
+    """`tree`'s plan for `model`'s code groups, device and dtype, built on first use (trees count by value)."""
+    key = (tuple(tree.paths), model.config.num_code_groups, str(model.device), model.dtype)
     with _plans_lock:
         if key in _plans:
             _plans.move_to_end(key)
         else:
-            _plans[key] = build_plan(tree, model.config.num_code_groups, model.device)
+            _plans[key] = build_plan(tree, model.config.num_code_groups, model.device, model.dtype)
             while len(_plans) > PLANS:
                 _plans.popitem(last=False)
         return _plans[key]
 
 
-def build_plan(tree: Tree, groups: int, device: torch.device) -> TreePlan:
+def build_plan(tree: Tree, groups: int, device: torch.device, dtype: torch.dtype) -> TreePlan:
     q, depth, ks = tree.size + 1, tree.depth, torch.arange(groups)[:, None]
     committed = torch.arange(groups)[None, :] <= ks  # [k, slot]: slot <= k
     masks = torch.cat([committed[:, None, :].expand(-1, q, -1), tree.ancestors.expand(groups, -1, -1)], dim=2)
@@ -173,5 +194,21 @@ def build_plan(tree: Tree, groups: int, device: torch.device) -> TreePlan:
         draft_index=((depth[1:] - 1) * max(tree.top_m, 1) + tree.rank[1:]).to(device),
         scratch=torch.arange(groups, groups + q, device=device),
         positions=(ks + 1 + depth).to(device), tables=(ks + depth).clamp(max=groups - 1).to(device),
-        masks=masks.to(device), path_slots=(groups + torch.tensor(paths)).to(device),
-        path_steps=torch.arange(1, tree.max_depth + 2, device=device), children=children)
+        masks=masks.to(device), additive=additive_mask(masks, dtype).to(device),
+        path_slots=(groups + torch.tensor(paths)).to(device),
+        children=children, destinations=(ks + torch.arange(1, tree.max_depth + 2)).to(device),
+        max_depth=tree.max_depth, top_m=max(tree.top_m, 1))
+
+
+def additive_mask(masks: Tensor, dtype: torch.dtype) -> Tensor:
+    """Boolean `masks` as the forward adds a mask to attention scores in `dtype` (`model.run_layers`: the same
+    values): 0 where a query attends, -inf elsewhere."""
+    return torch.zeros(masks.shape, dtype=dtype).masked_fill_(~masks, float("-inf"))
+
+
+def pick(rows: Tensor, index: list[int], within: list[int] | None = None) -> Tensor:
+    """rows[index[i]] (or rows[index[i], within[i]]) for each i, stacked: host indices, so one index is a view (no
+    copy, no index tensor to make: what a round of one row takes, many times a frame), more an indexing copy."""
+    if len(index) == 1:
+        return (rows[index[0]] if within is None else rows[index[0], within[0]])[None]
+    return rows[index] if within is None else rows[index, within]

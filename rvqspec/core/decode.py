@@ -10,7 +10,7 @@ row's noise for the frame's draws, the drafter and the resolved device path), th
 from captured calls (`graphs.py`), and nothing here knows of it.
 
 Speculative round (docs/design.md, section 2), all in `round_on_device` (which `speculative_round` calls, then reads
-the result on the host once), for every row at once:
+the result on the host once, unless the CPU's walk holds it there already), for every row at once:
  1. drafts: the drafter reads the hidden state that produced the row's last code c_k and proposes the
     top-m codes for c_{k+1}..c_{k+K}; the tree picks N of them;
  2. one model call over [root = c_k, node_1..node_N] per row, with the row's tree mask, positions and
@@ -42,7 +42,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from rvqspec.core.context import RoundContext, frame_slots, new_context
+from rvqspec.core.context import RoundContext, frame_slots, new_context, pick
 from rvqspec.core.drafters import Drafter
 from rvqspec.core.errors import RvqspecError
 from rvqspec.core.sampling import Generators, Sampler
@@ -278,7 +278,7 @@ def decode_speculative(ctx: RoundContext, steps: Steps, talker_hidden: Tensor, c
     `ctx.rows` are padding that starts done."""
     batch, last, tree = ctx.batch, ctx.model.config.num_residual_codes, ctx.plan.tree
     hidden, first = steps.start(ctx, talker_hidden, c0)
-    codes = torch.zeros(batch, last + tree.max_depth + 1, dtype=torch.long, device=first.device)  # + scratch
+    codes = torch.zeros(batch, last + ctx.plan.max_depth + 1, dtype=torch.long, device=first.device)  # + scratch
     codes[:, 0] = first
     k_host = [1] * ctx.rows + [last] * (batch - ctx.rows)  # codes per row
     results, calls_made = [FrameResult(codes[b, :last], 1) for b in range(ctx.rows)], 1
@@ -307,6 +307,8 @@ def speculative_round(ctx: RoundContext, k: Tensor, k_host: list[int], root: Ten
     """One fused draft+verify call for every row. Row b has emitted c1..c_{k[b]} (`k_host` the same on the
     host); `root` [B] = c_k (not yet fed), `hidden_k` [B, H] = the h_k that produced it."""
     draws, hidden, found, node = round_on_device(ctx, k, k_host, root, hidden_k)
+    if isinstance(found, list):  # the host walk read them already
+        return RoundResult(draws, hidden, found, node)
     return read_round(draws, hidden, found, node)
 
 
@@ -317,18 +319,26 @@ def read_round(draws: Tensor, hidden: Tensor, found: Tensor, node: Tensor) -> Ro
 
 
 def round_on_device(ctx: RoundContext, k: Tensor, k_host: list[int] | None, root: Tensor, hidden_k: Tensor
-                    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Steps 1-4: (draws, the hidden state at each row's bonus node, drafts accepted [B], bonus node [B]), all on
-    the device. In a captured context (`ctx.captured`, `k_host` None) no step reads a host value."""
+                    ) -> tuple[Tensor, Tensor, Tensor | list[int], Tensor | list[int]]:
+    """Steps 1-4: (draws, the hidden state at each row's bonus node, drafts accepted [B], bonus node [B]), on the
+    device; the last two are host lists where the walk read them (`walk_on_host`). In a captured context
+    (`ctx.captured`, `k_host` None) no step reads a host value."""
     model, plan, cache = ctx.model, ctx.plan, ctx.cache
     # 1. Drafts from h_k: the top-m candidates per depth, picked by the tree's (depth, rank) nodes.
     top = ctx.drafter.candidates(ctx, hidden_k, ctx.positions(k, k_host))
     tokens = torch.cat([root[:, None], top.flatten(1)[:, plan.draft_index]], dim=1)  # [B, q]
-    # 2. Verify every row's tree in one call.
-    x = model.embed_codes(tokens, plan.tables[k])
-    hidden = model(x, plan.positions[k], plan.masks[k], cache, plan.scratch)
+    # 2. Verify every row's tree in one call (rows at one k share its positions, tables and mask, as AR steps do).
+    positions, tables, masks = plan.at(k, k_host)
+    hidden = model(model.embed_codes(tokens, tables), positions, masks, cache, plan.scratch)
     # 3. Sample-then-match (`walk`: on the host reading each depth, so it stops early; or on the device).
     path = walk(ctx, k, k_host, tokens, hidden)
     # 4. Keep the K/V of the root and the accepted nodes at their positions' slots k+1.. (see module doc).
-    cache.move(plan.path_slots[path.node], k[:, None] + plan.path_steps)
-    return path.draws, hidden[torch.arange(len(k), device=path.node.device), path.node], path.found, path.node
+    cache.move(*plan.compaction(k, k_host, path.node))
+    return path.draws, bonus_states(hidden, path.node), path.found, path.node
+
+
+def bonus_states(hidden: Tensor, node: Tensor | list[int]) -> Tensor:
+    """hidden [B, q, H] at each row's bonus node [B] (a host list: `pick`, a view for one row)."""
+    if isinstance(node, list):
+        return pick(hidden, list(range(len(node))), node)
+    return hidden[torch.arange(len(node), device=node.device), node]

@@ -81,9 +81,8 @@ class Drafter(nn.Module):
     def candidates(self, ctx: RoundContext, hidden: Tensor, positions: list[int] | Tensor) -> Tensor:
         """A round's top-m draft codes [B, K, m] per depth (K, m: the tree's depth and top_m): all a round needs, so
         ranked by rank-only logits. `positions`: each row's k, as `ctx.positions` gives it."""
-        tree = ctx.plan.tree
-        logits = self.logits(ctx.model, hidden, positions, tree.max_depth, rank_only=True, path=ctx.path)
-        return logits.topk(max(tree.top_m, 1), dim=-1).indices
+        logits = self.logits(ctx.model, hidden, positions, ctx.plan.max_depth, rank_only=True, path=ctx.path)
+        return logits.topk(ctx.plan.top_m, dim=-1).indices
 
     def teacher_forced_logits(self, model, hidden: Tensor, j: int) -> Tensor:
         """Logits [B, P, V] for c_{i+j} from h_i [B, G, H], for i = 1..G-1-j (all positions at once)."""

@@ -14,8 +14,8 @@
 // fixed order, then x the weight scale (as torch's _weight_int8pack_mm): it reads a quarter of float32's bytes.
 //
 // Both read weights packed once (`pack_int8` in quantize.py): [ceil(N/4), ceil(K/16), 4, 16] bytes, so that a
-// block of 4 output channels streams contiguously; K and N are zero-padded. Tiles of up to ROWS rows x 4 channels
-// keep their sums in registers; every row's sums run in the same order whatever the tile or the call's other rows,
+// block of 4 output channels streams contiguously; K and N are zero-padded. Tiles of up to 3 rows x 4 channels keep
+// their sums in registers; every row's sums run in the same order whatever the tile or the call's other rows,
 // so a row has the same bits in a one-row call as inside a verify call of any size.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -67,10 +67,25 @@ inline float quantize_row(const T* x, int64_t d, Q* q, int32_t offset) {
 }
 
 #ifdef RVQSPEC_INT8_GEMM
-constexpr int64_t COLS = 4, DEPTH = 16, ROWS = 2;  // the packed block (channels x values) and the tile's rows
+constexpr int64_t COLS = 4, DEPTH = 16;  // the packed block: channels x values per step
+// A tile's rows: w8a8's 12 vectors of sums + 3 rows + a weight vector fill the 16 registers (w8a16's 12 + the two
+// halves of a weight vector, its rows read from L1); each widened weight vector then feeds 3 rows, and a 9-row verify
+// call passes 3 times over a block, not 5. Against 2-row tiles (capped avx2 on Zen 4, 1 thread, CPU time): 9-33 rows
+// 0.75-0.88x (w8a8), 0.81-0.86x (w8a16).
+constexpr int64_t ROWS = 3;
 // Each step of a tile reads one 64-byte line of weights; asking for the line 2 KiB ahead keeps enough reads in flight
-// for one core to stream from memory: 7.6 -> 10.6 GB/s at one row (Xeon, AVX2 caps, interleaved runs).
+// for one core to stream from memory on Intel: 7.6 -> 10.6 GB/s at one row (Xeon, AVX2 caps, interleaved runs). On AMD
+// Zen (gcc's -march=native names it) the hardware prefetcher follows one row's stream alone and the software one
+// slowed it: one row through the 0.6B predictor's matrices 1.15-1.2x slower (Zen 4 under the AVX2 caps, 1 thread, CPU
+// time; the VNNI tile's finding too), so there a one-row tile asks for the line it reads (0: no prefetch in effect).
+// More rows than a tile's: the tiles pass over a block several times and ask for the next block's line at the same
+// place (a block ahead): 1.1-1.2x faster at 4-33 rows than no prefetch on that Zen 4.
 constexpr int64_t PREFETCH_BYTES = 2048;
+#if defined(__znver1__) || defined(__znver2__) || defined(__znver3__) || defined(__znver4__) || defined(__znver5__)
+constexpr int64_t ONE_ROW_PREFETCH_BYTES = 0;
+#else
+constexpr int64_t ONE_ROW_PREFETCH_BYTES = PREFETCH_BYTES;
+#endif
 
 // Four vectors of sums -> their four totals, always in this order.
 inline __m128i total4(__m256i a, __m256i b, __m256i c, __m256i d) {
@@ -82,35 +97,51 @@ inline __m128 total4(__m256 a, __m256 b, __m256 c, __m256 d) {
   return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
 }
 
-// A tile: R rows of activations (row stride kp) x one packed block -> sums [R][COLS] as floats times the weight
-// scales. w8a8: int16 activations, exact int32 sums.
+// gcc 12's partial redundancy elimination copies the tiles' sums through the stack at every step (12 stores per step at
+// 3 rows; 1.1-1.2x slower): the tiles and their loop are compiled without it.
+#pragma GCC push_options
+#pragma GCC optimize("no-tree-pre")
+
+// A tile: R <= 3 rows of activations (row stride kp) x one packed block -> sums [R][COLS] as floats times the weight
+// scales. w8a8: int16 activations, exact int32 sums (vpmaddwd: two products per lane). The sums are named variables,
+// not an array (gcc kept an array of vectors in memory).
 template <int R>
-inline void tile(const int16_t* a, int64_t kp, const int8_t* w, const float* wscale, float (*out)[COLS]) {
-  __m256i acc[R][COLS];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < COLS; ++c) acc[r][c] = _mm256_setzero_si256();
-  for (int64_t k = 0; k < kp; k += DEPTH, w += COLS * DEPTH) {
-    _mm_prefetch(reinterpret_cast<const char*>(w) + PREFETCH_BYTES, _MM_HINT_T0);
-    __m256i x[R];
-    for (int r = 0; r < R; ++r) x[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + r * kp + k));
-    for (int c = 0; c < COLS; ++c) {
+inline void tile(const int16_t* a, int64_t kp, const int8_t* w, const float* wscale, int64_t ahead, float (*out)[COLS]) {
+  const __m256i zero = _mm256_setzero_si256();
+  __m256i s00 = zero, s01 = zero, s02 = zero, s03 = zero, s10 = zero, s11 = zero, s12 = zero, s13 = zero, s20 = zero,
+          s21 = zero, s22 = zero, s23 = zero;
+  for (const int16_t* end = a + kp; a < end; a += DEPTH, w += COLS * DEPTH) {
+    _mm_prefetch(reinterpret_cast<const char*>(w) + ahead, _MM_HINT_T0);
+    const auto row = [&](int r) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + r * kp)); };
+    const __m256i x0 = row(0), x1 = R > 1 ? row(1) : zero, x2 = R > 2 ? row(2) : zero;
+    const auto step = [&](int c, __m256i& y0, __m256i& y1, __m256i& y2) {
       const __m256i wc = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + c * DEPTH)));
-      for (int r = 0; r < R; ++r) acc[r][c] = _mm256_add_epi32(acc[r][c], _mm256_madd_epi16(x[r], wc));
-    }
+      y0 = _mm256_add_epi32(_mm256_madd_epi16(x0, wc), y0);
+      if constexpr (R > 1) y1 = _mm256_add_epi32(_mm256_madd_epi16(x1, wc), y1);
+      if constexpr (R > 2) y2 = _mm256_add_epi32(_mm256_madd_epi16(x2, wc), y2);
+    };
+    step(0, s00, s10, s20);
+    step(1, s01, s11, s21);
+    step(2, s02, s12, s22);
+    step(3, s03, s13, s23);
   }
   const __m128 ws = _mm_loadu_ps(wscale);
-  for (int r = 0; r < R; ++r)
-    _mm_storeu_ps(out[r], _mm_mul_ps(_mm_cvtepi32_ps(total4(acc[r][0], acc[r][1], acc[r][2], acc[r][3])), ws));
+  const auto finish = [&](int r, __m256i a0, __m256i a1, __m256i a2, __m256i a3) {
+    _mm_storeu_ps(out[r], _mm_mul_ps(_mm_cvtepi32_ps(total4(a0, a1, a2, a3)), ws));
+  };
+  finish(0, s00, s01, s02, s03);
+  if constexpr (R > 1) finish(1, s10, s11, s12, s13);
+  if constexpr (R > 2) finish(2, s20, s21, s22, s23);
 }
 
 // w8a16: float32 activations, fused multiply-adds in a fixed order.
 template <int R>
-inline void tile(const float* a, int64_t kp, const int8_t* w, const float* wscale, float (*out)[COLS]) {
+inline void tile(const float* a, int64_t kp, const int8_t* w, const float* wscale, int64_t ahead, float (*out)[COLS]) {
   __m256 acc[R][COLS];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < COLS; ++c) acc[r][c] = _mm256_setzero_ps();
   for (int64_t k = 0; k < kp; k += DEPTH, w += COLS * DEPTH) {
-    _mm_prefetch(reinterpret_cast<const char*>(w) + PREFETCH_BYTES, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w) + ahead, _MM_HINT_T0);
     __m256 lo[R], hi[R];
     for (int r = 0; r < R; ++r) {
       lo[r] = _mm256_loadu_ps(a + r * kp + k);
@@ -128,29 +159,35 @@ inline void tile(const float* a, int64_t kp, const int8_t* w, const float* wscal
     _mm_storeu_ps(out[r], _mm_mul_ps(total4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), ws));
 }
 
+// Every tile of a call's rows over one block (channels from `col`), `finish(row, channel, value)` for each output kept.
+template <typename A, typename Finish>
+__attribute__((noinline)) void block_rows(const A* a, int64_t rows, int64_t kp, const int8_t* w, const float* wscale,
+                                          int64_t col, int64_t n, const Finish& finish) {
+  const int64_t ahead = rows > ROWS ? kp * COLS : rows > 1 ? PREFETCH_BYTES : ONE_ROW_PREFETCH_BYTES;
+  float out[ROWS][COLS];
+  for (int64_t r = 0; r < rows; r += ROWS) {
+    const int64_t count = std::min(ROWS, rows - r);
+    if (count == ROWS) tile<ROWS>(a + r * kp, kp, w, wscale, ahead, out);
+    else if (count == 2) tile<2>(a + r * kp, kp, w, wscale, ahead, out);
+    else tile<1>(a + r * kp, kp, w, wscale, ahead, out);
+    for (int64_t i = 0; i < count; ++i)
+      for (int64_t c = 0; c < COLS && col + c < n; ++c) finish(r + i, col + c, out[i][c]);
+  }
+}
+#pragma GCC pop_options
+
 // The GEMM's loop: blocks of COLS channels split across threads (each block's weights stay in L1 while every tile of
-// ROWS rows passes over them; the activations' type picks the tile), `finish(row, channel, value)` for each output
-// kept.
+// rows passes over them; the activations' type picks the tile).
 template <typename A, typename Finish>
 void gemm(const A* a, int64_t rows, int64_t kp, const at::Tensor& packed, const float* wscale, int64_t n,
           const Finish& finish) {
   const int8_t* pw = packed.data_ptr<int8_t>();
   const int64_t blocks = packed.size(0), block_bytes = kp * COLS;
   at::parallel_for(0, blocks, std::max<int64_t>(1, 64 / std::max<int64_t>(rows, 1)), [&](int64_t begin, int64_t end) {
-    float out[ROWS][COLS];
-    for (int64_t b = begin; b < end; ++b) {
-      const int8_t* w = pw + b * block_bytes;
-      for (int64_t r = 0; r < rows; r += ROWS) {
-        const int64_t count = std::min(ROWS, rows - r);
-        count == ROWS ? tile<ROWS>(a + r * kp, kp, w, wscale + b * COLS, out)
-                      : tile<1>(a + r * kp, kp, w, wscale + b * COLS, out);
-        for (int64_t i = 0; i < count; ++i)
-          for (int64_t c = 0; c < COLS && b * COLS + c < n; ++c) finish(r + i, b * COLS + c, out[i][c]);
-      }
-    }
+    for (int64_t b = begin; b < end; ++b)
+      block_rows(a, rows, kp, pw + b * block_bytes, wscale + b * COLS, b * COLS, n, finish);
   });
 }
-
 
 #ifdef RVQSPEC_VNNI_GEMM
 // The AVX-512 VNNI GEMM of w8a8 (vnni_linear): activations as unsigned bytes q + 128, vpdpbusd sums 4 byte products

@@ -9,7 +9,8 @@ walks at depth d only while `walks_at(k, d, last)`, i.e. c_{k+1+d} is still a co
 its first found[b] + 1 of them, capped at the frame end) and the accepted drafts per row [B].
 
 - `walk_on_host` (the CPU, `DevicePath.host_walk`): reads each depth's draws and computes the next depth's head
-  only for the rows whose walk goes on: accepted + 1 heads and draws per round instead of K + 1.
+  only for the rows whose walk goes on: accepted + 1 heads and draws per round instead of K + 1. Its node and found
+  are host lists (it has read them): the round needs no other host read, and a row's state at a node is a view.
 - `walk_on_device` (accelerators): no host read, so every depth some row can reach is visited (with static shapes
   every depth); a stopped row stays put and its extra draws are ignored.
 
@@ -22,14 +23,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rvqspec.core.context import RoundContext, codebooks_ahead
+from rvqspec.core.context import RoundContext, codebooks_ahead, pick
 
 
 @dataclass
 class Walk:
-    node: Tensor  # [B] the last node reached (the node of the bonus draw)
+    node: Tensor | list[int]  # [B] the last node reached (the node of the bonus draw); a host list on the host walk
     draws: Tensor  # [B, d + 1] the draws along the path, depth 0 first
-    found: Tensor  # [B] drafts accepted
+    found: Tensor | list[int]  # [B] drafts accepted; a host list on the host walk
 
 
 def walks_at(k, d: int, last: int):
@@ -41,10 +42,10 @@ def walks_at(k, d: int, last: int):
 def depths(ctx: RoundContext, k_host: list[int] | None) -> int:
     """Depths to visit: the tree's, or fewer where no row can reach them (all of them with static shapes, which a
     captured call, without host values, always takes)."""
-    tree, last = ctx.plan.tree, ctx.model.config.num_residual_codes
+    deepest, last = ctx.plan.max_depth, ctx.model.config.num_residual_codes
     if ctx.path.static_shapes:
-        return tree.max_depth + 1
-    return min(tree.max_depth, last - min(k_host) - 1) + 1
+        return deepest + 1
+    return min(deepest, last - min(k_host) - 1) + 1
 
 
 def walk(ctx: RoundContext, k: Tensor, k_host: list[int] | None, tokens: Tensor, hidden: Tensor) -> Walk:
@@ -60,23 +61,22 @@ def walk_on_host(ctx: RoundContext, k_host: list[int], tokens: Tensor, hidden: T
     node, found = [0] * batch, [0] * batch
     walking = [b for b in range(batch) if walks_at(k_host[b], 0, last)]  # finished rows ride along
     visited = depths(ctx, k_host)
-    draws = torch.zeros(batch, max(visited, 1), dtype=torch.long)
+    draws = [[0] * max(visited, 1) for _ in range(batch)]
     for d in range(visited):
         if not walking:
             break
-        rows, codebooks = torch.tensor(walking), [k_host[b] + 1 + d for b in walking]
-        logits = model.head_logits(hidden[rows, torch.tensor([node[b] for b in walking])], codebooks, ctx.path)
-        drawn = ctx.sample(logits, codebooks, rows)
-        draws[rows, d] = drawn
+        codebooks = [k_host[b] + 1 + d for b in walking]
+        logits = model.head_logits(pick(hidden, walking, [node[b] for b in walking]), codebooks, ctx.path)
         going_on = []
-        for b, code in zip(walking, drawn.tolist()):
+        for b, code in zip(walking, ctx.sample(logits, codebooks, walking).tolist()):
+            draws[b][d] = code
             child = next((c for c in plan.children[node[b]] if candidates[b][c] == code), None)
             if child is not None:  # the draw is this child's token: accept it; its own draw comes next
                 node[b], found[b] = child, found[b] + 1
                 if walks_at(k_host[b], d + 1, last):
                     going_on.append(b)
         walking = going_on
-    return Walk(torch.tensor(node), draws.to(tokens.device), torch.tensor(found))
+    return Walk(node, torch.tensor(draws, device=tokens.device), found)
 
 
 def walk_on_device(ctx: RoundContext, k: Tensor, k_host: list[int] | None, tokens: Tensor, hidden: Tensor) -> Walk:
@@ -91,7 +91,7 @@ def walk_on_device(ctx: RoundContext, k: Tensor, k_host: list[int] | None, token
         codebooks = codebooks_ahead(positions, 1 + d, last, ctx.captured)
         logits = ctx.model.head_logits(hidden[rows, node], codebooks, ctx.path)
         draws.append(ctx.sample(logits, codebooks))
-        if d < tree.max_depth:  # children exist at depth d + 1
+        if d < ctx.plan.max_depth:  # children exist at depth d + 1
             start, end = tree.depth_slices[d + 1]
             match = (ctx.plan.parent[start:end] == node[:, None]) & (tokens[:, start:end] == draws[-1][:, None])
             match &= (alive & walks_at(k, d, last))[:, None]
