@@ -347,7 +347,7 @@ def talker_step(tts, talkers: dict, steps: int, log, copy_gigabytes: float = 1.0
 
 def weight_bytes(module: torch.nn.Module) -> int:
     """Bytes of the weights a step reads: the parameters, and int8 rows and scales of quantized layers."""
-    int8 = sum(m.matmul.q.numel() + 4 * m.matmul.scale.numel() for m in module.modules()
+    int8 = sum(m.matmul.out_features * (m.matmul.in_features + 4) for m in module.modules()
                if isinstance(m, QuantizedLinear))
     return int8 + sum(p.numel() * p.element_size() for p in module.parameters())
 

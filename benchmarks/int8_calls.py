@@ -37,7 +37,7 @@ from rvqspec.core import cpu_class
 from rvqspec.core.config import QWEN3_TTS_0_6B
 from rvqspec.core.decode import decode_frames
 from rvqspec.core.model import MultiCodeDecoder
-from rvqspec.core.quantize import Int8Matmul, QuantizedLinear, quantize, quantize_linears, w8a8_kernel
+from rvqspec.core.quantize import PACKERS, Int8Matmul, QuantizedLinear, quantize, quantize_linears, w8a8_kernel
 from rvqspec.core.sampling import Sampler
 from rvqspec.core.talker import RowCache, Talker, TalkerConfig, prefill, step
 
@@ -95,11 +95,14 @@ def beside_busy(busy, call):
 
 
 def with_kernel(kernel: str, matmuls: list[Int8Matmul], call, threads: int = 1, busy=None):
-    """`call` on `threads` threads with every one of `matmuls` on `kernel` (each keeps the one it was given), beside
-    the busy process where `busy` (its flag) is given."""
+    """`call` on `threads` threads with every one of `matmuls` on `kernel` (each keeps the one it was given, and
+    every kernel's form beside the others': an Int8Matmul holds one, and interleaved runs would repack each time),
+    beside the busy process where `busy` (its flag) is given."""
     def run():
         for matmul in matmuls:
             matmul.kernel = kernel
+            if kernel not in matmul.forms:
+                matmul.forms = {**matmul.forms, kernel: PACKERS[kernel](*matmul.rows())}
         return call()
     return on_threads(threads, run if busy is None else beside_busy(busy, run))
 

@@ -405,6 +405,8 @@ REAL_TIME_REPORTS = [  # issue 51: every part of the frame at its floor, two cor
      "OMP_WAIT_POLICY=PASSIVE python benchmarks/codec_beside.py --frames 42 --repeats 3"),
     ("int8 matmuls per call against the memory floor", "int8-calls.md",
      "OMP_WAIT_POLICY=PASSIVE python benchmarks/int8_calls.py --rounds 7"),
+    ("Resident memory of an Engine, bfloat16 and int8, 0.6B and 1.7B", "memory.md",
+     "python benchmarks/memory.py --base 30997a6"),
     ("The speculative predictor frame (w8a8, 0.6B, 1 thread), split, before and after its glue was cut",
      "predictor-frame.md", "python benchmarks/predictor_frame.py --rounds 5 --frames 30"),
     ("The same frame's glue alone (the 0.6B predictor's layers at a tiny width)", "predictor-frame-tiny.md",

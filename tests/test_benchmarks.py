@@ -43,6 +43,7 @@ SMOKE = {
     "int8_calls": (None, ["--out", "{out}"], ["int8-calls.json", "int8-calls.md"]),
     "int8_cpu": (UPSTREAM, ["--out", "{out}"], ["int8-cpu.json", "int8-cpu.md"]),
     "latency_default": (None, [], []),  # writes a temporary copy of the tables
+    "memory": (UPSTREAM, ["--out", "{out}"], ["memory.json", "memory.md"]),
     "live_serve": (UPSTREAM, ["--out", "{out}"], ["live-serve.json", "live-serve.md"]),
     "live_speech": (UPSTREAM, ["--out", "{out}"], ["live-speech.json", "live-speech.md"]),
     "ordered_attention": (None, ["--out", "{out}"],

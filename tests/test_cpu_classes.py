@@ -94,8 +94,9 @@ def test_w8a8_rows_are_exact_integer_products_alone_and_in_a_verify_call(width):
     x[3] = 127 * x[3].sign()  # a loud token: pairs of large products that would saturate 16-bit sums
     matmul = Int8Matmul(weight, "w8a8")
     q, scale = quantize_tokens(x)
-    exact = (q.long() - ZERO_POINT) @ matmul.q.long().t()  # int64: no rounding, no saturation
-    expected = exact.float() * matmul.scale * scale
+    weight_q, weight_scale = matmul.rows()
+    exact = (q.long() - ZERO_POINT) @ weight_q.long().t()  # int64: no rounding, no saturation
+    expected = exact.float() * weight_scale * scale
     with torch.inference_mode():
         assert torch.equal(matmul(x), expected)
         assert all(torch.equal(matmul(x[i:i + 1])[0], expected[i]) for i in range(33))

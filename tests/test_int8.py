@@ -77,7 +77,7 @@ def test_the_avx2_kernel_gives_onednns_bits(rows, monkeypatch):
     monkeypatch.setattr(quantize_module, "w8a8_kernel", lambda: "onednn")
     with torch.inference_mode():
         assert torch.equal(matmul(x), int8_kernels().int8_linear(x, *pack_int8(*matmul.rows()), 300))
-    assert set(matmul.packed) == {"onednn"}
+    assert set(matmul.forms) == {"onednn"}  # in place of the VNNI kernel's: one form
 
 
 needs_vnni = pytest.mark.skipif(int8_kernels() is None or not int8_kernels().has_vnni_gemm(),
@@ -123,14 +123,15 @@ def test_a_row_holding_nan_gives_nan_alone_in_the_vnni_kernel():
 
 @needs_vnni
 @pytest.mark.parametrize("rows", [1, 9, VNNI_ROWS, VNNI_ROWS + 1])
-def test_w8a8_matmuls_take_the_vnni_kernel_up_to_its_rows_and_onednns_past_them(rows):
-    """An Int8Matmul's calls on this class: rvqspec's VNNI kernel up to VNNI_ROWS rows, oneDNN's past them (a
-    prompt's prefill), every bit the same as the other kernel's."""
+def test_w8a8_matmuls_take_the_vnni_kernel_at_every_row_count_but_amxs_long_calls(rows):
+    """An Int8Matmul's calls on this class: rvqspec's VNNI kernel, held in its form alone; on AMX CPUs oneDNN's past
+    VNNI_ROWS rows (a prompt's prefill), its form beside; every bit the same as the other kernel's."""
     weight, x = operands(rows, 256, 48, seed=8)
     matmul = Int8Matmul(weight, "w8a8")
     with torch.inference_mode():
         out = matmul(x)
-    assert w8a8_kernel() == "vnni" and set(matmul.packed) == ({"vnni"} if rows <= VNNI_ROWS else {"onednn"})
+    amx_long = rows > VNNI_ROWS and cpu_class.cpu_class() == "amx"
+    assert w8a8_kernel() == "vnni" and set(matmul.forms) == ({"vnni", "onednn"} if amx_long else {"vnni"})
     assert torch.equal(out, int8_kernels().vnni_linear(x, *pack_vnni(*matmul.rows()), 48))
 
 

@@ -7,11 +7,13 @@ stay as they are.
   time there, issue 45), the others by torch's (`torch._weight_int8pack_mm`).
 - "w8a8": activations are quantized to int8 per token (symmetric, one scale per row, from that row alone), the
   integer product is exact, and each row is scaled back by its own token scale: exact integer dot products, then
-  float roundings that involve only that row. Where the CPU has AVX-512 VNNI (AMX CPUs too) rvqspec's VNNI kernel
-  multiplies calls of up to VNNI_ROWS rows (`int8.cpp`: vnni_linear, issue 51: 1.7-1.8x oneDNN's one-row call, one
-  native call per matmul): the activations as unsigned bytes q + 128, the form the VNNI instructions multiply, then
-  128 x the weight's channel sums subtracted in int32, exactly. Longer calls there, and every call on AVX-VNNI
-  CPUs, take oneDNN's (`onednn.qlinear_pointwise`, input scale 1, zero point 128: the same form; signed activations
+  float roundings that involve only that row. Where the CPU has AVX-512 VNNI rvqspec's VNNI kernel multiplies every
+  call (`int8.cpp`: vnni_linear, issue 51: 1.7-1.8x oneDNN's one-row call, one native call per matmul; a 0.6B
+  talker's 120-token prefill took 0.99x oneDNN's time on a Zen 4, one thread, so no second copy of the weights is
+  kept for prompts) but AMX CPUs' calls of more than VNNI_ROWS rows: the
+  activations as unsigned bytes q + 128, the form the VNNI instructions multiply, then 128 x the weight's channel
+  sums subtracted in int32, exactly. Those long calls on AMX, and every call on AVX-VNNI CPUs, take oneDNN's
+  (`onednn.qlinear_pointwise`, input scale 1, zero point 128: the same form; signed activations
   took oneDNN's reference path on AVX-512 CPUs without AMX: 250-1,900x slower than bfloat16, issue 30). Elsewhere
   on x86 (AVX2; AVX-512 without VNNI), where oneDNN sums byte products in saturating 16-bit
   lanes, rvqspec's AVX2 kernel does (`int8.cpp`: int16 products summed into int32): the same int32 sums and the same
@@ -36,7 +38,11 @@ projection's bias), each layer matmul and the input projection as `<layer>.weigh
 `heads_int8` (int8 [G-1, V, H]) and `heads_scale` (float32 [G-1, V]), and `scheme` (the scheme's name in ASCII,
 uint8). `load_state_dict` restores them exactly into a model of the same config and scheme and refuses another scheme
 or shape (`check_state`).
-`torch.save`, pickle and deepcopy leave out the kernels' packed weights and the locks, made again on first use.
+`torch.save`, pickle and deepcopy hold the int8 rows and scales, not the kernels' packed form or the locks.
+
+Memory. Each weight is held once, in the form the kernel that multiplies it reads (`Int8Matmul.forms`: VNNI's blocks,
+the AVX2 kernel's, oneDNN's prepacked tensor, or torch's plain rows for w8a16), packed as it is quantized, one matrix
+at a time; the plain int8 rows that a state_dict holds are unpacked from it when asked for (`rows()`).
 """
 
 import copy
@@ -58,7 +64,7 @@ ZERO_POINT = 128  # w8a8's activations as unsigned bytes: q + 128 (oneDNN)
 DRAFT_SCHEME = "w8a16"  # the int8 copies that rank drafts (`heads`): weights only, activations in the model's dtype
 PACK_COLS, PACK_DEPTH = 4, 16  # rvqspec's AVX2 int8 kernels read blocks of 4 output channels x 16 input values
 VNNI_COLS, VNNI_DEPTH = 16, 16  # its VNNI kernel: blocks of 16 channels, K padded to a multiple of 16
-VNNI_ROWS = 64  # calls of more rows take oneDNN's int8 GEMM where the class has one (prefill: AMX's tiles)
+VNNI_ROWS = 64  # on AMX CPUs calls of more rows take oneDNN's int8 GEMM (prefill: AMX's tiles)
 
 
 def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -133,7 +139,31 @@ def pack_vnni(q: Tensor, scale: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return blocks.contiguous(), F.pad(scale.float(), (0, cols - n), value=1.0), offsets
 
 
-PACKERS = {"avx2": pack_int8, "vnni": pack_vnni, "onednn": lambda q, scale: torch.ops.onednn.qlinear_prepack(q, None)}
+def pack_rows(q: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
+    """The plain form torch's weight-only kernel reads (w8a16 on 16-bit activations): int8 rows [N', K] and float32
+    scales [N'], both padded to N' = a multiple of W8A16_MULTIPLE channels (that kernel reads out of bounds on
+    others)."""
+    pad = -len(q) % W8A16_MULTIPLE
+    return F.pad(q, (0, 0, 0, pad)), F.pad(scale.float(), (0, pad), value=1.0)
+
+
+def pack_onednn(q: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
+    return torch.ops.onednn.qlinear_prepack(q, None), scale.float().clone()
+
+
+def unblock(blocks: Tensor, n: int, k: int) -> Tensor:
+    """pack_int8's or pack_vnni's blocks [N/c, K/d, c, d] back to int8 rows [n, k] (a new tensor)."""
+    cols, steps, width, depth = blocks.shape
+    return blocks.permute(0, 2, 1, 3).reshape(cols * width, steps * depth)[:n, :k].contiguous()
+
+
+# Each form of a weight (the tensors one kernel reads, `Int8Matmul.form`), and how its int8 rows [N, K] and scales [N]
+# come back out of it (exactly: every form holds the same bytes, laid out and padded).
+PACKERS = {"rows": pack_rows, "avx2": pack_int8, "vnni": pack_vnni, "onednn": pack_onednn}
+UNPACKERS = {"rows": lambda held, n, k: (held[0][:n], held[1][:n]),
+             "avx2": lambda held, n, k: (unblock(held[0], n, k), held[1][:n]),
+             "vnni": lambda held, n, k: (unblock(held[0], n, k), held[1][:n]),
+             "onednn": lambda held, n, k: (held[0].to_dense().t().contiguous(), held[1])}
 
 
 def check_cpu(x: Tensor, scheme: str) -> None:
@@ -142,8 +172,24 @@ def check_cpu(x: Tensor, scheme: str) -> None:
                            f"{x.device}: decode on the CPU, or use the float model on {x.device.type}")
 
 
+def home_form(scheme: str) -> str:
+    """The form an Int8Matmul of `scheme` holds its weight in from the start: w8a8's kernel on this class
+    (`w8a8_kernel`; `check_scheme` refuses w8a8 where there is none), w8a16's plain rows (torch's kernel: 16-bit
+    activations; a float32 call repacks them for rvqspec's kernel, once)."""
+    return w8a8_kernel() if check_scheme(scheme) == "w8a8" else "rows"
+
+
+def kept_beside(form: str, forms: dict) -> bool:
+    """Whether `form` is made beside the one held rather than in its place: oneDNN's beside the VNNI kernel's on AMX
+    CPUs, whose long calls (a prompt's prefill) take oneDNN's AMX tiles."""
+    return form == "onednn" and "vnni" in forms and cpu_class.cpu_class() == "amx"
+
+
 class Int8Matmul:
-    """One [N, K] weight as int8 rows and scales, multiplied by activations [..., K] under `scheme`."""
+    """One [N, K] weight as int8 rows and scales, multiplied by activations [..., K] under `scheme`. The weight is
+    held once, in the form the kernel that multiplies it reads (`forms`: one entry; on AMX CPUs w8a8 also keeps
+    oneDNN's once a call of more than VNNI_ROWS rows came, for its AMX tiles): no plain int8 copy beside a packed
+    one. `rows()` unpacks the int8 rows and scales (saving, pickling, inspection)."""
 
     def __init__(self, weight: Tensor, scheme: str):
         self.scheme, (self.out_features, self.in_features) = scheme, weight.shape
@@ -154,19 +200,24 @@ class Int8Matmul:
         self.hold(*quantize_rows(weight))
 
     def hold(self, q: Tensor, scale: Tensor) -> None:
-        """Multiply by int8 rows q [N, K] and their scales [N] from now on (copies; w8a16 pads them), dropping what
-        was derived from the previous ones."""
-        pad = -self.out_features % W8A16_MULTIPLE if self.scheme == "w8a16" else 0
-        self.q = torch.cat([q, q.new_zeros(pad, self.in_features)])
-        self.scale = torch.cat([scale.float(), scale.new_ones(pad, dtype=torch.float32)])
-        self.scales = {torch.float32: self.scale}  # w8a16: the scale in each activation dtype (the kernel wants it so)
-        self.zero_points = torch.zeros(len(self.scale), dtype=torch.long)
-        self.packed: dict[str, Tensor | tuple[Tensor, ...]] = {}  # per kernel, its layout (`packed_as`)
+        """Multiply by int8 rows q [N, K] and their scales [N] from now on (packed into new tensors: q and scale
+        are not kept), dropping every form of the previous ones."""
+        form = home_form(self.scheme)
+        self.forms: dict[str, tuple[Tensor, ...]] = {form: PACKERS[form](q, scale)}
+        self.scales: dict[torch.dtype, Tensor] = {}  # w8a16's rows: the scale in each activation dtype (torch's kernel)
+        self.zero_points = torch.zeros(self.out_features, dtype=torch.long)  # oneDNN's weight zero points
         self.kernel: str | None = None  # w8a8: `w8a8_kernel`, asked on the first call (per call it cost ~2 us)
 
     def rows(self) -> tuple[Tensor, Tensor]:
-        """(int8 rows [N, K], scales [N]) without w8a16's padding: what a state_dict holds."""
-        return self.q[:self.out_features], self.scale[:self.out_features]
+        """(int8 rows [N, K], float32 scales [N]) without padding, out of the form held: what a state_dict holds."""
+        form, held = next(iter(self.forms.items()))
+        return UNPACKERS[form](held, self.out_features, self.in_features)
+
+    def rows_like(self) -> tuple[Tensor, Tensor]:
+        """Tensors of `rows()`'s shapes and dtypes on the meta device (no data): what a loaded state is checked
+        against without unpacking."""
+        return (torch.empty(self.out_features, self.in_features, dtype=torch.int8, device="meta"),
+                torch.empty(self.out_features, dtype=torch.float32, device="meta"))
 
     def __call__(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
         check_cpu(x, self.scheme)
@@ -180,16 +231,17 @@ class Int8Matmul:
         if kernels is not None:
             out = kernels.w8a16_linear(rows, *self.packed_as("avx2"), self.out_features).to(x.dtype)
         else:
+            q, scale = self.packed_as("rows")
             if rows.dtype not in self.scales:
-                self.scales[rows.dtype] = self.scale.to(rows.dtype)
-            out = torch._weight_int8pack_mm(rows, self.q, self.scales[rows.dtype]).to(x.dtype)
-            out = out[:, :self.out_features] if len(self.q) != self.out_features else out
+                self.scales[rows.dtype] = scale.to(rows.dtype)
+            out = torch._weight_int8pack_mm(rows, q, self.scales[rows.dtype]).to(x.dtype)
+            out = out[:, :self.out_features] if len(q) != self.out_features else out
         return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
 
     def w8a8(self, x: Tensor) -> Tensor:
-        """x [..., K] -> [..., N] in x's dtype through this class's w8a8 kernel (`w8a8_kernel`; oneDNN's past
-        VNNI_ROWS rows where it has int8 dot products: the same bits, faster on AMX there). rvqspec's kernels take
-        and give any leading shape: a one-row call is one native call and little else (~2 us)."""
+        """x [..., K] -> [..., N] in x's dtype through this class's w8a8 kernel (`w8a8_kernel`; on AMX CPUs oneDNN's
+        past VNNI_ROWS rows: the same bits, faster on its tiles). rvqspec's kernels take and give any leading shape:
+        a one-row call is one native call and little else (~2 us)."""
         packed = self.native(x.numel() // self.in_features)
         if packed is not None:
             ops = fused.kernels()
@@ -197,22 +249,26 @@ class Int8Matmul:
         rows = x.reshape(-1, self.in_features).contiguous()
         kernels = fused.kernels() if fused.on() else None  # the same bits as the plain ops, faster
         q, scale = kernels.quantize_rows(rows) if kernels else quantize_tokens(rows)
-        out = torch.ops.onednn.qlinear_pointwise(q, 1.0, ZERO_POINT, self.packed_as("onednn"), self.scale,
-                                                 self.zero_points, None, 1.0, 0, torch.float32, "none", [], "")
+        weight, weight_scale = self.packed_as("onednn")
+        out = torch.ops.onednn.qlinear_pointwise(q, 1.0, ZERO_POINT, weight, weight_scale, self.zero_points, None,
+                                                 1.0, 0, torch.float32, "none", [], "")
         out = kernels.scale_rows(out, scale, x) if kernels else (out * scale).to(x.dtype)
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def native(self, rows: int) -> tuple[Tensor, ...] | None:
         """w8a8: the packed weights of rvqspec's kernel where a call of `rows` rows runs on it (`w8a8_kernel`: "avx2";
-        "vnni" up to VNNI_ROWS rows): pack_vnni's three tensors or pack_int8's two. None where oneDNN's runs it."""
+        "vnni", past VNNI_ROWS rows too but on AMX CPUs): pack_vnni's three tensors or pack_int8's two. None where
+        oneDNN's runs it."""
         if self.scheme != "w8a8":
             return None
         kernel = self.kernel = self.kernel or w8a8_kernel()
-        return self.packed_as(kernel) if kernel == "avx2" or kernel == "vnni" and rows <= VNNI_ROWS else None
+        if kernel == "vnni" and rows > VNNI_ROWS and cpu_class.cpu_class() == "amx":
+            return None
+        return self.packed_as(kernel) if kernel == "avx2" or kernel == "vnni" else None
 
     def __getstate__(self) -> dict:
-        """Pickles and copies (torch.save, deepcopy) hold the int8 rows and scales; oneDNN's layout (an opaque
-        tensor, which pickle cannot read) and the lock are made again by the copy."""
+        """Pickles and copies (torch.save, deepcopy) hold the int8 rows and scales; the packed form (oneDNN's is an
+        opaque tensor, which pickle cannot read) and the lock are made again by the copy."""
         q, scale = self.rows()
         return {"scheme": self.scheme, "out_features": self.out_features, "in_features": self.in_features,
                 "q": q, "scale": scale}
@@ -222,16 +278,17 @@ class Int8Matmul:
         self.lock = threading.Lock()
         self.hold(state["q"], state["scale"])
 
-    def packed_as(self, kernel: str):
-        """The weight in the layout of `kernel` ("onednn": oneDNN's prepacked tensor; "avx2": `pack_int8`'s; "vnni":
-        `pack_vnni`'s), made on first use."""
-        packed = self.packed.get(kernel)
-        if packed is not None:
-            return packed
+    def packed_as(self, form: str) -> tuple[Tensor, ...]:
+        """The weight in `form` (a key of PACKERS). A form not held replaces the one held (the rows unpacked, then
+        packed anew: once, where a model keeps its dtype and class), or joins it (`kept_beside`)."""
+        held = self.forms.get(form)
+        if held is not None:
+            return held
         with self.lock:
-            if kernel not in self.packed:
-                self.packed[kernel] = PACKERS[kernel](*self.rows())
-            return self.packed[kernel]
+            if form not in self.forms:
+                packed = PACKERS[form](*self.rows())
+                self.forms = {**self.forms, form: packed} if kept_beside(form, self.forms) else {form: packed}
+            return self.forms[form]
 
 
 class QuantizedLinear(nn.Module):
@@ -256,7 +313,7 @@ class QuantizedLinear(nn.Module):
 
     def _load_from_state_dict(self, state: dict, prefix: str, metadata: dict, strict: bool, missing: list,
                               unexpected: list, errors: list) -> None:
-        loaded = take_int8(state, prefix + "weight_", self.matmul.rows(), missing, errors)
+        loaded = take_int8(state, prefix + "weight_", self.matmul.rows_like(), missing, errors)
         if loaded is not None:
             self.matmul.hold(*loaded)
         super()._load_from_state_dict(state, prefix, metadata, strict, missing, unexpected, errors)
@@ -276,6 +333,11 @@ class QuantizedHeads:
         q, scale = zip(*(matmul.rows() for matmul in self.matmuls))
         return torch.stack(q), torch.stack(scale)
 
+    def rows_like(self) -> tuple[Tensor, Tensor]:
+        """`rows()`'s shapes and dtypes on the meta device (`Int8Matmul.rows_like`)."""
+        q, scale = self.matmuls[0].rows_like()
+        return q.expand(len(self.matmuls), *q.shape), scale.expand(len(self.matmuls), *scale.shape)
+
     def hold(self, q: Tensor, scale: Tensor) -> None:
         for matmul, head, head_scale in zip(self.matmuls, q, scale):
             matmul.hold(head, head_scale)
@@ -291,7 +353,7 @@ def take_int8(state: dict, prefix: str, ours: tuple[Tensor, Tensor], missing: li
               ) -> tuple[Tensor, Tensor] | None:
     """Pop `<prefix>int8` and `<prefix>scale` out of a state being loaded (nn.Module._load_from_state_dict's
     arguments): (int8 rows, scales) where both are there and fit `ours`; None otherwise, with the missing key or
-    the mismatch reported as nn.Module reports its own."""
+    the mismatch reported as nn.Module reports its own. `ours`: tensors of our shapes and dtypes (meta ones will do)."""
     names = (prefix + "int8", prefix + "scale")
     if not all(name in state for name in names):
         missing.extend(name for name in names if name not in state)
@@ -329,7 +391,7 @@ def load_heads(model, state: dict, prefix: str, missing: list, errors: list) -> 
     elif (theirs := scheme_name(state.pop(prefix + "scheme"))) != model.weights:
         errors.append(scheme_mismatch(theirs, model.weights))
         return
-    loaded = take_int8(state, prefix + "heads_", model.head_weights.rows(), missing, errors)
+    loaded = take_int8(state, prefix + "heads_", model.head_weights.rows_like(), missing, errors)
     if loaded is not None:
         model.head_weights.hold(*loaded)
 

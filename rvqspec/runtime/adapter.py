@@ -8,6 +8,8 @@ An adapter per model family: `runtime/qwen_tts.py` (qwen-tts 12 Hz), `runtime/cs
 
 import contextlib
 import copy
+import ctypes
+import ctypes.util
 import math
 import threading
 from collections.abc import Callable, Iterator
@@ -84,7 +86,8 @@ def frame_budget(text_tokens: int, frames_per_token: float, floor_frames: int) -
 
 class TalkerAdapter:
     """What the adapters share: the talker and predictor they run, with the int8 schemes asked for
-    (`talker_weights` on a copy of the talker where the caller's model still uses it, `weights` on the predictor:
+    (`talker_weights` on a copy of the talker where the caller's model still uses it, a layer at a time so that the
+    peak holds one layer's float and int8 matrices together, not the whole talker's; `weights` on the predictor:
     `quantize` copies), and c0 from the talker's head. `entry_point`: none unless the adapter wraps upstream's;
     `add_together`: each stream in turn, unless an adapter's codec was measured faster batched (qwen-tts)."""
 
@@ -95,9 +98,11 @@ class TalkerAdapter:
                  shared_talker: bool = False):
         if talker_weights:
             talker = copy.deepcopy(talker) if shared_talker else talker
-            quantize_linears(talker, talker_weights)
+            for part in [*talker.layers, talker]:  # a layer at a time: its float matrices go as its int8 ones come
+                quantize_linears(part, talker_weights)
         self.talker = talker
         self.predictor = quantize(predictor, weights) if weights else predictor
+        release_freed_memory()
 
     def c0_logits(self, hidden: Tensor) -> Tensor:
         return self.talker.codec_head(hidden)
@@ -107,6 +112,16 @@ class TalkerAdapter:
 
     def entry_point(self, kind: str) -> Callable | None:
         return None
+
+
+def release_freed_memory() -> None:
+    """Hand the heap that building freed (float copies, quantization's float32 temporaries) back to the system where
+    the C library keeps it (glibc's malloc_trim): at the 0.6B sizes, w8a8, ~1.2 GB that stayed resident otherwise
+    (benchmarks/results/memory.md). Elsewhere nothing."""
+    library = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(library), "malloc_trim", None) if library else None
+    if trim is not None:
+        trim(0)
 
 
 class Captured(Exception):
