@@ -274,7 +274,8 @@ def profile_section(profile_markdown: str | None, fused_markdown: str | None) ->
     """The CPU fast path before/after (fused-path.md) and where a speculative round's time goes next to an AR step
     (round-profile.md), both without their titles; the analysis is docs/cpu-fast-path.md, written by hand."""
     lines = ["## The CPU fast path, and where a round's time goes", "",
-             "Why the CPU speed-up stops short of 2x, measured: [cpu-fast-path.md](cpu-fast-path.md).", "",
+             "Where a frame's time goes on a CPU and why the kernels are built as they are: "
+             "[cpu-fast-path.md](cpu-fast-path.md).", "",
              "### Before and after, same run", ""]
     lines += [without_title(fused_markdown, 4) if fused_markdown else not_measured(FUSED), "",
               "### Where a round's time goes", ""]
