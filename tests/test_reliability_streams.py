@@ -187,6 +187,10 @@ def test_ctrl_c_reaches_a_stream_waiting_for_its_turn(handle, tts):
     interrupt = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
     rescue = threading.Timer(10, first.close)
     faulthandler.dump_traceback_later(60, exit=True)
+    # Ctrl-C as a plain program gets it (Python's handler, the signal not blocked in the main thread), whatever a
+    # library loaded by an earlier test in this worker process left behind (once in CI: the signal never arrived)
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     try:
         interrupt.start()
         rescue.start()
@@ -198,6 +202,8 @@ def test_ctrl_c_reaches_a_stream_waiting_for_its_turn(handle, tts):
         faulthandler.cancel_dump_traceback_later()
         interrupt.cancel()
         rescue.cancel()
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGINT, handler)
     assert FRAME_SAMPLES + samples(first) == whole(tts, 30)  # the first is untouched
 
 
