@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from rvqspec.core import device_path
 from rvqspec.core.device_path import DevicePath
-from rvqspec.core.model import KVCache, MultiCodeDecoder
+from rvqspec.core.model import KVCache, MultiCodeDecoder, additive_mask
 from rvqspec.core.sampling import Generators, Sampler, fill_noise, row_generators
 from rvqspec.core.tree import Tree
 
@@ -198,12 +198,6 @@ def build_plan(tree: Tree, groups: int, device: torch.device, dtype: torch.dtype
         path_slots=(groups + torch.tensor(paths)).to(device),
         children=children, destinations=(ks + torch.arange(1, tree.max_depth + 2)).to(device),
         max_depth=tree.max_depth, top_m=max(tree.top_m, 1))
-
-
-def additive_mask(masks: Tensor, dtype: torch.dtype) -> Tensor:
-    """Boolean `masks` as the forward adds a mask to attention scores in `dtype` (`model.run_layers`: the same
-    values): 0 where a query attends, -inf elsewhere."""
-    return torch.zeros(masks.shape, dtype=dtype).masked_fill_(~masks, float("-inf"))
 
 
 def pick(rows: Tensor, index: list[int], within: list[int] | None = None) -> Tensor:

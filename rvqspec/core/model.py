@@ -229,6 +229,12 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
+def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """A boolean attention mask as the forward adds it to the scores in `dtype`: 0 where a query attends, -inf
+    elsewhere."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
 def run_layers(model: nn.Module, x: Tensor, positions: Tensor, mask: Tensor | None, cache: "KVCache | None",
                slots: Tensor | None, in_order: bool = False) -> Tensor:
     """The decoder stack of `model` (its `layers`, `norm`, `rope`; the predictor's or a talker's) over x [B, T, H]:
@@ -237,7 +243,7 @@ def run_layers(model: nn.Module, x: Tensor, positions: Tensor, mask: Tensor | No
     `fused.attention_in_order` (each query's keys in position order: the same bits in any call), else SDPA."""
     cos, sin = model.rope(positions, x.dtype)
     if mask is not None and mask.dtype == torch.bool:  # additive, once per call rather than inside every SDPA
-        mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
+        mask = additive_mask(mask, x.dtype)
     if mask is not None and mask.dim() == 3:  # per row: [B, 1, T, slots], broadcast over the heads
         mask = mask.unsqueeze(1)
     if device_path.choose(x.device, x.dtype).fused_kernels:
