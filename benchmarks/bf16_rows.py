@@ -8,7 +8,7 @@ Three measurements, 1 thread by default, each interleaved in one process (median
    1..33 rows, per kernel: oneDNN's prepacked GEMM as decoding ran it before (`torch.ops.mkldnn._linear_pointwise`,
    what torch.compile's freezing uses; calls of fewer rows than the measured floor padded), the same unpadded,
    F.linear (ATen's oneDNN matmul without prepacking), float32 compute on a float32 copy, and rvqspec's bfloat16
-   kernel (`bf16.cpp`); against the floor (the bytes over the copy bandwidth: half a copy of them, timed
+   kernel (`bf16.cpp`); against the floor (a copy moving the weights' bytes, `floor.copy_of`: inspect's, timed
    interleaved with the calls).
 2. calls: the predictor's AR step and its speculative rounds at N = 4, 8, 16, 32 (`latency.call_latency`), oneDNN
    against rvqspec's kernel: the round's cost over the one-row call, by N.
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor  # noqa: E402
-from rvqspec.bench.floor import predictor_shapes  # noqa: E402
+from rvqspec.bench.floor import copy_of, predictor_shapes  # noqa: E402
 from rvqspec.bench.systems import smoke_config  # noqa: E402
 from rvqspec.bench.timing import (SMOKE_HELP, finish_machine, machine, machine_text, report_folder,  # noqa: E402
                                   write_reports)
@@ -93,13 +93,11 @@ def matrix_rows(shapes: list, pad_rows: int, repeats: int, clock: str) -> dict:
         kernels["rvqspec bf16.cpp"] = lambda x: [fused.kernels().bf16_linear(x[w.shape[1]], p, None, w.shape[0])
                                                  for w, p in zip(weights, ours)]
     nbytes = sum(w.numel() * 2 for w in weights)
-    source = torch.ones(nbytes // 2, dtype=torch.bfloat16)
-    target = torch.empty_like(source)
     calls = {(name, r): lambda f=f, r=r: f(inputs[r]) for name, f in kernels.items() for r in ROWS}
-    ms = device_path.median_ms(calls | {("copy", 0): lambda: target.copy_(source)}, repeats,
+    ms = device_path.median_ms(calls | {("copy", 0): copy_of(nbytes)}, repeats,
                                time.process_time if clock == "cpu" else time.perf_counter)
-    floor = ms["copy", 0] / 2  # a copy of the weights' bytes reads and writes them: half of it reads them once
-    return {"floor_ms": floor, "bandwidth_gb_s": 2 * nbytes / ms["copy", 0] / 1e6, "bytes": nbytes,
+    floor = ms["copy", 0]  # a copy moving the weights' bytes (read + write: `floor.copy_of`, inspect's floor)
+    return {"floor_ms": floor, "bandwidth_gb_s": nbytes / floor / 1e6, "bytes": nbytes,
             "ms": {name: {str(r): ms[name, r] for r in ROWS} for name in kernels}}
 
 
