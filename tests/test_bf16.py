@@ -1,7 +1,9 @@
 """rvqspec's bfloat16 kernel (`bf16.cpp`, AVX-512 BF16), which `packing.linear` takes where it measured faster than
 oneDNN: within bfloat16's rounding of a float32 reference, a row's bits the same alone, in any call and at any thread
 count, and through it the bfloat16 model's speculative codes are its AR codes, greedy and seeded, alone and in a
-batch, and its sampled distribution is AR's (G-test). The tiny models here run through the kernel because the tests
+batch, and its sampled distribution is AR's (G-test). A bfloat16 decoder stack on the kernel is one native call
+(`fused.cpp`: int8_layers, on 2 threads one parallel region whose threads claim chunks of each matrix: kernels.h's
+Team) with the Python loop's bits, on 1 and 2 threads. The tiny models here run through the kernel because the tests
 lower packing's size floor and force the choice (`kernel_forced`)."""
 
 import pytest
@@ -18,6 +20,7 @@ from rvqspec.core.tree import default_tree
 import test_distribution
 from helpers.tiny import random_frames, tiny_model
 from test_bit_exact import ar_states, verify_states
+from test_int8_layers import counted, predictor_states, python_loop, threads  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.skipif(not cpu_class.has_avx512_bf16() or fused.kernels() is None
                                 or not fused.kernels().has_bf16_gemm(),
@@ -31,12 +34,17 @@ def kernel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 @pytest.fixture
 def kernel_forced(monkeypatch):
-    """Every bfloat16 linear of a model through the kernel, the tiny ones too (packing's size floor lowered)."""
+    """Every bfloat16 linear of a model through the kernel, the tiny ones too (packing's size floor lowered), on this
+    thread count and on 2 threads."""
     with torch.inference_mode():
         device_path.prepare(torch.nn.Linear(2, 2).bfloat16())  # the measured choice at this thread count
     entry = device_path.known(torch.bfloat16)
-    monkeypatch.setitem(device_path.prepared, device_path.choices_key(torch.bfloat16),
-                        entry | {"matmul": entry["matmul"] | {"bf16_kernel": True}})
+    before = torch.get_num_threads()
+    for count in {before, 2}:  # the choices are per thread count
+        torch.set_num_threads(count)
+        monkeypatch.setitem(device_path.prepared, device_path.choices_key(torch.bfloat16),
+                            entry | {"matmul": entry["matmul"] | {"bf16_kernel": True}})
+    torch.set_num_threads(before)
     monkeypatch.setattr(packing, "PACK_MIN_ELEMENTS", 0)
     device_path.path_of.cache_clear()
     yield
@@ -82,6 +90,39 @@ def test_packing_linear_takes_the_kernel_where_chosen_and_oneDNN_with_the_fast_p
         with fused.enabled(False):
             assert not device_path.choose("cpu", torch.bfloat16).matmul.bf16_kernel
             torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=2e-2, rtol=2 ** -7)
+
+
+@pytest.mark.parametrize("csm", [False, True], ids=["qwen", "llama-csm"])
+def test_a_bfloat16_stack_is_one_native_call_with_the_python_loops_bits(kernel_forced, csm, monkeypatch):
+    model = tiny_model(seed=5, dtype=torch.bfloat16, hidden=64, layers=3, csm=csm, std=0.1)
+    native = counted(monkeypatch)
+    ours = predictor_states(model)
+    assert len(native) == 4 and all(len(weights) == 1 for weights in native[0][2])  # pack_bf16's one tensor each
+    python_loop(monkeypatch)
+    assert all(torch.equal(a, b) for a, b in zip(ours, predictor_states(model), strict=True))
+
+
+@torch.inference_mode()
+def test_a_bfloat16_stack_on_oneDNN_or_with_a_bias_keeps_the_python_loop(kernel_forced):
+    model = tiny_model(seed=5, dtype=torch.bfloat16, hidden=64, layers=2)
+    assert fused.int8_stack(model, 1) is not None
+    with fused.enabled(False):  # oneDNN's matmuls: not the kernel
+        assert fused.int8_stack(model, 1) is None
+    model.layers[1].attn.wo.bias = torch.nn.Parameter(torch.zeros(64, dtype=torch.bfloat16))
+    assert fused.int8_stack(model, 1) is None
+
+
+def test_the_bfloat16_stack_on_two_threads_gives_one_threads_bits(kernel_forced, threads, monkeypatch):
+    """On 2 threads the stack is one parallel region (1.7 MB of weights: a stack under 1 MiB keeps torch's loops)
+    whose threads claim groups of 64 channels of each matrix (widths of 1..16 groups): each channel is still summed
+    by one thread in one order."""
+    model = tiny_model(seed=3, dtype=torch.bfloat16, hidden=256, layers=2, std=0.05)
+    native = counted(monkeypatch)
+    threads(1)
+    one = predictor_states(model)
+    threads(2)
+    assert all(torch.equal(a, b) for a, b in zip(predictor_states(model), one, strict=True))
+    assert len(native) == 8
 
 
 def test_a_verify_call_gives_every_node_its_ar_steps_hidden_state(kernel_forced):

@@ -101,11 +101,12 @@ def test_one_native_call_gives_the_python_loops_bits(csm, dtype, monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(ours, predictor_states(model), strict=True))
 
 
-@pytest.mark.skipif(w8a8_kernel() != "vnni", reason="the stack's team runs VNNI matrices")
+@pytest.mark.skipif(w8a8_kernel() not in ("vnni", "avx2"), reason="needs rvqspec's w8a8 GEMM (vnni or avx2)")
 def test_the_native_call_on_two_threads_gives_one_threads_bits(threads, monkeypatch):
-    """On 2 threads the stack is one parallel region whose threads claim chunks of each matrix (int8.cpp: Team):
-    every output is still summed by one thread in one order, and every chunk is taken once (widths of 1..20 chunks
-    of 4 blocks, so that both threads take some; 1.35 MB of weights: a stack under 1 MB keeps torch's loops)."""
+    """On 2 threads the stack is one parallel region whose threads claim chunks of each matrix (kernels.h: Team; VNNI
+    natively, the AVX2 GEMM under the caps): every output is still summed by one thread in one order, and every chunk
+    is taken once (widths of 1..20 chunks of 64 channels, so that both threads take some; 1.35 MB of weights: a stack
+    under 1 MiB keeps torch's loops)."""
     model = quantize(tiny_model(seed=3, dtype=torch.bfloat16, hidden=320, layers=3), "w8a8")
     native = counted(monkeypatch)
     threads(1)

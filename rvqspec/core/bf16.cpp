@@ -18,6 +18,11 @@
 // the blocks its next pass will read (PREFETCHT1, into L2) at its own pace. A prefetch into L1 holds one of the few
 // L1 miss buffers for a whole DRAM round trip and costs more than it gives; a tile of up to 4 rows leaves the
 // stream to the hardware prefetcher, which keeps one row at the copy bandwidth.
+//
+// Threads: a call's groups of 4 blocks (64 channels) are split between torch's threads (at::parallel_for) or, inside
+// a native stack (fused.cpp), claimed by the stack's `Team` (kernels.h): one parallel region per stack, not a fork and
+// join per matrix (at 2 threads those cost more than the second core gave: a predictor AR call 11.2 ms against 7.6 at
+// 1 thread, bench-batch.md). Either way each channel's sum runs on one thread in one order: the same bits.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -99,8 +104,14 @@ bool has_bf16_gemm() {
 
 // x [..., K] bfloat16 -> [..., n] bfloat16: x times the weight packed by pack_bf16 (+ bias), summed in float32 and
 // rounded once.
-at::Tensor bf16_linear(const at::Tensor& x_, const at::Tensor& packed, const c10::optional<at::Tensor>& bias_,
+at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
                        int64_t n) {
+  return bf16_linear_on(nullptr, x, packed, bias, n);
+}
+
+// The same on a stack's team (`with_team`; nullptr: at::parallel_for): a chunk is a group.
+at::Tensor bf16_linear_on(Team* team, const at::Tensor& x_, const at::Tensor& packed,
+                          const c10::optional<at::Tensor>& bias_, int64_t n) {
 #ifdef RVQSPEC_BF16_GEMM
   TORCH_CHECK(x_.scalar_type() == at::kBFloat16, "bf16_linear takes bfloat16 activations");
   const int64_t k = x_.size(-1), rows = x_.numel() / std::max<int64_t>(k, 1), blocks = packed.size(0),
@@ -122,7 +133,7 @@ at::Tensor bf16_linear(const at::Tensor& x_, const at::Tensor& packed, const c10
   const uint32_t* pw = reinterpret_cast<const uint32_t*>(packed.data_ptr<at::BFloat16>());
   uint16_t* po = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
   const int64_t stride = k2 * BCOLS, groups = (blocks + GROUP - 1) / GROUP, chunks = (rows + BROWS - 1) / BROWS;
-  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+  const auto span = [&](int64_t begin, int64_t end) {
     __m512 sums[BROWS * GROUP];
     for (int64_t g = begin; g < end; ++g) {
       const int64_t first = g * GROUP, count = std::min(GROUP, blocks - first);
@@ -139,7 +150,9 @@ at::Tensor bf16_linear(const at::Tensor& x_, const at::Tensor& packed, const c10
           }
       }
     }
-  });
+  };
+  if (team == nullptr) at::parallel_for(0, groups, 1, span);
+  else team->run(groups, [&](int64_t g) { span(g, g + 1); });
   auto sizes = x_.sizes().vec();
   sizes.back() = n;
   return out.reshape(sizes);

@@ -267,11 +267,12 @@ at::Tensor attention(const at::Tensor& q_, const at::Tensor& k_cache, const at::
   return out.permute({0, 2, 1, 3});
 }
 
-// A matrix of a w8a8 layer on rvqspec's GEMMs: packed by pack_vnni (3 tensors: on `team` where there is one) or
-// pack_int8 (2), n outputs.
+// A layer matrix on rvqspec's GEMMs, on `team` where there is one: w8a8 packed by pack_vnni (3 tensors) or pack_int8
+// (2), or bfloat16 packed by pack_bf16 (1); n outputs.
 at::Tensor int8_matmul(const at::Tensor& x, const std::vector<at::Tensor>& packed, int64_t n, Team* team) {
-  return packed.size() == 3 ? vnni_linear_on(team, x, packed[0], packed[1], packed[2], n)
-                             : int8_linear(x, packed[0], packed[1], n);
+  if (packed.size() == 3) return vnni_linear_on(team, x, packed[0], packed[1], packed[2], n);
+  if (packed.size() == 2) return int8_linear_on(team, x, packed[0], packed[1], n);
+  return bf16_linear_on(team, x, packed[0], c10::nullopt, n);
 }
 
 // int8_layers runs on a team for at most TEAM_ROWS rows (its elementwise kernels run on one thread there) and at least
@@ -279,14 +280,15 @@ at::Tensor int8_matmul(const at::Tensor& x, const std::vector<at::Tensor>& packe
 constexpr int64_t TEAM_ROWS = 64, TEAM_BYTES = 1 << 20;
 
 // fused.layers' loop and final norm in one native call, for a w8a8 model whose layer matrices all run on rvqspec's
-// int8 GEMMs (quantize.Int8Matmul.native) and attend over a cache in order: the same kernels on the same tensors in
-// the same order, without a trip back to Python between them (~10 per layer: issue 51).
+// int8 GEMMs (quantize.Int8Matmul.native), or a bfloat16 one on its bfloat16 GEMM (packing.Linear.native), that
+// attends over a cache in order: the same kernels on the same tensors in the same order, without a trip back to
+// Python between them (~10 per layer: issue 51).
 // norms: each layer's attn_norm and mlp_norm weights, then the final norm's; qk_norms: each layer's q and k norm
 // weights (None: none); packed, widths: each layer's qkv, o, gate+up and down matrices; kv: the cache's
 // [layers, 2, B, KV, S, D] (a view); the rest as qkv_rope and attention take them.
-// On more than one thread with VNNI matrices and few rows (decoding), the whole stack is one parallel region
-// (`with_team`): thread 0 runs it and the others take chunks of each matrix, waiting between matrices (issue 51:
-// a region per matrix cost the second thread's wake-up each time, and 2 threads were barely faster than 1).
+// On more than one thread with few rows (decoding), the whole stack is one parallel region (`with_team`): thread 0
+// runs it and the others take chunks of each matrix, waiting between matrices (issue 51: a region per matrix cost
+// the second thread's wake-up each time; 2 threads were barely faster than 1 with int8, slower with bfloat16).
 at::Tensor int8_layers(at::Tensor x, const std::vector<at::Tensor>& norms,
                        const std::vector<c10::optional<at::Tensor>>& qk_norms,
                        const std::vector<std::vector<at::Tensor>>& packed, const std::vector<int64_t>& widths,
@@ -297,10 +299,9 @@ at::Tensor int8_layers(at::Tensor x, const std::vector<at::Tensor>& norms,
   TORCH_CHECK(x.dim() == 3 && kv.dim() == 6 && count(norms) == 2 * layers + 1 && count(qk_norms) == 2 * layers &&
               count(packed) == 4 * layers && count(widths) == 4 * layers,
               "int8_layers: one entry per layer (fused.int8_stack)");
-  const bool vnni = std::all_of(packed.begin(), packed.end(), [](const auto& p) { return p.size() == 3; });
   int64_t bytes = 0;
-  for (const auto& p : packed) bytes += p[0].numel();
-  const int threads = vnni && bytes >= TEAM_BYTES && x.size(0) * x.size(1) <= TEAM_ROWS ? at::get_num_threads() : 1;
+  for (const auto& p : packed) bytes += p[0].nbytes();
+  const int threads = bytes >= TEAM_BYTES && x.size(0) * x.size(1) <= TEAM_ROWS ? at::get_num_threads() : 1;
   at::Tensor h;
   with_team(threads, [&](Team* team) {
     h = rms_norm(x, norms[0], eps);

@@ -8,7 +8,8 @@ cache write, SiLU x up, and residual add + the next RMSNorm (twice); the prepack
 predictor's attention over the cache (and a talker step's) is a kernel too (`attention_in_order`: each query's keys
 in position order, so a verify call's rows get their AR steps' bits; faster than SDPA at a frame's 1..33 queries). AR
 and speculative calls take the same path, so AR keeps being our fastest AR. Where every layer matrix is w8a8 on
-rvqspec's int8 GEMMs, the whole stack is one native call (`int8_layers`: the same kernels in the same order).
+rvqspec's int8 GEMMs, or bfloat16 on its bfloat16 GEMM, the whole stack is one native call (`int8_layers`: the same
+kernels in the same order; on 2 threads one parallel region, `Team` in kernels.h).
 
 int8.cpp, built into the same module, holds the integer side of int8 weights (`quantize`: w8a8's token quantization,
 and the int8 GEMMs of x86 CPUs without int8 dot products, which the fast-path switch leaves on: they are the schemes'
@@ -166,19 +167,19 @@ def layers(model, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cach
 
 def int8_stack(model, rows: int) -> tuple[list, list, list, list[int]] | None:
     """What `fused.cpp`'s int8_layers takes to run `model`'s decoder stack in one native call (the same kernels, the
-    same bits), where every layer matrix is w8a8 on rvqspec's int8 GEMMs in a call of `rows` rows, without bias or
-    hooks (`Int8Matmul.native`): the norms' weights (each layer's attn_norm, mlp_norm, then the final norm), the q/k
-    norms' (None: none), each matrix's packed weights and width (qkv, o, gate+up, down per layer). Else None. Read
-    per call (weights may be swapped or repacked), through the modules' dicts: nn.Module's __getattr__ took ~100 us
-    here (5 layers)."""
+    same bits), where every layer matrix is w8a8 on rvqspec's int8 GEMMs in a call of `rows` rows (`Int8Matmul.native`)
+    or bfloat16 on rvqspec's bfloat16 GEMM (`packing.Linear.native`), without bias or hooks: the norms' weights (each
+    layer's attn_norm, mlp_norm, then the final norm), the q/k norms' (None: none), each matrix's packed weights and
+    width (qkv, o, gate+up, down per layer). Else None. Read per call (weights may be swapped or repacked), through
+    the modules' dicts: nn.Module's __getattr__ took ~100 us here (5 layers)."""
     norms, qk, packed, widths = [], [], [], []
     for block in model.layers:
         parts = block._modules
         attn, mlp = parts["attn"]._modules, parts["mlp"]._modules
         for linear in (attn["wqkv"], attn["wo"], mlp["w_gate_up"], mlp["w_down"]):
-            matmul = linear.__dict__.get("matmul")
+            matmul = linear.__dict__.get("matmul", linear)  # an int8 matrix's, or a bfloat16 Linear itself
             hooked = linear._forward_hooks or linear._forward_pre_hooks
-            plain = matmul is not None and linear.bias is None and not hooked
+            plain = hasattr(type(matmul), "native") and linear.bias is None and not hooked
             weights = matmul.native(rows) if plain else None
             if weights is None:
                 return None

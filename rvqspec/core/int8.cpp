@@ -183,17 +183,21 @@ __attribute__((noinline)) void block_rows(const A* a, int64_t rows, int64_t kp, 
 }
 #pragma GCC pop_options
 
-// The GEMM's loop: blocks of COLS channels split across threads (each block's weights stay in L1 while every tile of
-// rows passes over them; the activations' type picks the tile).
+constexpr int64_t CHUNK = 16;  // blocks per chunk that a stack's threads claim (`Team`)
+
+// The GEMM's loop: blocks of COLS channels split across threads, torch's or a stack's `team` (each block's weights
+// stay in L1 while every tile of rows passes over them; the activations' type picks the tile).
 template <typename A, typename Finish>
 void gemm(const A* a, int64_t rows, int64_t kp, const at::Tensor& packed, const float* wscale, int64_t n,
-          const Finish& finish) {
+          const Finish& finish, Team* team = nullptr) {
   const int8_t* pw = packed.data_ptr<int8_t>();
   const int64_t blocks = packed.size(0), block_bytes = kp * COLS;
-  at::parallel_for(0, blocks, std::max<int64_t>(1, 64 / std::max<int64_t>(rows, 1)), [&](int64_t begin, int64_t end) {
+  const auto span = [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b)
       block_rows(a, rows, kp, pw + b * block_bytes, wscale + b * COLS, b * COLS, n, finish);
-  });
+  };
+  if (team == nullptr) return at::parallel_for(0, blocks, std::max<int64_t>(1, 64 / std::max<int64_t>(rows, 1)), span);
+  team->run((blocks + CHUNK - 1) / CHUNK, [&](int64_t i) { span(i * CHUNK, std::min(blocks, (i + 1) * CHUNK)); });
 }
 
 #ifdef RVQSPEC_VNNI_GEMM
@@ -295,87 +299,6 @@ inline void vnni_tile(int64_t count, const uint8_t* a, int64_t kp, const int8_t*
     default: return vnni_tile<VROWS>(a, kp, w, sums);
   }
 }
-}  // namespace
-
-// A stack's threads (`with_team`): thread 0 runs the stack and hands each matrix's chunks of blocks to the team
-// (`run`); the others wait for the next matrix between them (a fork-join region per matrix put the second thread to
-// sleep between matrices under OMP_WAIT_POLICY=PASSIVE and cost its wake-up each time). Chunks are claimed, not
-// assigned: thread 0 never waits for a thread that is not running (the speech decoder on the other core): it takes
-// every chunk left and waits only for chunks others have started. Thread 0 claims from the front, the others from
-// the back, so that on 2 threads each reads one contiguous stream (the hardware prefetcher's ramp once per matrix).
-// Every wait spins for SPIN_US, then sleeps on a futex (std::atomic::wait): a thread sharing a core with the one it
-// waits for must give that core up, and a thread that keeps spinning looks like a CPU hog to the scheduler, which
-// then preempts it mid-chunk under load.
-class Team {
- public:
-  // chunk(i) for i in [0, count), on every thread of the team; returns once all are done.
-  void run(int64_t count, const std::function<void(int64_t)>& chunk) {
-    TORCH_CHECK(count < SIDE, "int8 stack: too many chunks in one matrix");
-    const uint64_t generation = ((counter_.load() >> GENERATION) + 1) & 0xffffu;  // wraps with the field
-    jobs_[generation & 1] = &chunk;
-    counter_.store((generation << GENERATION) | static_cast<uint64_t>(count));  // front 0, back count
-    counter_.notify_all();  // no system call where no thread sleeps on it
-    for (int64_t i; (i = claim(generation, true)) >= 0;) chunk(i);
-    wait_while(busy_, [&] { return busy_.load() != 0; });
-  }
-
-  // A worker's loop until stop().
-  void work() {
-    uint64_t seen = 0;
-    for (;;) {
-      wait_while(counter_, [&] { return counter_.load() >> GENERATION == seen && !stopped_.load(); });
-      if (stopped_.load()) return;
-      const uint64_t generation = counter_.load() >> GENERATION;
-      busy_.fetch_add(1);
-      // jobs_[generation & 1] is stable while this generation is current and we are busy
-      for (int64_t i; (i = claim(generation, false)) >= 0;) (*jobs_[generation & 1])(i);
-      if (busy_.fetch_sub(1) == 1) busy_.notify_all();
-      seen = generation;
-    }
-  }
-
-  void stop() {
-    stopped_.store(true);
-    counter_.fetch_add(uint64_t{1} << GENERATION);  // a change that sleeping workers wake up to
-    counter_.notify_all();
-  }
-
- private:
-  // counter_: generation (16 bits) | front (24) | back (24): chunks [front, back) are unclaimed.
-  static constexpr int GENERATION = 48, FRONT = 24;
-  static constexpr int64_t SIDE = int64_t{1} << FRONT;
-  static constexpr int64_t SPIN_US = 20;  // longer than most gaps between a layer's matrices at a few rows
-
-  // The next chunk of `generation` from the front or the back, or -1 where none is left (or the generation is over).
-  int64_t claim(uint64_t generation, bool front) {
-    for (uint64_t now = counter_.load();;) {
-      const int64_t first = (now >> FRONT) & (SIDE - 1), end = now & (SIDE - 1);
-      if (now >> GENERATION != generation || first >= end) return -1;
-      const uint64_t next = front ? now + (uint64_t{1} << FRONT) : now - 1;
-      if (counter_.compare_exchange_weak(now, next)) return front ? first : end - 1;
-    }
-  }
-
-  // Waits while waiting() holds: spins for SPIN_US, then sleeps until `word` changes.
-  template <typename T, typename Waiting>
-  static void wait_while(std::atomic<T>& word, const Waiting& waiting) {
-    const auto start = std::chrono::steady_clock::now();
-    for (int64_t looks = 1; waiting(); ++looks) {
-      _mm_pause();
-      if (looks % 64 == 0 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(SPIN_US)) {
-        for (T now = word.load(); waiting(); now = word.load()) word.wait(now);
-        return;
-      }
-    }
-  }
-
-  std::atomic<uint64_t> counter_{0};
-  std::atomic<int> busy_{0};  // workers inside a generation
-  std::atomic<bool> stopped_{false};
-  const std::function<void(int64_t)>* jobs_[2] = {};  // by generation's parity: a late worker reads the one it saw
-};
-
-namespace {
 #endif
 
 // The output's shape: x's [..., K] with N for K.
@@ -441,7 +364,13 @@ bool has_int8_gemm() {
 }
 
 // x [..., K] (any float dtype) -> [..., n] in x's dtype: w8a8 with the packed weights and their scales.
-at::Tensor int8_linear(const at::Tensor& x_, const at::Tensor& packed, const at::Tensor& scale, int64_t n) {
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t n) {
+  return int8_linear_on(nullptr, x, packed, scale, n);
+}
+
+// The same on a stack's team (`with_team`; nullptr: at::parallel_for): chunks of CHUNK blocks.
+at::Tensor int8_linear_on(Team* team, const at::Tensor& x_, const at::Tensor& packed, const at::Tensor& scale,
+                          int64_t n) {
 #ifdef RVQSPEC_INT8_GEMM
   auto x = x_.contiguous();
   check_packed(x, packed, scale, n);
@@ -459,7 +388,7 @@ at::Tensor int8_linear(const at::Tensor& x_, const at::Tensor& packed, const at:
     scalar_t* po = out.data_ptr<scalar_t>();
     gemm(pa, rows, kp, packed, scale.data_ptr<float>(), n, [&](int64_t r, int64_t c, float v) {
       store<scalar_t, float>(po, r * n + c, v * token_scale[r]);
-    });
+    }, team);
   });
   return out;
 #else
@@ -545,7 +474,7 @@ at::Tensor vnni_linear_on(Team* team, const at::Tensor& x_, const at::Tensor& pa
 }
 
 void with_team(int threads, const std::function<void(Team*)>& body) {
-#if defined(RVQSPEC_VNNI_GEMM) && defined(_OPENMP)
+#ifdef _OPENMP
   if (threads < 2 || at::in_parallel_region()) return body(nullptr);
   Team team;
   std::exception_ptr error;

@@ -100,3 +100,11 @@ class Linear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         return linear(x, self.weight, self.bias, self.pack)
+
+    def native(self, rows: int) -> tuple[Tensor] | None:
+        """The weight as rvqspec's bfloat16 kernel reads it where `linear` runs this matrix's bfloat16 calls on it
+        (any rows), for a native stack (`fused.int8_stack`); else None. Through the module's dict (nn.Module's
+        __getattr__ is slow)."""
+        weight = self._parameters["weight"]
+        choice = matmul_choice(weight, weight) if weight.dtype == torch.bfloat16 else None
+        return (self.pack.bf16.get(weight),) if choice is not None and choice.bf16_kernel else None
