@@ -14,12 +14,17 @@ Three measurements, 1 thread by default, each interleaved in one process (median
    against rvqspec's kernel: the round's cost over the one-row call, by N.
 3. frames: the 0.6B predictor with heads at the paper's acceptance (`rvqspec bench --weights`'s model), AR and
    speculative frames at N = 4, 8, 16, each kernel: speculative over its own AR (the yardstick of issue 51).
+4. threads: rvqspec's kernel's AR step and verify rounds (N = 4, 8) on 1 and 2 threads, alone and beside a busy core
+   (a process spinning, as the speech decoder does beside the frame loop), through the stack as one native call (on
+   2 threads one parallel region: kernels.h's `Team`) and through the Python loop of one fork-join region per matrix
+   (how bfloat16 ran before: `rvqspec bench --batch` measured 2 threads slower than 1); wall time, interleaved.
 Times are the process's CPU time at 1 thread (`--clock cpu`, the default there: on a shared machine the time the
-process waits for a core is not counted; waiting for memory is), wall time otherwise.
+process waits for a core is not counted; waiting for memory is), wall time otherwise (and in the threads table).
 Writes bf16-rows.{json,md}.
 """
 
 import argparse
+import multiprocessing
 import statistics
 import sys
 import time
@@ -31,6 +36,7 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor  # noqa: E402
 from rvqspec.bench.floor import copy_of, predictor_shapes  # noqa: E402
@@ -46,12 +52,16 @@ from rvqspec.core.latency import call_latency, clocks, elapsed_ms  # noqa: E402
 from rvqspec.core.sampling import Sampler  # noqa: E402
 from rvqspec.core.tree import default_tree  # noqa: E402
 
+from int8_calls import beside_busy, spin  # noqa: E402
+
 ROWS = (1, 2, 4, 8, 9, 16, 17, 33)
 CALL_SIZES = (4, 8, 16, 32)
 FRAME_SIZES = (4, 8, 16)
 SMOKE = {"frames": 2, "repeats": 1, "alternations": 1, "rounds": 1, "calibration_frames": 2,
          "calibration_iterations": 1}
 KERNELS = ("onednn", "bf16.cpp")  # how decoding's bfloat16 matmuls ran before, and with rvqspec's kernel
+THREAD_SIZES = (4, 8)
+STACKS = ("Python loop", "one native call")  # a fork-join region per matrix (before), one per stack
 
 
 @contextmanager
@@ -138,12 +148,51 @@ def frame_times(predictor, frames: list, sampler: Sampler, clock: str) -> dict:
             for kernel in KERNELS}
 
 
+@contextmanager
+def stack(how: str):
+    """Run the decoder stack as one native call (`fused.int8_stack`'s answer) or through the Python loop."""
+    native = fused.int8_stack
+    fused.int8_stack = native if how == STACKS[1] else lambda model, rows: None
+    try:
+        yield
+    finally:
+        fused.int8_stack = native
+
+
+def thread_costs(model, sampler: Sampler, alternations: int, rounds: int) -> dict:
+    """Median wall ms of the AR step and the rounds of THREAD_SIZES on rvqspec's kernel, per (stack, threads, busy),
+    in alternating order; the busy process spins only during the busy runs."""
+    trees, drafter = {n: default_tree(n) for n in THREAD_SIZES}, ReusedHeads(model)
+    runs = [(how, threads, busy) for how in STACKS for threads in (1, 2) for busy in (False, True)]
+    samples = {run: {"ar": [], **{n: [] for n in THREAD_SIZES}} for run in runs}
+    flag = multiprocessing.get_context("spawn").Value("i", 0)
+    spinner = multiprocessing.get_context("spawn").Process(target=spin, args=(flag,), daemon=True)
+    spinner.start()
+    try:
+        for i in range(alternations):
+            for how, threads, busy in runs if i % 2 == 0 else runs[::-1]:
+                torch.set_num_threads(threads)
+                with stack(how), matmuls("bf16.cpp"):
+                    measure = lambda: call_latency(model, drafter, trees, sampler, rounds)  # noqa: E731
+                    latency = beside_busy(flag, measure)() if busy else measure()
+                samples[how, threads, busy]["ar"].append(latency["ar"]["wall_ms"])
+                for n in THREAD_SIZES:
+                    samples[how, threads, busy][n].append(latency["spec"][n]["wall_ms"])
+    finally:
+        flag.value = -1
+        spinner.join()
+    return {f"{how}, {threads} thread(s){', a busy core' if busy else ''}":
+            {str(key): statistics.median(v) for key, v in samples[how, threads, busy].items()}
+            for how, threads, busy in runs}
+
+
 def run(args) -> dict:
     info = machine()
     config = smoke_config(ARCHITECTURES["0.6b"]) if args.smoke else ARCHITECTURES["0.6b"]
     sampler = Sampler()
     predictor = controlled_predictor(config, dtype="bfloat16")
-    device_path.prepare(predictor.model, args.threads, "the 0.6B predictor")
+    for threads in {args.threads, 2}:  # the threads table's 2 threads: the kernel choices there too
+        device_path.prepare(predictor.model, threads, "the 0.6B predictor")
     choice = device_path.known(torch.bfloat16)
     if choice is None or not cpu_class.has_avx512_bf16() or not fused.kernels() or not fused.kernels().has_bf16_gemm():
         return {"machine": finish_machine(info), "settings": vars(args),
@@ -157,6 +206,8 @@ def run(args) -> dict:
                                      choice["matmul"]["pad_rows"], args.repeats, args.clock)
     report["calls"] = call_costs(predictor.model, sampler, args.alternations, args.rounds, args.clock)
     report["frames"] = frame_times(predictor, predictor.frames(args.frames, seed=1), sampler, args.clock)
+    report["threads"] = thread_costs(predictor.model, sampler, args.alternations, args.rounds)
+    torch.set_num_threads(args.threads)
     finish_machine(info)
     return report
 
@@ -202,8 +253,27 @@ def markdown(report: dict) -> str:
                                 for n in FRAME_SIZES) +
                      f" | **{f['0']['frame_ms'] / f[str(best)]['frame_ms']:.2f}x** (N={best}) | "
                      f"{base / f[str(best)]['frame_ms']:.2f}x |")
-    lines += ["", "Speculative cells: frame ms (tokens/step)."]
+    lines += ["", "Speculative cells: frame ms (tokens/step).", ""] + threads_table(report["threads"])
     return "\n".join(lines) + "\n"
+
+
+def threads_table(runs: dict) -> list[str]:
+    """The threads part: ms per call, and 1 thread over 2 (> 1: the second thread helps) alone and beside a busy
+    core, per stack."""
+    calls = ["ar", *map(str, THREAD_SIZES)]
+    names = {"ar": "AR step", **{str(n): f"N={n} round" for n in THREAD_SIZES}}
+    lines = ["## rvqspec's kernel on 1 and 2 threads, ms (wall time)", "",
+             "The stack as one native call (2 threads: one parallel region, kernels.h's Team) or through the Python "
+             "loop (a fork-join region per matrix, as bfloat16 ran before); a busy core: a process spinning beside the "
+             "call, as the speech decoder does beside the frame loop. Interleaved runs.", "",
+             "| stack, threads | " + " | ".join(names[c] for c in calls) + " |", "|---|" + "---|" * len(calls)]
+    lines += [f"| {name} | " + " | ".join(f"{r[c]:.2f}" for c in calls) + " |" for name, r in runs.items()]
+    lines += ["", "| 1 thread over 2 | " + " | ".join(names[c] for c in calls) + " |", "|---|" + "---|" * len(calls)]
+    for how in STACKS:
+        for busy in ("", ", a busy core"):
+            one, two = runs[f"{how}, 1 thread(s){busy}"], runs[f"{how}, 2 thread(s){busy}"]
+            lines.append(f"| {how}{busy} | " + " | ".join(f"{one[c] / two[c]:.2f}x" for c in calls) + " |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -184,7 +184,7 @@ def one_class(args) -> dict:
     kernels = ["avx2"] if w8a8_kernel() == "avx2" else ["onednn", "vnni"]
     log = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {cpu_class.cpu_class()}: {text}", flush=True)  # noqa
     shapes = [(96, 64), (64, 96)] if args.smoke else predictor_shapes("0.6b")
-    smoke = dict(shapes=shapes, repeats=2) if args.smoke else {}
+    smoke = dict(config=SMOKE_PREDICTOR, repeats=2) if args.smoke else {}
     report = {"cpu": cpu_class.describe(), "class": cpu_class.cpu_class(), "kernels": kernels,
               "inspect": one_row_steps(schemes=("w8a8",), log=log, **smoke)}  # what `rvqspec inspect --device` prints
     threads, runs = torch.get_num_threads(), {kernel: (kernel, 1) for kernel in kernels}

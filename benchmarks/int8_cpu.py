@@ -6,8 +6,8 @@ class's, its memory system and clock are this machine's.
 Per class:
 - matmul: [M, 1024] x [1024, 3072], M = 1, 4, 9, 33, per scheme (and torch's weight-only kernel on float32, what
   w8a16 ran before), medians;
-- floor: one row through the 0.6B predictor's layer matrices per scheme against their bytes / the copy bandwidth, and
-  4 and 8 rows against one (`rvqspec.bench.floor`);
+- floor: one row through the 0.6B predictor's decoder stack as the engine runs it, per scheme, against its matrices'
+  bytes / the copy bandwidth, and 4 and 8 rows against one (`rvqspec.bench.floor`);
 - predictor: the 0.6B predictor (random layers, heads set on the float model to the paper's 2.47 tokens/step at
   N = 32), the class's fastest float dtype (bfloat16 where oneDNN has it, else float32) and w8a8 of it: the AR frame,
   speculative frames at N = 4, 8, 16, 32, and the policy's choice from latencies measured now (as `rvqspec demo`);
@@ -149,7 +149,7 @@ def one_class(args) -> dict:
     torch.set_num_threads(1)
     e2e.pin(1)
     log = lambda text: print(f"[{time.strftime('%H:%M:%S')}] {cpu_class.cpu_class()}: {text}", flush=True)  # noqa
-    smoke = dict(shapes=[(128, 64), (64, 128)], repeats=2) if args.smoke else {}
+    smoke = dict(config=SMOKE_PREDICTOR, repeats=2) if args.smoke else {}
     report = {"cpu": cpu_class.describe(), "class": cpu_class.cpu_class(),
               "matmul_ms": matmuls(64, 128) if args.smoke else matmuls()}
     log(f"matmuls: {json.dumps(report['matmul_ms'])}")
@@ -170,8 +170,8 @@ def to_markdown(report: dict) -> str:
         lines += [f"| {m} | " + " | ".join(f"{v:.3f}" for v in row.values()) + " |"
                   for m, row in r["matmul_ms"].items()]
         floor = r["floor"]
-        lines += ["", "### One row through the 0.6B predictor's layer matrices (floor: a copy moving as many bytes, "
-                  "timed between the calls)", "", "| scheme | kernel | one row ms | floor ms | of floor | "
+        lines += ["", "### One row through the 0.6B predictor's decoder stack as the engine runs it (`bench.floor`; "
+                  "floor: a copy moving its matrices' bytes, timed between the calls)", "", "| scheme | kernel | one row ms | floor ms | of floor | "
                   "4 rows / 1 | 8 rows / 1 |", "|---|---|---|---|---|---|---|"]
         for scheme, s in floor["schemes"].items():
             if "refused" in s:

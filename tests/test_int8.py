@@ -16,12 +16,14 @@ import torch
 from test_cpu_classes import AVX2_CAP, CAPPED
 
 from rvqspec.bench.floor import SCHEMES, one_row_steps
+from rvqspec.cli.inspect import scheme_figures
 import rvqspec.core.quantize as quantize_module
 from rvqspec.core import cpu_class
 from rvqspec.core.quantize import (VNNI_ROWS, ZERO_POINT, Int8Matmul, int8_kernels, pack_int8, pack_vnni, quantize_rows,
                                    quantize_tokens, w8a8_kernel)
 
 from helpers import int8_codes
+from helpers.tiny import tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(int8_kernels() is None, reason="rvqspec's int8 kernels need x86 with AVX2 and built "
@@ -181,11 +183,19 @@ def test_one_w8a8_model_decodes_alike_natively_and_under_the_avx2_caps(tmp_path)
 
 
 def test_the_floor_report_names_each_schemes_kernel_and_its_fraction():
-    """What `rvqspec inspect --device` prints, on small matrices: every scheme timed against its bytes."""
-    report = one_row_steps(shapes=[(96, 64), (64, 96)], repeats=2, log=lambda line: None)
+    """What `rvqspec inspect --device` prints, on a tiny predictor: every scheme's stack, run as the engine runs it
+    (w8a8: one native call), and its matrices one by one, timed against their bytes."""
+    config = tiny_config(hidden=64, layers=2)
+    report = one_row_steps(config=config, repeats=2, log=lambda line: None)
     assert set(report["schemes"]) == set(SCHEMES) == set(report["kernels"])
     assert "rvqspec's AVX2" in report["kernels"]["w8a16"]
+    matrices = 2 * (64 * 64 + 64 * 32 + 256 * 64 + 64 * 128)  # qkv (4 + 2 x 2 heads of 8), o, gate+up, down
     for scheme, figures in report["schemes"].items():
-        assert figures["bytes"] == 2 * 96 * 64 * (4 if scheme == "float32" else 2 if scheme == "bfloat16" else 1)
-        assert figures["of_floor"] > 0 and set(figures["rows_over_one"]) == {"4", "8"}
+        assert figures["bytes"] == matrices * (4 if scheme == "float32" else 2 if scheme == "bfloat16" else 1)
+        assert figures["of_floor"] > 0 and figures["matrices_of_floor"] > 0
+        assert set(figures["rows_over_one"]) == {"4", "8"}
         assert figures["bandwidth_gb_s"] == pytest.approx(figures["bytes"] / figures["floor_ms"] / 1e6)
+    w8a8 = report["schemes"]["w8a8"]
+    assert w8a8["path"] == ("one native call" if w8a8_kernel() in ("vnni", "avx2") else "the fused Python loop")
+    line = scheme_figures(w8a8)  # inspect's line: what it timed, then the matrices alone, labelled
+    assert line.startswith(w8a8["path"]) and "the layer matrices alone, one call each" in line

@@ -3,12 +3,16 @@
 A one-row step (the AR predictor step, the talker step) multiplies every layer matrix once by one row: it reads all
 the weights and does little else, so its floor is the weight bytes over the memory bandwidth. The bandwidth is a
 large tensor copy's (read + write bytes over its time, median), this thread count, as benchmarks/end_to_end.py has
-measured it since issue 32. `one_row_steps` streams one row through the 0.6B predictor's layer matrices per scheme
-(float32, bfloat16, w8a16, w8a8), more than any cache holds, and gives each its fraction of the floor: a copy moving
-as many bytes as the scheme's weights (`copy_of`: the same footprint), timed between the kernels' calls on their
-thread count, so that both see the same machine (a 1 GB copy timed once before the calls read 42.8 GB/s where a copy
-of the matrices' bytes between them read 32, capped avx2, issue 51: a shared machine's bandwidth swings); and the cost
-of 4 and 8 rows against one (a batch's step). `rvqspec inspect --device` prints it with each scheme's kernel.
+measured it since issue 32. `one_row_steps` runs one row through the 0.6B predictor's decoder stack per scheme
+(float32, bfloat16, w8a16, w8a8; more bytes than any cache holds) as the engine runs it: a cached forward of a random
+model, one native call per stack where the scheme has one (`fused.int8_stack`: w8a8 on rvqspec's GEMMs, bfloat16 on
+its kernel; on 2 threads one parallel region), else the fused kernels' Python loop; its matmuls, norms, attention
+over a few keys and activation quantization. It gives each its fraction of the floor: a copy moving as many bytes as
+the scheme's layer matrices (`copy_of`: the same footprint), timed between the calls on their thread count, so that
+both see the same machine (a 1 GB copy timed once before the calls read 42.8 GB/s where a copy of the matrices' bytes
+between them read 32, capped avx2, issue 51: a shared machine's bandwidth swings); the cost of 4 and 8 rows against
+one (a batch's step); and, labelled as such, the layer matrices alone, called one by one from Python (each call
+forks and joins torch's threads). `rvqspec inspect --device` prints it with each scheme's kernel.
 
 A whole frame's parts get floors from the same measures (benchmarks/end_to_end.py): `matrix_bytes` (a module's weights
 as a scheme stores them), `matmul_peak` (a large matmul's FLOP/s, this thread count: the compute floor's rate) and
@@ -22,15 +26,17 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from rvqspec.core import cpu_class, fused
-from rvqspec.core.config import ARCHITECTURES
+from rvqspec.core import cpu_class, device_path, fused
+from rvqspec.core.config import ARCHITECTURES, PredictorConfig
 from rvqspec.core.device_path import known, median_ms, packable
 from rvqspec.core.errors import RvqspecError
+from rvqspec.core.model import MultiCodeDecoder
 from rvqspec.core.packing import PackedWeight, linear
-from rvqspec.core.quantize import Int8Matmul, check_scheme, int8_kernels, w8a8_kernel
+from rvqspec.core.quantize import Int8Matmul, check_scheme, int8_kernels, quantize, w8a8_kernel
 
 SCHEMES = ("float32", "bfloat16", "w8a16", "w8a8")
 ROWS = (1, 4, 8)
+STACK_SLOTS = 16  # the timed step's cache; it attends to the first half (a predictor frame's middle position)
 
 
 def copy_bandwidth(gigabytes: float = 1.0, repeats: int = 5) -> float:
@@ -109,7 +115,11 @@ def kernels() -> dict[str, str]:
 
 def predictor_shapes(arch: str = "0.6b") -> list[tuple[int, int]]:
     """(out, in) of every layer matrix of the predictor of `arch`, in a step's order (qkv, o, gate+up, down)."""
-    c = ARCHITECTURES[arch]
+    return layer_shapes(ARCHITECTURES[arch])
+
+
+def layer_shapes(c: PredictorConfig) -> list[tuple[int, int]]:
+    """(out, in) of every layer matrix of a predictor of config `c`, in a step's order."""
     q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
     layer = [(q + 2 * kv, c.hidden_size), (c.hidden_size, q), (2 * c.intermediate_size, c.hidden_size),
              (c.hidden_size, c.intermediate_size)]
@@ -118,33 +128,74 @@ def predictor_shapes(arch: str = "0.6b") -> list[tuple[int, int]]:
 
 @torch.inference_mode()
 def one_row_steps(schemes=SCHEMES, arch: str = "0.6b", repeats: int = 7, rows=ROWS, log=print,
-                  shapes: list[tuple[int, int]] | None = None) -> dict:
-    """Per scheme: ms of one row (and of `rows` rows) through the layer matrices of `arch`'s predictor (or `shapes`),
-    their bytes, the floor (a copy moving as many bytes, timed between the calls: `copy_of`), the bandwidth it reads
-    and the fraction of the floor reached; schemes this CPU refuses are reported with why."""
+                  config: PredictorConfig | None = None) -> dict:
+    """Per scheme: ms of one row (and of `rows` rows) through the decoder stack of `arch`'s predictor (or one of
+    `config`: a smoke run's) as the engine runs it (`stack_of`), and through its layer matrices called one by one; the
+    matrices' bytes, the floor (a copy moving as many bytes, timed between the calls: `copy_of`), the bandwidth it
+    reads and the fraction of the floor each reached; schemes this CPU refuses are reported with why."""
     generator = torch.Generator().manual_seed(0)
-    shapes = shapes or predictor_shapes(arch)
+    config = config or ARCHITECTURES[arch]
+    shapes = layer_shapes(config)
     weights = [torch.randn(shape, generator=generator) / shape[1] ** 0.5 for shape in shapes]
     inputs = {n: {k: torch.randn(n, k, generator=generator) for k in {s[1] for s in shapes}} for n in rows}
     report = {"cpu": cpu_class.describe(), "threads": torch.get_num_threads(), "arch": arch, "kernels": kernels(),
               "schemes": {}}
     for scheme in schemes:
         try:
-            step, nbytes = step_of(scheme, weights)
+            matrices, nbytes = step_of(scheme, weights)
+            stack, path = stack_of(scheme, config)
         except RvqspecError as e:
             report["schemes"][scheme] = {"refused": str(e)}
             continue
-        cast = {n: {k: v.to(torch.bfloat16) if scheme == "bfloat16" else v for k, v in inputs[n].items()}
-                for n in rows}
-        calls = {n: lambda x=cast[n]: step(x) for n in rows} | {"floor": copy_of(nbytes)}
+        dtype = torch.bfloat16 if scheme == "bfloat16" else torch.float32
+        cast = {n: {k: v.to(dtype) for k, v in inputs[n].items()} for n in rows}
+        hidden = {n: torch.randn(n, 1, config.hidden_size, generator=generator).to(stack_dtype(scheme)) for n in rows}
+        calls = {("stack", n): lambda x=hidden[n]: stack(x) for n in rows} \
+            | {("matrices", n): lambda x=cast[n]: matrices(x) for n in rows} | {"floor": copy_of(nbytes)}
         ms = median_ms(calls, repeats)  # a warm-up each: packed layouts made
         floor = ms.pop("floor")
-        report["schemes"][scheme] = {"ms": {str(n): v for n, v in ms.items()}, "bytes": nbytes, "floor_ms": floor,
-                                     "bandwidth_gb_s": nbytes / floor / 1e6, "of_floor": floor / ms[rows[0]],
-                                     "rows_over_one": {str(n): ms[n] / ms[rows[0]] for n in rows[1:]}}
-        log(f"{scheme}: one row {ms[rows[0]]:.2f} ms, floor {floor:.2f} ms ({floor / ms[rows[0]]:.0%}); "
-            + ", ".join(f"{n} rows {ms[n] / ms[rows[0]]:.2f}x" for n in rows[1:]))
+        report["schemes"][scheme] = scheme_figures(ms, rows, nbytes, floor) | {"path": path}
+        one = ms["stack", rows[0]]
+        log(f"{scheme}: one row through the stack ({path}) {one:.2f} ms, floor {floor:.2f} ms ({floor / one:.0%}); "
+            + ", ".join(f"{n} rows {ms['stack', n] / one:.2f}x" for n in rows[1:])
+            + f"; the matrices one by one {ms['matrices', rows[0]]:.2f} ms ({floor / ms['matrices', rows[0]]:.0%})")
     return report
+
+
+def scheme_figures(ms: dict, rows, nbytes: int, floor: float) -> dict:
+    """A scheme's figures from its timed calls ({("stack" or "matrices", rows): ms}) and its floor."""
+    one, matrices = ms["stack", rows[0]], ms["matrices", rows[0]]
+    return {"ms": {str(n): ms["stack", n] for n in rows}, "bytes": nbytes, "floor_ms": floor,
+            "bandwidth_gb_s": nbytes / floor / 1e6, "of_floor": floor / one,
+            "rows_over_one": {str(n): ms["stack", n] / one for n in rows[1:]},
+            "matrices_ms": {str(n): ms["matrices", n] for n in rows}, "matrices_of_floor": floor / matrices}
+
+
+def stack_dtype(scheme: str) -> torch.dtype:
+    """The activations' dtype of a scheme's model: bfloat16 for w8a8 (the model most users quantize), float32 for
+    w8a16 (its kernel takes float32)."""
+    return torch.bfloat16 if scheme in ("bfloat16", "w8a8") else torch.float32
+
+
+def stack_of(scheme: str, config: PredictorConfig) -> tuple:
+    """(a function running x [n, 1, hidden] through the decoder stack of a random predictor of `config` stored as
+    `scheme`, one cached step at the middle of a frame, as the engine's forwards run it; how it runs: "one native call"
+    where `fused.int8_stack` takes the model, else "the fused Python loop" or "the plain path")."""
+    torch.manual_seed(0)
+    model = MultiCodeDecoder(config).to(stack_dtype(scheme)).eval()
+    if scheme in ("w8a16", "w8a8"):
+        model = quantize(model, scheme)
+    device_path.prepare(model)  # the kernel choices its forwards read (measured once per dtype and thread count)
+    caches, slot = {}, torch.tensor([STACK_SLOTS // 2])
+    mask = (torch.arange(STACK_SLOTS) <= slot)[None]
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        cache = caches.get(len(x)) or caches.setdefault(len(x), model.new_cache(len(x), STACK_SLOTS))
+        return model(x, slot, mask, cache, slot)
+    fast = device_path.choose("cpu", model.dtype).fused_kernels
+    path = "one native call" if fast and fused.int8_stack(model, 1) is not None else \
+        "the fused Python loop" if fast else "the plain path"
+    return step, path
 
 
 def step_of(scheme: str, weights: list) -> tuple:

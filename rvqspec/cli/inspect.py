@@ -65,14 +65,20 @@ def print_device(report: dict) -> None:
         for what, figures in choice["figures"].items():
             print(f"    {what}: {json.dumps(figures)}")
     steps = report["weights"]
-    print(f"  weights schemes, one row through the {steps['arch']} predictor's layer matrices ({steps['threads']} "
-          f"thread(s); floor = a copy moving as many bytes, timed between the calls):")
+    print(f"  weights schemes, one row through the {steps['arch']} predictor's decoder stack as the engine runs it (a "
+          f"cached step of a random model; {steps['threads']} thread(s); floor = a copy moving the layer matrices' "
+          "bytes, timed between the calls):")
     for scheme, kernel in steps["kernels"].items():
         r = steps["schemes"][scheme]
-        figures = r.get("refused") or (f"{r['ms']['1']:.2f} ms, {r['of_floor']:.0%} of the floor ({r['floor_ms']:.2f} "
-                                       f"ms, {r['bandwidth_gb_s']:.1f} GB/s); "
-                                       + ", ".join(f"{n} rows {x:.2f}x" for n, x in r["rows_over_one"].items()))
-        print(f"    {scheme}: {kernel}: {figures}")
+        print(f"    {scheme}: {kernel}: {r.get('refused') or scheme_figures(r)}")
+
+
+def scheme_figures(r: dict) -> str:
+    """One scheme's stack figures, then its matrices' called one by one (labelled)."""
+    return (f"{r['path']}: {r['ms']['1']:.2f} ms, {r['of_floor']:.0%} of the floor ({r['floor_ms']:.2f} ms, "
+            f"{r['bandwidth_gb_s']:.1f} GB/s); " + ", ".join(f"{n} rows {x:.2f}x" for n, x in r["rows_over_one"].items())
+            + f"; the layer matrices alone, one call each: {r['matrices_ms']['1']:.2f} ms, "
+            f"{r['matrices_of_floor']:.0%} of the floor")
 
 
 def run(args) -> int:
