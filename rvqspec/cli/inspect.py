@@ -75,10 +75,10 @@ def print_device(report: dict) -> None:
 
 def scheme_figures(r: dict) -> str:
     """One scheme's stack figures, then its matrices' called one by one (labelled)."""
+    rows = ", ".join(f"{n} rows {x:.2f}x" for n, x in r["rows_over_one"].items())
     return (f"{r['path']}: {r['ms']['1']:.2f} ms, {r['of_floor']:.0%} of the floor ({r['floor_ms']:.2f} ms, "
-            f"{r['bandwidth_gb_s']:.1f} GB/s); " + ", ".join(f"{n} rows {x:.2f}x" for n, x in r["rows_over_one"].items())
-            + f"; the layer matrices alone, one call each: {r['matrices_ms']['1']:.2f} ms, "
-            f"{r['matrices_of_floor']:.0%} of the floor")
+            f"{r['bandwidth_gb_s']:.1f} GB/s); {rows}; the layer matrices alone, one call each: "
+            f"{r['matrices_ms']['1']:.2f} ms, {r['matrices_of_floor']:.0%} of the floor")
 
 
 def run(args) -> int:
