@@ -20,7 +20,8 @@ from rvqspec.core.tree import default_tree
 import test_distribution
 from helpers.tiny import random_frames, tiny_model
 from test_bit_exact import ar_states, verify_states
-from test_int8_layers import counted, predictor_states, python_loop, threads  # noqa: F401 (a fixture)
+from test_int8_layers import (counted, predictor_states, python_loop, same_bits_on_one_and_two_threads,
+                              threads)  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.skipif(not cpu_class.has_avx512_bf16() or fused.kernels() is None
                                 or not fused.kernels().has_bf16_gemm(),
@@ -116,13 +117,8 @@ def test_the_bfloat16_stack_on_two_threads_gives_one_threads_bits(kernel_forced,
     """On 2 threads the stack is one parallel region (1.7 MB of weights: a stack under 1 MiB keeps torch's loops)
     whose threads claim groups of 64 channels of each matrix (widths of 1..16 groups): each channel is still summed
     by one thread in one order."""
-    model = tiny_model(seed=3, dtype=torch.bfloat16, hidden=256, layers=2, std=0.05)
-    native = counted(monkeypatch)
-    threads(1)
-    one = predictor_states(model)
-    threads(2)
-    assert all(torch.equal(a, b) for a, b in zip(predictor_states(model), one, strict=True))
-    assert len(native) == 8
+    same_bits_on_one_and_two_threads(tiny_model(seed=3, dtype=torch.bfloat16, hidden=256, layers=2, std=0.05),
+                                     threads, monkeypatch)
 
 
 def test_a_verify_call_gives_every_node_its_ar_steps_hidden_state(kernel_forced):

@@ -108,6 +108,11 @@ def test_the_native_call_on_two_threads_gives_one_threads_bits(threads, monkeypa
     is taken once (widths of 1..20 chunks of 64 channels, so that both threads take some; 1.35 MB of weights: a stack
     under 1 MiB keeps torch's loops)."""
     model = quantize(tiny_model(seed=3, dtype=torch.bfloat16, hidden=320, layers=3), "w8a8")
+    same_bits_on_one_and_two_threads(model, threads, monkeypatch)
+
+
+def same_bits_on_one_and_two_threads(model, threads, monkeypatch) -> None:
+    """`model`'s states on 2 threads are its states on 1, bit for bit, every forward one native call."""
     native = counted(monkeypatch)
     threads(1)
     one = predictor_states(model)
