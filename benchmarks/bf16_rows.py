@@ -57,8 +57,8 @@ from int8_calls import beside_busy, spin  # noqa: E402
 ROWS = (1, 2, 4, 8, 9, 16, 17, 33)
 CALL_SIZES = (4, 8, 16, 32)
 FRAME_SIZES = (4, 8, 16)
-SMOKE = {"frames": 2, "repeats": 1, "alternations": 1, "rounds": 1, "calibration_frames": 2,
-         "calibration_iterations": 1}
+SMOKE = {"frames": 2, "repeats": 1, "alternations": 1, "thread_alternations": 1, "rounds": 1,
+         "calibration_frames": 2, "calibration_iterations": 1}
 KERNELS = ("onednn", "bf16.cpp")  # how decoding's bfloat16 matmuls ran before, and with rvqspec's kernel
 THREAD_SIZES = (4, 8)
 STACKS = ("Python loop", "one native call")  # a fork-join region per matrix (before), one per stack
@@ -160,30 +160,37 @@ def stack(how: str):
 
 
 def thread_costs(model, sampler: Sampler, alternations: int, rounds: int) -> dict:
-    """Median wall ms of the AR step and the rounds of THREAD_SIZES on rvqspec's kernel, per (stack, threads, busy),
-    in alternating order; the busy process spins only during the busy runs."""
+    """Wall ms of the AR step and the rounds of THREAD_SIZES on rvqspec's kernel per (stack, busy, threads), one
+    call_latency run (median of `rounds`) per alternation, in alternating order; 1 and 2 threads of a stack run side
+    by side, so that their ratio per alternation sees one moment's load. The busy process spins only in busy runs."""
     trees, drafter = {n: default_tree(n) for n in THREAD_SIZES}, ReusedHeads(model)
-    runs = [(how, threads, busy) for how in STACKS for threads in (1, 2) for busy in (False, True)]
-    samples = {run: {"ar": [], **{n: [] for n in THREAD_SIZES}} for run in runs}
+    runs = [(how, busy, threads) for how in STACKS for busy in (False, True) for threads in (1, 2)]
+    samples = {run: {"ar": [], **{str(n): [] for n in THREAD_SIZES}} for run in runs}
     flag = multiprocessing.get_context("spawn").Value("i", 0)
     spinner = multiprocessing.get_context("spawn").Process(target=spin, args=(flag,), daemon=True)
     spinner.start()
     try:
         for i in range(alternations):
-            for how, threads, busy in runs if i % 2 == 0 else runs[::-1]:
+            for how, busy, threads in runs if i % 2 == 0 else runs[::-1]:
                 torch.set_num_threads(threads)
                 with stack(how), matmuls("bf16.cpp"):
                     measure = lambda: call_latency(model, drafter, trees, sampler, rounds)  # noqa: E731
                     latency = beside_busy(flag, measure)() if busy else measure()
-                samples[how, threads, busy]["ar"].append(latency["ar"]["wall_ms"])
+                samples[how, busy, threads]["ar"].append(latency["ar"]["wall_ms"])
                 for n in THREAD_SIZES:
-                    samples[how, threads, busy][n].append(latency["spec"][n]["wall_ms"])
+                    samples[how, busy, threads][str(n)].append(latency["spec"][n]["wall_ms"])
     finally:
         flag.value = -1
         spinner.join()
-    return {f"{how}, {threads} thread(s){', a busy core' if busy else ''}":
-            {str(key): statistics.median(v) for key, v in samples[how, threads, busy].items()}
-            for how, threads, busy in runs}
+    return {f"{how}{', a busy core' if busy else ''}": pair_figures(samples[how, busy, 1], samples[how, busy, 2])
+            for how in STACKS for busy in (False, True)}
+
+
+def pair_figures(one: dict, two: dict) -> dict:
+    """Per call: median ms on 1 and 2 threads, the median of their ratio per alternation, and the fastest's ratio."""
+    return {call: {"1": statistics.median(one[call]), "2": statistics.median(two[call]),
+                   "ratio": statistics.median(a / b for a, b in zip(one[call], two[call])),
+                   "fastest_ratio": min(one[call]) / min(two[call])} for call in one}
 
 
 def run(args) -> dict:
@@ -206,7 +213,7 @@ def run(args) -> dict:
                                      choice["matmul"]["pad_rows"], args.repeats, args.clock)
     report["calls"] = call_costs(predictor.model, sampler, args.alternations, args.rounds, args.clock)
     report["frames"] = frame_times(predictor, predictor.frames(args.frames, seed=1), sampler, args.clock)
-    report["threads"] = thread_costs(predictor.model, sampler, args.alternations, args.rounds)
+    report["threads"] = thread_costs(predictor.model, sampler, args.thread_alternations, args.rounds)
     torch.set_num_threads(args.threads)
     finish_machine(info)
     return report
@@ -258,21 +265,22 @@ def markdown(report: dict) -> str:
 
 
 def threads_table(runs: dict) -> list[str]:
-    """The threads part: ms per call, and 1 thread over 2 (> 1: the second thread helps) alone and beside a busy
-    core, per stack."""
+    """The threads part: ms per call on 1 and 2 threads, and 1 thread over 2 (> 1: the second thread helps), per
+    stack, alone and beside a busy core."""
     calls = ["ar", *map(str, THREAD_SIZES)]
     names = {"ar": "AR step", **{str(n): f"N={n} round" for n in THREAD_SIZES}}
-    lines = ["## rvqspec's kernel on 1 and 2 threads, ms (wall time)", "",
+    lines = ["## rvqspec's kernel on 1 and 2 threads (wall time)", "",
              "The stack as one native call (2 threads: one parallel region, kernels.h's Team) or through the Python "
              "loop (a fork-join region per matrix, as bfloat16 ran before); a busy core: a process spinning beside the "
-             "call, as the speech decoder does beside the frame loop. Interleaved runs.", "",
-             "| stack, threads | " + " | ".join(names[c] for c in calls) + " |", "|---|" + "---|" * len(calls)]
-    lines += [f"| {name} | " + " | ".join(f"{r[c]:.2f}" for c in calls) + " |" for name, r in runs.items()]
-    lines += ["", "| 1 thread over 2 | " + " | ".join(names[c] for c in calls) + " |", "|---|" + "---|" * len(calls)]
-    for how in STACKS:
-        for busy in ("", ", a busy core"):
-            one, two = runs[f"{how}, 1 thread(s){busy}"], runs[f"{how}, 2 thread(s){busy}"]
-            lines.append(f"| {how}{busy} | " + " | ".join(f"{one[c] / two[c]:.2f}x" for c in calls) + " |")
+             "call, as the speech decoder does beside the frame loop. 1 and 2 threads of a row run side by side in "
+             "each alternation; 1 thread over 2: the median of their ratio per alternation (> 1: the second thread "
+             "helps), and the fastest run's ratio (the quietest moment).", "",
+             "| stack | " + " | ".join(f"{names[c]}: 1 / 2 threads, ms | 1 over 2 | fastest, 1 over 2" for c in calls)
+             + " |", "|---|" + "---|" * 3 * len(calls)]
+    for name, figures in runs.items():
+        cells = [f"{f['1']:.2f} / {f['2']:.2f} | **{f['ratio']:.2f}x** | {f['fastest_ratio']:.2f}x"
+                 for f in (figures[c] for c in calls)]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -284,6 +292,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=9, help="matrix calls per kernel and row count")
     parser.add_argument("--alternations", type=int, default=5, help="call_latency runs per kernel")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per call_latency run")
+    parser.add_argument("--thread-alternations", type=int, default=15, help="call_latency runs per stack, thread "
+                        "count and busy core (the threads table: wall time, noisier)")
     parser.add_argument("--calibration-frames", type=int, default=8)
     parser.add_argument("--calibration-iterations", type=int, default=6)
     parser.add_argument("--clock", choices=("cpu", "wall"), help="cpu: the process's CPU time (the default at 1 "
