@@ -159,10 +159,11 @@ def stack(how: str):
         fused.int8_stack = native
 
 
-def thread_costs(model, sampler: Sampler, alternations: int, rounds: int) -> dict:
+def thread_costs(model, sampler: Sampler, alternations: int) -> dict:
     """Wall ms of the AR step and the rounds of THREAD_SIZES on rvqspec's kernel per (stack, busy, threads), one
-    call_latency run (median of `rounds`) per alternation, in alternating order; 1 and 2 threads of a stack run side
-    by side, so that their ratio per alternation sees one moment's load. The busy process spins only in busy runs."""
+    call_latency round per alternation (many short samples: a shared machine's load moves between them), in
+    alternating order; 1 and 2 threads of a stack run side by side, so that their ratio per alternation sees one
+    moment's load. The busy process spins only in busy runs."""
     trees, drafter = {n: default_tree(n) for n in THREAD_SIZES}, ReusedHeads(model)
     runs = [(how, busy, threads) for how in STACKS for busy in (False, True) for threads in (1, 2)]
     samples = {run: {"ar": [], **{str(n): [] for n in THREAD_SIZES}} for run in runs}
@@ -174,7 +175,7 @@ def thread_costs(model, sampler: Sampler, alternations: int, rounds: int) -> dic
             for how, busy, threads in runs if i % 2 == 0 else runs[::-1]:
                 torch.set_num_threads(threads)
                 with stack(how), matmuls("bf16.cpp"):
-                    measure = lambda: call_latency(model, drafter, trees, sampler, rounds)  # noqa: E731
+                    measure = lambda: call_latency(model, drafter, trees, sampler, 1, warmup=1)  # noqa: E731
                     latency = beside_busy(flag, measure)() if busy else measure()
                 samples[how, busy, threads]["ar"].append(latency["ar"]["wall_ms"])
                 for n in THREAD_SIZES:
@@ -187,10 +188,12 @@ def thread_costs(model, sampler: Sampler, alternations: int, rounds: int) -> dic
 
 
 def pair_figures(one: dict, two: dict) -> dict:
-    """Per call: median ms on 1 and 2 threads, the median of their ratio per alternation, and the fastest's ratio."""
+    """Per call: median ms on 1 and 2 threads, the median of their ratio per alternation, and the ratio of their
+    fastest tenths (the quietest moments': 10th percentiles)."""
+    tenth = lambda v: sorted(v)[(len(v) - 1) // 10]  # noqa: E731
     return {call: {"1": statistics.median(one[call]), "2": statistics.median(two[call]),
                    "ratio": statistics.median(a / b for a, b in zip(one[call], two[call])),
-                   "fastest_ratio": min(one[call]) / min(two[call])} for call in one}
+                   "quiet_ratio": tenth(one[call]) / tenth(two[call])} for call in one}
 
 
 def run(args) -> dict:
@@ -213,7 +216,7 @@ def run(args) -> dict:
                                      choice["matmul"]["pad_rows"], args.repeats, args.clock)
     report["calls"] = call_costs(predictor.model, sampler, args.alternations, args.rounds, args.clock)
     report["frames"] = frame_times(predictor, predictor.frames(args.frames, seed=1), sampler, args.clock)
-    report["threads"] = thread_costs(predictor.model, sampler, args.thread_alternations, args.rounds)
+    report["threads"] = thread_costs(predictor.model, sampler, args.thread_alternations)
     torch.set_num_threads(args.threads)
     finish_machine(info)
     return report
@@ -274,11 +277,12 @@ def threads_table(runs: dict) -> list[str]:
              "loop (a fork-join region per matrix, as bfloat16 ran before); a busy core: a process spinning beside the "
              "call, as the speech decoder does beside the frame loop. 1 and 2 threads of a row run side by side in "
              "each alternation; 1 thread over 2: the median of their ratio per alternation (> 1: the second thread "
-             "helps), and the fastest run's ratio (the quietest moment).", "",
-             "| stack | " + " | ".join(f"{names[c]}: 1 / 2 threads, ms | 1 over 2 | fastest, 1 over 2" for c in calls)
+             "helps), and the ratio of their fastest tenths (10th percentiles: the machine's quietest moments).", "",
+             "| stack | " + " | ".join(f"{names[c]}: 1 / 2 threads, ms | 1 over 2 | fastest tenth, 1 over 2"
+                                      for c in calls)
              + " |", "|---|" + "---|" * 3 * len(calls)]
     for name, figures in runs.items():
-        cells = [f"{f['1']:.2f} / {f['2']:.2f} | **{f['ratio']:.2f}x** | {f['fastest_ratio']:.2f}x"
+        cells = [f"{f['1']:.2f} / {f['2']:.2f} | **{f['ratio']:.2f}x** | {f['quiet_ratio']:.2f}x"
                  for f in (figures[c] for c in calls)]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
@@ -292,8 +296,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=9, help="matrix calls per kernel and row count")
     parser.add_argument("--alternations", type=int, default=5, help="call_latency runs per kernel")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per call_latency run")
-    parser.add_argument("--thread-alternations", type=int, default=15, help="call_latency runs per stack, thread "
-                        "count and busy core (the threads table: wall time, noisier)")
+    parser.add_argument("--thread-alternations", type=int, default=60, help="one-round call_latency runs per "
+                        "stack, thread count and busy core (the threads table: wall time)")
     parser.add_argument("--calibration-frames", type=int, default=8)
     parser.add_argument("--calibration-iterations", type=int, default=6)
     parser.add_argument("--clock", choices=("cpu", "wall"), help="cpu: the process's CPU time (the default at 1 "
