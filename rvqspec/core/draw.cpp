@@ -33,23 +33,29 @@ float exp_nonpositive(float x) {
   return static_cast<float>(p * scale);  // exact in double (a normal one), one rounding to float
 }
 
-// The k-th largest of scores[0..v) (1 <= k <= v), repeats counted as torch.topk counts them: a min-heap of the k
-// largest so far (most values fall below its top and cost one comparison).
-float kth_largest(const std::vector<float>& scores, int64_t k, std::vector<float>& heap) {
-  heap.assign(scores.begin(), scores.begin() + k);
-  std::make_heap(heap.begin(), heap.end(), std::greater<float>());
-  for (size_t i = k; i < scores.size(); ++i) {
-    if (scores[i] > heap.front()) {
-      std::pop_heap(heap.begin(), heap.end(), std::greater<float>());
-      heap.back() = scores[i];
-      std::push_heap(heap.begin(), heap.end(), std::greater<float>());
+// The k-th largest of scores (1 <= k), repeats counted as torch.topk counts them (-inf where fewer than k values
+// pass it). Values above the threshold gather in a buffer of 2k; a full one keeps its k largest, whose least is the
+// new threshold: most values fall below it and cost one comparison.
+float kth_largest(const std::vector<float>& scores, int64_t k, std::vector<float>& buffer) {
+  const auto larger = std::greater<float>();
+  float threshold = -std::numeric_limits<float>::infinity();
+  buffer.clear();
+  for (const float s : scores) {
+    if (!(s > threshold)) continue;
+    buffer.push_back(s);
+    if (static_cast<int64_t>(buffer.size()) == 2 * k) {
+      std::nth_element(buffer.begin(), buffer.begin() + k - 1, buffer.end(), larger);
+      buffer.resize(k);
+      threshold = buffer[k - 1];
     }
   }
-  return heap.front();
+  if (static_cast<int64_t>(buffer.size()) < k) return -std::numeric_limits<float>::infinity();
+  std::nth_element(buffer.begin(), buffer.begin() + k - 1, buffer.end(), larger);
+  return buffer[k - 1];
 }
 
 struct Buffers {  // a call's, reused by its rows
-  std::vector<float> scores, weights, heap;
+  std::vector<float> scores, weights, candidates;
   std::vector<int64_t> kept;
 };
 
@@ -93,7 +99,7 @@ int64_t draw_row(const float* logits, const float* noise, int64_t v, float tempe
   if (temperature == 1.f) std::copy(logits, logits + v, scores.begin());
   else for (int64_t i = 0; i < v; ++i) scores[i] = logits[i] / temperature;
   const float top = largest(scores.data(), v);
-  const float kth = top_k > 0 && top_k < v ? kth_largest(scores, top_k, buffers.heap)
+  const float kth = top_k > 0 && top_k < v ? kth_largest(scores, top_k, buffers.candidates)
                                            : -std::numeric_limits<float>::infinity();
   std::vector<int64_t>& kept = buffers.kept;
   std::vector<float>& weights = buffers.weights;

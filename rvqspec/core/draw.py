@@ -25,7 +25,7 @@ from torch import Tensor
 from rvqspec.core import fused
 
 SOURCE = Path(__file__).with_name("draw.cpp")
-CFLAGS = ["-O2", "-ffp-contract=off"]  # no -march: one build's bits on every CPU class
+CFLAGS = ["-O3", "-ffp-contract=off"]  # no -march, no fast-math: one build's bits on every CPU class
 
 _state = {"module": None, "tried": False}
 _lock = threading.Lock()
