@@ -242,10 +242,10 @@ def prefill(model, cache, talker_hidden: Tensor, c0: Tensor, path: DevicePath | 
     return model(x, positions, mask, cache, positions, path)[:, 1]
 
 
-@functools.lru_cache(maxsize=64)
+@functools.cache
 def prefill_mask(slots: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """The prefill's positions [2] and additive mask [2, slots] (slot <= position attends), made once per cache
-    length, device and dtype (read only)."""
+    length, device and dtype (a few per process; read only, and never freed: a captured graph may read them)."""
     positions = torch.arange(2, device=device)
     return positions, additive_mask(torch.arange(slots, device=device)[None, :] <= positions[:, None], dtype)
 
