@@ -51,7 +51,7 @@ def test_the_native_draw_is_its_float32_arithmetic(temperature, top_k, ties):
     logits[5, :100] = float("-inf")
     native = draw.draws(logits, noise, temperature, top_k)
     assert native.tolist() == reference(logits, noise, temperature, top_k).tolist()
-    assert native[4] == 6 and (native[3] == 5 or top_k in (0, 3000))
+    assert native[3] == 5 and native[4] == 6  # NaN (a removed token) or inf (a kept one): either wins
 
 
 @pytest.mark.parametrize("temperature, top_k", SETTINGS)

@@ -56,12 +56,11 @@ def kernel():
         return _state["module"]
 
 
-def native(logits: Tensor) -> bool:
-    """Whether draws from `logits` take the native call: a CPU tensor, the fast path on, the call built."""
-    return logits.device.type == "cpu" and fused.on() and kernel() is not None
-
-
-def draws(logits: Tensor, noise: Tensor, temperature: float, top_k: int) -> Tensor:
+def draws(logits: Tensor, noise: Tensor, temperature: float, top_k: int) -> Tensor | None:
     """argmax(softmax(top-k(logits / temperature)) / noise) per row of logits [n, V] (any float dtype) and noise
-    [n, V] float32: LongTensor [n]."""
-    return kernel().draws(logits.float(), noise, temperature, top_k)
+    [n, V] float32: LongTensor [n]; None where the native call does not apply (not a CPU tensor, the fast path off,
+    not built). Few Python steps: a frame makes ~15-20 draws, each between calls that leave the caches cold."""
+    module = kernel()
+    if module is None or not logits.is_cpu or not fused.on():
+        return None
+    return module.draws(logits if logits.dtype == torch.float32 else logits.float(), noise, temperature, top_k)

@@ -75,8 +75,9 @@ class Sampler:
         top-p on a CPU, one native call (`draw`: p~ may differ from torch's softmax in its last bits)."""
         if not self.do_sample:
             return logits.float().argmax(-1)
-        if self.top_p == 1.0 and draw.native(logits):
-            return draw.draws(logits, noise, self.temperature, self.top_k)
+        drawn = draw.draws(logits, noise, self.temperature, self.top_k) if self.top_p == 1.0 else None
+        if drawn is not None:
+            return drawn
         return self.process(logits).softmax(-1).div_(noise).argmax(-1)  # in place: the same bits, one copy fewer
 
 
