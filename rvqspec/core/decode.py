@@ -292,8 +292,9 @@ def decode_speculative(ctx: RoundContext, steps: Steps, talker_hidden: Tensor, c
     codes[:, 0] = first
     k_host = [1] * ctx.rows + [last] * (batch - ctx.rows)  # codes per row
     results, calls_made = [FrameResult(codes[b, :last], 1) for b in range(ctx.rows)], 1
+    ks = torch.arange(last, device=first.device)  # one row's k as a view of it: no tensor made per round
     while min(k_host) < last:
-        k = torch.tensor(k_host, device=first.device)  # the same, for the device's gathers
+        k = ks[k_host[0]:k_host[0] + 1] if batch == 1 else torch.tensor(k_host, device=first.device)  # for gathers
         result = steps.round(ctx, k, k_host, pick(codes, list(range(batch)), [p - 1 for p in k_host]), hidden)
         hidden = result.hidden
         keep_draws(codes, k, k_host, result.draws)
