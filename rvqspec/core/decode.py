@@ -34,6 +34,7 @@ slots that its mask hides until a later round overwrites them, so a round's shap
 (B, N) and a row never needs a Python branch of its own.
 """
 
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -43,8 +44,10 @@ import torch
 from torch import Tensor
 
 from rvqspec.core.context import RoundContext, frame_slots, new_context, pick
+from rvqspec.core.device_path import DevicePath
 from rvqspec.core.drafters import Drafter
 from rvqspec.core.errors import RvqspecError
+from rvqspec.core.model import additive_mask
 from rvqspec.core.sampling import Generators, Sampler
 from rvqspec.core.tree import Tree
 from rvqspec.core.walk import walk
@@ -232,12 +235,19 @@ def padded(x: Tensor, size: int) -> Tensor:
     return torch.cat([x, x[-1:].expand(size - len(x), *x.shape[1:])]) if size > len(x) else x
 
 
-def prefill(model, cache, talker_hidden: Tensor, c0: Tensor) -> Tensor:
-    """Positions 0 (talker state) and 1 (c0) of every row; returns h_1 [B, hidden]."""
+def prefill(model, cache, talker_hidden: Tensor, c0: Tensor, path: DevicePath | None = None) -> Tensor:
+    """Positions 0 (talker state) and 1 (c0) of every row; returns h_1 [B, hidden]. `path`: the call's (`ctx.path`)."""
     x = torch.stack([model.embed_talker_hidden(talker_hidden), model.embed_codes(c0, torch.zeros_like(c0))], dim=1)
-    positions = torch.arange(2, device=model.device)
-    mask = torch.arange(cache.slots, device=model.device)[None, :] <= positions[:, None]
-    return model(x, positions, mask, cache, positions)[:, 1]
+    positions, mask = prefill_mask(cache.slots, model.device, model.dtype)
+    return model(x, positions, mask, cache, positions, path)[:, 1]
+
+
+@functools.cache
+def prefill_mask(slots: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """The prefill's positions [2] and additive mask [2, slots] (slot <= position attends), made once per cache
+    length, device and dtype (a few per process; read only, and never freed: a captured graph may read them)."""
+    positions = torch.arange(2, device=device)
+    return positions, additive_mask(torch.arange(slots, device=device)[None, :] <= positions[:, None], dtype)
 
 
 def ar_batch(codes: Tensor) -> BatchResult:
@@ -250,7 +260,7 @@ def autoregressive_codes(ctx: RoundContext, talker_hidden: Tensor, c0: Tensor) -
     """The AR frame's 15 calls into `ctx.cache` (G slots per row): codes [B, G-1]. No host values (a CUDA graph can
     capture it, `rvqspec.core.graphs`)."""
     model, groups = ctx.model, ctx.model.config.num_code_groups
-    hidden = prefill(model, ctx.cache, talker_hidden, c0)
+    hidden = prefill(model, ctx.cache, talker_hidden, c0, ctx.path)
     codes = [ctx.sample(model.head_logits(hidden, 1), 1)]
     slots = torch.arange(groups, device=model.device)
     masks = slots[None, :] <= slots[:, None]
@@ -263,13 +273,13 @@ def autoregressive_step(ctx: RoundContext, code: Tensor, p: int, slots: Tensor, 
     """One AR call: feed c_{p-1} (`code` [B]) at position p (slot p), return c_p [B]. masks[p]: slots <= p."""
     position = slots[p:p + 1]
     x = ctx.model.embed_codes(code, position - 1)[:, None]
-    hidden = ctx.model(x, position, masks[p:p + 1], ctx.cache, position)[:, 0]
+    hidden = ctx.model(x, position, masks[p:p + 1], ctx.cache, position, ctx.path)[:, 0]
     return ctx.sample(ctx.model.head_logits(hidden, p), p)
 
 
 def first_code(ctx: RoundContext, talker_hidden: Tensor, c0: Tensor) -> tuple[Tensor, Tensor]:
     """A speculative frame's prefill: (h_1 [B, hidden], c1 [B])."""
-    hidden = prefill(ctx.model, ctx.cache, talker_hidden, c0)
+    hidden = prefill(ctx.model, ctx.cache, talker_hidden, c0, ctx.path)
     return hidden, ctx.sample(ctx.model.head_logits(hidden, 1), 1)
 
 
@@ -282,12 +292,12 @@ def decode_speculative(ctx: RoundContext, steps: Steps, talker_hidden: Tensor, c
     codes[:, 0] = first
     k_host = [1] * ctx.rows + [last] * (batch - ctx.rows)  # codes per row
     results, calls_made = [FrameResult(codes[b, :last], 1) for b in range(ctx.rows)], 1
+    ks = torch.arange(last, device=first.device)  # one row's k as a view of it: no tensor made per round
     while min(k_host) < last:
-        k = torch.tensor(k_host, device=first.device)  # the same, for the device's gathers
-        result = steps.round(ctx, k, k_host, codes.gather(1, k[:, None] - 1)[:, 0], hidden)
+        k = ks[k_host[0]:k_host[0] + 1] if batch == 1 else torch.tensor(k_host, device=first.device)  # for gathers
+        result = steps.round(ctx, k, k_host, pick(codes, list(range(batch)), [p - 1 for p in k_host]), hidden)
         hidden = result.hidden
-        # Draws go to c_{k+1}..; those past what a row emitted land on codes a later round overwrites.
-        codes.scatter_(1, k[:, None] + torch.arange(result.draws.shape[1], device=k.device), result.draws)
+        keep_draws(codes, k, k_host, result.draws)
         for b, row in enumerate(results):
             if k_host[b] < last:
                 row.calls += 1
@@ -295,6 +305,15 @@ def decode_speculative(ctx: RoundContext, steps: Steps, talker_hidden: Tensor, c
                 k_host[b] = min(k_host[b] + 1 + result.accepted[b], last)
         calls_made += 1
     return BatchResult(codes[:ctx.rows, :last], calls_made, results)
+
+
+def keep_draws(codes: Tensor, k: Tensor, k_host: list[int], draws: Tensor) -> None:
+    """Each row's draws [B, d] into its codes [B, ...] as c_{k+1}..c_{k+d}; those past what a row emitted land on
+    codes a later round overwrites. One row: a slice copy (one op, no index tensors)."""
+    if len(k_host) == 1:
+        codes[0, k_host[0]:k_host[0] + draws.shape[1]] = draws[0]
+    else:
+        codes.scatter_(1, k[:, None] + torch.arange(draws.shape[1], device=k.device), draws)
 
 
 def round_stats(tree: Tree, accepted: int, bonus_node: int) -> RoundStats:
@@ -329,7 +348,7 @@ def round_on_device(ctx: RoundContext, k: Tensor, k_host: list[int] | None, root
     tokens = torch.cat([root[:, None], top.flatten(1)[:, plan.draft_index]], dim=1)  # [B, q]
     # 2. Verify every row's tree in one call (rows at one k share its positions, tables and mask, as AR steps do).
     positions, tables, masks = plan.at(k, k_host)
-    hidden = model(model.embed_codes(tokens, tables), positions, masks, cache, plan.scratch)
+    hidden = model(model.embed_codes(tokens, tables), positions, masks, cache, plan.scratch, ctx.path)
     # 3. Sample-then-match (`walk`: on the host reading each depth, so it stops early; or on the device).
     path = walk(ctx, k, k_host, tokens, hidden)
     # 4. Keep the K/V of the root and the accepted nodes at their positions' slots k+1.. (see module doc).

@@ -236,17 +236,18 @@ def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def run_layers(model: nn.Module, x: Tensor, positions: Tensor, mask: Tensor | None, cache: "KVCache | None",
-               slots: Tensor | None, in_order: bool = False) -> Tensor:
+               slots: Tensor | None, in_order: bool = False, path: DevicePath | None = None) -> Tensor:
     """The decoder stack of `model` (its `layers`, `norm`, `rope`; the predictor's or a talker's) over x [B, T, H]:
     final-norm hidden states. Arguments as `MultiCodeDecoder.forward`; `slots` may also be [B, T] (each row its own,
     `KVCache.write`). The CPU fast path (`fused.layers`) where `device_path` chose it; there `in_order` attends with
-    `fused.attention_in_order` (each query's keys in position order: the same bits in any call), else SDPA."""
+    `fused.attention_in_order` (each query's keys in position order: the same bits in any call), else SDPA. `path`:
+    the caller's, resolved for x's device and dtype (a decode call's `ctx.path`); default: chosen here."""
     cos, sin = model.rope(positions, x.dtype)
     if mask is not None and mask.dtype == torch.bool:  # additive, once per call rather than inside every SDPA
         mask = additive_mask(mask, x.dtype)
     if mask is not None and mask.dim() == 3:  # per row: [B, 1, T, slots], broadcast over the heads
         mask = mask.unsqueeze(1)
-    if device_path.choose(x.device, x.dtype).fused_kernels:
+    if (path or device_path.choose(x.device, x.dtype)).fused_kernels:
         attend = fused.attention_in_order if in_order else attention
         return fused.layers(model, x, cos, sin, mask, cache, slots, attend)
     for i, layer in enumerate(model.layers):
@@ -315,22 +316,25 @@ class MultiCodeDecoder(nn.Module):
         return KVCache(c.num_hidden_layers, batch, c.num_key_value_heads, slots, c.head_dim, self.dtype, self.device)
 
     def embed_codes(self, codes: Tensor, tables: Tensor) -> Tensor:
-        """Input embeddings (projected) of `codes` looked up in `tables` (same shape)."""
-        return self.project(self.code_embed(self.table_offset[tables] + codes))
+        """Input embeddings (projected) of `codes` looked up in `tables` (same shape). The lookup is the module's
+        (nn.Embedding without its options), without its call and the identity's where there is no projection."""
+        x = F.embedding(self.table_offset[tables] + codes, self.code_embed.weight)
+        return self.project(x) if self.config.projects else x
 
     def embed_talker_hidden(self, talker_hidden: Tensor) -> Tensor:
         return self.project(talker_hidden.to(self.dtype))
 
     def forward(self, x: Tensor, positions: Tensor, mask: Tensor | None = None, cache: KVCache | None = None,
-                slots: Tensor | None = None) -> Tensor:
+                slots: Tensor | None = None, path: DevicePath | None = None) -> Tensor:
         """Final-norm hidden states [B, T, hidden] of input embeddings `x` [B, T, hidden].
 
         `positions` are RoPE ids, [T] shared by the rows or [B, T] per row. With a `cache`: K/V are
         written to it at `slots` [T] and each query attends to the whole cache under the boolean `mask`
         ([T, slots] shared, or [B, T, slots] per row; True = attend): this is how one call verifies a
-        whole tree. Without: plain causal attention over the T tokens (training).
+        whole tree. Without: plain causal attention over the T tokens (training). `path`: a decode call's (`ctx.path`,
+        resolved once per call rather than per forward); default: `device_path.choose` for this call.
         """
-        return run_layers(self, x, positions, mask, cache, slots, in_order=True)
+        return run_layers(self, x, positions, mask, cache, slots, in_order=True, path=path)
 
     def head_logits(self, hidden: Tensor, codebook: int | list[int] | Tensor, path: DevicePath | None = None
                     ) -> Tensor:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rvqspec.core import draw
 from rvqspec.core.errors import RvqspecError
 
 MIN_TEMPERATURE = 1e-6  # logits of order 1e4 divided by less overflow float32 towards 1e38
@@ -70,9 +71,13 @@ class Sampler:
 
     def sample_noise(self, logits: Tensor, noise: Tensor | None) -> Tensor:
         """One draw per row of `logits` [N, V] given its Exp(1) noise [N, V] (`fill_noise`; None when greedy):
-        argmax(p~ / noise), the very draw torch.multinomial makes for one sample (it makes the noise itself)."""
+        argmax(p~ / noise), the very draw torch.multinomial makes for one sample (it makes the noise itself). Without
+        top-p on a CPU, one native call (`draw`: p~ may differ from torch's softmax in its last bits)."""
         if not self.do_sample:
             return logits.float().argmax(-1)
+        drawn = draw.draws(logits, noise, self.temperature, self.top_k) if self.top_p == 1.0 else None
+        if drawn is not None:
+            return drawn
         return self.process(logits).softmax(-1).div_(noise).argmax(-1)  # in place: the same bits, one copy fewer
 
 
