@@ -1,8 +1,9 @@
 """One stream on two cores: the Engine (w8a8 talker and predictor, streamed, the policy's tree) on one core, on two
 with the frame loop fixed at one thread beside the codec worker, and on two with the frame loop taking both cores
 while no chunk waits for the codec (runtime/threads.py); the first also "as before" (the prompt prefilled at the
-steps' one thread), the second also with frames decoded ahead of their chunk's boundary (`decode_ahead`,
-runtime/codec_worker.py). Where the first audio's time and the time after the last frame go.
+steps' one thread), the second also with "whole steps" (each step's threads kept from its start to its end, every
+decode on one thread: the schedule before `Grant.resize`) and with frames decoded ahead of their chunk's boundary
+(`decode_ahead`, runtime/codec_worker.py). Where the first audio's time and the time after the last frame go.
 
 The model is upstream's Qwen3TTSModel at the 0.6B sizes with random weights and the released 12 Hz decoder
 (`rvqspec.bench.systems`, bfloat16; the predictor's heads acceptance-controlled to the paper's tokens/step, as
@@ -38,8 +39,10 @@ FRAMES = 42  # the issue's utterance: 3.36 s; --frames 125: 10 s, where the star
 ENGINES = {"1 core": dict(cores=1), "2 cores, loop at 1 thread": dict(cores=2, threads=1),
            "2 cores, loop at 1 thread, as before": dict(cores=2, threads=1),
            "2 cores, loop takes free cores": dict(cores=2),  # as before too: its prefill took both cores already
+           "2 cores, loop takes free cores, whole steps": dict(cores=2),
            "2 cores, loop takes free cores, decoding ahead": dict(cores=2, decode_ahead=True)}
 BEFORE = "as before"  # an engine named so runs as before issue 51's start and tail: `as_before`
+WHOLE_STEPS = "whole steps"  # an engine named so schedules its steps and decodes as before: `whole_steps`
 TARGETS = {"1 core": 1.2, "2 cores, loop takes free cores": 0.8, "first_audio_seconds": 0.5}
 
 
@@ -68,7 +71,8 @@ class Recorder:
         def timed_decode(codec, codes):
             start, cpu = time.perf_counter(), time.thread_time()
             out = decode(codec, codes)
-            self.decodes[self.current].append((start, time.perf_counter(), len(codes), time.thread_time() - cpu))
+            self.decodes[self.current].append((start, time.perf_counter(), len(codes), time.thread_time() - cpu,
+                                               torch.get_num_threads()))
             return out
 
         def timed_put(request, frame):
@@ -90,9 +94,11 @@ class Recorder:
         step, piece = scheduler.frame_step, scheduler.prefill_piece
 
         def timed_step():
-            start = time.perf_counter()
+            start, threads = time.perf_counter(), torch.get_num_threads()
             step()
-            self.steps[name].append((torch.get_num_threads(), start, time.perf_counter()))
+            end = torch.get_num_threads()  # its talker forward's (`Scheduler.frame_step`)
+            self.steps[name].append((str(threads) if end == threads else f"{threads}>{end}", start,
+                                     time.perf_counter()))
 
         def timed_piece(tokens):
             start = time.perf_counter()
@@ -109,6 +115,35 @@ class Recorder:
 def as_before(engine) -> None:
     """`engine` as it ran before: the prompt prefilled at the steps' thread count (runtime/threads.py)."""
     engine.scheduler.budget = replace(engine.scheduler.budget, prefill_most=engine.scheduler.budget.loop_most)
+
+
+def whole_steps(engine) -> None:
+    """`engine` scheduled as before `Grant.resize`: a step's threads chosen as it starts (the loop's share where a
+    chunk waits, or comes due with the step's frame) and kept to its end; every decode on one thread, the stream's
+    last too (not for `decode_ahead`'s pieces)."""
+    scheduler, codec, step, stepping = engine.scheduler, engine.codec, engine.scheduler.frame_step, [False]
+    codec.loop_busy = lambda: True
+
+    def due_by_next_frame() -> bool:
+        with codec.condition:
+            return any(feed.stream is not None and not (feed.busy or feed.ended) and
+                       (feed.request.done or feed.clock.due <= len(feed.request.decoded) + 1) for feed in codec.feeds)
+
+    def step_threads() -> int:
+        if stepping[0]:
+            return scheduler.grant.count  # inside a step: kept
+        if due_by_next_frame():
+            return scheduler.budget.loop
+        return scheduler.budget.loop_most if scheduler.rows or scheduler.parked else scheduler.budget.prefill_most
+
+    def whole_step() -> None:
+        stepping[0] = True
+        try:
+            step()
+        finally:
+            stepping[0] = False
+
+    scheduler.step_threads, scheduler.frame_step = step_threads, whole_step
 
 
 def utterance(engine, request: dict) -> dict:
@@ -129,6 +164,8 @@ def run(args, log) -> dict:
     for name, engine in engines.items():
         if name.endswith(BEFORE):
             as_before(engine)
+        if name.endswith(WHOLE_STEPS):
+            whole_steps(engine)
     recorder, runs, request = Recorder(), defaultdict(list), utterance_request(args.frames)
     first_chunk = next(iter(engines.values())).chunks[0]
     try:
@@ -153,7 +190,7 @@ def summary(runs: list[dict], events: dict, first_chunk: int) -> dict:
     by_threads, beside = defaultdict(list), defaultdict(list)
     for threads, start, end in steps:
         by_threads[threads].append(end - start)
-        if threads == 1:
+        if threads == "1":
             overlap = sum(max(0.0, min(end, d[1]) - max(start, d[0])) for d in decodes)
             beside["beside a decode" if overlap > (end - start) / 2 else "alone"].append(end - start)
     decoded, wall = sum(d[2] for d in decodes), sum(d[1] - d[0] for d in decodes)
@@ -209,11 +246,13 @@ def median_split(splits: list[dict]) -> dict:
 
 
 def timeline(run: dict, steps: list[tuple], decodes: list[tuple]) -> list[list]:
-    """The last utterance's frame steps ["step", threads, start ms, end ms] and decodes ["decode", frames, start ms,
-    end ms], from its start."""
+    """The last utterance's frame steps ["step", threads, start ms, end ms] (threads "2>1": 2 for its c0 and
+    predictor, 1 for its talker forward) and decodes ["decode", frames, start ms, end ms, threads], from its
+    start."""
     ms = lambda t: round((t - run["start"]) * 1e3, 1)  # noqa: E731
     events = [["step", threads, ms(start), ms(end)] for threads, start, end in steps if start >= run["start"]]
-    events += [["decode", frames, ms(start), ms(end)] for start, end, frames, _ in decodes if start >= run["start"]]
+    events += [["decode", frames, ms(start), ms(end), threads] for start, end, frames, _, threads in decodes
+               if start >= run["start"]]
     return sorted(events, key=lambda event: event[2])
 
 
@@ -222,16 +261,21 @@ def markdown(report: dict) -> str:
              f"{report['machine']['omp_wait_policy']}; {report['frames']} frames, medians of {report['repeats']} "
              f"interleaved repeats. `{report['command']}`.", "",
              "| engine | RTF | first audio (s) | first chunk decoded (s) | frame step ms at 1 thread (steps) | "
-             "at 2 threads (steps) | decoder ms/frame | decoder CPU share | decoder CPU ms/frame (calls/frame) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "at 2 threads (steps) | at 2, then 1 (steps) | decoder ms/frame | decoder CPU share | decoder CPU "
+             "ms/frame (calls/frame) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in report["engines"].items():
-        steps = [f"{r['step_ms'][t]:.0f} ({r['steps_at'][t]})" if t in r["step_ms"] else "-" for t in ("1", "2")]
+        steps = [f"{r['step_ms'][t]:.0f} ({r['steps_at'][t]})" if t in r["step_ms"] else "-"
+                 for t in ("1", "2", "2>1")]
         first = "{:.2f}-{:.2f}".format(*r["first_decode_seconds"])
         lines.append(f"| {name} | {r['rtf']:.2f} | {r['first_audio_seconds']:.2f} | {first} | {steps[0]} | "
-                     f"{steps[1]} | {r['decoder_ms_per_frame']:.0f} | {r['decoder_cpu_share']:.2f} | "
+                     f"{steps[1]} | {steps[2]} | {r['decoder_ms_per_frame']:.0f} | {r['decoder_cpu_share']:.2f} | "
                      f"{r['decoder_cpu_ms_per_frame']:.0f} ({r['decoder_calls_per_frame']:.2f}) |")
     lines += split_tables(report["engines"])
-    lines += ["", "A frame step: the talker's c0, the predictor's c1..c15 (speculative), one talker step. Targets "
+    lines += ["", "A frame step: the talker's c0, the predictor's c1..c15 (speculative), one talker step; \"2, then "
+              "1\": its c0 and predictor on 2 threads, its talker forward on 1 (a chunk came due with its frame, or a "
+              "decode started meanwhile: `Scheduler.frame_step`). \"whole steps\": the schedule before that: a step's "
+              "threads chosen as it starts (1 where a chunk comes due with its frame) and kept, every decode on one "
+              "thread (now a stream's end decodes on both cores once the frame loop is idle). Targets "
               f"(issue 51): RTF <= {TARGETS['1 core']} on 1 core, <= {TARGETS['2 cores, loop takes free cores']} on "
               f"2, first audio <= {TARGETS['first_audio_seconds']} s on 2. First chunk decoded: when its decode "
               "started and ended, from the request. Decoder ms/frame: wall time inside the streaming codec (on 2 "

@@ -19,7 +19,7 @@ from rvqspec.runtime import Engine
 from rvqspec.runtime import qwen_tts as qwen_tts_runtime
 from rvqspec.runtime.capacity import Capacity
 from rvqspec.core.frame_loop import ChunkClock
-from rvqspec.runtime.codec_worker import AHEAD_FRAMES, CodecWorker, Cores, Feed
+from rvqspec.runtime.codec_worker import AHEAD_FRAMES, CodecWorker, Cores, Feed, Grant
 from rvqspec.runtime.scheduler import Scheduler
 from rvqspec.runtime.threads import GIL_SWITCH_SECONDS, ThreadBudget, fixed_where_bits_vary, quick_gil_handoff
 
@@ -76,11 +76,37 @@ def test_cores_are_handed_out_first_come_first_served():
 
 def test_cores_held_up_to_a_most_take_what_is_free_then():
     cores = Cores(2)
-    with cores.held(1, 2) as count:
-        assert count == 2 and cores.free == 0
+    with cores.held(1, 2) as grant:
+        assert grant.count == 2 and cores.free == 0
     with cores.held(1) as one:
-        with cores.held(1, 2) as count:
-            assert one == count == 1 and cores.free == 0
+        with cores.held(1, 2) as grant:
+            assert one.count == grant.count == 1 and cores.free == 0
+    assert cores.free == 2
+
+
+def test_a_grant_resizes_without_waiting_and_never_takes_a_core_someone_waits_for():
+    cores = Cores(2)
+    with cores.held(1, 2) as grant:
+        assert grant.resize(1) == 1 and cores.free == 1  # handed back at once
+        assert grant.resize(2) == 2 and cores.free == 0  # free, no one waiting: taken
+        assert grant.resize(1) == 1
+        with cores.held(1):
+            assert grant.resize(2) == 1  # none free: it does not wait
+        got, done = threading.Event(), threading.Event()
+
+        def take_both() -> None:
+            with cores.held(2):
+                got.set()
+                done.wait(WAIT)
+
+        waiting = threading.Thread(target=take_both)
+        waiting.start()  # wants both: queued behind this grant's core
+        time.sleep(0.05)
+        assert grant.resize(2) == 1 and cores.free == 1  # the free core is for the one waiting
+        grant.resize(0)
+        assert got.wait(WAIT) and cores.free == 0
+        done.set()
+        waiting.join(WAIT)
     assert cores.free == 2
 
 
@@ -182,6 +208,41 @@ def test_frames_are_decoded_ahead_only_while_one_stream_is_attached():
     assert one_core.pieces is None  # no core beside the loop's steps
 
 
+def test_a_decode_takes_every_core_where_the_frame_loop_is_idle_and_one_beside_it():
+    """A stream's end (no request left for the frame loop) decodes on every core, else on one beside the loop; the
+    worker's own thread count is restored after each decode."""
+    cores, seen = Cores(2), []
+
+    def add_together(streams, frames):
+        seen.append((torch.get_num_threads(), cores.free))
+        return [np.zeros(len(f), dtype=np.float32) for f in frames]
+
+    stream = SimpleNamespace(lag=0, finish=lambda: np.zeros(0, dtype=np.float32))
+    model = SimpleNamespace(decodes_ahead=False, codec_batches=False, add_together=add_together,
+                            new_stream=lambda prompt: stream)
+    worker = CodecWorker(model, cores, ThreadBudget.split(cores=2))
+    worker.close()  # its threads idle: this test calls `serve` itself
+    before, audio = torch.get_num_threads(), []
+    for busy in (True, False):
+        worker.loop_busy = lambda busy=busy: busy
+        request = SimpleNamespace(decoded=[torch.zeros(16)] * 3, done=True, cancelled=threading.Event(), chunks=(1, 4),
+                                  prompt=SimpleNamespace(prefix=None), deliver=audio.append,
+                                  deliver_end=lambda: None)
+        worker.serve([Feed(request)])
+    assert seen == [(1, 1), (2, 0)] and cores.free == 2
+    assert torch.get_num_threads() == before and len(audio) == 2
+
+
+def test_the_frame_loop_leaves_a_core_while_a_chunk_waits_or_decodes():
+    """`Scheduler.step_threads` (asked as a step starts and before its talker forward): the loop's share while the
+    codec has a chunk due or decoding, every core otherwise (a prompt alone: prefill_most)."""
+    budget = ThreadBudget.split(cores=2)
+    for decoding, rows, expected in ((True, [1], 1), (False, [1], 2), (False, [], 2), (True, [], 1)):
+        loop = SimpleNamespace(codec=SimpleNamespace(decoding=lambda decoding=decoding: decoding), budget=budget,
+                               rows=rows, parked=[])
+        assert Scheduler.step_threads(loop) == expected
+
+
 def test_a_stream_starts_with_its_first_frame_unless_it_decodes_a_prefix_beside_the_prefill():
     request = SimpleNamespace(decoded=[], done=False, prompt=SimpleNamespace(prefix=None))
     feed = Feed(request)
@@ -209,24 +270,35 @@ def test_two_cores_decode_ahead_and_deliver_the_audio_of_one_core(tts64):
 
 
 def counted_cores(monkeypatch, noted) -> tuple[list[int], set]:
-    """`Cores.held` counting: ([the most cores held at once], {(thread name, noted(cores it got))})."""
-    held, peak, lock, counts = [0], [0], threading.Lock(), set()
-    original = Cores.held
+    """`Cores.held` counting: ([the most cores held at once, resized grants' counts included], {(thread name,
+    noted(cores it got))})."""
+    live, peak, lock, counts = set(), [0], threading.Lock(), set()
+    original, resize = Cores.held, Grant.resize
+
+    def note_peak() -> None:
+        with lock:
+            peak[0] = max(peak[0], sum(grant.count for grant in live))
 
     @contextlib.contextmanager
     def counted(self, least, most=None):
-        with original(self, least, most) as count:
+        with original(self, least, most) as grant:
             with lock:
-                held[0] += count
-                peak[0] = max(peak[0], held[0])
-                counts.add((threading.current_thread().name.rstrip("0123456789-"), noted(count)))
+                live.add(grant)
+                counts.add((threading.current_thread().name.rstrip("0123456789-"), noted(grant.count)))
+            note_peak()
             try:
-                yield count
+                yield grant
             finally:
                 with lock:
-                    held[0] -= count
+                    live.discard(grant)
+
+    def resized(self, most):
+        count = resize(self, most)
+        note_peak()
+        return count
 
     monkeypatch.setattr(Cores, "held", counted)
+    monkeypatch.setattr(Grant, "resize", resized)
     return peak, counts
 
 

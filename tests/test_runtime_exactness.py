@@ -324,3 +324,19 @@ def test_a_removed_row_leaves_the_others_as_a_fresh_cache_of_them_would():
         alone = run([r])
         torch.testing.assert_close(torch.stack(batched[r]), torch.stack(remaining[r]), atol=1e-12, rtol=0)
         torch.testing.assert_close(torch.stack(batched[r]), torch.stack(alone[r]), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_a_frames_talker_input_is_upstreams_sum_of_its_tables_bit_for_bit(dtype):
+    """`QwenTTSModel.frame_inputs` (rows read by index) against upstream's forward: its 16 tables' embedding calls,
+    concatenated and summed (the sum's order is the layout's: a change in it shows in bfloat16)."""
+    from rvqspec.runtime.qwen_tts import QwenTTSModel
+
+    tts = tiny_qwen3_tts(seed=1)
+    tts.model.to(dtype)
+    talker = tts.model.talker
+    tables = [talker.get_input_embeddings()] + list(talker.code_predictor.get_input_embeddings())
+    codes = min(table.num_embeddings for table in tables)
+    frames = torch.randint(0, codes, (3, 16), generator=torch.Generator().manual_seed(0))
+    upstream = torch.cat([table(frames[:, i:i + 1]) for i, table in enumerate(tables)], dim=1).sum(1)
+    assert torch.equal(QwenTTSModel(tts).frame_inputs(frames), upstream)

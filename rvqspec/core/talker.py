@@ -12,7 +12,9 @@ are always 0..B-1 and it reads a view of the buffer, never a gather.
 A step attends over the slots in use rounded up to `SLOT_MULTIPLE`; on the CPU fast path each row's one query visits
 its own keys in position order (`fused.attention_in_order`: 0.03-0.31x SDPA's time at the 0.6B's heads over 128-1024
 slots, 1-4 rows), elsewhere SDPA's reductions run over the same lanes whatever else is in the batch (masked slots add
-exact zeros); a prefill (many queries, alone) takes SDPA. Where the matmuls
+exact zeros); a prefill (many queries, alone) takes SDPA (issue 51, 0.6B w8a8, Zen 4, a 71-token prompt: its
+matmuls ran at 1.2-1.4x the int8 peak the floors use (a 1024^3 product), SDPA took ~20% of it (~4x its FLOPs' floor);
+the in-order kernel was no faster: 0.97x SDPA's prefill time at 71 tokens, 1.11x at 213). Where the matmuls
 give a row the same bits in any call (the row floor `device_path` measured: the large bfloat16 weights here), a row's
 hidden states do not depend on the batch; where this CPU's kernels differ in the last bit by row count (small float32
 matmuls), they differ by rounding only, and greedy codes stay the same (tests/test_runtime.py).

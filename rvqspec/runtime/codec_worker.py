@@ -11,8 +11,10 @@ several streams in one call faster (`codec_batches`: qwen-tts's 12 Hz decoder, 1
 benchmarks/results/codec-batch-streaming.md), it takes every request that has work now, in one call (none waits for
 another's chunk to come due). A request's audio never depends on another's (decoded together: to float rounding).
 
-Each decode, batched or not, holds one of the budget's cores (`Cores`), the frame loop holds its own per frame step:
-at no time do more threads do torch work than the cores the process may use.
+Each decode, batched or not, holds one of the budget's cores (`Cores`; every core where the frame loop has no
+request left: a stream's end), the frame loop holds its own per frame step (and gives one back before the step's talker
+forward where a chunk came due: `Grant.resize`): at no time do more threads do torch work than the cores the process
+may use.
 
 Opt-in (`Engine(decode_ahead=True)`): where a core is left for the codec beside the frame loop and the model's codec
 decodes incrementally (`decodes_ahead`: qwen-tts's 12 Hz decoder; not a vocoder that decodes its context again), the
@@ -31,12 +33,13 @@ import collections
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import numpy as np
 import torch
 
+from rvqspec.core.device_path import intra_op_threads
 from rvqspec.core.errors import RvqspecError
 from rvqspec.core.frame_loop import ChunkClock
 from rvqspec.runtime.threads import ThreadBudget
@@ -50,29 +53,51 @@ AHEAD_FRAMES = 2
 
 class Cores:
     """`count` cores handed out first come, first served: `held(n)` waits for n of them (a frame step, a decode);
-    `held(n, most)` takes as many as are free then, from n up to `most`, and yields how many."""
+    `held(n, most)` takes as many as are free then, from n up to `most`. Either yields a `Grant`, which a holder may
+    `resize` on its way (the frame loop between a step's frames and its talker forward)."""
 
     def __init__(self, count: int):
         self.free, self.queue = count, collections.deque()
         self.condition = threading.Condition()
 
     @contextmanager
-    def held(self, least: int, most: int | None = None) -> Iterator[int]:
+    def held(self, least: int, most: int | None = None) -> Iterator["Grant"]:
         ticket = object()
         with self.condition:
             self.queue.append(ticket)
             while self.queue[0] is not ticket or self.free < least:
                 self.condition.wait()
             self.queue.popleft()
-            count = max(least, min(self.free, most or least))
-            self.free -= count
+            grant = Grant(self, max(least, min(self.free, most or least)))
+            self.free -= grant.count
             self.condition.notify_all()
         try:
-            yield count
+            yield grant
         finally:
             with self.condition:
-                self.free += count
+                self.free += grant.count
                 self.condition.notify_all()
+
+
+class Grant:
+    """`count` cores held (`Cores.held`)."""
+
+    def __init__(self, cores: Cores, count: int):
+        self.cores, self.count = cores, count
+
+    def resize(self, most: int) -> int:
+        """Hold at most `most` cores, and up to `most` where more are free and no one waits for them; never waits.
+        How many are held now."""
+        with self.cores.condition:
+            if self.count > most:
+                self.cores.free += self.count - most
+                self.count = most
+                self.cores.condition.notify_all()
+            elif self.count < most and not self.cores.queue:
+                more = min(self.cores.free, most - self.count)
+                self.cores.free -= more
+                self.count += more
+        return self.count
 
 
 class Feed:
@@ -109,15 +134,15 @@ class Feed:
         frames only), `pieces` after (fewer, longer calls: the decoder pays a cost per call)."""
         return 1 if self.delivered == 0 else self.pieces
 
-    def has_work(self, ahead: int = 0) -> bool:
-        """Whether it has frames to decode now (`ahead`: or will have, `ahead` frames from now)."""
+    def has_work(self) -> bool:
+        """Whether it has frames to decode now."""
         if self.ended or self.busy:
             return False
         if self.stream is None:  # started beside the prefill where it has a prefix to decode, else at its first frame
             return self.request.prompt.prefix is not None or bool(self.request.decoded) or self.request.done
         if self.request.done:
             return True
-        frames = len(self.request.decoded) + ahead
+        frames = len(self.request.decoded)
         return self.clock.due <= frames or (self.pieces is not None and frames - self.sent >= self.piece())
 
     def take_audio(self, audio: list[np.ndarray], finished: bool) -> np.ndarray | None:
@@ -137,7 +162,8 @@ class CodecWorker:
     (module docstring)."""
 
     def __init__(self, model, cores: Cores, budget: ThreadBudget, ahead: bool = False):
-        self.model, self.cores = model, cores
+        self.model, self.cores, self.budget = model, cores, budget
+        self.loop_busy: Callable[[], bool] = lambda: True  # whether the frame loop has work (the Scheduler's `busy`)
         self.pieces = AHEAD_FRAMES if ahead and budget.cores > budget.loop and model.decodes_ahead else None
         self.feeds: list[Feed] = []
         self.condition = threading.Condition()
@@ -166,11 +192,11 @@ class CodecWorker:
         for feed in self.feeds:
             feed.pieces = self.pieces if len(self.feeds) == 1 else None
 
-    def pending(self, ahead: int = 0) -> bool:
-        """Whether some started request has a chunk due that no worker is decoding yet (or will have, `ahead` frames
-        on): a stream not started yet (its prompt still prefilling) does not count."""
+    def decoding(self) -> bool:
+        """Whether some started request has a chunk due or being decoded (a worker holding a core for it, or about
+        to): a stream not started yet (its prompt still prefilling) does not count."""
         with self.condition:
-            return any(feed.stream is not None and feed.has_work(ahead) for feed in self.feeds)
+            return any(feed.stream is not None and (feed.busy or feed.has_work()) for feed in self.feeds)
 
     def wake(self) -> None:
         """Frames were put, or a request ended: some feed may have work."""
@@ -190,7 +216,6 @@ class CodecWorker:
             thread.join()
 
     def run(self) -> None:
-        torch.set_num_threads(1)  # one intra-op thread per worker: requests run in parallel across workers
         with torch.inference_mode():
             while feeds := self.next_feeds():
                 try:
@@ -238,7 +263,8 @@ class CodecWorker:
         ends the audio of the requests it was decoding, and only theirs; what the finer guards do not catch ends the
         audio of this call's requests, and never the worker's thread)."""
         with failing(feeds):
-            with self.cores.held(1):
+            threads = 1 if self.loop_busy() else self.budget.cores  # a stream's end: the loop has left its cores
+            with self.cores.held(threads), intra_op_threads(threads):
                 decoded = self.decode_due(feeds)
             for feed, (audio, finished) in decoded.items():
                 if not feed.ended:

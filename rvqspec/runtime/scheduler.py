@@ -55,7 +55,7 @@ from rvqspec.core.policy import Policy
 from rvqspec.core.sampling import Sampler
 from rvqspec.core.tree import Tree
 from rvqspec.runtime.capacity import Capacity
-from rvqspec.runtime.codec_worker import CodecWorker, Cores
+from rvqspec.runtime.codec_worker import CodecWorker, Cores, Grant
 from rvqspec.runtime.request import QueueFull, Request
 from rvqspec.runtime.threads import ThreadBudget
 
@@ -140,6 +140,8 @@ class Scheduler:
         self.parked_cache = talker_blocks.RowCache(model.talker)
         self.staging = talker_blocks.RowCache(model.talker)  # the prefilling request's row (module docstring)
         self.stats = Stats()
+        self.grant: Grant | None = None  # the cores the loop holds while it steps or prefills
+        codec.loop_busy = self.busy
         self.condition = threading.Condition()
         self.accepting, self.stopping = True, False
         self.thread = threading.Thread(target=self.run, name="rvqspec-engine", daemon=True)
@@ -202,9 +204,8 @@ class Scheduler:
         with torch.inference_mode():
             while self.next_work():
                 try:
-                    with self.cores.held(self.budget.loop, self.step_threads()) as threads:
-                        if torch.get_num_threads() != threads:
-                            torch.set_num_threads(threads)  # this thread's own count (runtime/threads.py)
+                    with self.cores.held(self.budget.loop, self.step_threads()) as self.grant:
+                        self.use_threads()
                         stepping = bool(self.rows or self.parked)  # else this turn prefills, at its own count
                         self.admit()
                         if stepping:
@@ -217,13 +218,24 @@ class Scheduler:
         self.end_all()
 
     def step_threads(self) -> int:
-        """The most threads the next step may take: every core of the budget while no chunk waits for a codec worker
-        or comes due with this step's frame, the frame loop's own share otherwise, so that the chunk decodes beside
-        the step's talker forward (`send_frames` wakes the workers) and beside the next step (runtime/threads.py);
-        a prompt prefilled while no row decodes takes `prefill_most`."""
-        if self.codec.pending(ahead=1):
+        """The most threads the loop may take now: the frame loop's own share while a chunk waits for a codec worker
+        or decodes, else every core of the budget (a prompt prefilled while no row decodes: `prefill_most`), so
+        that a chunk decodes beside the loop and the second core is not left idle between chunks
+        (runtime/threads.py). Asked as a step starts and again before its talker forward (`send_frames` wakes the
+        workers as a chunk comes due: it decodes beside that forward)."""
+        if self.codec.decoding():
             return self.budget.loop
         return self.budget.loop_most if self.rows or self.parked else self.budget.prefill_most
+
+    def use_threads(self) -> None:
+        """This thread's intra-op count: the cores it holds (torch keeps the count per thread)."""
+        if torch.get_num_threads() != self.grant.count:
+            torch.set_num_threads(self.grant.count)
+
+    def busy(self) -> bool:
+        """Whether the loop has requests to run (else a codec worker may take every core: `CodecWorker.serve`); read
+        without the lock: a stale answer costs a decode's thread count, never a result."""
+        return bool(self.rows or self.parked or self.prefilling or self.waiting)
 
     def next_work(self) -> bool:
         """Wait for something to do; False once the engine stops (or stops accepting with nothing left). Live
@@ -312,6 +324,8 @@ class Scheduler:
         inputs = self.rejoin(*inputs)
         if not self.rows:
             return
+        self.grant.resize(self.step_threads())  # a chunk due with these frames decodes beside the forward
+        self.use_threads()
         hidden = talker_blocks.step(self.model.talker, self.cache, *inputs)  # step 5
         for row, state in zip(self.rows, hidden):
             row.hidden = state
@@ -430,7 +444,7 @@ class Scheduler:
             row.pending, row.position = (embeds[b], prompt.frame_positions[t]) if text is None else (None, 0)
             positions.append(prompt.frame_positions[t])
             row.request.put(frames[b].cpu())
-        self.codec.wake()  # a chunk due now decodes beside the talker forward (`step_threads`)
+        self.codec.wake()  # a chunk due now decodes beside the talker forward (`frame_step`)
         return inputs, positions
 
     def predict(self, hidden: Tensor, c0: Tensor, rows: list[Row]) -> tuple[Tensor, dict[int, Exception]]:
