@@ -255,7 +255,15 @@ at::Tensor attention(const at::Tensor& q_, const at::Tensor& k_cache, const at::
         A total = 0;
         for (int64_t j = 0; j < n; ++j) total += weight[j];
         std::fill(acc.begin(), acc.end(), A(0));
-        for (int64_t j = 0; j < n; ++j) {
+        int64_t j = 0;
+        for (; j + 2 <= n; j += 2) {  // two keys per pass over the sums (each still adds its keys in order)
+          const scalar_t *v0 = values + visible[j] * vs[2], *v1 = values + visible[j + 1] * vs[2];
+          for (int64_t i = 0; i < d; ++i) {
+            acc[i] += weight[j] * load<scalar_t, A>(v0, i);
+            acc[i] += weight[j + 1] * load<scalar_t, A>(v1, i);
+          }
+        }
+        for (; j < n; ++j) {
           const scalar_t* v = values + visible[j] * vs[2];
           for (int64_t i = 0; i < d; ++i) acc[i] += weight[j] * load<scalar_t, A>(v, i);
         }
