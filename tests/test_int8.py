@@ -105,9 +105,10 @@ def test_the_vnni_kernel_is_exact_integer_sums_for_every_row_alone_and_in_the_ca
 
 
 @needs_vnni
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64], ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64], ids=str)
 def test_the_vnni_kernel_gives_the_avx2_kernels_bits_in_every_dtype(dtype):
-    """Both kernels' float steps after the int32 sums are the same: one w8a8 model, the same bits on every class."""
+    """Both kernels' float steps after the int32 sums are the same: one w8a8 model, the same bits on every class (70
+    outputs: blocks of 16 stored at once, the last one value by value)."""
     weight, x = operands(11, 200, 70, seed=7)
     q, scale = quantize_rows(weight)
     x = x.to(dtype)

@@ -235,7 +235,7 @@ at::Tensor attention(const at::Tensor& q_, const at::Tensor& k_cache, const at::
     const auto ks = k_cache.strides(), vs = v_cache.strides();
     const A scale = static_cast<A>(1.0 / std::sqrt(static_cast<double>(d)));
     at::parallel_for(0, batch * heads * length, grain(slots * d), [&](int64_t begin, int64_t end) {
-      std::vector<A> query(d), acc(d), score(slots);
+      std::vector<A> query(d), acc(d), score(slots), weight(slots);
       std::vector<int64_t> visible(slots);
       for (int64_t job = begin; job < end; ++job) {
         const int64_t t = job % length, h = (job / length) % heads, b = job / (length * heads);
@@ -251,13 +251,21 @@ at::Tensor attention(const at::Tensor& q_, const at::Tensor& k_cache, const at::
           score[n] = dot_row<scalar_t, A>(query.data(), keys + s * ks[2], d) * scale + bias;
           top = std::max(top, score[n++]);
         }
+        for (int64_t j = 0; j < n; ++j) weight[j] = vexp(score[j] - top);  // one key per lane: vectorised
         A total = 0;
+        for (int64_t j = 0; j < n; ++j) total += weight[j];
         std::fill(acc.begin(), acc.end(), A(0));
-        for (int64_t j = 0; j < n; ++j) {
-          const A weight = vexp(score[j] - top);
-          total += weight;
+        int64_t j = 0;
+        for (; j + 2 <= n; j += 2) {  // two keys per pass over the sums (each still adds its keys in order)
+          const scalar_t *v0 = values + visible[j] * vs[2], *v1 = values + visible[j + 1] * vs[2];
+          for (int64_t i = 0; i < d; ++i) {
+            acc[i] += weight[j] * load<scalar_t, A>(v0, i);
+            acc[i] += weight[j + 1] * load<scalar_t, A>(v1, i);
+          }
+        }
+        for (; j < n; ++j) {
           const scalar_t* v = values + visible[j] * vs[2];
-          for (int64_t i = 0; i < d; ++i) acc[i] += weight * load<scalar_t, A>(v, i);
+          for (int64_t i = 0; i < d; ++i) acc[i] += weight[j] * load<scalar_t, A>(v, i);
         }
         scalar_t* dst = po + ((b * length + t) * heads + h) * d;
         for (int64_t i = 0; i < d; ++i) store<scalar_t, A>(dst, i, acc[i] / total);

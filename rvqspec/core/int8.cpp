@@ -25,6 +25,7 @@
 #include <exception>
 #include <functional>
 #include <limits>
+#include <type_traits>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -282,6 +283,26 @@ void interleave(const uint8_t* rows, int64_t kp, const RowTiles& tiles, uint8_t*
   }
 }
 
+// 16 outputs of a block stored in the dtype: float32 as they are, bfloat16 rounded to nearest even by integer
+// steps (store<BFloat16>'s, in 16 lanes: the same bits); other dtypes one at a time. cols < 16 (the last block of a
+// width that is not a multiple of 16): one at a time.
+template <typename T>
+inline void store16(T* o, __m512 v, int64_t cols) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (cols == VCOLS) return _mm512_storeu_ps(o, v);
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (cols == VCOLS) {
+      const __m512i bits = _mm512_castps_si512(v), one = _mm512_set1_epi32(1);
+      const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), one);
+      const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd));
+      return _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+    }
+  }
+  alignas(64) float values[VCOLS];
+  _mm512_store_ps(values, v);
+  for (int64_t c = 0; c < cols; ++c) store<T, float>(o, c, values[c]);
+}
+
 // One tile of `count` rows (1..VROWS) with its interleaved activations.
 inline void vnni_tile(int64_t count, const uint8_t* a, int64_t kp, const int8_t* w, __m512i* sums) {
   switch (count) {
@@ -426,13 +447,19 @@ at::Tensor vnni_linear_on(Team* team, const at::Tensor& x_, const at::Tensor& pa
               offsets.is_contiguous() && scale.numel() == blocks * VCOLS && offsets.numel() == blocks * VCOLS,
               "weight scales (float32) and offsets (int32): one per packed channel");
   TORCH_CHECK(k < 133000, "int8 GEMM: input width ", k, " could overflow int32 sums");
-  auto a = at::empty({2, rows, kp}, x.options().dtype(at::kByte));  // the rows' bytes, then interleaved per tile
-  std::vector<float> token_scale(rows);
+  // The rows' bytes, then interleaved per tile, and their scales: a buffer of the calling thread's, kept between
+  // calls (an allocation per matrix cost ~1 us, 20 per predictor call).
+  // (thread_local: a team's other threads read them through these pointers, never by name.)
+  thread_local std::vector<uint8_t> bytes;
+  thread_local std::vector<float> scales;
+  bytes.resize(std::max<size_t>(bytes.size(), 2 * rows * kp));
+  scales.resize(std::max<size_t>(scales.size(), rows));
+  float* token_scale = scales.data();
   auto out = at::empty(out_sizes(x, n), x.options());
   const RowTiles tiles = row_tiles(rows);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "vnni_linear", [&] {
     const scalar_t* px = x.data_ptr<scalar_t>();
-    uint8_t *pq = a.data_ptr<uint8_t>(), *pa = pq + rows * kp;
+    uint8_t *pq = bytes.data(), *pa = pq + rows * kp;
     for (int64_t r = 0; r < rows; ++r) {
       token_scale[r] = quantize_row<scalar_t, uint8_t>(px + r * k, k, pq + r * kp, 128);
       std::memset(pq + r * kp + k, 128, kp - k);  // times zero weights
@@ -444,7 +471,6 @@ at::Tensor vnni_linear_on(Team* team, const at::Tensor& x_, const at::Tensor& pa
     const int32_t* poff = offsets.data_ptr<int32_t>();
     const auto span = [&](int64_t begin, int64_t end) {
       __m512i sums[VROWS];
-      alignas(64) float values[VCOLS];
       for (int64_t b = begin; b < end; ++b) {
         const int8_t* w = pw + b * kp * VCOLS;
         const __m512i offset = _mm512_loadu_si512(poff + b * VCOLS);
@@ -455,9 +481,7 @@ at::Tensor vnni_linear_on(Team* team, const at::Tensor& x_, const at::Tensor& pa
           vnni_tile(count, pa + r * kp, kp, w, sums);
           for (int64_t i = 0; i < count; ++i) {
             const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sums[i], offset)), ws);
-            _mm512_store_ps(values, _mm512_mul_ps(v, _mm512_set1_ps(token_scale[r + i])));
-            scalar_t* o = po + (r + i) * n + b * VCOLS;
-            for (int64_t c = 0; c < cols; ++c) store<scalar_t, float>(o, c, values[c]);
+            store16(po + (r + i) * n + b * VCOLS, _mm512_mul_ps(v, _mm512_set1_ps(token_scale[r + i])), cols);
           }
         }
       }
