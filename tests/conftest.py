@@ -8,6 +8,12 @@ from rvqspec.core import device_path
 pytest_plugins = ["helpers.checkpoints"]  # the fixtures `model` and `folder`
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked `long` (each a half minute or more of a loaded `-n 2` run) start first: under `-n 2` a worker
+    takes the next test when it is done, so a long one started last would leave the other worker idle to the end."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)  # stable: otherwise in collection order
+
+
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():
     """Test models are tiny: per-op overhead dominates, and on a shared 2-core machine (or under `-n 2`)

@@ -37,6 +37,7 @@ def class_under(caps: dict) -> str:
                           cwd=ROOT).stdout.strip()
 
 
+@pytest.mark.long
 def test_each_cap_names_the_class_it_stands_in_for():
     flags = cpu_class.cpu_flags()
     if not {"avx512_vnni", "avx512bw", "avx512vl", "avx2", "fma"} <= flags:
@@ -168,6 +169,7 @@ CAPPED_RUNS = {
 }
 
 
+@pytest.mark.long
 @pytest.mark.skipif(CAPPED in os.environ, reason="this is the capped run")
 @pytest.mark.skipif(not {"avx2", "fma"} <= cpu_class.cpu_flags(), reason="needs an x86 CPU with AVX2")
 @pytest.mark.parametrize("part", CAPPED_RUNS)

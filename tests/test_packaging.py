@@ -14,6 +14,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,6 +65,7 @@ def users_torch(venv: Path, folder: Path) -> None:
     (next(venv.glob("lib/python*/site-packages")) / "users_torch.pth").write_text(f"{folder}\n")
 
 
+@pytest.mark.long
 def test_base_install_decodes_a_frame(tmp_path):
     base = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     torch_build = re.search(r"^TORCH := (\S+)", (ROOT / "Makefile").read_text(), re.M).group(1)  # the tested build
