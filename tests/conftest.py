@@ -1,5 +1,7 @@
 """Suite-wide settings."""
 
+import fcntl
+
 import pytest
 import torch
 
@@ -20,7 +22,13 @@ def one_thread():
     a second OpenMP thread only adds synchronisation (20x slower under load)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    for dtype in device_path.MEASURED_DTYPES:  # the preparation step a model load or an Engine makes
-        device_path.decided(dtype, "the test suite")
+    # The preparation step a model load or an Engine makes, one worker at a time: with an empty cache both `-n 2`
+    # workers measured at once and kept different choices (the file had the last one's), so a server started by one
+    # read the other's and its audio differed from the worker's own by a last bit (seen once in a whole-suite run).
+    device_path.cache_dir().mkdir(parents=True, exist_ok=True)
+    with open(device_path.cache_dir() / "suite-measures.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for dtype in device_path.MEASURED_DTYPES:
+            device_path.decided(dtype, "the test suite")
     yield
     torch.set_num_threads(threads)
