@@ -37,6 +37,7 @@ def class_under(caps: dict) -> str:
                           cwd=ROOT).stdout.strip()
 
 
+@pytest.mark.long
 def test_each_cap_names_the_class_it_stands_in_for():
     flags = cpu_class.cpu_flags()
     if not {"avx512_vnni", "avx512bw", "avx512vl", "avx2", "fma"} <= flags:
@@ -156,15 +157,27 @@ def test_another_thread_count_reads_its_own_choices(monkeypatch):
     assert 2 in asked  # not the 1-thread answer again
 
 
+# The capped rerun in three processes, so that the suite's two workers share it (one took ~7 min of a loaded run).
+# test_each_cap_names_the_class_it_stands_in_for is not rerun: it strips the caps from its children, so it would ask
+# them exactly what the native run asked.
+CAPPED_RUNS = {
+    "speculative-distribution": (["tests/test_speculative.py", "tests/test_distribution.py"],
+                                 "greedy or matches_enumeration"),  # not the G-test's own power tests
+    "quantize-int8": (["tests/test_quantize.py", "tests/test_int8.py", "tests/test_int8_layers.py"], ""),
+    "classes-bit_exact": (["tests/test_cpu_classes.py", "tests/test_bit_exact.py"],
+                          "not test_each_cap_names_the_class_it_stands_in_for"),
+}
+
+
+@pytest.mark.long
 @pytest.mark.skipif(CAPPED in os.environ, reason="this is the capped run")
 @pytest.mark.skipif(not {"avx2", "fma"} <= cpu_class.cpu_flags(), reason="needs an x86 CPU with AVX2")
-def test_the_exactness_tests_pass_under_an_isa_cap():
+@pytest.mark.parametrize("part", CAPPED_RUNS)
+def test_the_exactness_tests_pass_under_an_isa_cap(part):
     """Greedy identity (float64, quantized), the matmul row invariance and the enumerated G-tests (bfloat16 too),
     rerun as the AVX2 class (ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2): other kernels, fused kernels built without AVX-512,
     w8a8 on rvqspec's int8 kernel (tests/test_int8.py and test_int8_layers.py too), bit-exact rounds (tests/test_bit_exact.py)."""
-    tests = ["tests/test_cpu_classes.py", "tests/test_speculative.py", "tests/test_distribution.py",
-             "tests/test_quantize.py", "tests/test_int8.py", "tests/test_int8_layers.py", "tests/test_bit_exact.py"]
-    chosen = "test_cpu_classes or test_quantize or test_int8 or test_bit_exact or greedy or matches_enumeration"  # not the G-test's own power tests
+    tests, chosen = CAPPED_RUNS[part]
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-k", chosen, *tests],
                          env=os.environ | AVX2_CAP | {CAPPED: "1"}, capture_output=True, text=True, cwd=ROOT,
                          timeout=600)

@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -14,6 +15,7 @@ from rvqspec.tuning.train import TrainSettings, train
 from helpers.synthetic import write_model_and_corpus
 
 
+@pytest.mark.long
 def test_two_processes_reach_the_same_offsets_as_one(tmp_path):
     model_dir, corpus_dir = write_model_and_corpus(tmp_path, utterances=24)
     args = ["--model", model_dir, "--corpus", corpus_dir, "--validation-fraction", "0.25", "--batch-size", "8",

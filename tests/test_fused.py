@@ -193,6 +193,7 @@ def test_teacher_forcing_without_a_cache_takes_the_fused_path_under_no_grad_only
     torch.testing.assert_close(trained.detach(), plain, rtol=0, atol=0)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 def test_speculative_decoding_runs_at_every_width(dtype):
     """torch's int8 kernel crashed (segfault) on widths and vocabularies that are not multiples of 16: such models

@@ -107,6 +107,7 @@ def test_two_threads_with_their_own_decoders_get_their_own_codes(model):
 
 @pytest.mark.parametrize("drafter, tree", [(None, None), ("offsets", FULL), ("reused", Tree.chain(3))],
                          ids=["ar", "full12", "chain3"])
+@pytest.mark.long
 def test_sampling_through_graphs_matches_enumeration(drafter, tree):
     """Three frames in a bucket of four (one padding row): each real row keeps its own AR distribution."""
     small = setup()[0]

@@ -168,6 +168,7 @@ def test_w8a16_matmuls_of_float32_take_the_kernel():
         assert torch.equal(matmul(x), int8_kernels().w8a16_linear(x, *pack_int8(*matmul.rows()), 20))
 
 
+@pytest.mark.long
 @pytest.mark.skipif(CAPPED in os.environ, reason="this is the capped run")
 def test_one_w8a8_model_decodes_alike_natively_and_under_the_avx2_caps(tmp_path):
     """The predictor's states and logits bit for bit, greedy and seeded sampled codes (AR and speculative), and

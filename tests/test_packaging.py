@@ -5,6 +5,7 @@ The install runs with a cache folder of its own and the fused kernels off, so th
 what an earlier run left in ~/.cache (measured kernel choices, built kernels) nor on a compiler being there: the load
 measures this CPU's kernels once, with its one line, and the kernels' sources are checked to be in the package."""
 
+import importlib.metadata
 import os
 import re
 import shutil
@@ -12,6 +13,9 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,12 +44,35 @@ print("decoded", ar.codes.tolist(), "from", rvqspec.__file__)
 """
 
 
+def users_torch(venv: Path, folder: Path) -> None:
+    """The user's torch (this suite's: the Makefile's build) and what it needs, and nothing else of this environment,
+    made visible to `venv` through a .pth file of links: pip then finds torch installed, as beside a user's torch, and
+    resolves rvqspec's other base dependencies into the venv. (Unpacking and byte-compiling torch's wheel again took
+    minutes of the suite's 2 cores.)"""
+    folder.mkdir()
+    seen, todo = set(), ["torch"]
+    while todo:
+        dist = importlib.metadata.distribution(todo.pop())
+        if dist.name.lower() in seen:
+            continue
+        seen.add(dist.name.lower())
+        needs = [Requirement(line) for line in dist.requires or []]
+        todo += [need.name for need in needs if need.marker is None or need.marker.evaluate({"extra": ""})]
+        site = Path(dist.locate_file(""))
+        for top in {Path(str(file)).parts[0] for file in dist.files} - {".."}:
+            if (site / top).exists() and not (folder / top).exists():
+                (folder / top).symlink_to(site / top)
+    (next(venv.glob("lib/python*/site-packages")) / "users_torch.pth").write_text(f"{folder}\n")
+
+
+@pytest.mark.long
 def test_base_install_decodes_a_frame(tmp_path):
     base = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     torch_build = re.search(r"^TORCH := (\S+)", (ROOT / "Makefile").read_text(), re.M).group(1)  # the tested build
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = str(venv / "bin" / "python")
+    users_torch(venv, tmp_path / "users-torch")
     pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     subprocess.run(pip + [*base, torch_build, "setuptools>=68"], check=True)
     source = tmp_path / "source"  # a copy: setuptools' build/ left in the checkout would ship files deleted since
@@ -55,7 +82,7 @@ def test_base_install_decodes_a_frame(tmp_path):
     subprocess.run(pip + ["--no-deps", "--no-build-isolation", str(source)], check=True, cwd=tmp_path)
     cache = tmp_path / "cache"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # a checkout on PYTHONPATH would win
-    env.update(RVQSPEC_CACHE=str(cache), RVQSPEC_FUSED="0")
+    env.update(RVQSPEC_CACHE=str(cache), RVQSPEC_FUSED="0", OMP_NUM_THREADS="1")  # one thread, as the suite's
     done = subprocess.run([python, "-c", SCRIPT], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr
     lines = done.stderr.strip().splitlines()

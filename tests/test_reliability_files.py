@@ -229,6 +229,7 @@ train.train(*sys.argv[1:4], train.TrainSettings(batch_size=16, lr=3e-2, validati
 AVX2_CAP = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}  # the Zen 1-3 class, on any x86 CPU
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("caps", [{}, AVX2_CAP], ids=["this-cpu", "avx2-caps"])
 def test_training_killed_at_a_checkpoint_resumes_to_the_same_bits(tmp_path, caps):
     """Case 19 (issue 36) and issue 41, case 11: SIGKILL right after the first checkpoint (end of epoch 1, before

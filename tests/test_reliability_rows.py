@@ -121,6 +121,7 @@ def test_breaking_out_of_a_requests_audio_frees_its_row(engine):
     assert engine.status()["active"] == 0
 
 
+@pytest.mark.long
 def test_close_without_grace_hands_the_consumer_an_error_not_cut_audio():
     engine = Engine(tiny_standin(seed=3), drafter=None)
     request = long_request(engine)

@@ -150,6 +150,7 @@ def test_the_server_says_a_runaway_was_cut(tts, tmp_path):
     assert 'rvqspec_speech_ends_total{reason="length"} 2.0' in metrics
 
 
+@pytest.mark.long
 def test_a_long_text_streams_as_its_sentences_spoken_in_turn(standin):
     """Sentence mode (opt-in: the default is one utterance) equals the sentences spoken one after another from one
     generator, while another request decodes beside it; it streams, and no join clicks (the sample step across a

@@ -198,6 +198,7 @@ def test_an_async_iterable_is_read_on_the_running_loop():
         assert torch.equal(asyncio.run(main(engine)), whole)
 
 
+@pytest.mark.long
 def test_synth_reads_stdin_as_it_arrives_and_speaks_the_engines_audio(tmp_path):
     """`rvqspec synth --text - --stream`: the text piped in pieces (the writer waits after each), the wav the
     engine's audio for the whole text."""
@@ -232,6 +233,7 @@ def test_synth_reads_stdin_as_it_arrives_and_speaks_the_engines_audio(tmp_path):
     assert np.abs(audio.astype(np.int32) - np.round(want * 32768).astype(np.int32)).max() <= 1  # 16-bit rounding
 
 
+@pytest.mark.long
 def test_sentence_mode_speaks_each_sentence_as_it_completes_as_one_stream():
     """The stand-in (no dual-track text): text in pieces is spoken sentence by sentence as they complete, one stream
     with the seed carried on: the same bits as the whole text's passage (`sentences=True`); a sentence that arrives

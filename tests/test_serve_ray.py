@@ -31,7 +31,7 @@ from rvqspec.serve.audio import to_int16
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                reason="ray is not installed: pip install 'rvqspec[ray]'")
-pytestmark = pytest.mark.xdist_group("ray")
+pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.long]
 REPLICA = "x-rvqspec-replica"
 TEXT = "Hello there."
 

@@ -51,6 +51,7 @@ def test_less_context_than_the_vocoder_needs_is_caught(monkeypatch):
     assert np.abs(ours - codec.decode(codes).numpy()).max() > 1e-3
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("speculative", [False, True], ids=["ar", "speculative"])
 def test_a_stream_has_the_codes_and_audio_of_a_whole_synthesis(speculative):
     tts, codec = tiny_standin(seed=3), tiny_codec(24)

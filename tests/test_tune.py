@@ -169,6 +169,7 @@ def test_self_synthesis_corpus_splits_by_utterance(tuned):
     assert train_ids and validation_ids and not train_ids & validation_ids
 
 
+@pytest.mark.long
 def test_tune_a_tiny_csm_end_to_end(tmp_path):
     """CSM: self-synthesis through transformers' generate (rvqspec's AR), the backbone's state per frame, then
     offsets, trees, latency; accelerate(tuned=) takes the folder and greedy codes stay transformers' own."""
