@@ -208,9 +208,9 @@ def test_frames_are_decoded_ahead_only_while_one_stream_is_attached():
     assert one_core.pieces is None  # no core beside the loop's steps
 
 
-def test_a_decode_takes_every_core_where_the_frame_loop_is_idle_and_one_beside_it():
-    """A stream's end (no request left for the frame loop) decodes on every core, else on one beside the loop; the
-    worker's own thread count is restored after each decode."""
+def test_a_decode_holds_one_core_and_runs_on_one_thread_while_the_frame_loop_is_idle_too():
+    """A decode holds one core and its worker one intra-op thread, also at a stream's end where the frame loop has
+    left both cores: the codec's float sums split by thread count, so the audio would depend on the schedule."""
     cores, seen = Cores(2), []
 
     def add_together(streams, frames):
@@ -220,17 +220,18 @@ def test_a_decode_takes_every_core_where_the_frame_loop_is_idle_and_one_beside_i
     stream = SimpleNamespace(lag=0, finish=lambda: np.zeros(0, dtype=np.float32))
     model = SimpleNamespace(decodes_ahead=False, codec_batches=False, add_together=add_together,
                             new_stream=lambda prompt: stream)
-    worker = CodecWorker(model, cores, ThreadBudget.split(cores=2))
-    worker.close()  # its threads idle: this test calls `serve` itself
-    before, audio = torch.get_num_threads(), []
-    for busy in (True, False):
-        worker.loop_busy = lambda busy=busy: busy
+    worker, audio = CodecWorker(model, cores, ThreadBudget.split(cores=2)), []
+    try:
         request = SimpleNamespace(decoded=[torch.zeros(16)] * 3, done=True, cancelled=threading.Event(), chunks=(1, 4),
-                                  prompt=SimpleNamespace(prefix=None), deliver=audio.append,
-                                  deliver_end=lambda: None)
-        worker.serve([Feed(request)])
-    assert seen == [(1, 1), (2, 0)] and cores.free == 2
-    assert torch.get_num_threads() == before and len(audio) == 2
+                                  prompt=SimpleNamespace(prefix=None), deliver=audio.append, deliver_end=lambda: None)
+        worker.attach(request)
+        worker.wake()
+        deadline = time.monotonic() + 30
+        while len(audio) < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        worker.close()
+    assert seen and all(entry == (1, 1) for entry in seen) and cores.free == 2 and len(audio) >= 1
 
 
 def test_the_frame_loop_leaves_a_core_while_a_chunk_waits_or_decodes():

@@ -11,10 +11,11 @@ several streams in one call faster (`codec_batches`: qwen-tts's 12 Hz decoder, 1
 benchmarks/results/codec-batch-streaming.md), it takes every request that has work now, in one call (none waits for
 another's chunk to come due). A request's audio never depends on another's (decoded together: to float rounding).
 
-Each decode, batched or not, holds one of the budget's cores (`Cores`; every core where the frame loop has no
-request left: a stream's end), the frame loop holds its own per frame step (and gives one back before the step's talker
-forward where a chunk came due: `Grant.resize`): at no time do more threads do torch work than the cores the process
-may use.
+Each decode, batched or not, holds one of the budget's cores (`Cores`) and runs on one thread, also at a stream's
+end where the frame loop has left its cores: the codec's float sums split by thread count, and a seeded request's
+audio must not depend on when its chunks came due. The frame loop holds its own per frame step (and gives one
+back before the step's talker forward where a chunk came due: `Grant.resize`): at no time do more threads do torch
+work than the cores the process may use.
 
 Opt-in (`Engine(decode_ahead=True)`): where a core is left for the codec beside the frame loop and the model's codec
 decodes incrementally (`decodes_ahead`: qwen-tts's 12 Hz decoder; not a vocoder that decodes its context again), the
@@ -33,13 +34,12 @@ import collections
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import numpy as np
 import torch
 
-from rvqspec.core.device_path import intra_op_threads
 from rvqspec.core.errors import RvqspecError
 from rvqspec.core.frame_loop import ChunkClock
 from rvqspec.runtime.threads import ThreadBudget
@@ -162,8 +162,7 @@ class CodecWorker:
     (module docstring)."""
 
     def __init__(self, model, cores: Cores, budget: ThreadBudget, ahead: bool = False):
-        self.model, self.cores, self.budget = model, cores, budget
-        self.loop_busy: Callable[[], bool] = lambda: True  # whether the frame loop has work (the Scheduler's `busy`)
+        self.model, self.cores = model, cores
         self.pieces = AHEAD_FRAMES if ahead and budget.cores > budget.loop and model.decodes_ahead else None
         self.feeds: list[Feed] = []
         self.condition = threading.Condition()
@@ -216,6 +215,7 @@ class CodecWorker:
             thread.join()
 
     def run(self) -> None:
+        torch.set_num_threads(1)  # one thread per decode, always: the codec's float sums split by thread count
         with torch.inference_mode():
             while feeds := self.next_feeds():
                 try:
@@ -263,8 +263,7 @@ class CodecWorker:
         ends the audio of the requests it was decoding, and only theirs; what the finer guards do not catch ends the
         audio of this call's requests, and never the worker's thread)."""
         with failing(feeds):
-            threads = 1 if self.loop_busy() else self.budget.cores  # a stream's end: the loop has left its cores
-            with self.cores.held(threads), intra_op_threads(threads):
+            with self.cores.held(1):
                 decoded = self.decode_due(feeds)
             for feed, (audio, finished) in decoded.items():
                 if not feed.ended:

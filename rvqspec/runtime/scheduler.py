@@ -141,7 +141,6 @@ class Scheduler:
         self.staging = talker_blocks.RowCache(model.talker)  # the prefilling request's row (module docstring)
         self.stats = Stats()
         self.grant: Grant | None = None  # the cores the loop holds while it steps or prefills
-        codec.loop_busy = self.busy
         self.condition = threading.Condition()
         self.accepting, self.stopping = True, False
         self.thread = threading.Thread(target=self.run, name="rvqspec-engine", daemon=True)
@@ -231,11 +230,6 @@ class Scheduler:
         """This thread's intra-op count: the cores it holds (torch keeps the count per thread)."""
         if torch.get_num_threads() != self.grant.count:
             torch.set_num_threads(self.grant.count)
-
-    def busy(self) -> bool:
-        """Whether the loop has requests to run (else a codec worker may take every core: `CodecWorker.serve`); read
-        without the lock: a stale answer costs a decode's thread count, never a result."""
-        return bool(self.rows or self.parked or self.prefilling or self.waiting)
 
     def next_work(self) -> bool:
         """Wait for something to do; False once the engine stops (or stops accepting with nothing left). Live

@@ -13,8 +13,8 @@ by default the frame loop takes every core while no codec worker has a chunk to 
 waiting or running decode otherwise (`Scheduler.step_threads`), asked as a step starts and again before its talker
 forward (`Grant.resize`): the chunk that a step's frame makes due decodes beside that step's forward and the next
 step's draws, while the c0 and predictor before it had both cores, and the second core is not left idle between
-chunks (docs/cpu-fast-path.md, "Two cores"). Once the frame loop has no request left (a stream's end), a decode
-takes every core (`CodecWorker.serve`): the last frames' audio is what the caller waits for then.
+chunks (docs/cpu-fast-path.md, "Two cores"). A decode runs on one thread (`CodecWorker.run`), a stream's last one
+too: the codec's float sums split by thread count, and a request's audio must not depend on the schedule.
 A step's thread count then depends on when a chunk came due, so it varies only where the bits do not: torch's
 float32 matrix products split their sums by thread count (Zen 4: a [1, 1024] x [1024, 3072] product differs by
 ~5e-7 at 2 threads), its bfloat16 ones and rvqspec's int8 kernels do not; a frame loop with float32 layers keeps
