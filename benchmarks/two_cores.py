@@ -119,10 +119,8 @@ def as_before(engine) -> None:
 
 def whole_steps(engine) -> None:
     """`engine` scheduled as before `Grant.resize`: a step's threads chosen as it starts (the loop's share where a
-    chunk waits, or comes due with the step's frame) and kept to its end; every decode on one thread, the stream's
-    last too (not for `decode_ahead`'s pieces)."""
+    chunk waits, or comes due with the step's frame) and kept to its end."""
     scheduler, codec, step, stepping = engine.scheduler, engine.codec, engine.scheduler.frame_step, [False]
-    codec.loop_busy = lambda: True
 
     def due_by_next_frame() -> bool:
         with codec.condition:
