@@ -98,3 +98,15 @@ def test_the_native_draw_gives_the_same_codes_under_the_avx2_caps():
     capped = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True,
                             check=True, timeout=300)
     assert capped.stdout.strip() == str(draw.draws(*inputs(5, True), 0.9, 50).tolist())
+
+
+def test_the_plain_path_neither_builds_nor_loads_the_native_draw(monkeypatch):
+    """With the fast path off (RVQSPEC_FUSED=0, `fused.enabled(False)`) a draw takes torch's ops without asking for
+    the native module: nothing is compiled for a user who turned the path off (nor for an accelerator's tensors)."""
+    asked = []
+    monkeypatch.setattr(draw, "kernel", lambda: asked.append(1))
+    logits, noise = inputs(3)
+    with fused.enabled(False):
+        assert draw.draws(logits, noise, 0.9, 50) is None
+        Sampler().sample_noise(logits, noise)
+    assert asked == []

@@ -60,7 +60,9 @@ def draws(logits: Tensor, noise: Tensor, temperature: float, top_k: int) -> Tens
     """argmax(softmax(top-k(logits / temperature)) / noise) per row of logits [n, V] (any float dtype) and noise
     [n, V] float32: LongTensor [n]; None where the native call does not apply (not a CPU tensor, the fast path off,
     not built). Few Python steps: a frame makes ~15-20 draws, each between calls that leave the caches cold."""
+    if not logits.is_cpu or not fused.on():  # asked first: where the path is off, nothing is built
+        return None
     module = kernel()
-    if module is None or not logits.is_cpu or not fused.on():
+    if module is None:
         return None
     return module.draws(logits if logits.dtype == torch.float32 else logits.float(), noise, temperature, top_k)
