@@ -24,7 +24,7 @@ import importlib.util, sys, tempfile, torch
 import rvqspec
 from rvqspec.cli.main import build_parser
 from rvqspec.core import fused
-assert all(path.is_file() for path in (*fused.SOURCES, fused.HEADER)), "the fused kernels' sources are not installed"
+assert all(path.is_file() for path in (*fused.SOURCES, fused.HEADER, fused.UNIT)), "the fused kernels' sources are not installed"
 for extra in ("matplotlib", "soundfile", "tqdm", "scipy", "transformers", "faster_whisper", "fastapi", "uvicorn"):
     assert importlib.util.find_spec(extra) is None, extra + " was installed with the base dependencies"
 config = rvqspec.PredictorConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

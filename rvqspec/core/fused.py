@@ -40,6 +40,7 @@ from rvqspec.core import cpu_class
 
 SOURCES = [Path(__file__).with_name(name) for name in ("fused.cpp", "int8.cpp", "bf16.cpp", "snake.cpp")]  # + kernels.h
 HEADER = Path(__file__).with_name("kernels.h")
+UNIT = Path(__file__).with_name("kernels.cpp")  # what is compiled: SOURCES included into one translation unit
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 _state = {"module": None, "tried": False}
@@ -52,7 +53,7 @@ def build_name() -> str:
     """One build per source, torch, CPU flags and class: it is compiled with -march=native, less what a cap forbids.
     And per folder of the sources: torch's build folder holds the sources' paths, so two checkouts (or environments)
     that shared a build would rebuild it each time the other one loaded it."""
-    key = b"".join(path.read_bytes() for path in (*SOURCES, HEADER)) + torch.__version__.encode() \
+    key = b"".join(path.read_bytes() for path in (*SOURCES, HEADER, UNIT)) + torch.__version__.encode() \
         + str(HEADER.resolve().parent).encode() \
         + " ".join(sorted(cpu_class.cpu_flags())).encode() \
         + " ".join(cflags()).encode()
@@ -89,7 +90,7 @@ def kernels():
             try:
                 from torch.utils.cpp_extension import load
                 with ninja_on_path():
-                    _state["module"] = load(build_name(), [str(path) for path in SOURCES], extra_cflags=cflags(),
+                    _state["module"] = load(build_name(), [str(UNIT)], extra_cflags=cflags(),
                                             extra_ldflags=openmp(), verbose=False)
             except Exception as e:  # no ninja, no compiler, a read-only cache...: the plain path still works
                 warnings.warn(f"rvqspec: the fused CPU kernels could not be built ({type(e).__name__}: "
