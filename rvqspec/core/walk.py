@@ -66,8 +66,7 @@ def walk_on_host(ctx: RoundContext, k_host: list[int], tokens: Tensor, hidden: T
         if not walking:
             break
         codebooks = [k_host[b] + 1 + d for b in walking]
-        codebook = codebooks[0] if len(walking) == 1 else codebooks  # one row: its head by an int, no grouping
-        logits = model.head_logits(pick(hidden, walking, [node[b] for b in walking]), codebook, ctx.path)
+        logits = model.head_logits(pick(hidden, walking, [node[b] for b in walking]), codebooks, ctx.path)
         going_on = []
         for b, code in zip(walking, ctx.sample(logits, codebooks, walking).tolist()):
             draws[b][d] = code
