@@ -348,6 +348,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_linear", &rvqspec::int8_linear, released);
   m.def("has_vnni_gemm", &rvqspec::has_vnni_gemm);
   m.def("vnni_linear", &rvqspec::vnni_linear, released);
+  m.def("huge_pages", &rvqspec::huge_pages, released);
   m.def("w8a16_linear", &rvqspec::w8a16_linear, released);
   m.def("has_bf16_gemm", &rvqspec::has_bf16_gemm);
   m.def("bf16_linear", &rvqspec::bf16_linear, released);

@@ -26,6 +26,9 @@
 #include <functional>
 #include <limits>
 #include <type_traits>
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -209,10 +212,16 @@ void gemm(const A* a, int64_t rows, int64_t kp, const at::Tensor& packed, const 
 // streaming contiguously, 4 input values per channel and step. The float steps after the sums are the AVX2 kernel's
 // and oneDNN's: float(sum) x weight scale, then x token scale, then the dtype: the same bits on every class.
 constexpr int64_t VCOLS = 16, VDEPTH = 16, VROWS = 12;  // a block's channels; K's padding; a tile's most rows
-// Rows > 1: each step asks for the weights' line 4 KiB ahead into L2. A tile of many rows spends ~R cycles on a line,
-// and the hardware prefetcher alone then left the loads waiting on memory: 9 rows through the 0.6B predictor's
-// matrices 1.1-1.3x faster with it (Zen 4, 1 thread, interleaved runs on a loaded machine).
-constexpr int64_t VPREFETCH_BYTES = 4096;
+// Tiles of VPREFETCH_ROWS rows or more: each step asks for the weights' line 8 KiB ahead into L2. Such a tile spends
+// ~R cycles on a line (vpdpbusd's pace) and the hardware prefetcher alone left its loads waiting on memory; fewer
+// rows stream fast enough for the hardware prefetcher, and a software prefetch only slowed them. Through the 0.6B
+// predictor's matrices, weights on huge pages (`huge_pages`), against 4 KiB ahead at every tile on 4 KiB pages (the
+// kernel before; Zen 4, 1 thread, CPU time, medians of interleaved runs, docs/cpu-fast-path.md): 2 rows 0.65x, 4
+// rows 0.73x, 5 rows 0.76x without a prefetch; 6-9 rows 0.67-0.81x and 12 rows 0.83x 8 KiB ahead (2 KiB ahead
+// 1.2-1.4x; prefetcht0 or prefetchnta worse than t1 from 6 rows); at 9 rows 3.3 ms, 96% of the tile's compute floor
+// (its time with the weights in L1). The activations as vpdpbusd's broadcast memory operand (m32{1to16}, the weights
+// then the unsigned operand) would save the broadcasts but took 2.1-2.8x the time at 9 rows on Zen 4.
+constexpr int64_t VPREFETCH_BYTES = 8192, VPREFETCH_ROWS = 6;
 constexpr int64_t VCHUNK = 4;  // blocks per chunk that a stack's threads claim (`Team`)
 
 inline int32_t four_bytes(const uint8_t* p) {
@@ -234,7 +243,8 @@ inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b) {
 // vector registers), so a verify call of up to 12 rows reads the weights once, and more rows re-read them from L1/L2.
 // One row: four chains of sums (integer: their order does not matter), so that the loads, not vpdpbusd's latency,
 // set the pace; no software prefetch there (a matrix is one contiguous stream, which the hardware prefetcher follows;
-// asking for the line 2 KiB ahead made one row through the 0.6B predictor's matrices 1.15-1.48x slower, Zen 4).
+// asking for the line 2 KiB ahead made one row through the 0.6B predictor's matrices 1.15-1.48x slower, Zen 4), nor
+// below VPREFETCH_ROWS rows.
 template <int R>
 inline void vnni_tile(const uint8_t* a, int64_t kp, const int8_t* w, __m512i* sums) {
   constexpr int CHAINS = R == 1 ? 4 : 1;
@@ -254,7 +264,7 @@ inline void vnni_tile(const uint8_t* a, int64_t kp, const int8_t* w, __m512i* su
   } else {  // many rows: not unrolled (gcc then spilled the accumulators)
 #pragma GCC unroll 1
     for (; w < end; w += VCOLS * 4, a += 4 * R) {
-      _mm_prefetch(reinterpret_cast<const char*>(w) + VPREFETCH_BYTES, _MM_HINT_T1);
+      if constexpr (R >= VPREFETCH_ROWS) _mm_prefetch(reinterpret_cast<const char*>(w) + VPREFETCH_BYTES, _MM_HINT_T1);
       step(w, a);
     }
   }
@@ -342,6 +352,26 @@ void check_packed(const at::Tensor& x, const at::Tensor& packed, const at::Tenso
 #endif
 
 }  // namespace
+
+// t's copy in memory advised for transparent huge pages (Linux, 2 MiB): a packed weight of 2 MiB or more then costs
+// fewer TLB misses as a call streams it; smaller or elsewhere, a plain copy. Its own mapping, advised before its pages
+// are first touched (the allocator's memory may have been touched before: small pages for good).
+at::Tensor huge_pages(const at::Tensor& t) {
+  constexpr size_t PAGE = size_t{1} << 21;
+  const size_t bytes = t.nbytes(), size = bytes + PAGE;
+#ifdef __linux__
+  void* base = bytes >= PAGE ? mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+                             : MAP_FAILED;
+  if (base != MAP_FAILED) {
+    const auto address = reinterpret_cast<uintptr_t>(base);
+    void* start = reinterpret_cast<void*>((address + PAGE - 1) / PAGE * PAGE);
+    madvise(start, bytes / PAGE * PAGE, MADV_HUGEPAGE);  // the whole huge pages: the tail's small pages cost no more
+    auto out = at::from_blob(start, t.sizes(), [base, size](void*) { munmap(base, size); }, t.options());
+    return out.copy_(t);
+  }
+#endif
+  return t.clone(at::MemoryFormat::Contiguous);
+}
 
 std::vector<at::Tensor> quantize_rows(const at::Tensor& x_) {
   auto x = x_.contiguous();

@@ -132,6 +132,7 @@ at::Tensor snake(const at::Tensor& x, const at::Tensor& alpha, const at::Tensor&
 std::vector<at::Tensor> quantize_rows(const at::Tensor& x);
 at::Tensor scale_rows(const at::Tensor& acc, const at::Tensor& scale, const at::Tensor& like);
 bool has_int8_gemm();
+at::Tensor huge_pages(const at::Tensor& t);
 bool has_vnni_gemm();
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t out_features);
 at::Tensor vnni_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& offsets,
