@@ -6,6 +6,7 @@ float32 kernel is the w8a16 model's product to float32 rounding, a row the same 
 Greedy identity and the enumerated G-test of speculation on the AVX2 path: tests/test_quantize.py, which
 tests/test_cpu_classes.py reruns under the AVX2 caps (where w8a8 takes this kernel)."""
 
+import gc
 import os
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from rvqspec.cli.inspect import scheme_figures
 import rvqspec.core.quantize as quantize_module
 from rvqspec.core import cpu_class
 from rvqspec.core.quantize import (VNNI_ROWS, ZERO_POINT, Int8Matmul, int8_kernels, pack_int8, pack_vnni, quantize_rows,
-                                   quantize_tokens, w8a8_kernel)
+                                   quantize_tokens, unblock, w8a8_kernel)
 
 from helpers import int8_codes
 from helpers.tiny import tiny_config
@@ -102,6 +103,21 @@ def test_the_vnni_kernel_is_exact_integer_sums_for_every_row_alone_and_in_the_ca
     whole = int8_kernels().vnni_linear(x, *packed, n)
     assert torch.equal(whole, expected)
     assert all(torch.equal(int8_kernels().vnni_linear(x[i:i + 1], *packed, n)[0], whole[i]) for i in range(rows))
+
+
+@needs_vnni
+def test_vnni_blocks_of_2_mib_or_more_are_a_huge_page_aligned_copy_that_outlives_the_pack():
+    """pack_vnni's blocks of a matrix of 2 MiB or more lie in a mapping of their own (`huge_pages`: advised for
+    transparent huge pages on Linux), which holds the layout's bytes after the pack's temporaries are gone."""
+    weight, x = operands(3, 1024, 2048 + 5, seed=9)
+    q, scale = quantize_rows(weight)
+    packed = pack_vnni(q, scale)
+    gc.collect()
+    assert packed[0].is_contiguous() and torch.equal(unblock(packed[0], 2048 + 5, 1024), q)
+    if sys.platform == "linux":
+        assert packed[0].data_ptr() % (1 << 21) == 0
+    assert torch.equal(int8_kernels().vnni_linear(x, *packed, 2053),
+                       int8_kernels().int8_linear(x, *pack_int8(q, scale), 2053))
 
 
 @needs_vnni
