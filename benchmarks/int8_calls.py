@@ -15,7 +15,13 @@ Per kernel, medians of interleaved rounds:
   on 2 threads), the predictor's AR call, the talker step; alone and beside a busy process (a core taken, as by the
   speech decoder beside the frame loop: 2 threads must not cost more than 1 then).
 
+- with `--base COMMIT`, first this class's kernel before and after a change: the same calls through the matrices in
+  that commit's rvqspec and this tree's, processes of their own alternated `--rounds` times, the thread's CPU time
+  (on a shared machine wall time mostly measures the wait for a core); per side the median over rounds of each
+  process's median, and after / before per round.
+
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/int8_calls.py   # -> results/int8-calls.{json,md}
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/int8_calls.py --base main --classes native
     .venv/bin/python benchmarks/int8_calls.py --smoke   # tiny sizes, the native class: seconds, a temporary folder
 """
 
@@ -25,6 +31,7 @@ import multiprocessing
 import statistics
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -41,9 +48,11 @@ from rvqspec.core.quantize import PACKERS, Int8Matmul, QuantizedLinear, quantize
 from rvqspec.core.sampling import Sampler
 from rvqspec.core.talker import RowCache, Talker, TalkerConfig, prefill, step
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
 ROWS = (1, 4, 9, 17, 33)
 VERIFY_ROWS = (9, 17)  # the rows whose distance from the floor the report states
+CHANGE_ROWS = (1, 2, 4, 5, 9, 17, 33)  # --base: a frame's prefill (2), the policy's verify calls at N = 4 and 8
 PEAK_ROWS = 256  # a call of these rows is bound by its products: the class's w8a8 peak
 TALKER_0_6B = TalkerConfig(1024, 3072, 28, 16, 8, 128, 3072)
 SMOKE_TALKER = TalkerConfig(64, 128, 2, 4, 2, 16, 3072)
@@ -133,6 +142,45 @@ def matrices(runs: dict, rounds: int, shapes: list[tuple[int, int]], rows=ROWS) 
               "of_floor": {name: one["floor: a copy of the bytes"] / one[name] for name in runs},
               "of_read": {name: one["a sum reading the bytes"] / one[name] for name in runs}}
     return report | verify_floors(report, runs, matmuls, generator) if set(VERIFY_ROWS) <= set(rows) else report
+
+
+def rows_worker(rounds: int, smoke: bool) -> dict:
+    """This process's rvqspec (a base commit's or this tree's): w8a8 calls through the matrices on 1 thread, the
+    median CPU ms per rows (only what every commit's rvqspec has: Int8Matmul on its class's kernel)."""
+    torch.set_num_threads(1)
+    generator = torch.Generator().manual_seed(0)
+    shapes = [(96, 64), (64, 96)] if smoke else predictor_shapes("0.6b")
+    matmuls = [Int8Matmul(torch.randn(shape, generator=generator) / shape[1] ** 0.5, "w8a8") for shape in shapes]
+    inputs = {n: {k: torch.randn(n, k, generator=generator).bfloat16() for k in {s[1] for s in shapes}}
+              for n in CHANGE_ROWS}
+    times = {n: [] for n in CHANGE_ROWS}
+    with torch.inference_mode():
+        for _ in range(3 * rounds + 1):  # the first: warm-up
+            for n, x in inputs.items():
+                start = time.thread_time()
+                for m in matmuls:
+                    m(x[m.in_features])
+                times[n].append(1e3 * (time.thread_time() - start))
+    return {"kernel": w8a8_kernel(), "ms": {str(n): statistics.median(t[1:]) for n, t in times.items()}}
+
+
+def before_after(base: str, rounds: int, smoke: bool) -> dict:
+    """rows_worker in `base`'s rvqspec and this tree's, alternated `rounds` times (smoke: this tree twice)."""
+    from rvqspec.bench.timing import sources_at, tree_commit, worker_result
+
+    runs = {"before": [], "after": []}
+    argv = [__file__, "--rows-worker", "--rounds", str(rounds)] + ["--smoke"] * smoke
+    with nullcontext(ROOT) if smoke else sources_at(base, ROOT) as tree:
+        for _ in range(rounds):
+            for side, source in (("before", tree), ("after", ROOT)):
+                runs[side].append(worker_result(source, argv, env={"OMP_WAIT_POLICY": "PASSIVE"}))
+    ratios = {n: [a["ms"][n] / b["ms"][n] for b, a in zip(runs["before"], runs["after"])]
+              for n in map(str, CHANGE_ROWS)}
+    side = lambda name: {n: statistics.median(r["ms"][n] for r in runs[name]) for n in ratios}  # noqa: E731
+    return {"base": "this tree (--smoke)" if smoke else base, "after_commit": tree_commit(ROOT),
+            "kernel": runs["after"][0]["kernel"],
+            "before": side("before"), "after": side("after"), "ratios": ratios,
+            "ratio": {n: statistics.median(r) for n, r in ratios.items()}}
 
 
 def verify_floors(report: dict, runs: dict, matmuls: list[Int8Matmul], generator) -> dict:
@@ -246,7 +294,20 @@ def to_markdown(report: dict) -> str:
                   f"{w8a8['ms']['1']:.2f} ms, **{w8a8['of_floor']:.0%} of the floor**; 4 rows "
                   f"{w8a8['rows_over_one']['4']:.2f}x, 8 rows "
                   f"{w8a8['rows_over_one']['8']:.2f}x ({inspect['kernels']['w8a8']}).", ""]
-    return "\n".join(lines)
+    return "\n".join(lines + changed(report.get("before_after")))
+
+
+def changed(b: dict | None) -> list[str]:
+    """The before/after section (`--base`), where it was measured."""
+    if b is None:
+        return []
+    lines = [f"## Before and after: {b['base']} -> {b['after_commit']} ({b['kernel']}, native, 1 thread)", "",
+             "One call through the 0.6B predictor's 20 layer matrices, ms of the thread's CPU time; each side in "
+             f"processes of its own, alternated {len(b['ratios']['1'])} times.", "",
+             "| rows | before | after | after / before | per round |", "|---|---:|---:|---:|---|"]
+    lines += [f"| {n} | {b['before'][n]:.2f} | {b['after'][n]:.2f} | **{b['ratio'][n]:.2f}** | "
+              + ", ".join(f"{r:.2f}" for r in b["ratios"][n]) + " |" for n in b["ratio"]]
+    return lines + [""]
 
 
 def summary(r: dict) -> list[str]:
@@ -291,15 +352,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=None, help="default 6 (--smoke: 1)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: this process measures its own class into FILE
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--base", help="also this class's kernel at a commit before a change, against this tree")
+    parser.add_argument("--rows-worker", action="store_true", help=argparse.SUPPRESS)  # internal: rows_worker's JSON
     args = parser.parse_args(argv)
     args.rounds = args.rounds or (1 if args.smoke else 6)
     args.classes = args.classes or ("native" if args.smoke else ",".join(CLASS_CAPS))
     if args.one:
         Path(args.one).write_text(json.dumps(one_class(args)))
         return
+    if args.rows_worker:
+        print(json.dumps(rows_worker(args.rounds, args.smoke)))
+        return
     info = machine()
+    changes = before_after(args.base, args.rounds, args.smoke) if args.base else None
     classes = per_class(__file__, args.classes.split(","), ["--rounds", str(args.rounds)] + ["--smoke"] * args.smoke)
-    report = {"classes": classes, "machine": finish_machine(info), "command": " ".join(
+    report = {"classes": classes, "before_after": changes, "machine": finish_machine(info), "command": " ".join(
         [".venv/bin/python benchmarks/int8_calls.py", *(sys.argv[1:] if argv is None else argv)])}
     write_reports(report, report_folder(args.out, args.smoke), "int8-calls", to_markdown)
 
