@@ -131,7 +131,7 @@ def pack_vnni(q: Tensor, scale: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """int8 rows q [N, K] and their scales [N] in the layout of rvqspec's VNNI kernel (`int8.cpp`: vnni_linear):
     [ceil(N/16), 4 ceil(K/16), 16, 4] bytes (16 channels x 4 input values per step), float32 scales and int32
     ZERO_POINT x each channel's sum [16 ceil(N/16)], zero-padded. The blocks lie on huge pages where the OS gives them
-    (`int8.cpp`: huge_pages; 2-9 rows through the 0.6B predictor's matrices 0.7-0.9x the time, Zen 4)."""
+    (`int8.cpp`: huge_pages; 1-9 rows through the 0.6B predictor's matrices 0.58-0.70x the time, Zen 4)."""
     n, k = q.shape
     cols, depth = -(-n // VNNI_COLS) * VNNI_COLS, -(-k // VNNI_DEPTH) * VNNI_DEPTH
     padded = F.pad(q, (0, depth - k, 0, cols - n))
