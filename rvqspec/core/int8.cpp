@@ -216,8 +216,8 @@ constexpr int64_t VCOLS = 16, VDEPTH = 16, VROWS = 12;  // a block's channels; K
 // ~R cycles on a line (vpdpbusd's pace) and the hardware prefetcher alone left its loads waiting on memory; fewer
 // rows stream fast enough for the hardware prefetcher, and a software prefetch only slowed them. Through the 0.6B
 // predictor's matrices, weights on huge pages (`huge_pages`), against 4 KiB ahead at every tile on 4 KiB pages (the
-// kernel before; Zen 4, 1 thread, CPU time, medians of interleaved runs, docs/cpu-fast-path.md): 2 rows 0.65x, 4
-// rows 0.73x, 5 rows 0.76x without a prefetch; 6-9 rows 0.67-0.81x and 12 rows 0.83x 8 KiB ahead (2 KiB ahead
+// kernel before; Zen 4, 1 thread, CPU time, medians of interleaved runs: benchmarks/vnni_tile_probe.cpp): 2 rows
+// 0.65x, 4 rows 0.73x, 5 rows 0.76x without a prefetch; 6-9 rows 0.64-0.81x and 12 rows 0.83x 8 KiB ahead (2 KiB ahead
 // 1.2-1.4x; prefetcht0 or prefetchnta worse than t1 from 6 rows); at 9 rows 3.3 ms, 96% of the tile's compute floor
 // (its time with the weights in L1). The activations as vpdpbusd's broadcast memory operand (m32{1to16}, the weights
 // then the unsigned operand) would save the broadcasts but took 2.1-2.8x the time at 9 rows on Zen 4.
