@@ -15,10 +15,10 @@ Per kernel, medians of interleaved rounds:
   on 2 threads), the predictor's AR call, the talker step; alone and beside a busy process (a core taken, as by the
   speech decoder beside the frame loop: 2 threads must not cost more than 1 then).
 
-- with `--base COMMIT`, first this class's kernel before and after a change: the same calls through the matrices in
-  that commit's rvqspec and this tree's, processes of their own alternated `--rounds` times, the thread's CPU time
-  (on a shared machine wall time mostly measures the wait for a core); per side the median over rounds of each
-  process's median, and after / before per round.
+- with `--base COMMIT`, first this class's kernel before and after a change: the same calls through the matrices and
+  the talker's step in that commit's rvqspec and this tree's, processes of their own alternated `--rounds` times, the
+  thread's CPU time (on a shared machine wall time mostly measures the wait for a core); per side the median over
+  rounds of each process's median, and after / before per round.
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/int8_calls.py   # -> results/int8-calls.{json,md}
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/int8_calls.py --base main --classes native
@@ -153,15 +153,17 @@ def rows_worker(rounds: int, smoke: bool) -> dict:
     matmuls = [Int8Matmul(torch.randn(shape, generator=generator) / shape[1] ** 0.5, "w8a8") for shape in shapes]
     inputs = {n: {k: torch.randn(n, k, generator=generator).bfloat16() for k in {s[1] for s in shapes}}
               for n in CHANGE_ROWS}
-    times = {n: [] for n in CHANGE_ROWS}
+    calls = {str(n): lambda x=x: [m(x[m.in_features]) for m in matmuls] for n, x in inputs.items()}
+    times = {name: [] for name in [*calls, "talker step"]}
     with torch.inference_mode():
+        config = SMOKE_TALKER if smoke else TALKER_0_6B
+        calls["talker step"] = stepper(talker_w8a8(config), config)
         for _ in range(3 * rounds + 1):  # the first: warm-up
-            for n, x in inputs.items():
+            for name, call in calls.items():
                 start = time.thread_time()
-                for m in matmuls:
-                    m(x[m.in_features])
-                times[n].append(1e3 * (time.thread_time() - start))
-    return {"kernel": w8a8_kernel(), "ms": {str(n): statistics.median(t[1:]) for n, t in times.items()}}
+                call()
+                times[name].append(1e3 * (time.thread_time() - start))
+    return {"kernel": w8a8_kernel(), "ms": {name: statistics.median(t[1:]) for name, t in times.items()}}
 
 
 def before_after(base: str, rounds: int, smoke: bool) -> dict:
@@ -175,7 +177,7 @@ def before_after(base: str, rounds: int, smoke: bool) -> dict:
             for side, source in (("before", tree), ("after", ROOT)):
                 runs[side].append(worker_result(source, argv, env={"OMP_WAIT_POLICY": "PASSIVE"}))
     ratios = {n: [a["ms"][n] / b["ms"][n] for b, a in zip(runs["before"], runs["after"])]
-              for n in map(str, CHANGE_ROWS)}
+              for n in runs["after"][0]["ms"]}
     side = lambda name: {n: statistics.median(r["ms"][n] for r in runs[name]) for n in ratios}  # noqa: E731
     return {"base": "this tree (--smoke)" if smoke else base, "after_commit": tree_commit(ROOT),
             "kernel": runs["after"][0]["kernel"],
@@ -208,22 +210,26 @@ def predictor(runs: dict, rounds: int, config) -> dict:
     return {"ar_frame_ms": frame, "ar_call_ms": {k: v / 15 for k, v in frame.items()}}
 
 
-def talker(runs: dict, rounds: int, config: TalkerConfig) -> dict:
+def talker_w8a8(config: TalkerConfig):
+    """The talker of `config`, random (seed 0), in bfloat16 quantized to w8a8."""
     torch.manual_seed(0)
     model = Talker(config).bfloat16().eval()
     quantize_linears(model, "w8a8")
-    caches = {}
-    for name in runs:
-        caches[name] = RowCache(model)
-        prefill(model, caches[name], caches[name].add(),
-                torch.randn(PROMPT, config.hidden_size).bfloat16() * 0.05, torch.arange(PROMPT))
-    x = torch.randn(1, config.hidden_size).bfloat16() * 0.05
+    return model
 
-    def one_step(name: str):
-        cache = caches[name]
-        model.codec_head(step(model, cache, x, torch.tensor(cache.lengths)))
-    calls = {name: with_kernel(kernel, int8_matmuls(model), lambda k=name: one_step(k), *how)
-             for name, (kernel, *how) in runs.items()}
+
+def stepper(model, config: TalkerConfig):
+    """A call that runs one decode step and the c0 head, on a cache of its own holding a PROMPT-token prefill."""
+    cache = RowCache(model)
+    prefill(model, cache, cache.add(), torch.randn(PROMPT, config.hidden_size).bfloat16() * 0.05, torch.arange(PROMPT))
+    x = torch.randn(1, config.hidden_size).bfloat16() * 0.05
+    return lambda: model.codec_head(step(model, cache, x, torch.tensor(cache.lengths)))
+
+
+def talker(runs: dict, rounds: int, config: TalkerConfig) -> dict:
+    model = talker_w8a8(config)
+    steps = {name: stepper(model, config) for name in runs}
+    calls = {name: with_kernel(kernel, int8_matmuls(model), steps[name], *how) for name, (kernel, *how) in runs.items()}
     int8_bytes = sum(m.matmul.in_features * m.matmul.out_features for m in model.modules() if hasattr(m, "matmul"))
     return {"step_ms": interleaved(calls, rounds, 3), "int8_bytes": int8_bytes}
 
@@ -302,10 +308,12 @@ def changed(b: dict | None) -> list[str]:
     if b is None:
         return []
     lines = [f"## Before and after: {b['base']} -> {b['after_commit']} ({b['kernel']}, native, 1 thread)", "",
-             "One call through the 0.6B predictor's 20 layer matrices, ms of the thread's CPU time; each side in "
-             f"processes of its own, alternated {len(b['ratios']['1'])} times.", "",
-             "| rows | before | after | after / before | per round |", "|---|---:|---:|---:|---|"]
-    lines += [f"| {n} | {b['before'][n]:.2f} | {b['after'][n]:.2f} | **{b['ratio'][n]:.2f}** | "
+             "Rows through the 0.6B predictor's 20 layer matrices in one call each, and the 0.6B talker's step with "
+             "its c0 head; ms of the thread's CPU time; each side in processes of its own, alternated "
+             f"{len(b['ratios']['1'])} times.", "",
+             "| call | before | after | after / before | per round |", "|---|---:|---:|---:|---|"]
+    label = lambda n: {"1": "1 row"}.get(n, f"{n} rows" if n.isdigit() else n)  # noqa: E731
+    lines += [f"| {label(n)} | {b['before'][n]:.2f} | {b['after'][n]:.2f} | **{b['ratio'][n]:.2f}** | "
               + ", ".join(f"{r:.2f}" for r in b["ratios"][n]) + " |" for n in b["ratio"]]
     return lines + [""]
 
