@@ -81,6 +81,14 @@ def openmp() -> list[str]:
     return ["-fopenmp"] if platform.system() == "Linux" and on_openmp else []
 
 
+def on_huge_pages(t: Tensor) -> Tensor:
+    """A contiguous copy of `t` on transparent huge pages where it is a CPU tensor of 2 MiB or more, the kernels are
+    built and the OS gives them (`int8.cpp`: huge_pages), else `t` contiguous: packed weights that a call streams from
+    memory (docs/cpu-fast-path.md, "Huge pages")."""
+    module = kernels() if t.device.type == "cpu" else None
+    return module.huge_pages(t) if module is not None else t.contiguous()
+
+
 def kernels():
     """The compiled kernels, or None where they cannot be built (warned about once)."""
     if _state["tried"]:  # the hot path: decided already (set once the attempt is over), no lock

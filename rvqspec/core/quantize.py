@@ -119,25 +119,26 @@ def int8_kernels():
 
 def pack_int8(q: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
     """int8 rows q [N, K] and their scales [N] in the layout of rvqspec's kernels (`int8.cpp`): [ceil(N/4), ceil(K/16),
-    4, 16] bytes and float32 scales [4 ceil(N/4)], zero-padded."""
+    4, 16] bytes and float32 scales [4 ceil(N/4)], zero-padded; the blocks on huge pages (`fused.on_huge_pages`: AVX2
+    w8a8 0.81x the time at one row, 0.91x at 9, Zen 4 under the caps, docs/cpu-fast-path.md)."""
     n, k = q.shape
     cols, depth = -(-n // PACK_COLS) * PACK_COLS, -(-k // PACK_DEPTH) * PACK_DEPTH
     padded = F.pad(q, (0, depth - k, 0, cols - n))
     blocks = padded.reshape(cols // PACK_COLS, PACK_COLS, depth // PACK_DEPTH, PACK_DEPTH).permute(0, 2, 1, 3)
-    return blocks.contiguous(), F.pad(scale.float(), (0, cols - n), value=1.0)
+    return fused.on_huge_pages(blocks), F.pad(scale.float(), (0, cols - n), value=1.0)
 
 
 def pack_vnni(q: Tensor, scale: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """int8 rows q [N, K] and their scales [N] in the layout of rvqspec's VNNI kernel (`int8.cpp`: vnni_linear):
     [ceil(N/16), 4 ceil(K/16), 16, 4] bytes (16 channels x 4 input values per step), float32 scales and int32
     ZERO_POINT x each channel's sum [16 ceil(N/16)], zero-padded. The blocks lie on huge pages where the OS gives them
-    (`int8.cpp`: huge_pages; 1-9 rows through the 0.6B predictor's matrices 0.58-0.70x the time, Zen 4)."""
+    (`fused.on_huge_pages`; 1-9 rows through the 0.6B predictor's matrices 0.58-0.70x the time, Zen 4)."""
     n, k = q.shape
     cols, depth = -(-n // VNNI_COLS) * VNNI_COLS, -(-k // VNNI_DEPTH) * VNNI_DEPTH
     padded = F.pad(q, (0, depth - k, 0, cols - n))
     blocks = padded.reshape(cols // VNNI_COLS, VNNI_COLS, depth // 4, 4).permute(0, 2, 1, 3)
     offsets = (padded.sum(1, dtype=torch.int32) * ZERO_POINT).to(torch.int32)
-    return int8_kernels().huge_pages(blocks), F.pad(scale.float(), (0, cols - n), value=1.0), offsets
+    return fused.on_huge_pages(blocks), F.pad(scale.float(), (0, cols - n), value=1.0), offsets
 
 
 def pack_rows(q: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
