@@ -5,7 +5,7 @@ The call's path (`device_path.DevicePath`) is resolved here, from the model's de
 read `ctx.path` and `ctx.captured` to pick an implementation, never a device type or an argument's type.
 
 Draws. A context holds each row's Exp(1) noise for the frame, [batch, G-1, V], drawn once from the row's own generator
-(`sampling.fill_noise`), and every draw of code c_j is argmax(p~ / the row's noise for c_j) (`RoundContext.sample`),
+(`sampling.fill_noise`; where the draws are native, as the float64 uniforms the values are made of), and every draw of code c_j is argmax(p~ / the row's noise for c_j) (`RoundContext.sample`),
 torch.multinomial's draw. So a row's codes and its generator's use depend on nothing but its own frame: the same
 bits alone and in any batch, AR or speculative, on every walk and through captured calls; and since each emitted code
 is one draw from p~ given its true prefix with noise no other code uses, the codes keep AR's distribution.
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from rvqspec.core import device_path
+from rvqspec.core import device_path, draw
 from rvqspec.core.device_path import DevicePath
 from rvqspec.core.model import KVCache, MultiCodeDecoder, additive_mask
 from rvqspec.core.sampling import Generators, Sampler, fill_noise, row_generators
@@ -143,9 +143,10 @@ def frame_noise(model: MultiCodeDecoder, sampler: Sampler, generator: Generators
     `noise` if given. Padding rows (past `rows`) take nothing from the generators."""
     if not sampler.do_sample:
         return None
-    if noise is None:
-        c = model.config
-        noise = torch.ones(batch, c.num_residual_codes, c.vocab_size, device=model.device)
+    if noise is None:  # as uniforms where the draws are native: they make the few Exp(1) values they read
+        c, uniforms = model.config, draw.takes_uniforms(model.device, sampler.top_p)
+        noise = torch.ones(batch, c.num_residual_codes, c.vocab_size, device=model.device,
+                           dtype=torch.float64 if uniforms else torch.float32)
     return fill_noise(noise, row_generators(generator, rows))
 
 
