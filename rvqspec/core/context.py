@@ -115,10 +115,10 @@ class RoundContext:
         if self.noise is None:
             return self.sampler.sample_noise(logits, None)
         if isinstance(codebooks, int):
-            return self.sampler.sample_noise(logits, self.noise[:, codebooks - 1])
+            return self.sampler.sample_noise(logits, self.noise[:, codebooks - 1])  # a view (captured calls too)
         if isinstance(codebooks, list):
             rows = list(range(len(codebooks))) if rows is None else rows
-            return self.sampler.sample_noise(logits, pick(self.noise, rows, [c - 1 for c in codebooks]))
+            return self.sampler.sample_noise(logits, self.noise, rows, [c - 1 for c in codebooks])
         index = codebooks - 1
         return self.sampler.sample_noise(logits, self.noise[torch.arange(len(index), device=index.device), index])
 
@@ -203,7 +203,9 @@ def build_plan(tree: Tree, groups: int, device: torch.device, dtype: torch.dtype
 
 def pick(rows: Tensor, index: list[int], within: list[int] | None = None) -> Tensor:
     """rows[index[i]] (or rows[index[i], within[i]]) for each i, stacked: host indices, so one index is a view (no
-    copy, no index tensor to make: what a round of one row takes, many times a frame), more an indexing copy."""
+    copy, no index tensor to make, one indexing call: what a round of one row takes, many times a frame), more an
+    indexing copy."""
     if len(index) == 1:
-        return (rows[index[0]] if within is None else rows[index[0], within[0]])[None]
+        first = index[0]
+        return rows[first:first + 1] if within is None else rows[first:first + 1, within[0]]
     return rows[index] if within is None else rows[index, within]

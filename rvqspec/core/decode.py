@@ -311,7 +311,7 @@ def keep_draws(codes: Tensor, k: Tensor, k_host: list[int], draws: Tensor) -> No
     """Each row's draws [B, d] into its codes [B, ...] as c_{k+1}..c_{k+d}; those past what a row emitted land on
     codes a later round overwrites. One row: a slice copy (one op, no index tensors)."""
     if len(k_host) == 1:
-        codes[0, k_host[0]:k_host[0] + draws.shape[1]] = draws[0]
+        codes[:, k_host[0]:k_host[0] + draws.shape[1]] = draws
     else:
         codes.scatter_(1, k[:, None] + torch.arange(draws.shape[1], device=k.device), draws)
 

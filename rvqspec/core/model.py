@@ -174,9 +174,8 @@ class KVCache:
         """In every layer and for each row b, copy the entries at slots src[b] to slots dst[b] (KV compaction).
 
         src, dst: [batch, n]; the n destinations of a row are distinct."""
-        if src.shape[0] == 1:  # one row (a stream alone; rounds move it often): two index ops, a third of the cost
-            kv = self.kv[:, :, 0]
-            kv.index_copy_(3, dst[0], kv.index_select(3, src[0]))
+        if src.shape[0] == 1 == self.kv.shape[2]:  # one row (a stream alone; rounds move it often): two index ops
+            self.kv.index_copy_(4, dst.view(-1), self.kv.index_select(4, src.view(-1)))
             return
         rows = torch.arange(src.shape[0], device=src.device)[:, None]
         self.kv[:, :, rows, :, dst] = self.kv[:, :, rows, :, src]
