@@ -175,7 +175,8 @@ class KVCache:
 
         src, dst: [batch, n]; the n destinations of a row are distinct."""
         if src.shape[0] == 1 == self.kv.shape[2]:  # one row (a stream alone; rounds move it often): two index ops
-            self.kv.index_copy_(4, dst.view(-1), self.kv.index_select(4, src.view(-1)))
+            blocks = self.kv.view(-1, self.slots, self.kv.shape[-1])  # [slots, head_dim] per layer, k/v and head
+            blocks.index_copy_(1, dst.view(-1), blocks.index_select(1, src.view(-1)))  # 3-D: ~3x faster than 6-D
             return
         rows = torch.arange(src.shape[0], device=src.device)[:, None]
         self.kv[:, :, rows, :, dst] = self.kv[:, :, rows, :, src]
