@@ -1,7 +1,7 @@
 """Issue 51, item 1 (the speculative predictor frame's glue): a frame's noise held as the float64 uniforms torch's
 exponential_ makes its Exp(1) values from, made into them by the native draw for the tokens it reads. The values, the
-generator's stream and so every seeded code are those of the float32 noise; the draw reads a frame's noise in place
-(host (row, code) pairs) and takes bfloat16 logits as their float32 widening."""
+generator's stream and so every seeded code are those of the float32 noise; the draw takes bfloat16 logits as their
+float32 widening."""
 
 import pytest
 import torch
@@ -48,18 +48,6 @@ def test_the_native_draw_on_uniforms_is_its_draw_on_their_exponential_noise(temp
 
 
 @native
-def test_the_native_draw_reads_a_frames_noise_at_row_code_pairs():
-    logits, uniforms, _ = noise_pair(1, rows=6)
-    frame = torch.stack([uniforms.flip(0), uniforms], dim=1)  # [6, 2, V]: logits row i's noise at frame (i, 1)
-    rows, codes = [5, 0, 3, 3, 1, 2], [0, 1, 1, 0, 1, 0]
-    picked = frame[rows, codes]
-    sampler = Sampler()
-    assert torch.equal(sampler.sample_noise(logits, frame, rows, codes), sampler.sample_noise(logits, picked))
-    with pytest.raises(RuntimeError, match="outside the noise"):
-        draw.draws(logits, frame, 0.9, 50, [6, 0] * 6)
-
-
-@native
 def test_the_native_draw_takes_bfloat16_logits_as_their_float32_widening():
     logits, uniforms, noise = noise_pair(2)
     half = logits.bfloat16()
@@ -92,3 +80,13 @@ def test_seeded_codes_are_the_same_with_uniform_noise(speculative, monkeypatch):
     uniform = codes()
     monkeypatch.setattr(draw, "takes_uniforms", lambda device, top_p: False)
     assert torch.equal(uniform, codes())
+
+
+@native
+def test_a_sampler_that_draws_its_own_way_gets_exp_noise():
+    class Own(Sampler):
+        def sample_noise(self, logits, noise):
+            return super().sample_noise(logits, noise)
+
+    model = tiny_model(seed=1, hidden=64, layers=1, vocab=64)
+    assert frame_noise(model, Own(), None, 1, 1).dtype == torch.float32

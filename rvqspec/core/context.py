@@ -115,10 +115,10 @@ class RoundContext:
         if self.noise is None:
             return self.sampler.sample_noise(logits, None)
         if isinstance(codebooks, int):
-            return self.sampler.sample_noise(logits, self.noise[:, codebooks - 1])  # a view (captured calls too)
+            return self.sampler.sample_noise(logits, self.noise[:, codebooks - 1])
         if isinstance(codebooks, list):
             rows = list(range(len(codebooks))) if rows is None else rows
-            return self.sampler.sample_noise(logits, self.noise, rows, [c - 1 for c in codebooks])
+            return self.sampler.sample_noise(logits, pick(self.noise, rows, [c - 1 for c in codebooks]))
         index = codebooks - 1
         return self.sampler.sample_noise(logits, self.noise[torch.arange(len(index), device=index.device), index])
 
@@ -144,9 +144,12 @@ def frame_noise(model: MultiCodeDecoder, sampler: Sampler, generator: Generators
     if not sampler.do_sample:
         return None
     if noise is None:  # as uniforms where the draws are native: they make the few Exp(1) values they read
-        c, uniforms = model.config, draw.takes_uniforms(model.device, sampler.top_p)
-        noise = torch.ones(batch, c.num_residual_codes, c.vocab_size, device=model.device,
-                           dtype=torch.float64 if uniforms else torch.float32)
+        own = type(sampler).sample_noise is Sampler.sample_noise  # a subclass's own draw gets Exp(1) values
+        c, uniforms = model.config, own and draw.takes_uniforms(model.device, sampler.top_p)
+        noise = torch.empty(batch, c.num_residual_codes, c.vocab_size, device=model.device,
+                            dtype=torch.float64 if uniforms else torch.float32)
+        if batch > rows:
+            noise[rows:].fill_(0.5)  # padding rows: any valid noise (their draws are ignored)
     return fill_noise(noise, row_generators(generator, rows))
 
 

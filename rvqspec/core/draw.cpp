@@ -140,46 +140,33 @@ int64_t draw_row(const L* logits, const T* noise, int64_t v, float temperature, 
   return best;
 }
 
-// Every row of logits (L) with its noise row (T): noise row b, or where `pairs` holds (row, code) pairs, the noise
-// [B, C, V]'s row pairs[2b], code pairs[2b + 1].
+// Every row of logits (L) with its noise row (T).
 template <typename L, typename T>
-void draw_rows(const at::Tensor& logits, const at::Tensor& noise, const std::vector<int64_t>& pairs, float temperature,
-               int64_t top_k, at::Tensor& out) {
+void draw_rows(const at::Tensor& logits, const at::Tensor& noise, float temperature, int64_t top_k, at::Tensor& out) {
   const int64_t v = logits.size(1);
   Buffers buffers{std::vector<float>(v), std::vector<float>(v), {}, {}};
-  for (int64_t b = 0; b < logits.size(0); ++b) {
-    const int64_t offset = pairs.empty() ? b * noise.stride(0)
-                                         : pairs[2 * b] * noise.stride(0) + pairs[2 * b + 1] * noise.stride(1);
-    out.data_ptr<int64_t>()[b] = draw_row(logits.data_ptr<L>() + b * logits.stride(0), noise.data_ptr<T>() + offset,
-                                          v, temperature, top_k, buffers);
-  }
+  for (int64_t b = 0; b < logits.size(0); ++b)
+    out.data_ptr<int64_t>()[b] = draw_row(logits.data_ptr<L>() + b * logits.stride(0),
+                                          noise.data_ptr<T>() + b * noise.stride(0), v, temperature, top_k, buffers);
 }
 
-at::Tensor draws(const at::Tensor& logits, const at::Tensor& noise, double temperature, int64_t top_k,
-                 const std::vector<int64_t>& pairs) {
-  const int64_t n = logits.size(0), v = logits.size(-1);
-  TORCH_CHECK(logits.dim() == 2 && v > 0 && noise.size(-1) == v && noise.stride(-1) == 1 && logits.stride(1) == 1,
-              "draws: logits [n, V] and noise [..., V], rows of unit stride");
-  TORCH_CHECK(pairs.empty() ? noise.dim() == 2 && noise.size(0) == n
-                            : noise.dim() == 3 && static_cast<int64_t>(pairs.size()) == 2 * n,
-              "draws: noise [n, V], or [B, C, V] and a (row, code) pair per row of logits");
-  for (size_t i = 0; i < pairs.size(); ++i)
-    TORCH_CHECK(pairs[i] >= 0 && pairs[i] < noise.size(i % 2), "draws: a (row, code) pair outside the noise");
+at::Tensor draws(const at::Tensor& logits, const at::Tensor& noise, double temperature, int64_t top_k) {
+  TORCH_CHECK(logits.dim() == 2 && logits.sizes() == noise.sizes(), "draws: logits and noise [n, V]");
+  TORCH_CHECK(logits.stride(1) == 1 && noise.stride(1) == 1 && logits.size(1) > 0, "draws: rows of unit stride");
   const bool wide = logits.scalar_type() == at::kFloat, uniforms = noise.scalar_type() == at::kDouble;
   TORCH_CHECK((wide || logits.scalar_type() == at::kBFloat16) && (uniforms || noise.scalar_type() == at::kFloat),
               "draws: float32 or bfloat16 logits, float32 Exp(1) noise or its float64 uniforms");
-  at::Tensor out = at::empty({n}, logits.options().dtype(at::kLong));
+  at::Tensor out = at::empty({logits.size(0)}, logits.options().dtype(at::kLong));
   const float t = static_cast<float>(temperature);
-  if (wide) uniforms ? draw_rows<float, double>(logits, noise, pairs, t, top_k, out)
-                     : draw_rows<float, float>(logits, noise, pairs, t, top_k, out);
-  else uniforms ? draw_rows<at::BFloat16, double>(logits, noise, pairs, t, top_k, out)
-                : draw_rows<at::BFloat16, float>(logits, noise, pairs, t, top_k, out);
+  if (wide) uniforms ? draw_rows<float, double>(logits, noise, t, top_k, out)
+                     : draw_rows<float, float>(logits, noise, t, top_k, out);
+  else uniforms ? draw_rows<at::BFloat16, double>(logits, noise, t, top_k, out)
+                : draw_rows<at::BFloat16, float>(logits, noise, t, top_k, out);
   return out;
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("draws", &draws, py::arg("logits"), py::arg("noise"), py::arg("temperature"), py::arg("top_k"),
-        py::arg("pairs") = std::vector<int64_t>{}, py::call_guard<py::gil_scoped_release>());
+  m.def("draws", &draws, py::call_guard<py::gil_scoped_release>());
 }

@@ -68,17 +68,15 @@ def takes_uniforms(device: torch.device, top_p: float) -> bool:
     return device.type == "cpu" and top_p == 1.0 and fused.on() and kernel() is not None
 
 
-def draws(logits: Tensor, noise: Tensor, temperature: float, top_k: int, at: list[int] | None = None
-          ) -> Tensor | None:
+def draws(logits: Tensor, noise: Tensor, temperature: float, top_k: int) -> Tensor | None:
     """argmax(softmax(top-k(logits / temperature)) / noise) per row of logits [n, V] (any float dtype) and noise
-    [n, V]: Exp(1) values (float32) or their uniforms (float64, module docstring); with `at`, noise [B, C, V] and
-    logits row i takes its row at[2i], code at[2i + 1] (host indices: no torch op picks them): LongTensor [n]. None
-    where the native call does not apply (not a CPU tensor, the fast path off, not built). Few Python steps: a frame
-    makes ~15-20 draws, each between calls that leave the caches cold."""
+    [n, V]: Exp(1) values (float32) or their uniforms (float64, module docstring): LongTensor [n]; None where the native
+    call does not apply (not a CPU tensor, the fast path off, not built). Few Python steps: a frame makes ~15-20 draws,
+    each between calls that leave the caches cold."""
     if not logits.is_cpu or not fused.on():  # asked first: where the path is off, nothing is built
         return None
     module = kernel()
     if module is None:
         return None
     native = logits.dtype == torch.float32 or logits.dtype == torch.bfloat16  # bfloat16 widened in the call
-    return module.draws(logits if native else logits.float(), noise, temperature, top_k, at or [])
+    return module.draws(logits if native else logits.float(), noise, temperature, top_k)

@@ -69,20 +69,16 @@ class Sampler:
             return logits.float().argmax(-1)
         return torch.multinomial(self.process(logits).softmax(-1), 1, generator=generator).squeeze(-1)
 
-    def sample_noise(self, logits: Tensor, noise: Tensor | None, rows: list[int] | None = None,
-                     codes: list[int] | None = None) -> Tensor:
+    def sample_noise(self, logits: Tensor, noise: Tensor | None) -> Tensor:
         """One draw per row of `logits` [N, V] given its Exp(1) noise [N, V] (`fill_noise`: float32, or float64
         uniforms; None when greedy): argmax(p~ / noise), the very draw torch.multinomial makes for one sample (it makes
-        the noise itself). With `rows` and `codes` (host lists), noise is a frame's [B, G-1, V] and row i of logits
-        takes noise[rows[i], codes[i]]. Without top-p on a CPU, one native call (`draw`: p~ may differ from torch's
-        softmax in its last bits; it reads the picked noise in place)."""
+        the noise itself). Without top-p on a CPU, one native call (`draw`: p~ may differ from torch's softmax in its
+        last bits)."""
         if not self.do_sample:
             return logits.float().argmax(-1)
-        at = None if rows is None else [i for pair in zip(rows, codes) for i in pair]
-        drawn = draw.draws(logits, noise, self.temperature, self.top_k, at) if self.top_p == 1.0 else None
+        drawn = draw.draws(logits, noise, self.temperature, self.top_k) if self.top_p == 1.0 else None
         if drawn is not None:
             return drawn
-        noise = noise if rows is None else noise[rows, codes]
         return self.process(logits).softmax(-1).div_(exponential(noise)).argmax(-1)  # in place: the same bits
 
 
