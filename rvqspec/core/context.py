@@ -5,10 +5,11 @@ The call's path (`device_path.DevicePath`) is resolved here, from the model's de
 read `ctx.path` and `ctx.captured` to pick an implementation, never a device type or an argument's type.
 
 Draws. A context holds each row's Exp(1) noise for the frame, [batch, G-1, V], drawn once from the row's own generator
-(`sampling.fill_noise`; where the draws are native, as the float64 uniforms the values are made of), and every draw of code c_j is argmax(p~ / the row's noise for c_j) (`RoundContext.sample`),
-torch.multinomial's draw. So a row's codes and its generator's use depend on nothing but its own frame: the same
-bits alone and in any batch, AR or speculative, on every walk and through captured calls; and since each emitted code
-is one draw from p~ given its true prefix with noise no other code uses, the codes keep AR's distribution.
+(`sampling.fill_noise`; where the draws are native, as the float64 uniforms the values are made of), and every draw of
+code c_j is argmax(p~ / the row's noise for c_j) (`RoundContext.sample`), torch.multinomial's draw. So a row's codes
+and its generator's use depend on nothing but its own frame: the same bits alone and in any batch, AR or speculative,
+on every walk and through captured calls; and since each emitted code is one draw from p~ given its true prefix with
+noise no other code uses, the codes keep AR's distribution.
 
 The tree's plan (`TreePlan`) is built here too, once per (tree, code groups, device, dtype), and kept in a bounded
 cache on the decoding side (least recently used first out), never on the caller's `Tree`.

@@ -1,8 +1,9 @@
 // The deployed sampler's draw in one call (rvqspec/core/draw.py): per row of logits [n, V] (float32, or bfloat16
 // widened here) and its Exp(1) noise [n, V], the temperature, top-k (ties at the k-th kept) and softmax of
-// `Sampler.process`, then argmax(p / noise), the draw `Sampler.sample_noise` makes with ~7 torch ops. Scalar and in a fixed order, with an exp of its own and
-// no contraction (built with -ffp-contract=off, for no particular CPU): the same bits on every CPU class. Against
-// torch's softmax (its own exp, vectorised sums) p differs in the last bits, so a draw can differ at a near-tie.
+// `Sampler.process`, then argmax(p / noise), the draw `Sampler.sample_noise` makes with ~7 torch ops. Scalar and in
+// a fixed order, with an exp of its own and no contraction (built with -ffp-contract=off, for no particular CPU): the
+// same bits on every CPU class. Against torch's softmax (its own exp, vectorised sums) p differs in the last bits, so
+// a draw can differ at a near-tie.
 // The noise may come as the float64 uniforms u it is made of (`sampling.fill_noise`): a row's Exp(1) value is then
 // made here for its kept tokens only (~50 of V), as torch's exponential_ makes it from u (float(-log1p(-u))).
 #include <torch/extension.h>

@@ -174,7 +174,7 @@ class KVCache:
         """In every layer and for each row b, copy the entries at slots src[b] to slots dst[b] (KV compaction).
 
         src, dst: [batch, n]; the n destinations of a row are distinct."""
-        if src.shape[0] == 1 == self.kv.shape[2]:  # one row (a stream alone; rounds move it often): two index ops
+        if src.shape[0] == 1 == self.kv.shape[2] and self.kv.is_contiguous():  # one row (a stream alone): two ops
             blocks = self.kv.view(-1, self.slots, self.kv.shape[-1])  # [slots, head_dim] per layer, k/v and head
             blocks.index_copy_(1, dst.view(-1), blocks.index_select(1, src.view(-1)))  # 3-D: ~3x faster than 6-D
             return
