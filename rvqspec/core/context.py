@@ -5,10 +5,11 @@ The call's path (`device_path.DevicePath`) is resolved here, from the model's de
 read `ctx.path` and `ctx.captured` to pick an implementation, never a device type or an argument's type.
 
 Draws. A context holds each row's Exp(1) noise for the frame, [batch, G-1, V], drawn once from the row's own generator
-(`sampling.fill_noise`), and every draw of code c_j is argmax(p~ / the row's noise for c_j) (`RoundContext.sample`),
-torch.multinomial's draw. So a row's codes and its generator's use depend on nothing but its own frame: the same
-bits alone and in any batch, AR or speculative, on every walk and through captured calls; and since each emitted code
-is one draw from p~ given its true prefix with noise no other code uses, the codes keep AR's distribution.
+(`sampling.fill_noise`; where the draws are native, as the float64 uniforms the values are made of), and every draw of
+code c_j is argmax(p~ / the row's noise for c_j) (`RoundContext.sample`), torch.multinomial's draw. So a row's codes
+and its generator's use depend on nothing but its own frame: the same bits alone and in any batch, AR or speculative,
+on every walk and through captured calls; and since each emitted code is one draw from p~ given its true prefix with
+noise no other code uses, the codes keep AR's distribution.
 
 The tree's plan (`TreePlan`) is built here too, once per (tree, code groups, device, dtype), and kept in a bounded
 cache on the decoding side (least recently used first out), never on the caller's `Tree`.
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from rvqspec.core import device_path
+from rvqspec.core import device_path, draw
 from rvqspec.core.device_path import DevicePath
 from rvqspec.core.model import KVCache, MultiCodeDecoder, additive_mask
 from rvqspec.core.sampling import Generators, Sampler, fill_noise, row_generators
@@ -143,9 +144,13 @@ def frame_noise(model: MultiCodeDecoder, sampler: Sampler, generator: Generators
     `noise` if given. Padding rows (past `rows`) take nothing from the generators."""
     if not sampler.do_sample:
         return None
-    if noise is None:
-        c = model.config
-        noise = torch.ones(batch, c.num_residual_codes, c.vocab_size, device=model.device)
+    if noise is None:  # as uniforms where the draws are native: they make the few Exp(1) values they read
+        own = type(sampler).sample_noise is Sampler.sample_noise  # a subclass's own draw gets Exp(1) values
+        c, uniforms = model.config, own and draw.takes_uniforms(model.device, sampler.top_p)
+        noise = torch.empty(batch, c.num_residual_codes, c.vocab_size, device=model.device,
+                            dtype=torch.float64 if uniforms else torch.float32)
+        if batch > rows:
+            noise[rows:].fill_(0.5)  # padding rows: any valid noise (their draws are ignored)
     return fill_noise(noise, row_generators(generator, rows))
 
 
@@ -202,7 +207,9 @@ def build_plan(tree: Tree, groups: int, device: torch.device, dtype: torch.dtype
 
 def pick(rows: Tensor, index: list[int], within: list[int] | None = None) -> Tensor:
     """rows[index[i]] (or rows[index[i], within[i]]) for each i, stacked: host indices, so one index is a view (no
-    copy, no index tensor to make: what a round of one row takes, many times a frame), more an indexing copy."""
+    copy, no index tensor to make, one indexing call: what a round of one row takes, many times a frame), more an
+    indexing copy."""
     if len(index) == 1:
-        return (rows[index[0]] if within is None else rows[index[0], within[0]])[None]
+        first = index[0]
+        return rows[first:first + 1] if within is None else rows[first:first + 1, within[0]]
     return rows[index] if within is None else rows[index, within]

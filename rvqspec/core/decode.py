@@ -311,7 +311,7 @@ def keep_draws(codes: Tensor, k: Tensor, k_host: list[int], draws: Tensor) -> No
     """Each row's draws [B, d] into its codes [B, ...] as c_{k+1}..c_{k+d}; those past what a row emitted land on
     codes a later round overwrites. One row: a slice copy (one op, no index tensors)."""
     if len(k_host) == 1:
-        codes[0, k_host[0]:k_host[0] + draws.shape[1]] = draws[0]
+        codes[:, k_host[0]:k_host[0] + draws.shape[1]] = draws
     else:
         codes.scatter_(1, k[:, None] + torch.arange(draws.shape[1], device=k.device), draws)
 
@@ -345,7 +345,7 @@ def round_on_device(ctx: RoundContext, k: Tensor, k_host: list[int] | None, root
     model, plan, cache = ctx.model, ctx.plan, ctx.cache
     # 1. Drafts from h_k: the top-m candidates per depth, picked by the tree's (depth, rank) nodes.
     top = ctx.drafter.candidates(ctx, hidden_k, ctx.positions(k, k_host))
-    tokens = torch.cat([root[:, None], top.flatten(1)[:, plan.draft_index]], dim=1)  # [B, q]
+    tokens = torch.cat([root[:, None], top.flatten(1).index_select(1, plan.draft_index)], dim=1)  # [B, q]
     # 2. Verify every row's tree in one call (rows at one k share its positions, tables and mask, as AR steps do).
     positions, tables, masks = plan.at(k, k_host)
     hidden = model(model.embed_codes(tokens, tables), positions, masks, cache, plan.scratch, ctx.path)

@@ -75,7 +75,8 @@ class Drafter(nn.Module):
         depth, path = depth or self.depth, path or device_path.choose(hidden.device, hidden.dtype)
         reach = depth if path.static_shapes else min(depth, model.config.num_residual_codes - min(positions))
         per_depth = [self.head(model, hidden, positions, j, path, rank_only) for j in range(1, reach + 1)]
-        per_depth += [hidden.new_zeros(len(positions), model.config.vocab_size)] * (depth - len(per_depth))
+        if reach < depth:
+            per_depth += [hidden.new_zeros(len(positions), model.config.vocab_size)] * (depth - reach)
         return torch.stack(per_depth, dim=1)
 
     def candidates(self, ctx: RoundContext, hidden: Tensor, positions: list[int] | Tensor) -> Tensor:

@@ -1,8 +1,11 @@
-// The deployed sampler's draw in one call (rvqspec/core/draw.py): per row of logits [n, V] and its Exp(1) noise
-// [n, V], the temperature, top-k (ties at the k-th kept) and softmax of `Sampler.process`, then argmax(p / noise),
-// the draw `Sampler.sample_noise` makes with ~7 torch ops. Scalar and in a fixed order, with an exp of its own and
-// no contraction (built with -ffp-contract=off, for no particular CPU): the same bits on every CPU class. Against
-// torch's softmax (its own exp, vectorised sums) p differs in the last bits, so a draw can differ at a near-tie.
+// The deployed sampler's draw in one call (rvqspec/core/draw.py): per row of logits [n, V] (float32, or bfloat16
+// widened here) and its Exp(1) noise [n, V], the temperature, top-k (ties at the k-th kept) and softmax of
+// `Sampler.process`, then argmax(p / noise), the draw `Sampler.sample_noise` makes with ~7 torch ops. Scalar and in
+// a fixed order, with an exp of its own and no contraction (built with -ffp-contract=off, for no particular CPU): the
+// same bits on every CPU class. Against torch's softmax (its own exp, vectorised sums) p differs in the last bits, so
+// a draw can differ at a near-tie.
+// The noise may come as the float64 uniforms u it is made of (`sampling.fill_noise`): a row's Exp(1) value is then
+// made here for its kept tokens only (~50 of V), as torch's exponential_ makes it from u (float(-log1p(-u))).
 #include <torch/extension.h>
 
 #include <algorithm>
@@ -11,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -70,20 +74,33 @@ float largest(const float* x, int64_t v) {
   return *std::max_element(lane, lane + 8);
 }
 
-// Whether noise[0..v) holds a zero (Exp(1) draws one rarely): p / noise is then NaN or inf there.
-bool has_zero(const float* noise, int64_t v) {
+// torch's Exp(1) value from its uniform u in [0, 1) (exponential_ on a CPU: -1 / lambda * log1p(-u) in double, then
+// float): the same bits as the noise exponential_ draws from the same generator.
+float exponential(double u) { return static_cast<float>(-1.0 * std::log1p(-u)); }
+
+// A row's noise: Exp(1) values (float) or the uniforms they come from (double, made into Exp(1) values on reading).
+template <typename T>
+float noise_at(const T* noise, int64_t i) {
+  if constexpr (std::is_same_v<T, double>) return exponential(noise[i]);
+  else return noise[i];
+}
+
+// Whether noise[0..v) holds a zero (Exp(1) draws one rarely, from u = 0): p / noise is then NaN or inf there.
+template <typename T>
+bool has_zero(const T* noise, int64_t v) {
   int zero = 0;
-  for (int64_t i = 0; i < v; ++i) zero |= noise[i] == 0.f;
+  for (int64_t i = 0; i < v; ++i) zero |= noise[i] == 0;
   return zero;
 }
 
 // argmax over i of weights[i] * inverse / noise[i], torch.argmax's way: the first on ties, the first NaN wins.
-int64_t argmax_all(const float* weights, const float* noise, int64_t v, float inverse) {
+template <typename T>
+int64_t argmax_all(const float* weights, const T* noise, int64_t v, float inverse) {
   int64_t best = 0;
-  float best_value = weights[0] * inverse / noise[0];
+  float best_value = weights[0] * inverse / noise_at(noise, 0);
   if (best_value != best_value) return 0;
   for (int64_t i = 1; i < v; ++i) {
-    const float value = weights[i] * inverse / noise[i];
+    const float value = weights[i] * inverse / noise_at(noise, i);
     if (value != value) return i;
     if (value > best_value) best = i, best_value = value;
   }
@@ -93,11 +110,11 @@ int64_t argmax_all(const float* weights, const float* noise, int64_t v, float in
 // One row: argmax over i of p_i / noise_i (as torch.argmax), p = softmax of the kept scores (exp(s - max) *
 // (1 / their sum), 0 elsewhere). Only a kept token can win (p > 0 for the largest, 0 elsewhere) unless a noise value
 // is 0 (0 / 0 = NaN wins): then every token is visited.
-int64_t draw_row(const float* logits, const float* noise, int64_t v, float temperature, int64_t top_k,
-                 Buffers& buffers) {
-  std::vector<float>& scores = buffers.scores;
+template <typename L, typename T>
+int64_t draw_row(const L* logits, const T* noise, int64_t v, float temperature, int64_t top_k, Buffers& buffers) {
+  std::vector<float>& scores = buffers.scores;  // float32 logits (a bfloat16 one widened: exact), / temperature
   if (temperature == 1.f) std::copy(logits, logits + v, scores.begin());
-  else for (int64_t i = 0; i < v; ++i) scores[i] = logits[i] / temperature;
+  else for (int64_t i = 0; i < v; ++i) scores[i] = static_cast<float>(logits[i]) / temperature;
   const float top = largest(scores.data(), v);
   const float kth = top_k > 0 && top_k < v ? kth_largest(scores, top_k, buffers.candidates)
                                            : -std::numeric_limits<float>::infinity();
@@ -117,25 +134,35 @@ int64_t draw_row(const float* logits, const float* noise, int64_t v, float tempe
   int64_t best = kept[0];
   float best_value = -1.f;
   for (const int64_t i : kept) {
-    const float value = weights[i] * inverse / noise[i];
+    const float value = weights[i] * inverse / noise_at(noise, i);
     if (value != value) return i;
     if (value > best_value) best = i, best_value = value;
   }
   return best;
 }
 
+// Every row of logits (L) with its noise row (T).
+template <typename L, typename T>
+void draw_rows(const at::Tensor& logits, const at::Tensor& noise, float temperature, int64_t top_k, at::Tensor& out) {
+  const int64_t v = logits.size(1);
+  Buffers buffers{std::vector<float>(v), std::vector<float>(v), {}, {}};
+  for (int64_t b = 0; b < logits.size(0); ++b)
+    out.data_ptr<int64_t>()[b] = draw_row(logits.data_ptr<L>() + b * logits.stride(0),
+                                          noise.data_ptr<T>() + b * noise.stride(0), v, temperature, top_k, buffers);
+}
+
 at::Tensor draws(const at::Tensor& logits, const at::Tensor& noise, double temperature, int64_t top_k) {
   TORCH_CHECK(logits.dim() == 2 && logits.sizes() == noise.sizes(), "draws: logits and noise [n, V]");
-  TORCH_CHECK(logits.scalar_type() == at::kFloat && noise.scalar_type() == at::kFloat, "draws: float32");
   TORCH_CHECK(logits.stride(1) == 1 && noise.stride(1) == 1 && logits.size(1) > 0, "draws: rows of unit stride");
-  const int64_t rows = logits.size(0), v = logits.size(1);
-  at::Tensor out = at::empty({rows}, logits.options().dtype(at::kLong));
-  Buffers buffers{std::vector<float>(v), std::vector<float>(v), {}, {}};
-  for (int64_t b = 0; b < rows; ++b) {
-    out.data_ptr<int64_t>()[b] = draw_row(logits.data_ptr<float>() + b * logits.stride(0),
-                                          noise.data_ptr<float>() + b * noise.stride(0), v,
-                                          static_cast<float>(temperature), top_k, buffers);
-  }
+  const bool wide = logits.scalar_type() == at::kFloat, uniforms = noise.scalar_type() == at::kDouble;
+  TORCH_CHECK((wide || logits.scalar_type() == at::kBFloat16) && (uniforms || noise.scalar_type() == at::kFloat),
+              "draws: float32 or bfloat16 logits, float32 Exp(1) noise or its float64 uniforms");
+  at::Tensor out = at::empty({logits.size(0)}, logits.options().dtype(at::kLong));
+  const float t = static_cast<float>(temperature);
+  if (wide) uniforms ? draw_rows<float, double>(logits, noise, t, top_k, out)
+                     : draw_rows<float, float>(logits, noise, t, top_k, out);
+  else uniforms ? draw_rows<at::BFloat16, double>(logits, noise, t, top_k, out)
+                : draw_rows<at::BFloat16, float>(logits, noise, t, top_k, out);
   return out;
 }
 

@@ -10,6 +10,12 @@ Against torch's softmax the probabilities differ in their last bits, so at a nea
 a seeded draw may pick the other one: codes seeded before this path can differ there, rarely. AR and speculative
 decoding draw through the same call, so a seeded speculative frame still draws exactly the AR frame's codes.
 
+The noise may also come as the float64 uniforms it is made of (`sampling.fill_noise`, where `takes_uniforms`): torch's
+exponential_ draws each Exp(1) value as float(-log1p(-u)) from one float64 uniform u, so a generator's uniform_ on a
+float64 buffer takes the same stream and gives the same values once transformed. The draw transforms the ~top-k
+values of a row it reads, not V: a frame's noise costs a uniform_ (~0.13 ms for 15 x 2048 here) instead of an
+exponential_ (~0.6 ms, a log per value).
+
 Built on first use with torch.utils.cpp_extension, like the fused kernels (`fused.py`); where it cannot be built
 the draws take torch's ops after one warning.
 """
@@ -56,13 +62,21 @@ def kernel():
         return _state["module"]
 
 
+def takes_uniforms(device: torch.device, top_p: float) -> bool:
+    """Whether draws of a sampler with `top_p` on `device` are native (the same test as `draws`), so that a frame's
+    noise can be held as its uniforms."""
+    return device.type == "cpu" and top_p == 1.0 and fused.on() and kernel() is not None
+
+
 def draws(logits: Tensor, noise: Tensor, temperature: float, top_k: int) -> Tensor | None:
     """argmax(softmax(top-k(logits / temperature)) / noise) per row of logits [n, V] (any float dtype) and noise
-    [n, V] float32: LongTensor [n]; None where the native call does not apply (not a CPU tensor, the fast path off,
-    not built). Few Python steps: a frame makes ~15-20 draws, each between calls that leave the caches cold."""
+    [n, V]: Exp(1) values (float32) or their uniforms (float64, module docstring): LongTensor [n]; None where the native
+    call does not apply (not a CPU tensor, the fast path off, not built). Few Python steps: a frame makes ~15-20 draws,
+    each between calls that leave the caches cold."""
     if not logits.is_cpu or not fused.on():  # asked first: where the path is off, nothing is built
         return None
     module = kernel()
     if module is None:
         return None
-    return module.draws(logits if logits.dtype == torch.float32 else logits.float(), noise, temperature, top_k)
+    native = logits.dtype == torch.float32 or logits.dtype == torch.bfloat16  # bfloat16 widened in the call
+    return module.draws(logits if native else logits.float(), noise, temperature, top_k)

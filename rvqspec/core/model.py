@@ -88,6 +88,14 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", torch.empty(max_positions, head_dim), persistent=False)
         self.reset_buffers()
 
+    def tables(self, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """The cos and sin tables in `dtype`, converted once per table and dtype rather than per call (a forward's
+        two fewer ops: a predictor round makes one forward)."""
+        key = (dtype, self.cos, self.sin)  # new tables (reset_buffers, .to()) replace the buffers: converted anew
+        if getattr(self, "_tables_key", None) is None or any(a is not b for a, b in zip(key, self._tables_key)):
+            self._tables_key, self._tables = key, (self.cos.to(dtype), self.sin.to(dtype))
+        return self._tables
+
     def reset_buffers(self) -> None:
         inv_freq = rope_frequencies(self.head_dim, self.theta, self.scaling)
         freqs = torch.outer(torch.arange(self.max_positions).float(), inv_freq)
@@ -97,7 +105,8 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos, sin [T, head_dim] for positions [T]; [B, 1, T, head_dim] (broadcast over heads) for [B, T]."""
-        cos, sin = self.cos[positions].to(dtype), self.sin[positions].to(dtype)
+        cos, sin = self.tables(dtype)
+        cos, sin = cos[positions], sin[positions]
         if positions.dim() == 2:
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         return cos, sin
@@ -165,9 +174,9 @@ class KVCache:
         """In every layer and for each row b, copy the entries at slots src[b] to slots dst[b] (KV compaction).
 
         src, dst: [batch, n]; the n destinations of a row are distinct."""
-        if src.shape[0] == 1:  # one row (a stream alone; rounds move it often): two index ops, a third of the cost
-            kv = self.kv[:, :, 0]
-            kv.index_copy_(3, dst[0], kv.index_select(3, src[0]))
+        if src.shape[0] == 1 == self.kv.shape[2] and self.kv.is_contiguous():  # one row (a stream alone): two ops
+            blocks = self.kv.view(-1, self.slots, self.kv.shape[-1])  # [slots, head_dim] per layer, k/v and head
+            blocks.index_copy_(1, dst.view(-1), blocks.index_select(1, src.view(-1)))  # 3-D: ~3x faster than 6-D
             return
         rows = torch.arange(src.shape[0], device=src.device)[:, None]
         self.kv[:, :, rows, :, dst] = self.kv[:, :, rows, :, src]

@@ -70,15 +70,16 @@ class Sampler:
         return torch.multinomial(self.process(logits).softmax(-1), 1, generator=generator).squeeze(-1)
 
     def sample_noise(self, logits: Tensor, noise: Tensor | None) -> Tensor:
-        """One draw per row of `logits` [N, V] given its Exp(1) noise [N, V] (`fill_noise`; None when greedy):
-        argmax(p~ / noise), the very draw torch.multinomial makes for one sample (it makes the noise itself). Without
-        top-p on a CPU, one native call (`draw`: p~ may differ from torch's softmax in its last bits)."""
+        """One draw per row of `logits` [N, V] given its Exp(1) noise [N, V] (`fill_noise`: float32, or float64
+        uniforms; None when greedy): argmax(p~ / noise), the very draw torch.multinomial makes for one sample (it makes
+        the noise itself). Without top-p on a CPU, one native call (`draw`: p~ may differ from torch's softmax in its
+        last bits)."""
         if not self.do_sample:
             return logits.float().argmax(-1)
         drawn = draw.draws(logits, noise, self.temperature, self.top_k) if self.top_p == 1.0 else None
         if drawn is not None:
             return drawn
-        return self.process(logits).softmax(-1).div_(noise).argmax(-1)  # in place: the same bits, one copy fewer
+        return self.process(logits).softmax(-1).div_(exponential(noise)).argmax(-1)  # in place: the same bits
 
 
 def row_generators(generator: Generators, rows: int) -> list[torch.Generator | None]:
@@ -89,14 +90,23 @@ def row_generators(generator: Generators, rows: int) -> list[torch.Generator | N
 
 
 def fill_noise(noise: Tensor, generators: list[torch.Generator | None]) -> Tensor:
-    """Row b of `noise` [rows, ...] filled with Exp(1) values from generators[b] (rows past them keep theirs).
+    """Row b of `noise` [rows, ...] filled with Exp(1) values from generators[b] (rows past them keep theirs); a
+    float64 `noise` with the uniforms u they are made of (`exponential`: the same stream, the same values, made by
+    the native draw for the few tokens it reads, `draw.takes_uniforms`).
 
     Each row takes its block in one call of the same size whatever the batch, so a row draws the same noise alone
     and in any batch, and its generator moves on by the same amount (one generator for several rows: in row
     order). A block [G-1, V] equals G-1 draws of [V] in turn: a frame's noise is the AR frame's draws."""
+    uniforms = noise.dtype == torch.float64
     for row, generator in zip(noise, generators):
-        row.exponential_(generator=generator)
+        row.uniform_(generator=generator) if uniforms else row.exponential_(generator=generator)
     return noise
+
+
+def exponential(noise: Tensor) -> Tensor:
+    """Exp(1) noise as float32 (`fill_noise`): float64 uniforms u made into torch's exponential_ values
+    float(-log1p(-u)), bit for bit; float32 noise as it is."""
+    return (-torch.log1p(-noise)).float() if noise.dtype == torch.float64 else noise
 
 
 @dataclass(frozen=True)
