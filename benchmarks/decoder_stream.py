@@ -124,7 +124,8 @@ def part_times(decoder, codes: torch.Tensor, way: Way) -> dict:
         if part is not None:
             hooks.append(module.register_forward_pre_hook(lambda m, a: started.__setitem__(m, time.thread_time())))
             hooks.append(module.register_forward_hook(lambda m, a, o, part=part: add(part, started[m])))
-    originals = {name: getattr(qwen_tts_audio, name) for name in ("convolve", "convolve_transposed", "snake")}
+    originals = {name: getattr(qwen_tts_audio, name) for name in ("convolve", "convolve_onto", "convolve_transposed",
+                                                                 "snake")}
 
     def timed(name: str, part: str):
         def call(*args):
@@ -139,6 +140,7 @@ def part_times(decoder, codes: torch.Tensor, way: Way) -> dict:
 
     qwen_tts_audio.convolve, qwen_tts_audio.convolve_transposed = timed("convolve", "conv"), timed(
         "convolve_transposed", "transposed conv")
+    qwen_tts_audio.convolve_onto = timed("convolve_onto", "conv")
     qwen_tts_audio.snake = timed("snake", "SnakeBeta")
     try:
         start = time.thread_time()
