@@ -16,8 +16,9 @@ fused kernel (`fused.enabled(False)`).
 
 Where the stream loses: one extra pass per way with forward hooks on the decoder's layers (and timers around the
 stream's own convolutions and activation, `convolve`, `convolve_transposed` and `snake`), the CPU time inside its
-transformer, its convolutions, its transposed convolutions, its SnakeBeta activations and the ConvNeXt blocks' linear
-layers; "other" is the rest (codebook lookups, residual adds, copies, the Python around them).
+transformer, its convolutions (a residual unit's pointwise one with its residual add, `convolve_onto`), its transposed
+convolutions, its SnakeBeta activations and the ConvNeXt blocks' linear layers (`product` outside a convolution);
+"other" is the rest (codebook lookups, residual adds, copies, the Python around them).
 
     .venv/bin/python benchmarks/decoder_stream.py                 # 48 frames, chunks 1,3,12,24, float32 and bfloat16
     .venv/bin/python benchmarks/decoder_stream.py --smoke         # tiny sizes: the script runs (seconds)
@@ -125,7 +126,7 @@ def part_times(decoder, codes: torch.Tensor, way: Way) -> dict:
             hooks.append(module.register_forward_pre_hook(lambda m, a: started.__setitem__(m, time.thread_time())))
             hooks.append(module.register_forward_hook(lambda m, a, o, part=part: add(part, started[m])))
     originals = {name: getattr(qwen_tts_audio, name) for name in ("convolve", "convolve_onto", "convolve_transposed",
-                                                                 "snake")}
+                                                                 "snake", "product")}
 
     def timed(name: str, part: str):
         def call(*args):
@@ -141,6 +142,7 @@ def part_times(decoder, codes: torch.Tensor, way: Way) -> dict:
     qwen_tts_audio.convolve, qwen_tts_audio.convolve_transposed = timed("convolve", "conv"), timed(
         "convolve_transposed", "transposed conv")
     qwen_tts_audio.convolve_onto = timed("convolve_onto", "conv")
+    qwen_tts_audio.product = timed("product", "ConvNeXt linear")  # outside a convolution: the ConvNeXt blocks' only
     qwen_tts_audio.snake = timed("snake", "SnakeBeta")
     try:
         start = time.thread_time()

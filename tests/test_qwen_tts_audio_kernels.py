@@ -1,5 +1,6 @@
 """The streamed 12 Hz decoder's own paths (rvqspec/integrations/qwen_tts_audio.py) against upstream's modules on a
-tiny decoder: the fused SnakeBeta (core/snake.cpp), the codebook lookup, the pointwise and few-channel convolutions."""
+tiny decoder: the fused SnakeBeta (core/snake.cpp), the codebook lookup, the pointwise and few-channel convolutions,
+the transposed ones as their phases, and the products through packed bfloat16 weights."""
 
 import copy
 
@@ -7,8 +8,9 @@ import pytest
 import torch
 
 from rvqspec.core import fused
-from rvqspec.integrations.qwen_tts_audio import (convolve, convolve_onto, convolve_transposed, dequantize, product,
-                                                  snake)
+from rvqspec.integrations import qwen_tts_audio
+from rvqspec.integrations.qwen_tts_audio import (StreamingCodec, convolve, convolve_onto, convolve_transposed,
+                                                  dequantize, packs, product, snake)
 
 from helpers.upstream_models import upstream_available
 
@@ -149,3 +151,22 @@ def test_bfloat16_products_through_packed_weights_are_torchs_and_follow_a_change
         linear.weight.mul_(-2)
     with torch.inference_mode():
         assert torch.equal(product(inputs, linear), torch.nn.functional.linear(inputs, linear.weight, linear.bias))
+
+
+def test_bfloat16_transformer_multiplies_through_packed_weights_to_the_same_bits(decoder, monkeypatch):
+    """The streamed decoder's transformer call (`packed_linears`): upstream's transformer to the bit, each linear layer
+    through `product` where bfloat16 products pack their weights."""
+    from transformers.cache_utils import DynamicCache
+
+    half = copy.deepcopy(decoder).to(torch.bfloat16)
+    model, calls = half.pre_transformer, []
+    monkeypatch.setattr(qwen_tts_audio, "product", lambda inputs, module: calls.append(module) or product(inputs, module))
+    hidden = torch.randn(1, 5, model.input_proj.in_features, generator=torch.Generator().manual_seed(4))
+    hidden = hidden.to(torch.bfloat16)
+    with torch.inference_mode():
+        ours = StreamingCodec(half).transformer(hidden)
+        theirs = model(inputs_embeds=hidden, past_key_values=DynamicCache(config=model.config), use_cache=True,
+                       cache_position=torch.arange(5)).last_hidden_state
+    assert torch.equal(ours, theirs)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert sorted(map(id, calls)) == sorted(map(id, linears if packs(hidden) else []))  # each once
