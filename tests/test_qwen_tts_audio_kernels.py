@@ -106,8 +106,8 @@ def transposed_convolutions(decoder) -> list:
 @pytest.mark.parametrize("new", [1, 5, 300])  # short chunks (a product) and one longer than GEMM_STEPS (oneDNN)
 def test_transposed_convolution_as_its_phases_is_torchs(decoder, dtype, tolerance, new):
     """The new samples of a transposed convolution through its phases (`phases_of`) against torch's transposed
-    convolution of the same inputs, trimmed as upstream trims; bfloat16: both within one rounding of the exact
-    result (float32 sums rounded once)."""
+    convolution of the same inputs, trimmed as upstream trims; bfloat16: within one rounding of the exact result
+    (float32 sums rounded once)."""
     for conv in transposed_convolutions(decoder):
         conv = copy.deepcopy(conv).to(dtype)
         kernel, stride = conv.kernel_size[0], conv.stride[0]
@@ -120,7 +120,7 @@ def test_transposed_convolution_as_its_phases_is_torchs(decoder, dtype, toleranc
         assert ours.dtype == dtype and ours.shape == theirs.shape
         if dtype == torch.bfloat16:
             bound = truth.abs() * 2 ** -8 + 1e-5 * float(truth.abs().max())  # one rounding of a float32 sum
-            assert ((ours.double() - truth).abs() <= bound).all() and ((theirs.double() - truth).abs() <= bound).all()
+            assert ((ours.double() - truth).abs() <= bound).all()  # torch's too, natively (not under the AVX2 caps)
         else:
             torch.testing.assert_close(ours, theirs, rtol=tolerance, atol=tolerance * float(theirs.abs().max()))
 
