@@ -112,19 +112,27 @@ def part_of(module: torch.nn.Module) -> str | None:
 
 def part_times(decoder, codes: torch.Tensor, way: Way) -> dict:
     """CPU seconds inside each part of the decoder during one decode (hooks on its layers, timers around the stream's
-    convolutions: a layer inside a timed convolution counts once), and "other"."""
+    convolutions and products: whatever runs inside a timed part counts to it once), and "other"."""
     spent, started, hooks, inside = defaultdict(float), {}, [], []
 
     def add(part: str, since: float) -> None:
         if not inside:
             spent[part] += time.thread_time() - since
 
+    def enter(module) -> None:  # a hooked layer: what runs inside it (the transformer's products) counts to it
+        started[module] = time.thread_time()
+        inside.append(module)
+
+    def leave(module, part: str) -> None:
+        inside.pop()
+        add(part, started[module])
+
     for name, module in decoder.named_modules():
         module._rvqspec_name = name
         part = part_of(module)
         if part is not None:
-            hooks.append(module.register_forward_pre_hook(lambda m, a: started.__setitem__(m, time.thread_time())))
-            hooks.append(module.register_forward_hook(lambda m, a, o, part=part: add(part, started[m])))
+            hooks.append(module.register_forward_pre_hook(lambda m, a: enter(m)))
+            hooks.append(module.register_forward_hook(lambda m, a, o, part=part: leave(m, part)))
     originals = {name: getattr(qwen_tts_audio, name) for name in ("convolve", "convolve_onto", "convolve_transposed",
                                                                  "snake", "product")}
 
