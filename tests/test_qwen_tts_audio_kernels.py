@@ -160,7 +160,8 @@ def test_bfloat16_transformer_multiplies_through_packed_weights_to_the_same_bits
 
     half = copy.deepcopy(decoder).to(torch.bfloat16)
     model, calls = half.pre_transformer, []
-    monkeypatch.setattr(qwen_tts_audio, "product", lambda inputs, module: calls.append(module) or product(inputs, module))
+    counted = lambda inputs, linear: calls.append(linear) or product(inputs, linear)  # noqa: E731
+    monkeypatch.setattr(qwen_tts_audio, "product", counted)
     hidden = torch.randn(1, 5, model.input_proj.in_features, generator=torch.Generator().manual_seed(4))
     hidden = hidden.to(torch.bfloat16)
     with torch.inference_mode():

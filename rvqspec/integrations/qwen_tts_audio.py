@@ -361,7 +361,7 @@ def convolve(conv: torch.nn.Conv1d, padded: Tensor) -> Tensor:
 def convolve_onto(conv: torch.nn.Conv1d, inputs: Tensor, residual: Tensor) -> Tensor:
     """`residual + conv(inputs)` for a pointwise convolution ([B, C, T]): one product onto the residual (summed in its
     float32 accumulator, rounded once), not the convolution's output rounded, then a pass to add it (Zen 4, bfloat16,
-    one thread: the residual units' pointwise half 0.7x as long)."""
+    one thread: the residual units' pointwise half 0.75x as long)."""
     weight = conv.weight[None, :, :, 0].expand(len(inputs), -1, -1)
     addend = residual if conv.bias is None else residual + conv.bias[:, None]
     return torch.baddbmm(addend, weight, inputs)
@@ -412,8 +412,8 @@ def made_once(module: torch.nn.Module, what: str, make):
 def phases_of(conv: torch.nn.ConvTranspose1d) -> torch.nn.Conv1d:
     """`conv` (kernel K, stride S) as the convolution of kernel ceil(K / S) that makes its S phases: output channel
     o * S + r, tap i (of input j - keep + i) is `conv`'s tap (keep - i) S + r. At every length one product or one
-    oneDNN convolution that sums in float32 and rounds once, where torch's transposed convolution was 1.2x as long on
-    12-frame chunks and far longer on short ones (Zen 4, bfloat16, one thread)."""
+    oneDNN convolution that sums in float32 and rounds once, where torch's transposed convolution took 1.1-1.2x as long
+    on 12-frame chunks and 4x on short ones (Zen 4, bfloat16, one thread)."""
     return made_once(conv, "phases", make_phases)
 
 
@@ -462,7 +462,8 @@ class PackedLinears(TorchFunctionMode):
 
 def packs(inputs: Tensor) -> bool:
     """Whether `product` multiplies `inputs` through a packed weight: bfloat16 on a CPU with bfloat16 oneDNN."""
-    return inputs.dtype == torch.bfloat16 and inputs.device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    bfloat16_cpu = inputs.dtype == torch.bfloat16 and inputs.device.type == "cpu"
+    return bfloat16_cpu and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def product(inputs: Tensor, module: torch.nn.Module) -> Tensor:
