@@ -16,8 +16,9 @@ fused kernel (`fused.enabled(False)`).
 
 Where the stream loses: one extra pass per way with forward hooks on the decoder's layers (and timers around the
 stream's own convolutions and activation, `convolve`, `convolve_transposed` and `snake`), the CPU time inside its
-transformer, its convolutions, its transposed convolutions, its SnakeBeta activations and the ConvNeXt blocks' linear
-layers; "other" is the rest (codebook lookups, residual adds, copies, the Python around them).
+transformer, its convolutions (a residual unit's pointwise one with its residual add, `convolve_onto`), its transposed
+convolutions, its SnakeBeta activations and the ConvNeXt blocks' linear layers (`product` outside a convolution);
+"other" is the rest (codebook lookups, residual adds, copies, the Python around them).
 
     .venv/bin/python benchmarks/decoder_stream.py                 # 48 frames, chunks 1,3,12,24, float32 and bfloat16
     .venv/bin/python benchmarks/decoder_stream.py --smoke         # tiny sizes: the script runs (seconds)
@@ -111,20 +112,29 @@ def part_of(module: torch.nn.Module) -> str | None:
 
 def part_times(decoder, codes: torch.Tensor, way: Way) -> dict:
     """CPU seconds inside each part of the decoder during one decode (hooks on its layers, timers around the stream's
-    convolutions: a layer inside a timed convolution counts once), and "other"."""
+    convolutions and products: whatever runs inside a timed part counts to it once), and "other"."""
     spent, started, hooks, inside = defaultdict(float), {}, [], []
 
     def add(part: str, since: float) -> None:
         if not inside:
             spent[part] += time.thread_time() - since
 
+    def enter(module) -> None:  # a hooked layer: what runs inside it (the transformer's products) counts to it
+        started[module] = time.thread_time()
+        inside.append(module)
+
+    def leave(module, part: str) -> None:
+        inside.pop()
+        add(part, started[module])
+
     for name, module in decoder.named_modules():
         module._rvqspec_name = name
         part = part_of(module)
         if part is not None:
-            hooks.append(module.register_forward_pre_hook(lambda m, a: started.__setitem__(m, time.thread_time())))
-            hooks.append(module.register_forward_hook(lambda m, a, o, part=part: add(part, started[m])))
-    originals = {name: getattr(qwen_tts_audio, name) for name in ("convolve", "convolve_transposed", "snake")}
+            hooks.append(module.register_forward_pre_hook(lambda m, a: enter(m)))
+            hooks.append(module.register_forward_hook(lambda m, a, o, part=part: leave(m, part)))
+    originals = {name: getattr(qwen_tts_audio, name) for name in ("convolve", "convolve_onto", "convolve_transposed",
+                                                                 "snake", "product")}
 
     def timed(name: str, part: str):
         def call(*args):
@@ -139,6 +149,8 @@ def part_times(decoder, codes: torch.Tensor, way: Way) -> dict:
 
     qwen_tts_audio.convolve, qwen_tts_audio.convolve_transposed = timed("convolve", "conv"), timed(
         "convolve_transposed", "transposed conv")
+    qwen_tts_audio.convolve_onto = timed("convolve_onto", "conv")
+    qwen_tts_audio.product = timed("product", "ConvNeXt linear")  # outside a convolution: the ConvNeXt blocks' only
     qwen_tts_audio.snake = timed("snake", "SnakeBeta")
     try:
         start = time.thread_time()
