@@ -157,7 +157,9 @@ def test_a_long_text_streams_as_its_sentences_spoken_in_turn(standin):
     join is under the median step within the speech)."""
     text = "The quick brown fox jumps over the lazy dog. It was a sunny day! Did you see it? Yes, I did."
     engine = standin
-    assert isinstance(engine.speech(text, voice="en", seed=5), Request)
+    one = engine.speech(text, voice="en", seed=5)
+    one.cancel()  # (decoded to its end, it took a row beside the rest of this test and of the next ones)
+    assert isinstance(one, Request)
     passage = engine.speech(text, voice="en", seed=5, sentences=True)
     beside = engine.speech("Guten Tag, wie geht's?", voice="de", seed=1)
     chunks = list(passage)
