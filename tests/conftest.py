@@ -16,7 +16,31 @@ from test_cpu_classes import AVX2_CAP
 pytest_plugins = ["helpers.checkpoints"]  # the fixtures `model` and `folder`
 
 ROOT = Path(__file__).resolve().parents[1]
-CAPPED_TESTS = ("under_an_isa_cap", "under_the_avx2_caps", "[avx2-caps]")  # node ids of tests run under AVX2_CAP
+CAPPED_FILES = ("test_cpu_classes.py", "test_int8.py", "test_reliability_files.py")  # tests run under AVX2_CAP
+CAPPED_BUILD = pytest.StashKey[subprocess.Popen]()  # the second worker's build of the AVX2 class's kernels
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under `-n 2` with an empty cache, the first worker builds the native fused kernels while it collects (a module
+    skips without them) and the second waits for that build: the second builds the AVX2 class's kernels meanwhile,
+    which the capped tests' processes load (rather than one capped process building them while another waits)."""
+    if getattr(config, "workerinput", {}).get("workerid") != "gw1" or os.environ.get("ONEDNN_MAX_CPU_ISA") \
+            or not cpu_class.has_avx2() or not any(runs_capped(arg) for arg in config.args):
+        return
+    code = "from rvqspec.core import fused; fused.kernels()"
+    config.stash[CAPPED_BUILD] = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=os.environ | AVX2_CAP,
+                                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def runs_capped(arg: str) -> bool:
+    """Whether the tests named by `arg` (a folder, a file, a test's node id) include tests run under AVX2_CAP."""
+    path = Path(arg.split("::")[0]).resolve()
+    return path in (ROOT, ROOT / "tests") or path.name in CAPPED_FILES
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if (build := config.stash.get(CAPPED_BUILD, None)) is not None:
+        build.wait()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -26,7 +50,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(autouse=True, scope="session")
-def one_thread(request):
+def one_thread():
     """Test models are tiny: per-op overhead dominates, and on a shared 2-core machine (or under `-n 2`)
     a second OpenMP thread only adds synchronisation (20x slower under load)."""
     threads = torch.get_num_threads()
@@ -36,22 +60,8 @@ def one_thread(request):
     # read the other's and its audio differed from the worker's own by a last bit (seen once in a whole-suite run).
     device_path.cache_dir().mkdir(parents=True, exist_ok=True)
     with open(device_path.cache_dir() / "suite-measures.lock", "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # the other worker measures (and builds the native kernels first, ~25 s of a core)
-            build_the_capped_kernels(request.session.items)
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        fcntl.flock(lock, fcntl.LOCK_EX)
         for dtype in device_path.MEASURED_DTYPES:
             device_path.decided(dtype, "the test suite")
     yield
     torch.set_num_threads(threads)
-
-
-def build_the_capped_kernels(items: list[pytest.Item]) -> None:
-    """The fused kernels as the AVX2 class builds them, which the capped tests' processes load: built while the
-    other worker builds the native ones and measures, rather than later by one capped process while another waits."""
-    if os.environ.get("ONEDNN_MAX_CPU_ISA") or not cpu_class.has_avx2() or \
-            not any(name in item.nodeid for item in items for name in CAPPED_TESTS):
-        return
-    subprocess.run([sys.executable, "-c", "from rvqspec.core import fused; fused.kernels()"], cwd=ROOT,
-                   env=os.environ | AVX2_CAP, capture_output=True)
