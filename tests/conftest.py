@@ -1,13 +1,46 @@
 """Suite-wide settings."""
 
 import fcntl
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from rvqspec.core import device_path
+from rvqspec.core import cpu_class, device_path
+
+from test_cpu_classes import AVX2_CAP
 
 pytest_plugins = ["helpers.checkpoints"]  # the fixtures `model` and `folder`
+
+ROOT = Path(__file__).resolve().parents[1]
+CAPPED_FILES = ("test_cpu_classes.py", "test_int8.py", "test_reliability_files.py")  # tests run under AVX2_CAP
+CAPPED_BUILD = pytest.StashKey[subprocess.Popen]()  # the second worker's build of the AVX2 class's kernels
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under `-n 2` with an empty cache, the first worker builds the native fused kernels while it collects (a module
+    skips without them) and the second waits for that build: the second builds the AVX2 class's kernels meanwhile,
+    which the capped tests' processes load (rather than one capped process building them while another waits)."""
+    if getattr(config, "workerinput", {}).get("workerid") != "gw1" or os.environ.get("ONEDNN_MAX_CPU_ISA") \
+            or not cpu_class.has_avx2() or not any(runs_capped(arg) for arg in config.args):
+        return
+    code = "from rvqspec.core import fused; fused.kernels()"
+    config.stash[CAPPED_BUILD] = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=os.environ | AVX2_CAP,
+                                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def runs_capped(arg: str) -> bool:
+    """Whether the tests named by `arg` (a folder, a file, a test's node id) include tests run under AVX2_CAP."""
+    path = Path(arg.split("::")[0]).resolve()
+    return path in (ROOT, ROOT / "tests") or path.name in CAPPED_FILES
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if (build := config.stash.get(CAPPED_BUILD, None)) is not None:
+        build.wait()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

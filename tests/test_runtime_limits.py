@@ -155,9 +155,11 @@ def test_a_long_text_streams_as_its_sentences_spoken_in_turn(standin):
     """Sentence mode (opt-in: the default is one utterance) equals the sentences spoken one after another from one
     generator, while another request decodes beside it; it streams, and no join clicks (the sample step across a
     join is under the median step within the speech)."""
-    text = "The quick brown fox jumps over the lazy dog. It was a sunny day! Did you see it? Yes, I did."
+    text = "It was a sunny day! Did you see it? Yes, I did."  # each end mark; 2 joins
     engine = standin
-    assert isinstance(engine.speech(text, voice="en", seed=5), Request)
+    one = engine.speech(text, voice="en", seed=5)
+    one.cancel()  # (decoded to its end, it took a row beside the rest of this test and of the next ones)
+    assert isinstance(one, Request)
     passage = engine.speech(text, voice="en", seed=5, sentences=True)
     beside = engine.speech("Guten Tag, wie geht's?", voice="de", seed=1)
     chunks = list(passage)
@@ -166,7 +168,7 @@ def test_a_long_text_streams_as_its_sentences_spoken_in_turn(standin):
     for prompt in passage.prompts:
         turns.append(engine.queue(prompt, generator))
         turns[-1].wait(WAIT)
-    assert len(passage.prompts) == 4 and passage.end_reason == "eos" and len(chunks) > 4
+    assert len(passage.prompts) == 3 and passage.end_reason == "eos" and len(chunks) > 4
     assert torch.equal(passage.codes, torch.cat([turn.codes for turn in turns]))
     audio = [turn.audio() for turn in turns]
     whole = np.concatenate(audio)
