@@ -396,15 +396,23 @@ at::Tensor int8_linear_on(Team* team, const at::Tensor& x_, const at::Tensor& pa
   auto x = x_.contiguous();
   check_packed(x, packed, scale, n);
   const int64_t k = x.size(-1), rows = x.numel() / k, kp = packed.size(1) * DEPTH;
-  auto a = at::zeros({rows, kp}, x.options().dtype(at::kShort));
-  std::vector<float> token_scale(rows);
+  // The rows' int16 and their scales: buffers of the calling thread's, kept between calls, as vnni_linear_on's (an
+  // allocation and a zero fill per matrix ran on thread 0 while a stack's other threads waited; thread_local: the
+  // others read them through these pointers, never by name).
+  thread_local std::vector<int16_t> widened;
+  thread_local std::vector<float> scales;
+  widened.resize(std::max<size_t>(widened.size(), rows * kp));
+  scales.resize(std::max<size_t>(scales.size(), rows));
+  int16_t* pa = widened.data();
+  float* token_scale = scales.data();
   auto out = at::empty(out_sizes(x, n), x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "int8_linear", [&] {
     const scalar_t* px = x.data_ptr<scalar_t>();
-    int16_t* pa = a.data_ptr<int16_t>();
     at::parallel_for(0, rows, grain(k), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r)
+      for (int64_t r = begin; r < end; ++r) {
         token_scale[r] = quantize_row<scalar_t, int16_t>(px + r * k, k, pa + r * kp, 0);
+        std::fill(pa + r * kp + k, pa + (r + 1) * kp, int16_t{0});  // times the zero-padded weights
+      }
     });
     scalar_t* po = out.data_ptr<scalar_t>();
     gemm(pa, rows, kp, packed, scale.data_ptr<float>(), n, [&](int64_t r, int64_t c, float v) {
