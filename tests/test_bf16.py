@@ -93,6 +93,25 @@ def test_packing_linear_takes_the_kernel_where_chosen_and_oneDNN_with_the_fast_p
             torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=2e-2, rtol=2 ** -7)
 
 
+def test_the_kernel_is_chosen_by_its_stack_as_decoding_runs_it(monkeypatch):
+    """measure() takes rvqspec's bfloat16 kernel by the decoder stack's times (`stack_times`: one native call, on 2
+    threads one parallel region), not by each matrix timed alone (each call a fork and join of torch's threads, where
+    oneDNN won on 2 threads though the stack was 1.34x faster than on 1): faster at one row, at most PAD_COST of
+    oneDNN at a verify call's rows, whatever the matrices' own times. stack_times runs every layer matrix in one native
+    call."""
+    calls, native = [], fused.kernels().int8_layers
+    monkeypatch.setattr(fused.kernels(), "int8_layers", lambda *a: calls.append(a) or native(*a))
+    times = device_path.stack_times(True, True, {})
+    assert set(times) == {(kernel, rows) for kernel in ("bf16", "onednn") for rows in (1, device_path.MANY_ROWS)}
+    assert calls and all(len(a[3]) == 4 * device_path.STACK_LAYERS for a in calls)
+    monkeypatch.setattr(device_path, "median_ms", lambda calls, *a, **k: {name: 1.0 for name in calls})  # ties
+    keys = [("bf16", 1), ("bf16", device_path.MANY_ROWS), ("onednn", 1), ("onednn", device_path.MANY_ROWS)]
+    for stack_ms, wins in [((3, 20, 4, 20), True), ((3, 30, 4, 20), False)]:  # a verify call 1.5x oneDNN's
+        monkeypatch.setattr(device_path, "stack_times", lambda one, many, figures: dict(zip(keys, stack_ms)))
+        with torch.inference_mode():
+            assert device_path.measure(torch.bfloat16)["matmul"]["bf16_kernel"] == wins
+
+
 @pytest.mark.parametrize("csm", [False, True], ids=["qwen", "llama-csm"])
 def test_a_bfloat16_stack_is_one_native_call_with_the_python_loops_bits(kernel_forced, csm, monkeypatch):
     model = tiny_model(seed=5, dtype=torch.bfloat16, hidden=64, layers=3, csm=csm, std=0.1)

@@ -53,14 +53,17 @@ import torch.nn.functional as F
 from rvqspec.core import cpu_class, fused
 from rvqspec.core.bf16 import pack_bf16
 from rvqspec.core.checkpoint import save_json
+from rvqspec.core.config import ARCHITECTURES
 from rvqspec.core.device_file import cache_dir
 from rvqspec.core.errors import RvqspecError
 from rvqspec.core.files import read_json
 from rvqspec.core.quantize import DRAFT_SCHEME, Int8Matmul
 
-KERNELS_FORMAT = "rvqspec-kernels/3"  # 2: the int8 draft heads timed through Int8Matmul (rvqspec's float32 kernel);
-# 3: rvqspec's bfloat16 kernel timed beside oneDNN (MatmulChoice.bf16_kernel)
+KERNELS_FORMAT = "rvqspec-kernels/4"  # 2: the int8 draft heads timed through Int8Matmul (rvqspec's float32 kernel);
+# 3: rvqspec's bfloat16 kernel timed beside oneDNN (MatmulChoice.bf16_kernel); 4: that kernel timed as the stack runs
+# it (`stack_times`: one native call, on 2+ threads one parallel region), not per matrix
 SHAPES = ((1024, 3072), (3072, 1024))  # (in, out): the 0.6B predictor's MLP, the widest K and N of a layer
+STACK_LAYERS = 2  # layers of the 0.6B predictor timed as a stack: 63 MB of bfloat16, more than the L3 of most CPUs
 MANY_ROWS = 33  # a verify call of N = 32
 PADS = (1, 2, 4, 8)  # candidate row floors, cheapest first
 PAD_COST = 1.25  # padding is taken where it costs at most this much of the unpadded one-row call
@@ -255,9 +258,10 @@ def median_ms(calls: dict, reps: int = 11, clock=time.perf_counter) -> dict:
 
 @torch.inference_mode()
 def measure(dtype: torch.dtype) -> dict:
-    """Time and compare, at SHAPES: the plain and packed matmuls (and rvqspec's bfloat16 kernel) at 1 and MANY_ROWS
-    rows; the smallest row floor from PADS that gives every row the bits it gets in any larger call, where it costs at
-    most PAD_COST; the int8 draft heads against the exact head."""
+    """Time and compare, at SHAPES: the plain and packed matmuls at 1 and MANY_ROWS rows; the smallest row floor from
+    PADS that gives every row the bits it gets in any larger call, where it costs at most PAD_COST; rvqspec's bfloat16
+    kernel (where it gives a row its bits in any call) against oneDNN through a decoder stack (`stack_times`); the int8
+    draft heads against the exact head."""
     generator = torch.Generator().manual_seed(0)
     figures, one, many, pads, ours = {}, [], [], [], []
     for k, n in SHAPES:
@@ -271,12 +275,12 @@ def measure(dtype: torch.dtype) -> dict:
         many.append(times.get(("packed", MANY_ROWS), float("inf")) < times[("plain", MANY_ROWS)])
         pads.append(row_floor(kernels["packed" if many[-1] else "plain"], kernels["packed" if one[-1] else "plain"], x,
                               figures[f"{k}x{n}"]))
-        ours.append("bf16" in kernels and bf16_kernel_wins(times) and row_floor(kernels["bf16"], kernels["bf16"], x,
-                                                                                  {}) == 1)
+        ours.append("bf16" in kernels and row_floor(kernels["bf16"], kernels["bf16"], x, {}) == 1)
     attention_rows = attention_floor(dtype, figures)
     figures["batch_invariant"] = {"matmuls": all(ours) or all(pads), "attention": attention_rows > 0}
+    bf16_kernel = all(ours) and bf16_kernel_wins(stack_times(all(one), all(many), figures))
     matmul = MatmulChoice(packed_one=all(one), packed_many=all(many), pad_rows=max(max(pads), 1),
-                          attention_rows=max(attention_rows, 1), bf16_kernel=all(ours))
+                          attention_rows=max(attention_rows, 1), bf16_kernel=bf16_kernel)
     return {"matmul": asdict(matmul), "int8_drafts": int8_drafts_faster(dtype, figures, matmul.bf16_kernel),
             "figures": figures}
 
@@ -296,9 +300,47 @@ def matmul_kernels(weight: torch.Tensor) -> dict:
     return kernels
 
 
+@torch.inference_mode()
+def stack_times(packed_one: bool, packed_many: bool, figures: dict) -> dict:
+    """ms of one row and of MANY_ROWS rows through STACK_LAYERS bfloat16 layers of the 0.6B predictor as decoding runs
+    them: on rvqspec's kernel ("bf16") one native call (`fused.cpp`'s int8_layers: its norms, RoPE and attention
+    included; on 2+ threads one parallel region, whose threads claim chunks of each matrix), else the layer matrices
+    one by one through oneDNN as measured ("packed" or "plain"; the elementwise work left out, so the kernel wins
+    only by more than it). Timed per matrix, the kernel forks and joins torch's threads per call and lost to oneDNN
+    on 2 threads where its stack ran 1.34x faster than on 1 (benchmarks/results/bf16-rows.md)."""
+    c, ops, generator = ARCHITECTURES["0.6b"], fused.kernels(), torch.Generator().manual_seed(3)
+    q, kv, d = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.head_dim
+    shapes = [(q + 2 * kv, c.hidden_size), (c.hidden_size, q), (2 * c.intermediate_size, c.hidden_size),
+              (c.hidden_size, c.intermediate_size)] * STACK_LAYERS
+    weights = [(torch.randn(shape, generator=generator) / shape[1] ** 0.5).bfloat16() for shape in shapes]
+    kernels = [matmul_kernels(w) for w in weights]
+    ones, slots = torch.ones(c.hidden_size, dtype=torch.bfloat16), ATTENTION_SLOTS[1]
+    args = ([ones] * (2 * STACK_LAYERS + 1), [torch.ones(d, dtype=torch.bfloat16)] * (2 * STACK_LAYERS),
+            [[pack_bf16(w)] for w in weights], [w.shape[0] for w in weights])
+    kv_cache = torch.zeros(STACK_LAYERS, 2, 1, c.num_key_value_heads, slots, d, dtype=torch.bfloat16)
+
+    def native(x: torch.Tensor) -> torch.Tensor:
+        cos, sin = torch.ones(1, x.shape[1], d, dtype=x.dtype), torch.zeros(1, x.shape[1], d, dtype=x.dtype)
+        return ops.int8_layers(x, *args, cos, sin, None, kv_cache, torch.arange(x.shape[1]), c.rms_norm_eps,
+                               c.num_attention_heads, c.num_key_value_heads)
+
+    inputs = {rows: {k: torch.randn(1, rows, k, generator=generator).bfloat16() for k in {s[1] for s in shapes}}
+              for rows in (1, MANY_ROWS)}
+
+    def onednn(rows: int, packed: bool) -> list:
+        return [k["packed" if packed else "plain"](inputs[rows][w.shape[1]][0]) for k, w in zip(kernels, weights)]
+    calls = {("bf16", 1): lambda: native(inputs[1][c.hidden_size]),
+             ("bf16", MANY_ROWS): lambda: native(inputs[MANY_ROWS][c.hidden_size]),
+             ("onednn", 1): lambda: onednn(1, packed_one), ("onednn", MANY_ROWS): lambda: onednn(MANY_ROWS, packed_many)}
+    times = median_ms(calls)
+    figures[f"{STACK_LAYERS} layers as a stack"] = {f"{name} {rows} rows ms": round(ms, 4)
+                                                    for (name, rows), ms in times.items()}
+    return times
+
+
 def bf16_kernel_wins(times: dict) -> bool:
     """Whether rvqspec's bfloat16 kernel beats the others at one row and costs at most PAD_COST times the fastest at
-    MANY_ROWS rows (`times`: (kernel, rows) -> ms)."""
+    MANY_ROWS rows (`times`: (kernel, rows) -> ms, as `stack_times` gives them)."""
     def best(rows: int) -> float:
         return min(ms for (name, r), ms in times.items() if r == rows and name != "bf16")
     return times[("bf16", 1)] < best(1) and times[("bf16", MANY_ROWS)] <= PAD_COST * best(MANY_ROWS)

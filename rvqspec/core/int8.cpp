@@ -14,9 +14,10 @@
 // fixed order, then x the weight scale (as torch's _weight_int8pack_mm): it reads a quarter of float32's bytes.
 //
 // Both read weights packed once (`pack_int8` in quantize.py): [ceil(N/4), ceil(K/16), 4, 16] bytes, so that a
-// block of 4 output channels streams contiguously; K and N are zero-padded. Tiles of up to 3 rows x 4 channels keep
-// their sums in registers; every row's sums run in the same order whatever the tile or the call's other rows,
-// so a row has the same bits in a one-row call as inside a verify call of any size.
+// block of 4 output channels streams contiguously; K and N are zero-padded. Tiles of up to 3 rows x 4 channels (or, one
+// row on Zen, 1 row x two blocks: `row_pair`) keep their sums in registers; every row's sums run in the same order
+// whatever the tile or the call's other rows, so a row has the same bits in a one-row call as inside a verify call of
+// any size.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <atomic>
@@ -170,6 +171,28 @@ inline void tile(const float* a, int64_t kp, const int8_t* w, const float* wscal
     _mm_storeu_ps(out[r], _mm_mul_ps(total4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), ws));
 }
 
+// One row of int16 activations x two blocks read side by side -> out[2][COLS], the sums tile<1> gives each block (exact
+// integers, then the same float steps): two streams of weights in flight on one core, where one stream left the
+// core's reads short of what a second core's copy needs of it (docs/cpu-fast-path.md; one row through the 0.6B
+// predictor's stack 1.03-1.04x faster on 1 thread, in a team's chunks too: Zen 4 under the AVX2 caps, CPU time,
+// interleaved).
+inline void row_pair(const int16_t* a, int64_t kp, const int8_t* w0, const int8_t* w1, const float* wscale0,
+                     const float* wscale1, float (*out)[COLS]) {
+  const __m256i zero = _mm256_setzero_si256();
+  __m256i s00 = zero, s01 = zero, s02 = zero, s03 = zero, s10 = zero, s11 = zero, s12 = zero, s13 = zero;
+  for (const int16_t* end = a + kp; a < end; a += DEPTH, w0 += COLS * DEPTH, w1 += COLS * DEPTH) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
+    const auto step = [&](const int8_t* w, int c, __m256i& y) {
+      const __m256i wc = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + c * DEPTH)));
+      y = _mm256_add_epi32(_mm256_madd_epi16(x, wc), y);
+    };
+    step(w0, 0, s00), step(w1, 0, s10), step(w0, 1, s01), step(w1, 1, s11);
+    step(w0, 2, s02), step(w1, 2, s12), step(w0, 3, s03), step(w1, 3, s13);
+  }
+  _mm_storeu_ps(out[0], _mm_mul_ps(_mm_cvtepi32_ps(total4(s00, s01, s02, s03)), _mm_loadu_ps(wscale0)));
+  _mm_storeu_ps(out[1], _mm_mul_ps(_mm_cvtepi32_ps(total4(s10, s11, s12, s13)), _mm_loadu_ps(wscale1)));
+}
+
 // Every tile of a call's rows over one block (channels from `col`), `finish(row, channel, value)` for each output kept.
 template <typename A, typename Finish>
 __attribute__((noinline)) void block_rows(const A* a, int64_t rows, int64_t kp, const int8_t* w, const float* wscale,
@@ -185,6 +208,27 @@ __attribute__((noinline)) void block_rows(const A* a, int64_t rows, int64_t kp, 
       for (int64_t c = 0; c < COLS && col + c < n; ++c) finish(r + i, col + c, out[i][c]);
   }
 }
+
+// One row over the pairs of blocks [begin, end) of `blocks`: block u beside block u + offset (row_pair; offset: half
+// the blocks, so that the two streams lie far apart: 8 blocks apart, within a team's chunk, they ran 0.86x as fast as
+// one stream), block u alone where it has no partner (an odd count's middle block).
+template <typename Finish>
+__attribute__((noinline)) void row_over_pairs(const int16_t* a, int64_t kp, const int8_t* pw, const float* wscale,
+                                              int64_t begin, int64_t end, int64_t offset, int64_t blocks, int64_t n,
+                                              const Finish& finish) {
+  const int64_t block_bytes = kp * COLS;
+  float out[2][COLS];
+  for (int64_t u = begin; u < end; ++u) {
+    const int64_t second = u + offset;
+    if (second >= blocks) {
+      block_rows(a, 1, kp, pw + u * block_bytes, wscale + u * COLS, u * COLS, n, finish);
+      continue;
+    }
+    row_pair(a, kp, pw + u * block_bytes, pw + second * block_bytes, wscale + u * COLS, wscale + second * COLS, out);
+    for (int64_t c = 0; c < COLS; ++c) finish(0, u * COLS + c, out[0][c]);  // the first of a pair is never the last
+    for (int64_t c = 0; c < COLS && second * COLS + c < n; ++c) finish(0, second * COLS + c, out[1][c]);
+  }
+}
 #pragma GCC pop_options
 
 constexpr int64_t CHUNK = 16;  // blocks per chunk that a stack's threads claim (`Team`)
@@ -196,6 +240,19 @@ void gemm(const A* a, int64_t rows, int64_t kp, const at::Tensor& packed, const 
           const Finish& finish, Team* team = nullptr) {
   const int8_t* pw = packed.data_ptr<int8_t>();
   const int64_t blocks = packed.size(0), block_bytes = kp * COLS;
+  if constexpr (std::is_same_v<A, int16_t>) {
+    // one row on Zen, where it was measured (elsewhere the one-row tile asks for its lines ahead instead): pairs of
+    // blocks half the matrix apart, split as blocks are
+    if (rows == 1 && ONE_ROW_PREFETCH_BYTES == 0) {
+      const int64_t units = (blocks + 1) / 2, per_chunk = CHUNK / 2;
+      const auto pairs = [&](int64_t begin, int64_t end) {
+        row_over_pairs(a, kp, pw, wscale, begin, end, units, blocks, n, finish);
+      };
+      if (team == nullptr) return at::parallel_for(0, units, 32, pairs);
+      return team->run((units + per_chunk - 1) / per_chunk,
+                       [&](int64_t i) { pairs(i * per_chunk, std::min(units, (i + 1) * per_chunk)); });
+    }
+  }
   const auto span = [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b)
       block_rows(a, rows, kp, pw + b * block_bytes, wscale + b * COLS, b * COLS, n, finish);
@@ -426,15 +483,23 @@ at::Tensor int8_linear_on(Team* team, const at::Tensor& x_, const at::Tensor& pa
   auto x = x_.contiguous();
   check_packed(x, packed, scale, n);
   const int64_t k = x.size(-1), rows = x.numel() / k, kp = packed.size(1) * DEPTH;
-  auto a = at::zeros({rows, kp}, x.options().dtype(at::kShort));
-  std::vector<float> token_scale(rows);
+  // The rows' int16 and their scales: buffers of the calling thread's, kept between calls, as vnni_linear_on's (an
+  // allocation and a zero fill per matrix ran on thread 0 while a stack's other threads waited; thread_local: the
+  // others read them through these pointers, never by name).
+  thread_local std::vector<int16_t> widened;
+  thread_local std::vector<float> scales;
+  widened.resize(std::max<size_t>(widened.size(), rows * kp));
+  scales.resize(std::max<size_t>(scales.size(), rows));
+  int16_t* pa = widened.data();
+  float* token_scale = scales.data();
   auto out = at::empty(out_sizes(x, n), x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "int8_linear", [&] {
     const scalar_t* px = x.data_ptr<scalar_t>();
-    int16_t* pa = a.data_ptr<int16_t>();
     at::parallel_for(0, rows, grain(k), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r)
+      for (int64_t r = begin; r < end; ++r) {
         token_scale[r] = quantize_row<scalar_t, int16_t>(px + r * k, k, pa + r * kp, 0);
+        std::fill(pa + r * kp + k, pa + (r + 1) * kp, int16_t{0});  // times the zero-padded weights
+      }
     });
     scalar_t* po = out.data_ptr<scalar_t>();
     gemm(pa, rows, kp, packed, scale.data_ptr<float>(), n, [&](int64_t r, int64_t c, float v) {
