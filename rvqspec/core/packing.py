@@ -27,8 +27,9 @@ PACK_MIN_ELEMENTS = 1 << 20
 PACK_ROWS_HINT = 32  # oneDNN chooses the packed layout for this many rows
 
 
-def packed_layout(weight: Tensor) -> Tensor:
-    return torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS_HINT)
+def packed_layout(weight: Tensor, rows: int = PACK_ROWS_HINT) -> Tensor:
+    """`weight` [out, in] in oneDNN's packed layout for calls of about `rows` rows."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
 
 
 class PackedWeight(Derived[Tensor]):

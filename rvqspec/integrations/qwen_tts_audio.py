@@ -22,7 +22,9 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
 from rvqspec.core import fused
+from rvqspec.core.changes import Derived
 from rvqspec.core.errors import RvqspecError
+from rvqspec.core.packing import packed_layout
 
 # Upstream's Qwen3TTSTokenizerV2Decoder.chunked_decode defaults, as Qwen3TTSTokenizerV2Model.decode calls it.
 UPSTREAM_CHUNK_FRAMES = 300
@@ -39,6 +41,7 @@ GEMM_STEPS = 128
 # Convolutions to at most this many channels (the waveform's last, 96 -> 1) run as one product of their taps: torch's
 # took ~7x longer (Zen 4, bfloat16, one thread: a copy of its input and a kernel made for many outputs)
 FEW_CHANNELS = 8
+PACK_ROWS = 48  # the rows oneDNN lays a decoder product's packed weight out for (`product`: 12-48 rows measured)
 FUSED_DTYPES = (torch.float32, torch.bfloat16)  # where `snake` runs the fused kernel (float64 stays upstream's)
 
 
@@ -394,19 +397,18 @@ def convolve_transposed(conv: torch.nn.ConvTranspose1d, padded: Tensor, keep: in
     return phases.view(batch, conv.out_channels, -1, new).transpose(2, 3).reshape(batch, conv.out_channels, -1)
 
 
-MADE: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+DERIVED: "weakref.WeakKeyDictionary[torch.nn.Module, dict[str, Derived]]" = weakref.WeakKeyDictionary()
 
 
 def made_once(module: torch.nn.Module, what: str, make):
     """`make(module)`, made once per weight of `module` and kept beside the shared decoder (which stays unchanged):
-    a weight laid out anew (`phases_of`, `packed_weight`); made again once the weight changed (`.to(dtype)`, an
-    in-place load: its version counter, where an inference tensor has one)."""
-    weight = module.weight
-    source = (weight.data_ptr(), weight.dtype, weight.device, None if weight.is_inference() else weight._version)
-    kept = MADE.setdefault(module, {}).get(what)
-    if kept is None or kept[0] != source:
-        kept = MADE[module][what] = (source, make(module))
-    return kept[1]
+    a weight laid out anew (`phases_of`, `packed_weight`); made again once the weight changed (`changes.Derived`: a new
+    tensor, an in-place write)."""
+    kept = DERIVED.setdefault(module, {})
+    if what not in kept:
+        owner = weakref.ref(module)  # not the module: a value holding its key would keep it alive
+        kept[what] = Derived(lambda _weight: make(owner()))
+    return kept[what].get(module.weight)
 
 
 def phases_of(conv: torch.nn.ConvTranspose1d) -> torch.nn.Conv1d:
@@ -478,7 +480,7 @@ def product(inputs: Tensor, module: torch.nn.Module) -> Tensor:
 
 
 def packed_weight(module: torch.nn.Module) -> Tensor:
-    return torch.ops.mkldnn._reorder_linear_weight(module.weight.reshape(len(module.weight), -1), 48)
+    return packed_layout(module.weight.reshape(len(module.weight), -1), PACK_ROWS)
 
 
 def upstream_codes(codes: Tensor) -> Tensor:
