@@ -62,10 +62,16 @@ def kernel():
         return _state["module"]
 
 
+def native(device: torch.device) -> bool:
+    """Whether draws on `device` take the native call: a CPU, the fast path on (asked first: where it is off, nothing
+    is built) and the draw built."""
+    return device.type == "cpu" and fused.on() and kernel() is not None
+
+
 def takes_uniforms(device: torch.device, top_p: float) -> bool:
-    """Whether draws of a sampler with `top_p` on `device` are native (the same test as `draws`), so that a frame's
-    noise can be held as its uniforms."""
-    return device.type == "cpu" and top_p == 1.0 and fused.on() and kernel() is not None
+    """Whether draws of a sampler with `top_p` on `device` are native (`Sampler.sample_noise` draws natively without
+    top-p), so that a frame's noise can be held as its uniforms."""
+    return top_p == 1.0 and native(device)
 
 
 def draws(logits: Tensor, noise: Tensor, temperature: float, top_k: int) -> Tensor | None:
@@ -73,10 +79,7 @@ def draws(logits: Tensor, noise: Tensor, temperature: float, top_k: int) -> Tens
     [n, V]: Exp(1) values (float32) or their uniforms (float64, module docstring): LongTensor [n]; None where the native
     call does not apply (not a CPU tensor, the fast path off, not built). Few Python steps: a frame makes ~15-20 draws,
     each between calls that leave the caches cold."""
-    if not logits.is_cpu or not fused.on():  # asked first: where the path is off, nothing is built
+    if not native(logits.device):
         return None
-    module = kernel()
-    if module is None:
-        return None
-    native = logits.dtype == torch.float32 or logits.dtype == torch.bfloat16  # bfloat16 widened in the call
-    return module.draws(logits if native else logits.float(), noise, temperature, top_k)
+    as_is = logits.dtype in (torch.float32, torch.bfloat16)  # bfloat16 widened in the call
+    return kernel().draws(logits if as_is else logits.float(), noise, temperature, top_k)
