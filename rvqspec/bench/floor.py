@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from rvqspec.core import cpu_class, device_path, fused
-from rvqspec.core.config import ARCHITECTURES, PredictorConfig
+from rvqspec.core.config import ARCHITECTURES, PredictorConfig, layer_shapes
 from rvqspec.core.device_path import known, median_ms, packable
 from rvqspec.core.errors import RvqspecError
 from rvqspec.core.model import MultiCodeDecoder
@@ -116,14 +116,6 @@ def kernels() -> dict[str, str]:
 def predictor_shapes(arch: str = "0.6b") -> list[tuple[int, int]]:
     """(out, in) of every layer matrix of the predictor of `arch`, in a step's order (qkv, o, gate+up, down)."""
     return layer_shapes(ARCHITECTURES[arch])
-
-
-def layer_shapes(c: PredictorConfig) -> list[tuple[int, int]]:
-    """(out, in) of every layer matrix of a predictor of config `c`, in a step's order."""
-    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-    layer = [(q + 2 * kv, c.hidden_size), (c.hidden_size, q), (2 * c.intermediate_size, c.hidden_size),
-             (c.hidden_size, c.intermediate_size)]
-    return layer * c.num_hidden_layers
 
 
 @torch.inference_mode()

@@ -114,6 +114,15 @@ CSM_1B = PredictorConfig(
 ARCHITECTURES = {"0.6b": QWEN3_TTS_0_6B, "1.7b": QWEN3_TTS_1_7B, "csm-1b": CSM_1B}
 
 
+def layer_shapes(c: PredictorConfig, layers: int | None = None) -> list[tuple[int, int]]:
+    """(out, in) of every layer matrix of a predictor of config `c` (or of its first `layers` layers), in a step's
+    order: qkv, o, gate+up, down per layer."""
+    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    layer = [(q + 2 * kv, c.hidden_size), (c.hidden_size, q), (2 * c.intermediate_size, c.hidden_size),
+             (c.hidden_size, c.intermediate_size)]
+    return layer * (c.num_hidden_layers if layers is None else layers)
+
+
 def config_from_json(upstream: dict) -> PredictorConfig:
     """The depth decoder of a checkpoint's config.json: Qwen3-TTS (talker_config.code_predictor_config) or CSM
     (model_type "csm", depth_decoder_config); anything else is refused."""

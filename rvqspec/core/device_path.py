@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from rvqspec.core import cpu_class, fused
 from rvqspec.core.bf16 import pack_bf16
 from rvqspec.core.checkpoint import save_json
-from rvqspec.core.config import ARCHITECTURES
+from rvqspec.core.config import ARCHITECTURES, layer_shapes
 from rvqspec.core.device_file import cache_dir
 from rvqspec.core.errors import RvqspecError
 from rvqspec.core.files import read_json
@@ -309,9 +309,7 @@ def stack_times(packed_one: bool, packed_many: bool, figures: dict) -> dict:
     only by more than it). Timed per matrix, the kernel forks and joins torch's threads per call and lost to oneDNN
     on 2 threads where its stack ran 1.34x faster than on 1 (benchmarks/results/bf16-rows.md)."""
     c, ops, generator = ARCHITECTURES["0.6b"], fused.kernels(), torch.Generator().manual_seed(3)
-    q, kv, d = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.head_dim
-    shapes = [(q + 2 * kv, c.hidden_size), (c.hidden_size, q), (2 * c.intermediate_size, c.hidden_size),
-              (c.hidden_size, c.intermediate_size)] * STACK_LAYERS
+    shapes, d = layer_shapes(c, STACK_LAYERS), c.head_dim
     weights = [(torch.randn(shape, generator=generator) / shape[1] ** 0.5).bfloat16() for shape in shapes]
     kernels = [matmul_kernels(w) for w in weights]
     ones, slots = torch.ones(c.hidden_size, dtype=torch.bfloat16), ATTENTION_SLOTS[1]
