@@ -20,6 +20,7 @@ from rvqspec.runtime import qwen_tts as qwen_tts_runtime
 from rvqspec.runtime.capacity import Capacity
 from rvqspec.core.frame_loop import ChunkClock
 from rvqspec.runtime.codec_worker import AHEAD_FRAMES, CodecWorker, Cores, Feed, Grant
+from rvqspec.runtime.request import Request
 from rvqspec.runtime.scheduler import Scheduler
 from rvqspec.runtime.threads import GIL_SWITCH_SECONDS, ThreadBudget, fixed_where_bits_vary, quick_gil_handoff
 
@@ -425,6 +426,24 @@ def test_a_codec_that_cannot_batch_ends_that_calls_requests_and_decodes_one_by_o
             engine.submit("custom_voice", **request).audio()
         assert engine.model.codec_batches is False and calls == [1]
         assert len(engine.submit("custom_voice", **request).audio()) > 0 and calls == [1]
+
+
+def test_an_error_its_audio_met_before_its_decoding_ended_is_the_one_the_request_ends_with():
+    """The codec worker's error (`deliver_error`) before the scheduler ends the request for its length: the request
+    ends with that error, raised to its caller, not well and silent (the race the test above met at random)."""
+    class Codec:
+        def wake(self):
+            pass
+
+        def attach(self, request):
+            pass
+
+    request, error = Request(None, Codec(), 24000, (3, 12), torch.Generator()), RvqspecError("the codec failed")
+    request.deliver_error(error)
+    request.finish(reason="length")
+    assert request.error is error and request.end_reason == "error"
+    with pytest.raises(RvqspecError, match="the codec failed"):
+        request.audio()
 
 
 def test_an_error_outside_the_codec_call_ends_that_request_and_the_worker_goes_on(tts64, monkeypatch):

@@ -115,8 +115,9 @@ class Request:
         """Decoding ended, for `reason` (an error: "error")."""
         if self.finished.is_set():
             return
-        self.error = error
-        self.end_reason = "error" if error is not None else reason
+        if self.error is None:  # an error its audio met first (`deliver_error`) is the one it ends with
+            self.error = error
+        self.end_reason = "error" if self.error is not None else reason
         self.finished.set()
         self.codec.wake()
         if self.on_end is not None and self.end_reason in ("eos", "length"):
