@@ -18,7 +18,7 @@ from rvqspec.core import device_path, fused
 from rvqspec.core.decode import decode_frame, decode_frames
 from rvqspec.core.drafters import Offsets, ReusedHeads
 from rvqspec.core.model import RMSNorm, rotate_half
-from rvqspec.core.quantize import Int8Matmul
+from rvqspec.core.quantize import Int8Matmul, draft_scheme
 from rvqspec.core.sampling import Sampler
 from rvqspec.core.tree import default_tree
 
@@ -156,7 +156,7 @@ def test_int8_draft_heads_rank_like_the_exact_ones():
     with torch.no_grad():
         model.heads.mul_(2)  # an in-place change re-quantises
     drafts = model.head_set.draft_heads(model.heads)
-    assert torch.equal(drafts.matmuls[0].rows()[0], Int8Matmul(model.heads[0], "w8a16").rows()[0])
+    assert torch.equal(drafts.matmuls[0].rows()[0], Int8Matmul(model.heads[0], draft_scheme()).rows()[0])
 
 
 def test_without_the_extension_decoding_warns_once_and_takes_the_plain_path(monkeypatch):

@@ -57,11 +57,12 @@ from rvqspec.core.config import ARCHITECTURES, layer_shapes
 from rvqspec.core.device_file import cache_dir
 from rvqspec.core.errors import RvqspecError
 from rvqspec.core.files import read_json
-from rvqspec.core.quantize import DRAFT_SCHEME, Int8Matmul
+from rvqspec.core.quantize import Int8Matmul, draft_scheme
 
-KERNELS_FORMAT = "rvqspec-kernels/4"  # 2: the int8 draft heads timed through Int8Matmul (rvqspec's float32 kernel);
+KERNELS_FORMAT = "rvqspec-kernels/5"  # 2: the int8 draft heads timed through Int8Matmul (rvqspec's float32 kernel);
 # 3: rvqspec's bfloat16 kernel timed beside oneDNN (MatmulChoice.bf16_kernel); 4: that kernel timed as the stack runs
-# it (`stack_times`: one native call, on 2+ threads one parallel region), not per matrix
+# it (`stack_times`: one native call, on 2+ threads one parallel region), not per matrix;
+# 5: the int8 draft heads in w8a8 where rvqspec's kernel runs it (`quantize.draft_scheme`)
 SHAPES = ((1024, 3072), (3072, 1024))  # (in, out): the 0.6B predictor's MLP, the widest K and N of a layer
 STACK_LAYERS = 2  # layers of the 0.6B predictor timed as a stack: 63 MB of bfloat16, more than the L3 of most CPUs
 MANY_ROWS = 33  # a verify call of N = 32
@@ -392,12 +393,12 @@ def attention_floor(dtype: torch.dtype, figures: dict, heads: int = 16, kv_heads
 
 
 def int8_drafts_faster(dtype: torch.dtype, figures: dict, bf16_kernel: bool = False) -> bool:
-    """Whether the int8 draft heads (w8a16: rvqspec's kernel for float32, torch's weight-only one for bfloat16) rank
+    """Whether the int8 draft heads (`quantize.draft_scheme`: w8a8 on rvqspec's kernel, else w8a16) rank
     DRAFT_ROWS rows through a head faster than the exact head (through rvqspec's bfloat16 kernel where chosen)."""
     k, n = HEAD_SHAPE
     generator = torch.Generator().manual_seed(1)
     head, x = torch.randn(n, k, generator=generator).to(dtype), torch.randn(DRAFT_ROWS, k, generator=generator).to(dtype)
-    matmul = Int8Matmul(head, DRAFT_SCHEME)
+    matmul = Int8Matmul(head, draft_scheme())
     exact = matmul_kernels(head)["bf16"] if bf16_kernel else lambda rows: F.linear(rows, head)
     times = median_ms({"int8 ms": lambda: matmul(x), "exact ms": lambda: exact(x)})
     figures["draft head"] = {name: round(ms, 4) for name, ms in times.items()}

@@ -12,11 +12,11 @@ from torch import Tensor
 
 from rvqspec.core.changes import Derived
 from rvqspec.core.packing import PackedWeight, linear
-from rvqspec.core.quantize import DRAFT_SCHEME, QuantizedHeads
+from rvqspec.core.quantize import QuantizedHeads, draft_scheme
 
 
 def draft_copies(heads: Tensor) -> QuantizedHeads:
-    return QuantizedHeads(heads, DRAFT_SCHEME)
+    return QuantizedHeads(heads, draft_scheme())
 
 
 class Heads:

@@ -61,7 +61,6 @@ FLOAT = "float"  # MultiCodeDecoder.weights of a model that is not quantized
 W8A16_MULTIPLE = 16
 W8A16_ACTIVATIONS = (torch.float32, torch.bfloat16, torch.float16)  # what torch's kernel takes
 ZERO_POINT = 128  # w8a8's activations as unsigned bytes: q + 128 (oneDNN)
-DRAFT_SCHEME = "w8a16"  # the int8 copies that rank drafts (`heads`): weights only, activations in the model's dtype
 PACK_COLS, PACK_DEPTH = 4, 16  # rvqspec's AVX2 int8 kernels read blocks of 4 output channels x 16 input values
 VNNI_COLS, VNNI_DEPTH = 16, 16  # its VNNI kernel: blocks of 16 channels, K padded to a multiple of 16
 VNNI_ROWS = 64  # on AMX CPUs calls of more rows take oneDNN's int8 GEMM (prefill: AMX's tiles)
@@ -108,6 +107,13 @@ def w8a8_kernel() -> str | None:
     if cpu_class.has_int8_dot():
         return "onednn"
     return "avx2" if kernels is not None else None
+
+
+def draft_scheme() -> str:
+    """The scheme of the int8 copies that rank drafts (`heads`, `draft_heads`): w8a8 where rvqspec's kernel runs it
+    (one native call that also quantizes the row: drafts only rank, so the activations' rounding costs nothing but a
+    rare swap of near-tied candidates), else w8a16 (weights only, activations in the model's dtype)."""
+    return "w8a8" if w8a8_kernel() in ("vnni", "avx2") else "w8a16"
 
 
 def int8_kernels():
