@@ -18,12 +18,18 @@ Three measurements, 1 thread by default, each interleaved in one process (median
    (a process spinning, as the speech decoder does beside the frame loop), through the stack as one native call (on
    2 threads one parallel region: kernels.h's `Team`) and through the Python loop of one fork-join region per matrix
    (how bfloat16 ran before: `rvqspec bench --batch` measured 2 threads slower than 1); wall time, interleaved.
+5. the round split: the AR step and the N=4 round on rvqspec's kernel with the core's pieces wrapped in CPU-time
+   timers (the layers' native call, the forward's Python, embeddings, drafts and their heads, the walk and its heads
+   and draws, the cache move; the rest is glue), with the draft heads ranking as before (the exact bfloat16 heads)
+   and as now (`quantize.draft_scheme`'s int8 copies).
+Tables 2, 3 and 5 run rvqspec's kernel with the draft heads in each way (exact, w8a16, the chosen scheme).
 Times are the process's CPU time at 1 thread (`--clock cpu`, the default there: on a shared machine the time the
 process waits for a core is not counted; waiting for memory is), wall time otherwise (and in the threads table).
 Writes bf16-rows.{json,md}.
 """
 
 import argparse
+import importlib
 import multiprocessing
 import statistics
 import sys
@@ -45,10 +51,12 @@ from rvqspec.bench.timing import (SMOKE_HELP, finish_machine, machine, machine_t
                                   write_reports)
 from rvqspec.core import cpu_class, device_path, fused  # noqa: E402
 from rvqspec.core.bf16 import pack_bf16  # noqa: E402
+from rvqspec.core.changes import Derived  # noqa: E402
 from rvqspec.core.config import ARCHITECTURES  # noqa: E402
 from rvqspec.core.decode import decode_frame, tokens_per_step  # noqa: E402
 from rvqspec.core.drafters import ReusedHeads  # noqa: E402
 from rvqspec.core.latency import call_latency, clocks, elapsed_ms  # noqa: E402
+from rvqspec.core.quantize import QuantizedHeads, draft_scheme  # noqa: E402
 from rvqspec.core.sampling import Sampler  # noqa: E402
 from rvqspec.core.tree import default_tree  # noqa: E402
 
@@ -60,6 +68,23 @@ FRAME_SIZES = (4, 8, 16)
 SMOKE = {"frames": 2, "repeats": 1, "alternations": 1, "thread_alternations": 1, "rounds": 1,
          "calibration_frames": 2, "calibration_iterations": 1}
 KERNELS = ("onednn", "bf16.cpp")  # how decoding's bfloat16 matmuls ran before, and with rvqspec's kernel
+DRAFTS = ("exact", "w8a16", "chosen")  # how draft heads rank: the exact heads (before), torch's weight-only int8,
+# `quantize.draft_scheme` (now)
+SETTINGS = [("onednn", "chosen"), *(("bf16.cpp", drafts) for drafts in DRAFTS)]  # (kernel, drafts) of tables 2, 3
+W8A16_COPIES: dict[int, Derived] = {}  # per model: `draft_ranking`'s w8a16 copies, where the chosen ones are not
+SPLIT_SIZE = 4  # the round split's N
+SPLIT_WARMUP = 2  # call_latency's warm-up rounds: not in the split
+# piece -> (module, owner, attribute) timed inclusive (the split's): siblings but the nested ones of NESTED
+SPLIT_PIECES = {"forward": ("rvqspec.core.model", "MultiCodeDecoder", "forward"),
+                "layers (the native stack)": ("rvqspec.core.fused", None, "layers"),
+                "embeddings": ("rvqspec.core.model", "MultiCodeDecoder", "embed_codes"),
+                "drafts": ("rvqspec.core.drafters", "Drafter", "candidates"),
+                "draft heads": ("rvqspec.core.drafters", "Drafter", "head"),
+                "walk": ("rvqspec.core.decode", None, "walk"),
+                "heads": ("rvqspec.core.model", "MultiCodeDecoder", "head_logits"),
+                "draws": ("rvqspec.core.context", "RoundContext", "sample"),
+                "cache move": ("rvqspec.core.model", "KVCache", "move")}
+NESTED = {"layers (the native stack)": "forward", "draft heads": "drafts"}  # piece -> the piece it runs inside
 THREAD_SIZES = (4, 8)
 STACKS = ("Python loop", "one native call")  # a fork-join region per matrix (before), one per stack
 
@@ -77,6 +102,34 @@ def matmuls(kernel: str):
     finally:
         entry["bf16_kernel"] = before
         device_path.path_of.cache_clear()
+
+
+@contextmanager
+def draft_ranking(model, drafts: str):
+    """Rank drafts with the exact heads ("exact"), w8a16 int8 copies or `quantize.draft_scheme`'s ("chosen"), by
+    editing this process's measured choice (`int8_drafts`) and the model's derived draft copies."""
+    entry = device_path.prepared[device_path.choices_key(model.dtype)]
+    before, copies = entry["int8_drafts"], model.head_set.drafts
+    entry["int8_drafts"] = drafts != "exact"
+    if drafts == "w8a16" and draft_scheme() != "w8a16":  # made once, kept beside the model's own copies
+        model.head_set.drafts = W8A16_COPIES.setdefault(id(model), Derived(lambda heads: QuantizedHeads(heads, "w8a16")))
+    device_path.path_of.cache_clear()
+    try:
+        yield
+    finally:
+        entry["int8_drafts"], model.head_set.drafts = before, copies
+        device_path.path_of.cache_clear()
+
+
+@contextmanager
+def setting(model, kernel: str, drafts: str):
+    """Decode with `kernel`'s matmuls (`matmuls`) and drafts ranked by `drafts` (`draft_ranking`)."""
+    with matmuls(kernel), draft_ranking(model, drafts):
+        yield
+
+
+def setting_name(kernel: str, drafts: str) -> str:
+    return kernel if drafts == "chosen" else f"{kernel}, {drafts} draft heads"
 
 
 @torch.inference_mode()
@@ -112,40 +165,41 @@ def matrix_rows(shapes: list, pad_rows: int, repeats: int, clock: str) -> dict:
 
 
 def call_costs(model, sampler: Sampler, alternations: int, rounds: int, clock: str) -> dict:
-    """Per kernel: median ms of the AR step and of a speculative round per N (alternating kernels)."""
+    """Per setting (`SETTINGS`): median ms of the AR step and of a speculative round per N (alternating settings)."""
     trees = {n: default_tree(n) for n in CALL_SIZES}
     drafter = ReusedHeads(model)
-    samples = {kernel: {"ar": [], **{n: [] for n in CALL_SIZES}} for kernel in KERNELS}
+    samples = {s: {"ar": [], **{n: [] for n in CALL_SIZES}} for s in SETTINGS}
     for _ in range(alternations):
-        for kernel in KERNELS:
-            with matmuls(kernel):
+        for kernel, drafts in SETTINGS:
+            with setting(model, kernel, drafts):
                 latency = call_latency(model, drafter, trees, sampler, rounds)
-            samples[kernel]["ar"].append(latency["ar"][f"{clock}_ms"])
+            samples[kernel, drafts]["ar"].append(latency["ar"][f"{clock}_ms"])
             for n in CALL_SIZES:
-                samples[kernel][n].append(latency["spec"][n][f"{clock}_ms"])
-    return {kernel: {str(key): statistics.median(v) for key, v in s.items()} for kernel, s in samples.items()}
+                samples[kernel, drafts][n].append(latency["spec"][n][f"{clock}_ms"])
+    return {setting_name(*s): {str(key): statistics.median(v) for key, v in runs.items()}
+            for s, runs in samples.items()}
 
 
 @torch.inference_mode()
 def frame_times(predictor, frames: list, sampler: Sampler, clock: str) -> dict:
-    """Median frame ms and tokens/step per (kernel, mode): mode 0 AR, N speculative; rotating order per frame."""
+    """Median frame ms and tokens/step per (setting, mode): mode 0 AR, N speculative; rotating order per frame."""
     model = predictor.model
-    runs = [(kernel, n) for kernel in KERNELS for n in (0, *FRAME_SIZES)]
+    runs = [(s, n) for s in SETTINGS for n in (0, *FRAME_SIZES)]
     trees = {n: default_tree(n) for n in FRAME_SIZES}
     drafter = ReusedHeads(model)
     times, decoded = {run: [] for run in runs}, {run: [] for run in runs}
     for i, (h, c0) in enumerate([frames[0]] + frames):  # the first: warm-up
-        for kernel, n in runs[i % len(runs):] + runs[:i % len(runs)]:
-            with matmuls(kernel):
+        for s, n in runs[i % len(runs):] + runs[:i % len(runs)]:
+            with setting(model, *s):
                 start = clocks()
                 result = decode_frame(model, h, c0, sampler, torch.Generator().manual_seed(i),
                                       drafter=drafter if n else None, tree=trees.get(n))
                 if i:
-                    times[kernel, n].append(elapsed_ms(start)[clock == "cpu"])
-                    decoded[kernel, n].append(result)
-    return {kernel: {str(n): {"frame_ms": statistics.median(times[kernel, n]),
-                              "tokens_per_step": tokens_per_step(decoded[kernel, n])} for n in (0, *FRAME_SIZES)}
-            for kernel in KERNELS}
+                    times[s, n].append(elapsed_ms(start)[clock == "cpu"])
+                    decoded[s, n].append(result)
+    return {setting_name(*s): {str(n): {"frame_ms": statistics.median(times[s, n]),
+                                        "tokens_per_step": tokens_per_step(decoded[s, n])} for n in (0, *FRAME_SIZES)}
+            for s in SETTINGS}
 
 
 @contextmanager
@@ -157,6 +211,94 @@ def stack(how: str):
         yield
     finally:
         fused.int8_stack = native
+
+
+class RoundSplit:
+    """Inclusive CPU time per piece (`SPLIT_PIECES`) of the AR step and of the round, per call: the pieces wrapped in
+    place while `installed`; a piece within itself (heads through `by_codebook`) counts once, the heads within drafts
+    (exact draft heads) count as draft heads only."""
+
+    def __init__(self):
+        self.phase, self.active, self.ms, self.calls = None, dict.fromkeys(SPLIT_PIECES, 0), {}, {}
+
+    def wrap(self, func, piece: str):
+        def timed(*args, **kwargs):
+            counted = self.phase is not None and not self.active[piece] and not (
+                piece == "heads" and self.active["drafts"])
+            self.active[piece] += 1
+            start = time.thread_time()
+            try:
+                return func(*args, **kwargs)
+            finally:
+                self.active[piece] -= 1
+                if counted:
+                    key = self.phase, piece
+                    self.ms[key] = self.ms.get(key, 0.0) + (time.thread_time() - start) * 1e3
+        return timed
+
+    def wrap_phase(self, func, phase: str):
+        seen = [0]
+
+        def timed(*args, **kwargs):
+            seen[0] += 1
+            if seen[0] > SPLIT_WARMUP:
+                self.phase, self.calls[phase] = phase, self.calls.get(phase, 0) + 1
+            try:
+                return self.wrap(func, "total")(*args, **kwargs)
+            finally:
+                self.phase = None
+        return timed
+
+    @contextmanager
+    def installed(self):
+        targets = {piece: (importlib.import_module(module), owner, name)
+                   for piece, (module, owner, name) in SPLIT_PIECES.items()}
+        targets = {piece: (getattr(module, owner) if owner else module, name)
+                   for piece, (module, owner, name) in targets.items()}
+        latency = importlib.import_module("rvqspec.core.latency")
+        originals = [(target, name, getattr(target, name)) for target, name in targets.values()]
+        originals += [(latency, name, getattr(latency, name)) for name in ("autoregressive_step", "speculative_round")]
+        self.active["total"] = 0
+        for piece, (target, name) in targets.items():
+            setattr(target, name, self.wrap(getattr(target, name), piece))
+        latency.autoregressive_step = self.wrap_phase(latency.autoregressive_step, "AR step")
+        latency.speculative_round = self.wrap_phase(latency.speculative_round, f"N={SPLIT_SIZE} round")
+        try:
+            yield
+        finally:
+            for target, name, original in originals:
+                setattr(target, name, original)
+
+    def per_call(self) -> dict:
+        """phase -> piece -> ms per call, with the derived pieces: the forward's Python, the drafts' top-m and glue,
+        the walk's matching and glue, and the rest (glue)."""
+        result = {}
+        for phase, calls in self.calls.items():
+            ms = {piece: self.ms.get((phase, piece), 0.0) / calls for piece in (*SPLIT_PIECES, "total")}
+            ms["forward: Python around the stack"] = ms["forward"] - ms["layers (the native stack)"]
+            ms["drafts: top-m and glue"] = ms["drafts"] - ms["draft heads"]
+            walked = ms["walk"] > 0  # the round's heads and draws are the walk's
+            ms["walk: matching and glue"] = ms["walk"] - ms["heads"] - ms["draws"] if walked else 0.0
+            outer = ms["forward"] + ms["embeddings"] + ms["drafts"] + ms["cache move"] + (
+                ms["walk"] if walked else ms["heads"] + ms["draws"])
+            ms["glue (the rest)"] = ms["total"] - outer
+            result[phase] = ms
+        return result
+
+
+def round_split(model, sampler: Sampler, alternations: int, rounds: int) -> dict:
+    """`RoundSplit.per_call` of the AR step and the N=SPLIT_SIZE round on rvqspec's kernel, per way of ranking the
+    drafts (exact heads: before; `quantize.draft_scheme`: now), alternating; medians over alternations."""
+    drafter, trees, ways = ReusedHeads(model), {SPLIT_SIZE: default_tree(SPLIT_SIZE)}, ("exact", "chosen")
+    samples = {drafts: [] for drafts in ways}
+    for _ in range(alternations):
+        for drafts in ways:
+            split = RoundSplit()
+            with setting(model, "bf16.cpp", drafts), split.installed():
+                call_latency(model, drafter, trees, sampler, rounds)
+            samples[drafts].append(split.per_call())
+    return {drafts: {phase: {piece: statistics.median(run[phase][piece] for run in runs) for piece in runs[0][phase]}
+                     for phase in runs[0]} for drafts, runs in samples.items()}
 
 
 def thread_costs(model, sampler: Sampler, alternations: int) -> dict:
@@ -211,12 +353,16 @@ def run(args) -> dict:
                                     predictor.frames(args.calibration_frames, seed=2), args.calibration_iterations)
     print(f"heads at {calibrated.measured:.2f} tokens/step at N=32 (paper {calibrated.target})", flush=True)
     report = {"machine": info, "settings": vars(args), "choice": choice["matmul"],
+              "drafts": {"scheme": draft_scheme(), "int8_drafts": choice["int8_drafts"],
+                         "head_ms": choice["figures"].get("draft head")},
               "calibration": {"tokens_per_step": calibrated.measured, "target": calibrated.target}}
     report["matrices"] = matrix_rows(predictor_shapes() if not args.smoke else [(64, 32), (32, 64)],
                                      choice["matmul"]["pad_rows"], args.repeats, args.clock)
     report["calls"] = call_costs(predictor.model, sampler, args.alternations, args.rounds, args.clock)
     report["frames"] = frame_times(predictor, predictor.frames(args.frames, seed=1), sampler, args.clock)
     report["threads"] = thread_costs(predictor.model, sampler, args.thread_alternations)
+    torch.set_num_threads(args.threads)
+    report["split"] = round_split(predictor.model, sampler, args.alternations, args.rounds)
     torch.set_num_threads(args.threads)
     finish_machine(info)
     return report
@@ -263,8 +409,35 @@ def markdown(report: dict) -> str:
                                 for n in FRAME_SIZES) +
                      f" | **{f['0']['frame_ms'] / f[str(best)]['frame_ms']:.2f}x** (N={best}) | "
                      f"{base / f[str(best)]['frame_ms']:.2f}x |")
-    lines += ["", "Speculative cells: frame ms (tokens/step).", ""] + threads_table(report["threads"])
+    lines += ["", "Speculative cells: frame ms (tokens/step). Draft heads: as chosen here unless named (exact: the "
+              "exact bfloat16 heads, as before; w8a16: torch's weight-only int8 kernel).", ""]
+    lines += threads_table(report["threads"]) + [""] + split_table(report)
     return "\n".join(lines) + "\n"
+
+
+SPLIT_ROWS = ("layers (the native stack)", "forward: Python around the stack", "embeddings", "draft heads",
+              "drafts: top-m and glue", "heads", "draws", "walk: matching and glue", "cache move", "glue (the rest)",
+              "total")
+
+
+def split_table(report: dict) -> list[str]:
+    """The round split: per piece, the AR step and the round with the draft heads as before and as now."""
+    split, d = report["split"], report["drafts"]
+    ar, rounds = split["chosen"]["AR step"], {drafts: split[drafts][f"N={SPLIT_SIZE} round"] for drafts in split}
+    now = f"{d['scheme']} int8 copies" if d["int8_drafts"] else "exact heads"
+    lines = [f"## Where the N={SPLIT_SIZE} round's time goes, against the AR step (rvqspec's kernel, CPU ms per call)",
+             "", f"The core's pieces wrapped in CPU-time timers during `call_latency` runs (k=7; the timed walk's random "
+             "drafts are rarely accepted, so it visits about one depth: a frame's rounds visit tokens/step depths, "
+             "one head and draw each). Draft heads before: the exact bfloat16 heads (the measured choice on this class "
+             f"before w8a8 drafts); now: {now} (`quantize.draft_scheme`; measured head ms, hot: "
+             f"{d['head_ms']}). Heads: the walk's (the AR step's one).", "",
+             f"| piece | AR step | N={SPLIT_SIZE} round, draft heads before | N={SPLIT_SIZE} round, now | "
+             "round - AR, before | round - AR, now |", "|---|---|---|---|---|---|"]
+    for piece in SPLIT_ROWS:
+        a, before, after = ar[piece], rounds["exact"][piece], rounds["chosen"][piece]
+        name = f"**{piece}**" if piece == "total" else piece
+        lines.append(f"| {name} | {a:.3f} | {before:.3f} | {after:.3f} | {before - a:+.3f} | {after - a:+.3f} |")
+    return lines
 
 
 def threads_table(runs: dict) -> list[str]:

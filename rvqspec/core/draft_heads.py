@@ -2,11 +2,13 @@
 
 A round drafts K codes ahead with K heads, each a [V, H] matrix read from memory for one row: most of the head
 reads of a round. Drafts need only the top-m candidates, never a distribution, and a draft cannot change what is
-emitted (the walk draws from the exact heads), only how often it is accepted; so in bfloat16 they rank with per-row
-int8 copies of the heads (half the bytes) through `torch.ops.aten._weight_int8pack_mm`, faster there than the exact
-head. Its float32 kernel is slower than the exact head (both measured in docs/cpu-fast-path.md), so float32,
-float64 (tests) and accelerators keep the exact heads (`DevicePath.int8_drafts`). The copies are kept with the
-model's heads (`core/heads.py`), made on first use and again when the heads change.
+emitted (the walk draws from the exact heads), only how often it is accepted; so they rank with per-row int8 copies
+of the heads (half the bytes of bfloat16, a quarter of float32's) in the scheme `quantize.draft_scheme` names: w8a8
+on rvqspec's own int8 kernel where it runs (one native call, the row quantized inside it: rounding the activations
+can only swap near-tied candidates), else w8a16 (torch's weight-only kernel). Where that measured faster than the
+exact head (`DevicePath.int8_drafts`: w8a8 is, on every class measured, bfloat16 and float32); float64 (tests) and
+accelerators keep the exact heads. The copies are kept with the model's heads (`core/heads.py`), made on first use
+and again when the heads change; docs/cpu-fast-path.md has the figures.
 """
 
 from torch import Tensor
