@@ -74,17 +74,18 @@ SETTINGS = [("onednn", "chosen"), *(("bf16.cpp", drafts) for drafts in DRAFTS)] 
 W8A16_COPIES: dict[int, Derived] = {}  # per model: `draft_ranking`'s w8a16 copies, where the chosen ones are not
 SPLIT_SIZE = 4  # the round split's N
 SPLIT_WARMUP = 2  # call_latency's warm-up rounds: not in the split
-# piece -> (module, owner, attribute) timed inclusive (the split's): siblings but the nested ones of NESTED
-SPLIT_PIECES = {"forward": ("rvqspec.core.model", "MultiCodeDecoder", "forward"),
-                "layers (the native stack)": ("rvqspec.core.fused", None, "layers"),
-                "embeddings": ("rvqspec.core.model", "MultiCodeDecoder", "embed_codes"),
-                "drafts": ("rvqspec.core.drafters", "Drafter", "candidates"),
-                "draft heads": ("rvqspec.core.drafters", "Drafter", "head"),
-                "walk": ("rvqspec.core.decode", None, "walk"),
-                "heads": ("rvqspec.core.model", "MultiCodeDecoder", "head_logits"),
-                "draws": ("rvqspec.core.context", "RoundContext", "sample"),
-                "cache move": ("rvqspec.core.model", "KVCache", "move")}
-NESTED = {"layers (the native stack)": "forward", "draft heads": "drafts"}  # piece -> the piece it runs inside
+# (piece, module, owner, attribute): timed inclusive, the split's pieces (a piece may take several functions)
+SPLIT_PIECES = [("forward", "rvqspec.core.model", "MultiCodeDecoder", "forward"),
+                ("layers (the native stack)", "rvqspec.core.fused", None, "layers"),
+                ("embeddings", "rvqspec.core.model", "MultiCodeDecoder", "embed_codes"),
+                ("drafts", "rvqspec.core.drafters", "Drafter", "candidates"),
+                ("draft heads", "rvqspec.core.drafters", "Drafter", "head"),
+                ("draft heads", "rvqspec.core.draft_heads", None, "span_logits"),
+                ("walk", "rvqspec.core.decode", None, "walk"),
+                ("heads", "rvqspec.core.model", "MultiCodeDecoder", "head_logits"),
+                ("draws", "rvqspec.core.context", "RoundContext", "sample"),
+                ("cache move", "rvqspec.core.model", "KVCache", "move")]
+PIECE_NAMES = list(dict.fromkeys(piece for piece, *_ in SPLIT_PIECES))
 THREAD_SIZES = (4, 8)
 STACKS = ("Python loop", "one native call")  # a fork-join region per matrix (before), one per stack
 
@@ -221,7 +222,7 @@ class RoundSplit:
     (exact draft heads) count as draft heads only."""
 
     def __init__(self):
-        self.phase, self.active, self.ms, self.calls = None, dict.fromkeys(SPLIT_PIECES, 0), {}, {}
+        self.phase, self.active, self.ms, self.calls = None, dict.fromkeys((*PIECE_NAMES, "total"), 0), {}, {}
 
     def wrap(self, func, piece: str):
         def timed(*args, **kwargs):
@@ -253,15 +254,12 @@ class RoundSplit:
 
     @contextmanager
     def installed(self):
-        targets = {piece: (importlib.import_module(module), owner, name)
-                   for piece, (module, owner, name) in SPLIT_PIECES.items()}
-        targets = {piece: (getattr(module, owner) if owner else module, name)
-                   for piece, (module, owner, name) in targets.items()}
+        modules = [(piece, importlib.import_module(module), owner, name) for piece, module, owner, name in SPLIT_PIECES]
+        targets = [(piece, getattr(module, owner) if owner else module, name) for piece, module, owner, name in modules]
         latency = importlib.import_module("rvqspec.core.latency")
-        originals = [(target, name, getattr(target, name)) for target, name in targets.values()]
+        originals = [(target, name, getattr(target, name)) for _, target, name in targets]
         originals += [(latency, name, getattr(latency, name)) for name in ("autoregressive_step", "speculative_round")]
-        self.active["total"] = 0
-        for piece, (target, name) in targets.items():
+        for piece, target, name in targets:
             setattr(target, name, self.wrap(getattr(target, name), piece))
         latency.autoregressive_step = self.wrap_phase(latency.autoregressive_step, "AR step")
         latency.speculative_round = self.wrap_phase(latency.speculative_round, f"N={SPLIT_SIZE} round")
@@ -276,7 +274,7 @@ class RoundSplit:
         the walk's matching and glue, and the rest (glue)."""
         result = {}
         for phase, calls in self.calls.items():
-            ms = {piece: self.ms.get((phase, piece), 0.0) / calls for piece in (*SPLIT_PIECES, "total")}
+            ms = {piece: self.ms.get((phase, piece), 0.0) / calls for piece in (*PIECE_NAMES, "total")}
             ms["forward: Python around the stack"] = ms["forward"] - ms["layers (the native stack)"]
             ms["drafts: top-m and glue"] = ms["drafts"] - ms["draft heads"]
             walked = ms["walk"] > 0  # the round's heads and draws are the walk's

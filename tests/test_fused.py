@@ -10,11 +10,12 @@ path (tests/test_speculative.py runs every drafter and tree there; here it is as
 """
 
 import warnings
+from dataclasses import replace
 
 import pytest
 import torch
 
-from rvqspec.core import device_path, fused
+from rvqspec.core import device_path, draft_heads, fused
 from rvqspec.core.decode import decode_frame, decode_frames
 from rvqspec.core.drafters import Offsets, ReusedHeads
 from rvqspec.core.model import RMSNorm, rotate_half
@@ -143,8 +144,7 @@ def test_int8_draft_heads_rank_like_the_exact_ones():
     """Quantisation error within half a step per weight (plus the scale's rounding to bfloat16); drafts (top candidates) as the exact heads' in nearly every
     row (bfloat16, the dtype they are used in)."""
     model = tiny_model(seed=10, vocab=64, hidden=64, dtype=torch.bfloat16)
-    for head, matmul in zip(model.heads, model.head_set.draft_heads(model.heads).matmuls):
-        q, scale = matmul.rows()
+    for head, q, scale in zip(model.heads, *model.head_set.draft_heads(model.heads).rows()):
         scale = scale.bfloat16()
         assert ((q.float() * scale[:, None].float() - head.float()).abs() <= scale[:, None].float() * (0.5 + 127 * 2 ** -8)).all()  # + the bf16 scale
     hidden = torch.randn(200, 64, generator=torch.Generator().manual_seed(11)).to(torch.bfloat16)
@@ -156,7 +156,27 @@ def test_int8_draft_heads_rank_like_the_exact_ones():
     with torch.no_grad():
         model.heads.mul_(2)  # an in-place change re-quantises
     drafts = model.head_set.draft_heads(model.heads)
-    assert torch.equal(drafts.matmuls[0].rows()[0], Int8Matmul(model.heads[0], draft_scheme()).rows()[0])
+    assert torch.equal(drafts.rows()[0][0], Int8Matmul(model.heads[0], draft_scheme()).rows()[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_rounds_draft_heads_in_one_call_rank_as_one_call_per_depth(dtype):
+    """Rows at one position: the K int8 draft heads as one native call (`draft_heads.span_logits`) give each depth the
+    bits of its own head's call, for one input (ReusedHeads) and one per depth (Offsets), past the frame's end too."""
+    model = tiny_model(seed=14, vocab=64, hidden=64, dtype=dtype)
+    path = replace(device_path.choose("cpu", dtype), int8_drafts=True, static_shapes=False)
+    hidden = torch.randn(3, 64, generator=torch.Generator().manual_seed(15)).to(dtype)
+    last = model.config.num_residual_codes
+    with torch.inference_mode():
+        if draft_heads.one_call(model, [2] * 3, path) is None:
+            pytest.skip(f"int8 drafts in {draft_scheme()} here: one call per head")
+        for drafter in (ReusedHeads(model), random_offsets(model, 3, seed=16)):
+            for k in (2, last - 2):  # all depths, and one past the last code
+                together = drafter.logits(model, hidden, [k] * 3, 3, rank_only=True, path=path)
+                reach = min(3, last - k)
+                alone = [drafter.head(model, hidden, [k] * 3, j, path, rank_only=True) for j in range(1, reach + 1)]
+                assert torch.equal(together[:, :reach], torch.stack(alone, dim=1))
+                assert not together[:, reach:].any()
 
 
 def test_without_the_extension_decoding_warns_once_and_takes_the_plain_path(monkeypatch):

@@ -74,10 +74,16 @@ class Drafter(nn.Module):
         depths past it are garbage (pruned). `path`: a round's (default: `device_path.choose` for this call)."""
         depth, path = depth or self.depth, path or device_path.choose(hidden.device, hidden.dtype)
         reach = depth if path.static_shapes else min(depth, model.config.num_residual_codes - min(positions))
+        missing = [hidden.new_zeros(len(positions), model.config.vocab_size)] * (depth - reach) if reach < depth else []
+        # the K heads in one native call where they can (the model's heads: a drafter with its own, Medusa's, cannot)
+        spanned = draft_heads.one_call(model, positions, path) if rank_only and type(self).head is Drafter.head \
+            else None
+        if spanned is not None and reach:
+            inputs = [self.transform(hidden, positions, j) for j in range(1, reach + 1)]
+            logits = draft_heads.span_logits(spanned, inputs, positions[0] + 1)
+            return torch.cat([logits, torch.stack(missing, dim=1)], dim=1) if missing else logits
         per_depth = [self.head(model, hidden, positions, j, path, rank_only) for j in range(1, reach + 1)]
-        if reach < depth:
-            per_depth += [hidden.new_zeros(len(positions), model.config.vocab_size)] * (depth - reach)
-        return torch.stack(per_depth, dim=1)
+        return torch.stack(per_depth + missing, dim=1)
 
     def candidates(self, ctx: RoundContext, hidden: Tensor, positions: list[int] | Tensor) -> Tensor:
         """A round's top-m draft codes [B, K, m] per depth (K, m: the tree's depth and top_m): all a round needs, so

@@ -10,13 +10,44 @@ ones it has. The weight is passed in rather than held, so that whatever replaces
 
 from torch import Tensor
 
+from rvqspec.core import fused
 from rvqspec.core.changes import Derived
 from rvqspec.core.packing import PackedWeight, linear
-from rvqspec.core.quantize import QuantizedHeads, draft_scheme
+from rvqspec.core.quantize import VNNI_COLS, Int8Matmul, QuantizedHeads, draft_scheme
 
 
-def draft_copies(heads: Tensor) -> QuantizedHeads:
-    return QuantizedHeads(heads, draft_scheme())
+class DraftHeads:
+    """Every head's int8 copy as one w8a8 matmul [(G-1) V, H] on rvqspec's kernel: a round's K draft heads (codebooks
+    k+1..k+K, neighbours) are one native call over a slice of its packed rows (views), not K calls and a stack."""
+
+    def __init__(self, heads: Tensor):
+        self.count, self.vocab = heads.shape[0], heads.shape[1]
+        self.matmul = Int8Matmul(heads.reshape(-1, heads.shape[-1]), "w8a8")
+
+    def span(self, hidden: Tensor, first: int, count: int) -> Tensor:
+        """Logits [..., count * V] of codebooks first..first+count-1 (1..G-1) from hidden [..., H]."""
+        packed = self.matmul.native(hidden.numel() // hidden.shape[-1])
+        if packed is None:  # an AMX CPU's call of many rows: oneDNN's, over every head
+            return self.matmul(hidden)[..., (first - 1) * self.vocab:(first - 1 + count) * self.vocab]
+        begin, end = first - 1, first - 1 + count  # each packed tensor holds whole heads: V a multiple of VNNI_COLS
+        part = [t[len(t) * begin // self.count:len(t) * end // self.count] for t in packed]
+        ops = fused.kernels()
+        return (ops.vnni_linear if len(part) == 3 else ops.int8_linear)(hidden, *part, count * self.vocab)
+
+    def logits(self, hidden: Tensor, codebook: int) -> Tensor:
+        return self.span(hidden, codebook, 1)
+
+    def rows(self) -> tuple[Tensor, Tensor]:
+        """(int8 heads [G-1, V, H], scales [G-1, V]), as `QuantizedHeads.rows`."""
+        q, scale = self.matmul.rows()
+        return q.reshape(self.count, self.vocab, -1), scale.reshape(self.count, self.vocab)
+
+
+def draft_copies(heads: Tensor) -> DraftHeads | QuantizedHeads:
+    """The heads' int8 copies that rank drafts: one matmul (`DraftHeads`) in w8a8 where the vocabulary fills whole
+    packed blocks, else one per head."""
+    scheme = draft_scheme()
+    return DraftHeads(heads) if scheme == "w8a8" and heads.shape[1] % VNNI_COLS == 0 else QuantizedHeads(heads, scheme)
 
 
 class Heads:
@@ -25,7 +56,7 @@ class Heads:
     def __init__(self, count: int, int8: QuantizedHeads | None = None):
         self.int8 = int8
         self.packs = [PackedWeight() for _ in range(count)] if int8 is None else []
-        self.drafts: Derived[QuantizedHeads] = Derived(draft_copies)
+        self.drafts: Derived[DraftHeads | QuantizedHeads] = Derived(draft_copies)
 
     def logits(self, heads: Tensor | None, hidden: Tensor, codebook: int) -> Tensor:
         """Logits of codebook `codebook` (1..G-1) from hidden states [..., H]; `heads`: the model's float heads (None
@@ -34,7 +65,7 @@ class Heads:
             return self.int8.logits(hidden, codebook)
         return linear(hidden, heads[codebook - 1], None, self.packs[codebook - 1])
 
-    def draft_heads(self, heads: Tensor) -> QuantizedHeads:
+    def draft_heads(self, heads: Tensor) -> DraftHeads | QuantizedHeads:
         """The int8 copies of the float `heads` that rank drafts."""
         return self.drafts.get(heads)
 
