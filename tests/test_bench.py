@@ -10,6 +10,7 @@ from rvqspec.bench import one_stream, report as bench_report
 from rvqspec.cli.main import main
 from rvqspec.core import cpu_class, device_file
 from rvqspec.core.errors import RvqspecError
+from rvqspec.core.policy import SIZES
 from rvqspec.core.tree import default_tree
 
 from helpers.tiny import tiny_config, tiny_csm_config, tiny_model
@@ -138,12 +139,15 @@ def test_batch_bench_json_reports_and_device_latency(tmp_path, capsys, monkeypat
     report = json.loads((tmp_path / "out" / "bench-batch-quick.json").read_text())
     setting = report["settings"][0]
     assert set(setting["latency_ms"]) == {"1", "3"}
-    assert all(set(row) == {"0", "4", "8", "16", "32", "64"} for row in setting["latency_ms"].values())
+    assert all(set(row) == {"0", *map(str, SIZES)} for row in setting["latency_ms"].values())
+    # Every size is a candidate: the paper's at their own acceptance, the others at its headline's strength.
+    assert set(setting["strengths"]) == set(map(str, SIZES))
+    assert setting["strengths"]["6"]["strength"] == setting["strengths"]["32"]["strength"]
     for row in setting["frames"]:
         fps = row["frames_per_second"]
         assert row["policy_over_ar"] == pytest.approx(fps["policy"] / fps["ar"])
         assert printed["batch_policy_speedup"][str(row["batch"])] == row["policy_over_ar"]
-        assert row["tree_size"] in (0, 16, 32, 64) and set(fps) == {"ar", "policy", "upstream"}
+        assert row["tree_size"] in (0, *SIZES) and set(fps) == {"ar", "policy", "upstream"}
         if row["tree_size"] == 0:  # AR chosen: the policy is our AR, timed once
             assert row["policy_over_ar"] == 1.0 and row["why"].startswith("AR")
     assert "| B | policy |" in (tmp_path / "out" / "bench-batch-quick.md").read_text()

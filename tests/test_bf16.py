@@ -112,6 +112,21 @@ def test_the_kernel_is_chosen_by_its_stack_as_decoding_runs_it(monkeypatch):
             assert device_path.measure(torch.bfloat16)["matmul"]["bf16_kernel"] == wins
 
 
+def test_the_stack_is_timed_by_its_fastest_repeats(monkeypatch):
+    """The kernel choice is kept, so a busy moment must not make it: stack_times takes each call's fastest repeat
+    (on 2 threads a busy core slowed rvqspec's stack more than oneDNN's, and the median gave a bfloat16 AR step at
+    1.75x its 1-thread time)."""
+    ticks = iter([0, 1, 10, 10, 12, 12, 15])  # the warm-up reads the clock once, then repeats of 9, 2, 3 seconds
+    assert device_path.median_ms({"call": lambda: None}, reps=3, clock=lambda: next(ticks), fastest=True) == \
+        {"call": 2e3}
+    ticks = iter([0, 1, 10, 10, 12, 12, 15])
+    assert device_path.median_ms({"call": lambda: None}, reps=3, clock=lambda: next(ticks)) == {"call": 3e3}
+    used = []
+    monkeypatch.setattr(device_path, "median_ms", lambda calls, *a, **k: used.append(k) or {n: 1.0 for n in calls})
+    device_path.stack_times(True, True, {})
+    assert used == [{"fastest": True}]
+
+
 @pytest.mark.parametrize("csm", [False, True], ids=["qwen", "llama-csm"])
 def test_a_bfloat16_stack_is_one_native_call_with_the_python_loops_bits(kernel_forced, csm, monkeypatch):
     model = tiny_model(seed=5, dtype=torch.bfloat16, hidden=64, layers=3, csm=csm, std=0.1)

@@ -244,3 +244,14 @@ def test_a_damaged_calibration_report_is_refused(tmp_path, calls):
     (tmp_path / "report.json").write_text(json.dumps(report))
     with pytest.raises(RvqspecError, match=r"measured_frame_calls of the N=4 tree must be a non-empty list"):
         Policy.for_model(model, tmp_path)
+
+
+def test_the_policy_weighs_the_sizes_between_powers_of_two_where_the_table_has_them():
+    # A verify call costs one row's call up to its knee (7 rows here), then grows with its rows: N = 6 decodes as many
+    # codes a call as N = 8 nearly, for less; a table measured before N = 6 was a size leaves it out.
+    knee = {n: 1.0 + 0.12 * max(0, n + 1 - 7) for n in policy_module.SIZES}
+    model = tiny_model(groups=GROUPS)
+    assert 6 in policy_module.SIZES and 12 in policy_module.SIZES
+    assert Policy.for_model(model, None, table(1.0, knee, batches=(1,))).choose(1) == 6
+    older = {n: ms for n, ms in knee.items() if n in SIZES}
+    assert Policy.for_model(model, None, table(1.0, older, batches=(1,))).choose(1) in SIZES

@@ -5,10 +5,11 @@ csm-1b` for CSM-1B's depth decoder), frames per second of (a) our batched AR, (b
 heads, `rvqspec.bench.controlled`; CSM at the drafts accepted per round that the 0.6B shows there).
 
 Per setting (dtype x threads), in one process:
-1. the latency table: ms per call at (B, N) for every batch B and N in 0 (an AR step), 4..64 (a speculative
-   round, rows spread over neighbouring k as ragged progress spreads them), interleaved rounds, medians;
+1. the latency table: ms per call at (B, N) for every batch B and N in 0 (an AR step), the policy's sizes 4..64 (a
+   speculative round, rows spread over neighbouring k as ragged progress spreads them), interleaved rounds, medians;
 2. acceptance: the heads' peak strength bisected per N = 16, 32, 64 until tokens/step matches the paper's
    (2.25, 2.47, 2.60), once per dtype (another frame length: until the per-round acceptance matches the 0.6B's);
+   the sizes the paper did not measure decode at N = 32's strength;
 3. the policy (`rvqspec.core.policy`) from that table and the calls each calibration frame took at that
    acceptance (as a calibration report gives them) chooses N per B;
 4. frames: per B, the same `repeats` batches of frames decoded by (a), (b), (c) in turn, medians of the batch
@@ -22,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from rvqspec.bench.controlled import (PAPER_ACCEPTANCE, ControlledPredictor, calibrate_to_paper, controlled_predictor,
-                                      log_calibration, paper_round_acceptance)
+from rvqspec.bench.controlled import (PAPER_ACCEPTANCE, PAPER_HEADLINE, ControlledPredictor, at_strength,
+                                      calibrate_to_paper, controlled_predictor, log_calibration, paper_round_acceptance)
 from rvqspec.bench.timing import finish_machine, machine
 from rvqspec.core.config import ARCHITECTURES
 from rvqspec.core.decode import decode_frames, tokens_per_step
@@ -158,10 +159,12 @@ def measure_setting(predictor: ControlledPredictor, upstream, plan: BatchPlan, s
                                                   trees[n], PAPER_ACCEPTANCE[n], sampler, plan.calibration_frames,
                                                   plan.calibration_iterations, model.dtype, model.device))
             log_calibration(log, n, strengths[n])
+    for n in trees:  # sizes the paper did not measure: at its headline's operating point, as the Engine's benchmarks
+        if n not in strengths:
+            strengths[n] = at_strength(predictor, trees[n], strengths[PAPER_HEADLINE].strength, sampler, frames)
     # The policy sees what a user's calibration gives it: each frame's calls at that acceptance.
-    paper_trees = {n: trees[n] for n in PAPER_ACCEPTANCE}
-    calls = {n: measured_distribution(strengths[n].frame_calls, model.config.num_code_groups) for n in paper_trees}
-    policy = Policy.build(model, paper_trees, calls, LatencyTable(ms, "measured in this run"))
+    calls = {n: measured_distribution(strengths[n].frame_calls, model.config.num_code_groups) for n in trees}
+    policy = Policy.build(model, trees, calls, LatencyTable(ms, "measured in this run"))
     rows = []
     for batch in plan.batches:
         size = policy.choose(batch)

@@ -35,6 +35,7 @@ from rvqspec.core.sampling import Sampler
 from rvqspec.core.tree import Tree
 
 PAPER_ACCEPTANCE = {16: 2.25, 32: 2.47, 64: 2.60}  # tokens/step at tree size N, paper section 3.4
+PAPER_HEADLINE = 32  # the tree size of the paper's headline figure: other sizes decode at its strength (`at_strength`)
 EMBED_SCALE = 30.0  # code embeddings' RMS; the random layers add O(1) per block to the residual stream
 
 
@@ -142,6 +143,16 @@ def calibrate_strength(predictor: ControlledPredictor, tree: Tree, target: float
         low, high = (middle, high) if measured < target else (low, middle)
     predictor.set_strength(best.strength)
     return best
+
+
+def at_strength(predictor: ControlledPredictor, tree: Tree, strength: float, sampler: Sampler,
+                frames: list[tuple[Tensor, int]], seed: int = 0) -> Calibrated:
+    """`tree`'s tokens/step and calls per frame with the heads at `strength` (left there): a size the paper did not
+    measure, at the operating point of one it did."""
+    predictor.set_strength(strength)
+    results = decode_controlled(predictor, tree, frames, sampler, seed)
+    measured = decoded_tokens_per_step(results)
+    return Calibrated(strength, measured, [result.calls for result in results], "tokens_per_step", measured)
 
 
 def calibrate_to_paper(predictor: ControlledPredictor, tree: Tree, sampler: Sampler, frames: list[tuple[Tensor, int]],

@@ -9,7 +9,7 @@ from rvqspec.core.drafters import DEFAULT_DEPTH
 from rvqspec.core.errors import RvqspecError
 from rvqspec.core.quantize import SCHEMES
 from rvqspec.core.sampling import Sampler
-from rvqspec.core.policy import report_size
+from rvqspec.core.policy import SIZES, report_size
 from rvqspec.core.tree import MAX_NODES
 from rvqspec.tuning.calibrate import CalibrationSettings, calibrate
 
@@ -48,7 +48,7 @@ def add_cli(subparsers) -> None:
                                                 "vs measured tokens/step",
                               parents=[flags.model_flag(), flags.drafter_flag(required=True, default=None)])
     p.add_argument("--corpus", required=True, help="code corpus folder")
-    p.add_argument("--sizes", "--budgets", dest="sizes", default="4,8,16,32,64",
+    p.add_argument("--sizes", "--budgets", dest="sizes", default=",".join(map(str, SIZES)),
                    help="tree sizes N, comma-separated (--budgets: its former name)")
     p.add_argument("--out", required=True, type=flags.out_folder, help="folder for tree-N*.json and report.{json,md}")
     p.add_argument("--frames", type=flags.positive_int, default=1000, help="frames for the acceptance statistics")

@@ -34,7 +34,7 @@ from rvqspec.core.latency import call_latency, latency_row
 from rvqspec.core.sampling import Sampler
 from rvqspec.core.tree import PRIOR_ACCEPTANCE, Tree, default_tree
 
-SIZES = (4, 8, 16, 32, 64)
+SIZES = (4, 6, 8, 12, 16, 32, 64)
 MEASURED_MARGIN = 0.05  # speculation must be predicted 5% faster than AR on a table measured here
 DEFAULT_MARGIN = 0.15  # ... and 15% on the built-in table of another machine
 DEFAULT_TABLES = Path(__file__).with_name("latency_default.json")
