@@ -63,8 +63,8 @@ from rvqspec.core.tree import default_tree  # noqa: E402
 from int8_calls import beside_busy, spin  # noqa: E402
 
 ROWS = (1, 2, 4, 8, 9, 16, 17, 33)
-CALL_SIZES = (4, 8, 16, 32)
-FRAME_SIZES = (4, 8, 16)
+CALL_SIZES = (4, 6, 8, 16, 32)
+FRAME_SIZES = (4, 6, 8, 16)  # the policy's sizes up to its picks here
 SMOKE = {"frames": 2, "repeats": 1, "alternations": 1, "thread_alternations": 1, "rounds": 1,
          "calibration_frames": 2, "calibration_iterations": 1}
 KERNELS = ("onednn", "bf16.cpp")  # how decoding's bfloat16 matmuls ran before, and with rvqspec's kernel
