@@ -131,9 +131,12 @@ def test_batch_bench_json_reports_and_device_latency(tmp_path, capsys, monkeypat
 
     monkeypatch.setattr(batched, "ARCHITECTURES", TINY_ARCHS)
     monkeypatch.setattr(controlled, "QWEN3_TTS_0_6B", TINY_ARCHS["0.6b"])  # CSM's acceptance reference
+    prepared, prepare = [], batched.device_path.prepare  # the kernel choices a loaded model has, at the bench's threads
+    monkeypatch.setattr(batched.device_path, "prepare", lambda model, *a, **k: prepared.append(
+        (model.dtype, torch.get_num_threads())) or prepare(model, *a, **k))
     code = main(["bench", "--batch", "1,3", "--archs", arch, "--dtype", "float32", "--threads", "1", "--quick",
                      "--rounds", "2", "--out", str(tmp_path / "out"), "--json"])
-    assert code == 0
+    assert code == 0 and prepared == [(torch.float32, 1)]
     printed = json.loads(capsys.readouterr().out)
     assert set(printed["batch_policy_speedup"]) == {"1", "3"}
     report = json.loads((tmp_path / "out" / "bench-batch-quick.json").read_text())

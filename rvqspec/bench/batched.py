@@ -29,6 +29,7 @@ from rvqspec.bench.timing import finish_machine, machine
 from rvqspec.core.config import ARCHITECTURES
 from rvqspec.core.decode import decode_frames, tokens_per_step
 from rvqspec.core.device_file import update_device_file
+from rvqspec.core import device_path
 from rvqspec.core.device_path import intra_op_threads
 from rvqspec.core.drafters import ReusedHeads
 from rvqspec.core.latency import call_latency, clocks, elapsed_ms, latency_row
@@ -144,6 +145,8 @@ def time_batches(predictor: ControlledPredictor, upstream, batch: int, size: int
 def measure_setting(predictor: ControlledPredictor, upstream, plan: BatchPlan, strengths: dict, sampler: Sampler,
                     dtype: str, threads: int, log) -> dict:
     model = quantize(predictor.model, plan.weights) if plan.weights else predictor.model
+    device_path.prepare(model, name="the benchmark's predictor")  # its kernel choices at this thread count, as a
+    # loaded model has them (`MultiCodeDecoder.from_pretrained`, the Engine): else a fresh cache times the plain path
     trees = {n: default_tree(n) for n in SIZES}
     drafter = ReusedHeads(model)
     ms = {}

@@ -31,6 +31,7 @@ from rvqspec.bench.controlled import (PAPER_ACCEPTANCE, Calibrated, ControlledPr
 from rvqspec.bench.timing import finish_machine, machine
 from rvqspec.core.config import ARCHITECTURES as ARCHS
 from rvqspec.core.decode import decode_frame, tokens_per_step
+from rvqspec.core import device_path
 from rvqspec.core.device_path import intra_op_threads
 from rvqspec.core.drafters import ReusedHeads
 from rvqspec.core.errors import RvqspecError
@@ -255,6 +256,7 @@ def run_bench(plan: Plan, trees: dict[int, Tree], calibration: dict | None, mode
 def measure_setting(run: Run, name: str, model: MultiCodeDecoder, drafter, dtype: str, threads: int) -> dict:
     """Per-call latency of AR and of a round per tree size, and the speed-up each predicts at `run.tokens`."""
     load = os.getloadavg()[0]
+    device_path.prepare(model, name=name)  # its kernel choices at this thread count, as a loaded model has them
     latency = call_latency(model, drafter, run.trees, run.sampler, run.plan.latency_rounds)
     run.log(f"  AR step {latency['ar']['wall_ms']:.2f} ms; overhead " +
             ", ".join(f"N={n} {v['overhead']:+.0%}" for n, v in latency["spec"].items()))

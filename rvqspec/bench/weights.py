@@ -20,7 +20,7 @@ import torch
 
 from rvqspec.bench.controlled import PAPER_ACCEPTANCE, calibrate_strength, controlled_predictor
 from rvqspec.bench.timing import finish_machine, machine, machine_text
-from rvqspec.core import cpu_class
+from rvqspec.core import cpu_class, device_path
 from rvqspec.core.config import ARCHITECTURES
 from rvqspec.core.decode import decode_frame, tokens_per_step
 from rvqspec.core.device_path import intra_op_threads
@@ -171,6 +171,8 @@ def run_weights_bench(plan: WeightsPlan, log=print) -> dict:
         models, report["calibration"], frames, report["skipped"] = models_per_scheme(plan, sampler, log)
     for threads in plan.threads:
         with intra_op_threads(threads):
+            for model in models.values():  # their kernel choices at this thread count, as loaded models have them
+                device_path.prepare(model, name="the benchmark's predictor")
             chosen = policy_sizes(models)
             timed = time_frames(models, frames, plan.tree_sizes, chosen, sampler)
             report["by_threads"][str(threads)] = ratios(timed, list(models), plan.tree_sizes, chosen)
