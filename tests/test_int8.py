@@ -16,10 +16,10 @@ import pytest
 import torch
 from test_cpu_classes import AVX2_CAP, CAPPED
 
-from rvqspec.bench.floor import SCHEMES, one_row_steps
+from rvqspec.bench.floor import SCHEMES, copy_of, one_row_steps
 from rvqspec.cli.inspect import scheme_figures
 import rvqspec.core.quantize as quantize_module
-from rvqspec.core import cpu_class
+from rvqspec.core import cpu_class, fused
 from rvqspec.core.quantize import (VNNI_ROWS, ZERO_POINT, Int8Matmul, int8_kernels, pack_int8, pack_vnni, quantize_rows,
                                    quantize_tokens, unblock, w8a8_kernel)
 
@@ -198,6 +198,14 @@ def test_one_w8a8_model_decodes_alike_natively_and_under_the_avx2_caps(tmp_path)
     capped = torch.load(tmp_path / "capped.pt")
     assert capped.keys() == native.keys()
     assert [name for name in native if not torch.equal(native[name], capped[name])] == []
+
+
+@pytest.mark.skipif(sys.platform != "linux" or fused.kernels() is None, reason="huge pages: Linux, the fused kernels")
+def test_the_floors_copy_lies_on_huge_pages_as_the_packed_weights():
+    """The floor (`copy_of`) copies between mappings of their own advised for huge pages, as rvqspec's packed weights
+    lie (on 4 KiB pages the copy was a slower, easier floor)."""
+    target = copy_of(8 << 20)()
+    assert target.data_ptr() % (1 << 21) == 0 and target.nbytes == 4 << 20 and bool((target == 1).all())
 
 
 def test_the_floor_report_names_each_schemes_kernel_and_its_fraction():

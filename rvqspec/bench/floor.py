@@ -8,11 +8,12 @@ measured it since issue 32. `one_row_steps` runs one row through the 0.6B predic
 model, one native call per stack where the scheme has one (`fused.int8_stack`: w8a8 on rvqspec's GEMMs, bfloat16 on
 its kernel; on 2 threads one parallel region), else the fused kernels' Python loop; its matmuls, norms, attention
 over a few keys and activation quantization. It gives each its fraction of the floor: a copy moving as many bytes as
-the scheme's layer matrices (`copy_of`: the same footprint), timed between the calls on their thread count, so that
-both see the same machine (a 1 GB copy timed once before the calls read 42.8 GB/s where a copy of the matrices' bytes
-between them read 32, capped avx2, issue 51: a shared machine's bandwidth swings); the cost of 4 and 8 rows against
-one (a batch's step); and, labelled as such, the layer matrices alone, called one by one from Python (each call
-forks and joins torch's threads). `rvqspec inspect --device` prints it with each scheme's kernel.
+the scheme's layer matrices (`copy_of`: the same footprint, on huge pages as the packed weights), timed between the
+calls on their thread count, so that both see the same machine (a 1 GB copy timed once before the calls read 42.8
+GB/s where a copy of the matrices' bytes between them read 32, capped avx2, issue 51: a shared machine's bandwidth
+swings); the cost of 4 and 8 rows against one (a batch's step); and, labelled as such, the layer matrices alone,
+called one by one from Python (each call forks and joins torch's threads). `rvqspec inspect --device` prints it
+with each scheme's kernel.
 
 A whole frame's parts get floors from the same measures (benchmarks/end_to_end.py): `matrix_bytes` (a module's weights
 as a scheme stores them), `matmul_peak` (a large matmul's FLOP/s, this thread count: the compute floor's rate) and
@@ -54,9 +55,12 @@ def copy_bandwidth(gigabytes: float = 1.0, repeats: int = 5) -> float:
 
 def copy_of(nbytes: int):
     """A call copying a tensor of nbytes / 2 bytes into another (nbytes read + written): timed beside a call reading
-    nbytes of weights, the floor of that call at this thread count."""
-    source = torch.ones(max(nbytes // 8, 1), dtype=torch.float32)
-    target = torch.empty_like(source)
+    nbytes of weights, the floor of that call at this thread count. Both tensors on transparent huge pages where the OS
+    gives them (`fused.on_huge_pages`), as rvqspec's packed weights lie: on 4 KiB pages the same copy took 1.16x as
+    long on 1 thread and 1.2-1.35x on 2 (Zen 4, capped avx2, interleaved, a shared machine), a floor the kernels'
+    calls beat by their pages alone."""
+    source = fused.on_huge_pages(torch.ones(max(nbytes // 8, 1), dtype=torch.float32))
+    target = fused.on_huge_pages(torch.zeros_like(source))
     return lambda: target.copy_(source)
 
 
@@ -142,8 +146,10 @@ def one_row_steps(schemes=SCHEMES, arch: str = "0.6b", repeats: int = 7, rows=RO
         dtype = torch.bfloat16 if scheme == "bfloat16" else torch.float32
         cast = {n: {k: v.to(dtype) for k, v in inputs[n].items()} for n in rows}
         hidden = {n: torch.randn(n, 1, config.hidden_size, generator=generator).to(stack_dtype(scheme)) for n in rows}
-        calls = {("stack", n): lambda x=hidden[n]: stack(x) for n in rows} \
-            | {("matrices", n): lambda x=cast[n]: matrices(x) for n in rows} | {"floor": copy_of(nbytes)}
+        # the floor between the stacks and the matrices: each call of a repeat follows another stream of weights
+        # (the one-row stack, timed after the copy, took ~1.06x as long: 1 thread, CPU time)
+        calls = {("stack", n): lambda x=hidden[n]: stack(x) for n in rows} | {"floor": copy_of(nbytes)} \
+            | {("matrices", n): lambda x=cast[n]: matrices(x) for n in rows}
         ms = median_ms(calls, repeats)  # a warm-up each: packed layouts made
         floor = ms.pop("floor")
         report["schemes"][scheme] = scheme_figures(ms, rows, nbytes, floor) | {"path": path}

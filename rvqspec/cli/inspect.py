@@ -20,6 +20,10 @@ from rvqspec.core.quantize import w8a8_kernel
 from rvqspec.integrations.hub import REPO_ID, resolve_model
 
 
+STEP_REPEATS = 15  # the weights schemes' interleaved repeats: 7 left a w8a8 figure at 2 threads that moved by 10
+# points between runs on a shared machine
+
+
 def parameter_counts(model: MultiCodeDecoder) -> dict[str, int]:
     """Parameters by part, and how many of them one single-token call reads (`per_token_call`): the layers,
     the final norm, the input projection, one head and one embedding row."""
@@ -50,7 +54,7 @@ def device_report() -> dict:
     return {"cpu": cpu_class.describe(), "cpu_class": cpu_class.cpu_class(), "int8_dot_products": cpu_class.has_int8_dot(),
             "w8a8": "runs (exact integer GEMM)" if w8a8_kernel() else "refused: no int8 dot products, no AVX2 kernel",
             "fused_kernels_cflags": fused.cflags(), "cache_key": device_path.cache_key(), "choices": choices,
-            "weights": one_row_steps(log=lambda line: None)}
+            "weights": one_row_steps(repeats=STEP_REPEATS, log=lambda line: None)}
 
 
 def print_device(report: dict) -> None:
@@ -67,7 +71,7 @@ def print_device(report: dict) -> None:
     steps = report["weights"]
     print(f"  weights schemes, one row through the {steps['arch']} predictor's decoder stack as the engine runs it (a "
           f"cached step of a random model; {steps['threads']} thread(s); floor = a copy moving the layer matrices' "
-          "bytes, timed between the calls):")
+          "bytes on huge pages, as the packed weights lie, timed between the calls):")
     for scheme, kernel in steps["kernels"].items():
         r = steps["schemes"][scheme]
         print(f"    {scheme}: {kernel}: {r.get('refused') or scheme_figures(r)}")
