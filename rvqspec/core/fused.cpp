@@ -275,10 +275,11 @@ at::Tensor attention(const at::Tensor& q_, const at::Tensor& k_cache, const at::
   return out.permute({0, 2, 1, 3});
 }
 
-// A layer matrix on rvqspec's GEMMs, on `team` where there is one: w8a8 packed by pack_vnni (3 tensors) or pack_int8
-// (2), or bfloat16 packed by pack_bf16 (1); n outputs.
+// A layer matrix on rvqspec's GEMMs, on `team` where there is one: w8a8 packed by pack_vnni (3 tensors; its weights
+// streamed past the caches, which keep the heads that the round reads before and after the stack) or pack_int8 (2),
+// or bfloat16 packed by pack_bf16 (1); n outputs.
 at::Tensor int8_matmul(const at::Tensor& x, const std::vector<at::Tensor>& packed, int64_t n, Team* team) {
-  if (packed.size() == 3) return vnni_linear_on(team, x, packed[0], packed[1], packed[2], n);
+  if (packed.size() == 3) return vnni_linear_on(team, x, packed[0], packed[1], packed[2], n, /*stream=*/true);
   if (packed.size() == 2) return int8_linear_on(team, x, packed[0], packed[1], n);
   return bf16_linear_on(team, x, packed[0], c10::nullopt, n);
 }

@@ -139,10 +139,12 @@ at::Tensor vnni_linear(const at::Tensor& x, const at::Tensor& packed, const at::
                        int64_t out_features);
 // with_team (int8.cpp) runs body on thread 0 of a parallel region of `threads` threads (a `Team`), the others taking
 // chunks of each *_linear_on(team, ...) until body returns; body(nullptr) where there is no team (1 thread, no OpenMP,
-// already inside a parallel region). *_linear_on(nullptr, ...) = *_linear (at::parallel_for).
+// already inside a parallel region). *_linear_on(nullptr, ...) = *_linear (at::parallel_for). vnni_linear_on's
+// `stream`: the weights are read once and not again soon (a layer stack), so a call of few rows keeps them out of the
+// caches (int8.cpp: VSTREAM_ROWS).
 void with_team(int threads, const std::function<void(Team*)>& body);
 at::Tensor vnni_linear_on(Team* team, const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
-                          const at::Tensor& offsets, int64_t out_features);
+                          const at::Tensor& offsets, int64_t out_features, bool stream = false);
 at::Tensor int8_linear_on(Team* team, const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
                           int64_t out_features);
 at::Tensor w8a16_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t out_features);
