@@ -279,14 +279,14 @@ constexpr int64_t VCOLS = 16, VDEPTH = 16, VROWS = 12;  // a block's channels; K
 // (its time with the weights in L1). The activations as vpdpbusd's broadcast memory operand (m32{1to16}, the weights
 // then the unsigned operand) would save the broadcasts but took 2.1-2.8x the time at 9 rows on Zen 4.
 constexpr int64_t VPREFETCH_BYTES = 8192, VPREFETCH_ROWS = 6;
-// Tiles of up to VSTREAM_ROWS rows read at memory's pace, and a call's stream of weights (79 MB through the 0.6B
-// predictor's matrices) would fill the 32 MB L3 (a victim cache on Zen: what leaves L2 goes there) and evict what comes
-// next, the heads that the round's drafts just read and its walk reads again: each step marks its line non-temporal
-// (prefetchnta at the line itself), so it stays out of L2 and L3. A 2 MB head read after a one-row call through those
-// matrices 0.6-0.7x the time, the call itself no slower (Zen 4, 1 thread, CPU time, medians of interleaved runs:
-// benchmarks/heads_cache_probe.cpp). From 4 rows on the hardware prefetcher, no longer held back by the memory's
-// pace, brings the lines into L2 ahead of the hint: the heads were evicted all the same.
-constexpr int64_t VSTREAM_ROWS = 2;
+// Tiles of fewer than VPREFETCH_ROWS rows read at memory's pace, and a call's stream of weights (79 MB through the 0.6B
+// predictor's matrices) would fill the 32 MB L3 (a victim cache on Zen: what leaves L2 goes there), evicting what comes
+// next: the heads that the round's drafts just read and its walk reads again. In a layer stack (`stream`: int8_layers)
+// each step of such a tile marks its line non-temporal (prefetchnta at the line itself), so it stays out of L2 and L3:
+// a 2 MB head read after 1-5 rows through those matrices 0.6-0.7x the time, the stack no slower (Zen 4, 1 thread, CPU
+// time, medians of interleaved runs: benchmarks/heads_cache_probe.cpp). At 9 rows the hardware prefetcher, no longer
+// held back by the memory's pace, brings most lines into L2 ahead of the hint: the heads 0.85-0.9x, the stack
+// 1.08-1.14x slower, so tiles that prefetch keep their hint.
 constexpr int64_t VCHUNK = 4;  // blocks per chunk that a stack's threads claim (`Team`)
 
 inline int32_t four_bytes(const uint8_t* p) {
@@ -309,7 +309,7 @@ inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b) {
 // One row: four chains of sums (integer: their order does not matter), so that the loads, not vpdpbusd's latency,
 // set the pace; no software prefetch ahead there (a matrix is one contiguous stream, which the hardware prefetcher
 // follows; asking for the line 2 KiB ahead made one row through the 0.6B predictor's matrices 1.15-1.48x slower, Zen
-// 4), nor below VPREFETCH_ROWS rows; STREAM: each line marked non-temporal as it is read (VSTREAM_ROWS).
+// 4), nor below VPREFETCH_ROWS rows; there STREAM marks each line non-temporal as it is read (see VPREFETCH_ROWS).
 template <int R, bool STREAM = false>
 inline void vnni_tile(const uint8_t* a, int64_t kp, const int8_t* w, __m512i* sums) {
   constexpr int CHAINS = R == 1 ? 4 : 1;
@@ -319,7 +319,7 @@ inline void vnni_tile(const uint8_t* a, int64_t kp, const int8_t* w, __m512i* su
   const int8_t* end = w + kp * VCOLS;
   const auto step = [&](const int8_t* w, const uint8_t* a) {
     for (int c = 0; c < CHAINS; ++c) {
-      if constexpr (STREAM) _mm_prefetch(reinterpret_cast<const char*>(w + c * VCOLS * 4), _MM_HINT_NTA);
+      if constexpr (STREAM && R < VPREFETCH_ROWS) _mm_prefetch(reinterpret_cast<const char*>(w + c * VCOLS * 4), _MM_HINT_NTA);
       const __m512i wv = _mm512_loadu_si512(w + c * VCOLS * 4);
       for (int r = 0; r < R; ++r)
         acc[r][c] = dpbusd(acc[r][c], _mm512_set1_epi32(four_bytes(a + 4 * (c * R + r))), wv);
@@ -379,15 +379,16 @@ inline void store16(T* o, __m512 v, int64_t cols) {
   for (int64_t c = 0; c < cols; ++c) store<T, float>(o, c, values[c]);
 }
 
-// One tile of `count` rows (1..VROWS) with its interleaved activations; `stream`: weights read once (VSTREAM_ROWS).
+// One tile of `count` rows (1..VROWS) with its interleaved activations; `stream`: weights read once (a layer stack),
+// kept out of the caches by the tiles below VPREFETCH_ROWS rows.
 inline void vnni_tile(int64_t count, const uint8_t* a, int64_t kp, const int8_t* w, __m512i* sums, bool stream) {
-  static_assert(VSTREAM_ROWS == 2, "the tiles that stream are the cases 1 and 2");
+  static_assert(VPREFETCH_ROWS == 6, "the tiles that stream are the cases 1 to 5");
   switch (count) {
     case 1: return stream ? vnni_tile<1, true>(a, kp, w, sums) : vnni_tile<1>(a, kp, w, sums);
     case 2: return stream ? vnni_tile<2, true>(a, kp, w, sums) : vnni_tile<2>(a, kp, w, sums);
-    case 3: return vnni_tile<3>(a, kp, w, sums);
-    case 4: return vnni_tile<4>(a, kp, w, sums);
-    case 5: return vnni_tile<5>(a, kp, w, sums);
+    case 3: return stream ? vnni_tile<3, true>(a, kp, w, sums) : vnni_tile<3>(a, kp, w, sums);
+    case 4: return stream ? vnni_tile<4, true>(a, kp, w, sums) : vnni_tile<4>(a, kp, w, sums);
+    case 5: return stream ? vnni_tile<5, true>(a, kp, w, sums) : vnni_tile<5>(a, kp, w, sums);
     case 6: return vnni_tile<6>(a, kp, w, sums);
     case 7: return vnni_tile<7>(a, kp, w, sums);
     case 8: return vnni_tile<8>(a, kp, w, sums);

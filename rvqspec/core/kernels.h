@@ -141,7 +141,7 @@ at::Tensor vnni_linear(const at::Tensor& x, const at::Tensor& packed, const at::
 // chunks of each *_linear_on(team, ...) until body returns; body(nullptr) where there is no team (1 thread, no OpenMP,
 // already inside a parallel region). *_linear_on(nullptr, ...) = *_linear (at::parallel_for). vnni_linear_on's
 // `stream`: the weights are read once and not again soon (a layer stack), so a call of few rows keeps them out of the
-// caches (int8.cpp: VSTREAM_ROWS).
+// caches (int8.cpp: VPREFETCH_ROWS).
 void with_team(int threads, const std::function<void(Team*)>& body);
 at::Tensor vnni_linear_on(Team* team, const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
                           const at::Tensor& offsets, int64_t out_features, bool stream = false);
