@@ -20,21 +20,13 @@
 #include <string>
 #include <vector>
 
+#include "probe.h"
+
 namespace {
 
 constexpr int64_t COLS = 16, PAGE = int64_t{1} << 21;
 enum Hint { NONE, T1, NTA };
 
-double cpu_ms() {
-  timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
-inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b) {
-  asm("vpdpbusd %[b], %[a], %[acc]" : [acc] "+v"(acc) : [a] "v"(a), [b] "v"(b));
-  return acc;
-}
 
 template <Hint H>
 inline void prefetch(const int8_t* p) {

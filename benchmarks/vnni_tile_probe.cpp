@@ -20,22 +20,14 @@
 #include <string>
 #include <vector>
 
+#include "probe.h"
+
 namespace {
 
 constexpr int64_t COLS = 16, PAGE = int64_t{1} << 21;
 enum Operand { BROADCAST, EMBEDDED };  // set1 then vpdpbusd reg, reg / vpdpbusd m32{1to16}, weights unsigned
 enum Hint { T1, T0, NTA, NONE };
 
-double cpu_ms() {
-  timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
-inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b) {
-  asm("vpdpbusd %[b], %[a], %[acc]" : [acc] "+v"(acc) : [a] "v"(a), [b] "v"(b));
-  return acc;
-}
 
 inline __m512i dpbusd_embedded(__m512i acc, __m512i w, const uint8_t* x) {
   asm("vpdpbusd %[x]%{1to16%}, %[w], %[acc]"
