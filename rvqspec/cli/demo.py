@@ -66,9 +66,9 @@ def live_policy(model, drafter, policy: Policy, rounds: int = 5) -> Policy:
 
 
 INT8_SCHEME = "w8a8"  # the faster of the two for AR and speculation alike (benchmarks/results/bench-weights.md)
-# The int8 comparison's candidate trees: where a verify call is compute bound (AVX2: benchmarks/results/int8-cpu.md)
+# The live comparison's candidate trees: where a verify call is compute bound (AVX2: benchmarks/results/int8-cpu.md)
 # only small trees can pay, so the policy chooses among these or AR from latencies measured now.
-INT8_SIZES = (4, 6, 8, 16, 32)
+LIVE_SIZES = (4, 6, 8, 16, 32)
 
 
 def real_architecture_comparison() -> dict:
@@ -84,16 +84,14 @@ def real_architecture_comparison() -> dict:
     target = PAPER_ACCEPTANCE[32]
     timed = [(h[0], int(c0)) for h, c0 in (batch_inputs(predictor, 1, r) for r in range(frames + 1))]
     calibrated = calibrate_strength(predictor, tree, target, sampler, timed, iterations=6, low=3.0, high=12.0)
-    calls = measured_distribution(calibrated.frame_calls, predictor.model.config.num_code_groups)
-    policy = live_policy(predictor.model, ReusedHeads(predictor.model),
-                         Policy.build(predictor.model, {32: tree}, {32: calls}, LatencyTable({}, "")), rounds=3)
+    policy = live_sizes_policy(predictor.model, timed[1:], sampler)  # every size at the paper's N = 32 strength
     size = policy.choose(1)
     row = time_batches(predictor, None, 1, size, calibrated.strength if size else None, frames, sampler)
     # The same heads with int8 weights (a different model): its AR and the policy's frames beside the float AR's,
     # where this CPU runs them (probed first: a kernel that is unusable here is reported, not timed for minutes).
     quantized, skipped = int8_model(predictor.model, timed[0], sampler)
     if quantized is not None:
-        int8_policy = live_int8_policy(quantized, timed[1:], sampler)
+        int8_policy = live_sizes_policy(quantized, timed[1:], sampler)
         int8_size = int8_policy.choose(1)
         int8 = time_batches(predictor, None, 1, int8_size, calibrated.strength, frames, sampler, weights=INT8_SCHEME)
     return {"model": "Qwen3-TTS 0.6B code predictor architecture (random weights, acceptance controlled)",
@@ -107,15 +105,14 @@ def real_architecture_comparison() -> dict:
                 "policy_over_float_ar": int8["frames_per_second"]["policy"] / row["frames_per_second"]["ar"]}}
 
 
-def live_int8_policy(quantized, frames: list, sampler: Sampler) -> Policy:
-    """The policy of the int8 model on this machine: each candidate tree's calls per frame decoded now on `frames`,
-    and its call latencies measured now."""
-    groups, trees = quantized.config.num_code_groups, {n: default_tree(n) for n in INT8_SIZES}
-    calls = {n: measured_distribution([decode_frame(quantized, h, c0, sampler, torch.Generator().manual_seed(0),
-                                                    drafter=ReusedHeads(quantized, tree.max_depth), tree=tree).calls
+def live_sizes_policy(model, frames: list, sampler: Sampler) -> Policy:
+    """The policy of `model` on this machine over LIVE_SIZES: each candidate tree's calls per frame decoded now on
+    `frames`, and its call latencies measured now."""
+    groups, trees = model.config.num_code_groups, {n: default_tree(n) for n in LIVE_SIZES}
+    calls = {n: measured_distribution([decode_frame(model, h, c0, sampler, torch.Generator().manual_seed(0),
+                                                    drafter=ReusedHeads(model, tree.max_depth), tree=tree).calls
                                        for h, c0 in frames], groups) for n, tree in trees.items()}
-    return live_policy(quantized, ReusedHeads(quantized), Policy.build(quantized, trees, calls, LatencyTable({}, "")),
-                       rounds=3)
+    return live_policy(model, ReusedHeads(model), Policy.build(model, trees, calls, LatencyTable({}, "")), rounds=3)
 
 
 def int8_model(model, frame, sampler: Sampler) -> tuple[object | None, str | None]:
@@ -273,7 +270,7 @@ def print_real(real: dict) -> None:
     choice = f"speculative N={real['tree_size']} at {real['tokens_per_step']:.2f} tokens/step" if real["tree_size"] \
         else "AR"
     print(f"  NOT THE STAND-IN, measured live now: {real['model']}, {real['dtype']}, {real['threads']} thread(s), "
-          f"{real['frames']} frames each, heads set to the paper's {real['target_tokens_per_step']} tokens/step: "
+          f"{real['frames']} frames each, heads set to the paper's {real['target_tokens_per_step']} tokens/step at N=32: "
           f"the policy runs {choice}: {fps['policy']:.2f} frames/s against AR's {fps['ar']:.2f}, speed-up "
           f"{real['speedup']:.2f}x ({real['why']})")
     print_int8(real)
