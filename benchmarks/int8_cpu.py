@@ -43,7 +43,7 @@ from rvqspec.bench.floor import one_row_steps  # noqa: E402
 from rvqspec.bench.systems import SIZES as SYSTEM_SIZES, SMOKE_PREDICTOR, controlled_heads, system_tts  # noqa: E402
 from rvqspec.bench.timing import (CLASS_CAPS, SMOKE_HELP, finish_machine, machine, machine_text,  # noqa: E402
                                   per_class, report_folder, write_reports)
-from rvqspec.cli.demo import live_int8_policy  # noqa: E402
+from rvqspec.cli.demo import live_sizes_policy  # noqa: E402
 from rvqspec.core import cpu_class  # noqa: E402
 from rvqspec.core.config import QWEN3_TTS_0_6B  # noqa: E402
 from rvqspec.core.decode import decode_frames  # noqa: E402
@@ -85,7 +85,7 @@ def predictor_frames(frames: int, log, config=QWEN3_TTS_0_6B, iterations: int = 
     models = {dtype: predictor.model, "w8a8": quantize(predictor.model, "w8a8")}
     out = {"dtype": dtype, "tokens_per_step_at_32": calibrated.measured, "schemes": {}}
     for name, model in models.items():
-        policy = live_int8_policy(model, [(h[0], int(c)) for h, c in inputs[1:5]], sampler)
+        policy = live_sizes_policy(model, [(h[0], int(c)) for h, c in inputs[1:5]], sampler)
         chosen = policy.choose(1)
         modes = {"ar": None} | {str(n): default_tree(n) for n in SIZES}
         times = {mode: [] for mode in modes}
