@@ -10,10 +10,9 @@ ones it has. The weight is passed in rather than held, so that whatever replaces
 
 from torch import Tensor
 
-from rvqspec.core import fused
 from rvqspec.core.changes import Derived
 from rvqspec.core.packing import PackedWeight, linear
-from rvqspec.core.quantize import VNNI_COLS, Int8Matmul, QuantizedHeads, draft_scheme
+from rvqspec.core.quantize import VNNI_COLS, Int8Matmul, QuantizedHeads, draft_scheme, native_w8a8
 
 
 class DraftHeads:
@@ -31,8 +30,7 @@ class DraftHeads:
             return self.matmul(hidden)[..., (first - 1) * self.vocab:(first - 1 + count) * self.vocab]
         begin, end = first - 1, first - 1 + count  # each packed tensor holds whole heads: V a multiple of VNNI_COLS
         part = [t[len(t) * begin // self.count:len(t) * end // self.count] for t in packed]
-        ops = fused.kernels()
-        return (ops.vnni_linear if len(part) == 3 else ops.int8_linear)(hidden, *part, count * self.vocab)
+        return native_w8a8(hidden, part, count * self.vocab)
 
     def logits(self, hidden: Tensor, codebook: int) -> Tensor:
         return self.span(hidden, codebook, 1)

@@ -116,6 +116,13 @@ def draft_scheme() -> str:
     return "w8a8" if w8a8_kernel() in ("vnni", "avx2") else "w8a16"
 
 
+def native_w8a8(x: Tensor, packed: tuple[Tensor, ...], out_features: int) -> Tensor:
+    """x [..., K] -> [..., out_features] through rvqspec's w8a8 kernel of `packed`: pack_vnni's three tensors (VNNI)
+    or pack_int8's two (AVX2), as `Int8Matmul.native` gives them (or slices of whole blocks of them)."""
+    ops = fused.kernels()
+    return (ops.vnni_linear if len(packed) == 3 else ops.int8_linear)(x, *packed, out_features)
+
+
 def int8_kernels():
     """The compiled kernels where they hold rvqspec's int8 GEMMs (built with AVX2 and FMA), else None. Not subject to
     the fast-path switch (`fused.enabled`): they are the schemes' kernels, not an alternative to a plain path."""
@@ -252,8 +259,7 @@ class Int8Matmul:
         a one-row call is one native call and little else (~2 us)."""
         packed = self.native(x.numel() // self.in_features)
         if packed is not None:
-            ops = fused.kernels()
-            return (ops.vnni_linear if len(packed) == 3 else ops.int8_linear)(x, *packed, self.out_features)
+            return native_w8a8(x, packed, self.out_features)
         rows = x.reshape(-1, self.in_features).contiguous()
         kernels = fused.kernels() if fused.on() else None  # the same bits as the plain ops, faster
         q, scale = kernels.quantize_rows(rows) if kernels else quantize_tokens(rows)

@@ -10,7 +10,6 @@ from pathlib import Path
 import torch
 
 from rvqspec.core.errors import RvqspecError
-from rvqspec.core.policy import SIZES
 from rvqspec.standin.talker import TalkerConfig
 
 ASSETS = Path(__file__).parent / "assets"
