@@ -43,7 +43,7 @@ from rvqspec.bench.floor import one_row_steps  # noqa: E402
 from rvqspec.bench.systems import SIZES as SYSTEM_SIZES, SMOKE_PREDICTOR, controlled_heads, system_tts  # noqa: E402
 from rvqspec.bench.timing import (CLASS_CAPS, SMOKE_HELP, finish_machine, machine, machine_text,  # noqa: E402
                                   per_class, report_folder, write_reports)
-from rvqspec.cli.demo import live_sizes_policy  # noqa: E402
+from rvqspec.cli.demo import LIVE_SIZES, live_sizes_policy  # noqa: E402
 from rvqspec.core import cpu_class  # noqa: E402
 from rvqspec.core.config import QWEN3_TTS_0_6B  # noqa: E402
 from rvqspec.core.decode import decode_frames  # noqa: E402
@@ -55,7 +55,6 @@ from rvqspec.core.tree import default_tree  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 MATMUL_ROWS = (1, 4, 9, 33)
-SIZES = (4, 8, 16, 32)
 
 
 @torch.inference_mode()
@@ -87,7 +86,7 @@ def predictor_frames(frames: int, log, config=QWEN3_TTS_0_6B, iterations: int = 
     for name, model in models.items():
         policy = live_sizes_policy(model, [(h[0], int(c)) for h, c in inputs[1:5]], sampler)
         chosen = policy.choose(1)
-        modes = {"ar": None} | {str(n): default_tree(n) for n in SIZES}
+        modes = {"ar": None} | {str(n): default_tree(n) for n in LIVE_SIZES}  # every size the policy may pick
         times = {mode: [] for mode in modes}
         for r, (h, c) in enumerate(inputs):  # the first: warm-up
             for mode, t in modes.items():
@@ -103,7 +102,7 @@ def predictor_frames(frames: int, log, config=QWEN3_TTS_0_6B, iterations: int = 
             batch[str(rows)] = median_ms({"ar": lambda: decode_frames(model, h, c, sampler)}, 3)["ar"] / ms["ar"]
         out["schemes"][name] = {"ms": ms, "policy_size": chosen, "policy_ms": ms[str(chosen)] if chosen else ms["ar"],
                                 "why": policy.explain(1), "ar_rows_over_one": batch}
-        log(f"{name}: AR frame {ms['ar']:.0f} ms, " + ", ".join(f"N={n} {ms[str(n)]:.0f}" for n in SIZES)
+        log(f"{name}: AR frame {ms['ar']:.0f} ms, " + ", ".join(f"N={n} {ms[str(n)]:.0f}" for n in LIVE_SIZES)
             + f"; policy {policy.explain(1)}")
     base = out["schemes"][dtype]
     out["w8a8_ar_over_float_ar"] = out["schemes"]["w8a8"]["ms"]["ar"] / base["ms"]["ar"]
@@ -180,12 +179,13 @@ def to_markdown(report: dict) -> str:
             lines.append(f"| {scheme} | {floor['kernels'][scheme]} | {s['ms']['1']:.2f} | {s['floor_ms']:.2f} | "
                          f"{s['of_floor']:.0%} | {s['rows_over_one']['4']:.2f}x | {s['rows_over_one']['8']:.2f}x |")
         p = r["predictor"]
+        sizes = [n for n in next(iter(p["schemes"].values()))["ms"] if n != "ar"]  # older reports timed fewer
         lines += ["", f"### The 0.6B predictor, one frame (15 codes), ms; heads at {p['tokens_per_step_at_32']:.2f} "
-                  "tokens/step at N=32", "", "| model | AR | " + " | ".join(f"N={n}" for n in SIZES)
+                  "tokens/step at N=32", "", "| model | AR | " + " | ".join(f"N={n}" for n in sizes)
                   + " | the policy's choice | AR, 4 rows / 1 | AR, 8 rows / 1 |",
-                  "|---|---|" + "---|" * (len(SIZES) + 3)]
+                  "|---|---|" + "---|" * (len(sizes) + 3)]
         for scheme, s in p["schemes"].items():
-            lines.append(f"| {scheme} | {s['ms']['ar']:.0f} | " + " | ".join(f"{s['ms'][str(n)]:.0f}" for n in SIZES)
+            lines.append(f"| {scheme} | {s['ms']['ar']:.0f} | " + " | ".join(f"{s['ms'][n]:.0f}" for n in sizes)
                          + f" | {'N=' + str(s['policy_size']) if s['policy_size'] else 'AR'} ({s['policy_ms']:.0f}) | "
                          f"{s['ar_rows_over_one']['4']:.2f}x | {s['ar_rows_over_one']['8']:.2f}x |")
         lines += ["", f"w8a8 AR frame / {p['dtype']} AR frame: **{p['w8a8_ar_over_float_ar']:.2f}**; the w8a8 policy's "
