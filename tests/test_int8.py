@@ -16,6 +16,7 @@ import pytest
 import torch
 from test_cpu_classes import AVX2_CAP, CAPPED
 
+from rvqspec.bench import floor
 from rvqspec.bench.floor import SCHEMES, copy_of, one_row_steps
 from rvqspec.cli.inspect import scheme_figures
 import rvqspec.core.quantize as quantize_module
@@ -208,11 +209,15 @@ def test_the_floors_copy_lies_on_huge_pages_as_the_packed_weights():
     assert target.data_ptr() % (1 << 21) == 0 and target.nbytes == 4 << 20 and bool((target == 1).all())
 
 
-def test_the_floor_report_names_each_schemes_kernel_and_its_fraction():
+def test_the_floor_report_names_each_schemes_kernel_and_its_fraction(monkeypatch):
     """What `rvqspec inspect --device` prints, on a tiny predictor: every scheme's stack, run as the engine runs it
     (w8a8: one native call), and its matrices one by one, timed against their bytes."""
     config = tiny_config(hidden=64, layers=2)
+    primed = []
+    timed = floor.median_ms
+    monkeypatch.setattr(floor, "median_ms", lambda *a, **k: primed.append(k.get("primed")) or timed(*a, **k))
     report = one_row_steps(config=config, repeats=2, log=lambda line: None)
+    assert primed == [True] * len(SCHEMES)  # each call timed after one of itself, as a step follows a step
     assert set(report["schemes"]) == set(SCHEMES) == set(report["kernels"])
     assert "rvqspec's AVX2" in report["kernels"]["w8a16"]
     matrices = 2 * (64 * 64 + 64 * 32 + 256 * 64 + 64 * 128)  # qkv (4 + 2 x 2 heads of 8), o, gate+up, down

@@ -11,7 +11,9 @@ over a few keys and activation quantization. It gives each its fraction of the f
 the scheme's layer matrices (`copy_of`: the same footprint, on huge pages as the packed weights), timed between the
 calls on their thread count, so that both see the same machine (a 1 GB copy timed once before the calls read 42.8
 GB/s where a copy of the matrices' bytes between them read 32, capped avx2, issue 51: a shared machine's bandwidth
-swings); the cost of 4 and 8 rows against one (a batch's step); and, labelled as such, the layer matrices alone,
+swings), each call right after an untimed call of itself (`median_ms`'s primed: a decoding step follows a step; the
+one-row stack timed right after the copy or after 8 rows through the matrices took 1.15-1.2x as long as after
+itself, 2 threads, Zen 4, issue 51: it found the caches full of another call's lines); the cost of 4 and 8 rows against one (a batch's step); and, labelled as such, the layer matrices alone,
 called one by one from Python (each call forks and joins torch's threads). `rvqspec inspect --device` prints it
 with each scheme's kernel.
 
@@ -146,11 +148,9 @@ def one_row_steps(schemes=SCHEMES, arch: str = "0.6b", repeats: int = 7, rows=RO
         dtype = torch.bfloat16 if scheme == "bfloat16" else torch.float32
         cast = {n: {k: v.to(dtype) for k, v in inputs[n].items()} for n in rows}
         hidden = {n: torch.randn(n, 1, config.hidden_size, generator=generator).to(stack_dtype(scheme)) for n in rows}
-        # the floor between the stacks and the matrices: each call of a repeat follows another stream of weights
-        # (the one-row stack, timed after the copy, took ~1.06x as long: 1 thread, CPU time)
         calls = {("stack", n): lambda x=hidden[n]: stack(x) for n in rows} | {"floor": copy_of(nbytes)} \
             | {("matrices", n): lambda x=cast[n]: matrices(x) for n in rows}
-        ms = median_ms(calls, repeats)  # a warm-up each: packed layouts made
+        ms = median_ms(calls, repeats, primed=True)  # a warm-up each: packed layouts made
         floor = ms.pop("floor")
         report["schemes"][scheme] = scheme_figures(ms, rows, nbytes, floor) | {"path": path}
         one = ms["stack", rows[0]]

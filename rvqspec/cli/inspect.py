@@ -71,7 +71,7 @@ def print_device(report: dict) -> None:
     steps = report["weights"]
     print(f"  weights schemes, one row through the {steps['arch']} predictor's decoder stack as the engine runs it (a "
           f"cached step of a random model; {steps['threads']} thread(s); floor = a copy moving the layer matrices' "
-          "bytes on huge pages, as the packed weights lie, timed between the calls):")
+          "bytes on huge pages, as the packed weights lie, timed between the calls, each right after one of itself):")
     for scheme, kernel in steps["kernels"].items():
         r = steps["schemes"][scheme]
         print(f"    {scheme}: {kernel}: {r.get('refused') or scheme_figures(r)}")

@@ -245,13 +245,18 @@ def valid_choices(entry) -> bool:
         isinstance(entry["figures"], dict) and isinstance(entry["figures"].get("batch_invariant"), dict)
 
 
-def median_ms(calls: dict, reps: int = 11, clock=time.perf_counter, fastest: bool = False) -> dict:
+def median_ms(calls: dict, reps: int = 11, clock=time.perf_counter, fastest: bool = False,
+              primed: bool = False) -> dict:
     """Median time in ms (wall, or `clock`'s) of each of `calls` (name -> function), timed in turn, one call of each
     per repeat, after one warm-up call each: a busy machine slows them alike. `fastest`: the fastest repeat instead
-    (what each call takes in the machine's quiet moments: for calls on 2+ threads, which a busy core slows unalike)."""
+    (what each call takes in the machine's quiet moments: for calls on 2+ threads, which a busy core slows unalike).
+    `primed`: each timed call right after an untimed call of itself, so that it finds the caches and threads as it
+    leaves them (a decoding step follows a step), not as the call before it in turn left them."""
     times = {name: [] for name in calls}
     for rep in range(reps + 1):
         for name, call in calls.items():
+            if primed:
+                call()
             start = clock()
             call()
             if rep:
