@@ -13,9 +13,9 @@ calls on their thread count, so that both see the same machine (a 1 GB copy time
 GB/s where a copy of the matrices' bytes between them read 32, capped avx2, issue 51: a shared machine's bandwidth
 swings), each call right after an untimed call of itself (`median_ms`'s primed: a decoding step follows a step; the
 one-row stack timed right after the copy or after 8 rows through the matrices took 1.15-1.2x as long as after
-itself, 2 threads, Zen 4, issue 51: it found the caches full of another call's lines); the cost of 4 and 8 rows against one (a batch's step); and, labelled as such, the layer matrices alone,
-called one by one from Python (each call forks and joins torch's threads). `rvqspec inspect --device` prints it
-with each scheme's kernel.
+itself, 2 threads, Zen 4, issue 51); the cost of 4 and 8 rows against one (a batch's step); and, labelled as such,
+the layer matrices alone, called one by one from Python (each call forks and joins torch's threads). `rvqspec
+inspect --device` prints it with each scheme's kernel.
 
 A whole frame's parts get floors from the same measures (benchmarks/end_to_end.py): `matrix_bytes` (a module's weights
 as a scheme stores them), `matmul_peak` (a large matmul's FLOP/s, this thread count: the compute floor's rate) and

@@ -319,7 +319,8 @@ inline void vnni_tile(const uint8_t* a, int64_t kp, const int8_t* w, __m512i* su
   const int8_t* end = w + kp * VCOLS;
   const auto step = [&](const int8_t* w, const uint8_t* a) {
     for (int c = 0; c < CHAINS; ++c) {
-      if constexpr (STREAM && R < VPREFETCH_ROWS) _mm_prefetch(reinterpret_cast<const char*>(w + c * VCOLS * 4), _MM_HINT_NTA);
+      if constexpr (STREAM && R < VPREFETCH_ROWS)
+        _mm_prefetch(reinterpret_cast<const char*>(w + c * VCOLS * 4), _MM_HINT_NTA);
       const __m512i wv = _mm512_loadu_si512(w + c * VCOLS * 4);
       for (int r = 0; r < R; ++r)
         acc[r][c] = dpbusd(acc[r][c], _mm512_set1_epi32(four_bytes(a + 4 * (c * R + r))), wv);
